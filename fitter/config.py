@@ -1,0 +1,221 @@
+"""A run configuration in llama-server's own words, and the context parameters llama.cpp derives from it.
+
+`RunConfig` holds what the user types (`-c`, `-b`, `-ub`, `-ctk`, `-ctv`, `-fa`, `-np`,
+`--kv-unified`, `--swa-full`, `-ngl`, `--no-mmap`, speculative flags). Unset fields take the defaults
+of the chosen front end: llama-server's (`common_params` plus tools/server/server.cpp) or the
+library's (`llama_context_default_params`). The two differ in ways that move hundreds of MiB, so
+`resolve_context` reports which defaults it applied.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fitter.errors import GGFitError
+from fitter.model_spec import ModelSpec
+
+# common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+RS_ROLLBACK_ARCHS = {"qwen35", "qwen35moe"}  # llm_arch_supports_rs_rollback, among ggfit's architectures
+
+
+class ConfigError(GGFitError):
+    """A configuration llama.cpp would refuse (the message says which flag and why)."""
+
+
+class Frontend(str, Enum):
+    SERVER = "server"  # llama-server: common_params defaults, -np auto = 4 slots with a unified KV cache
+    LIBRARY = "library"  # llama_context_default_params(): what llama-cpp-python and raw API users get
+
+
+class Backend(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+    METAL = "metal"
+
+
+SpecType = Literal["none", "draft-simple", "draft-mtp"]
+
+
+def ggml_type(name: str) -> GGMLQuantizationType:
+    try:
+        return GGMLQuantizationType[name.upper()]
+    except KeyError:
+        raise ConfigError(f"unknown ggml type '{name}'") from None
+
+
+def ggml_row_size(t: GGMLQuantizationType, ne: int) -> int:
+    """ggml_row_size: bytes of `ne` elements of type t (ne must be a multiple of the block size)."""
+    block, size = GGML_QUANT_SIZES[t]
+    return size * ne // block
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD."""
+    return (x + n - 1) // n * n
+
+
+class RunConfig(BaseModel):
+    """llama-server flags that change memory. None = the front end's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_ctx: int | None = Field(None, ge=0, description="-c; 0 = the model's training context")
+    n_batch: int | None = Field(None, ge=1, description="-b")
+    n_ubatch: int | None = Field(None, ge=1, description="-ub")
+    type_k: str = Field("f16", description="-ctk")
+    type_v: str = Field("f16", description="-ctv")
+    flash_attn: Literal["on", "off", "auto"] = Field("auto", description="-fa")
+    n_parallel: int | None = Field(None, description="-np; -1 = auto (server: 4 slots, unified KV)")
+    kv_unified: bool | None = Field(None, description="--kv-unified / --no-kv-unified")
+    swa_full: bool | None = Field(None, description="--swa-full")
+    n_gpu_layers: int = Field(-1, description="-ngl; -1 = all")
+    no_mmap: bool = Field(False, description="--no-mmap")
+    no_repack: bool = Field(True, description="--no-repack (llama_model_params.use_extra_bufts = false)")
+    embeddings: bool = Field(False, description="--embeddings")
+    # speculative decoding
+    spec_type: SpecType = Field("none", description="--spec-type")
+    draft_model: str | None = Field(None, description="--model-draft")
+    draft_type_k: str = Field("f16", description="--spec-draft-type-k")
+    draft_type_v: str = Field("f16", description="--spec-draft-type-v")
+    draft_n_max: int = Field(3, ge=0, description="--spec-draft-n-max")
+
+    @field_validator("type_k", "type_v", "draft_type_k", "draft_type_v")
+    @classmethod
+    def _kv_type(cls, v: str) -> str:
+        v = v.lower()
+        if v not in KV_CACHE_TYPES:
+            raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
+        return v
+
+
+class ContextParams(BaseModel):
+    """llama_cparams as llama_context's constructor derives them (src/llama-context.cpp)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    frontend: Frontend
+    n_ctx: int  # padded to 256
+    n_ctx_seq: int
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+    n_outputs_max: int
+    kv_unified: bool
+    swa_full: bool
+    flash_attn: bool
+    type_k: str
+    type_v: str
+    n_rs_seq: int
+    offload_kqv: bool
+    embeddings: bool
+    defaults_applied: dict[str, str]
+
+
+def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
+    """Mirror llama_context::llama_context's cparams, after the front end's defaults."""
+    applied: dict[str, str] = {}
+
+    def default(name: str, value, why: str):
+        applied[name] = f"{value} ({why})"
+        return value
+
+    server = frontend == Frontend.SERVER
+    # common/common.h common_params vs llama_context_default_params (src/llama-context.cpp)
+    n_ctx = config.n_ctx if config.n_ctx is not None else default("n_ctx", 0, "training context")
+    if server:
+        n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, "llama-server default")
+        n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, "llama-server default")
+        n_parallel = config.n_parallel if config.n_parallel is not None else -1
+        kv_unified = config.kv_unified if config.kv_unified is not None else False
+        if n_parallel < 0:
+            # tools/server/server.cpp: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true"
+            n_parallel = 4
+            kv_unified = True
+            applied["n_parallel"] = "4 (llama-server -np auto)"
+            applied["kv_unified"] = "true (llama-server -np auto)"
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", False, "llama-server default")
+    else:
+        n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, "library default")
+        n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, "library default")
+        n_parallel = config.n_parallel if config.n_parallel is not None else default("n_parallel", 1, "library default")
+        if n_parallel < 1:
+            raise ConfigError(f"-np {n_parallel}: the library needs at least one sequence")
+        kv_unified = config.kv_unified if config.kv_unified is not None else default("kv_unified", False, "library default")
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", True, "library default")
+    if n_parallel == 0:
+        raise ConfigError("-np 0: invalid value for n_parallel")
+
+    n_seq_max = max(1, n_parallel)
+    if n_seq_max > LLAMA_MAX_SEQ:
+        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
+
+    n_ctx = n_ctx or spec.n_ctx_train
+    # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
+    n_batch = min(n_ctx, n_batch)
+    n_ubatch = min(n_batch, n_ubatch)
+
+    # n_outputs_max: the server caps outputs per batch by slots x (1 + draft tokens)
+    # (server_output_limits / common_speculative_get_output_limits); the library reserves n_batch.
+    n_draft = config.draft_n_max if config.spec_type != "none" else 0
+    if server and not config.embeddings:
+        n_outputs_max = max(1, min(n_batch, n_parallel * (1 + n_draft)))
+    else:
+        n_outputs_max = n_batch
+
+    n_ctx = pad(n_ctx, 256)
+    if kv_unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+        if n_ctx_seq == 0:
+            raise ConfigError("n_ctx_seq == 0")
+        n_ctx = n_ctx_seq * n_seq_max
+
+    type_k, type_v = ggml_type(config.type_k), ggml_type(config.type_v)
+    quant_v = GGML_QUANT_SIZES[type_v][0] > 1
+    # llama_init_from_model: quantized V needs flash attention; auto is switched on for it
+    if config.flash_attn == "off" and quant_v:
+        raise ConfigError(f"-ctv {config.type_v} with -fa off: llama.cpp refuses a quantized V cache without flash attention")
+    flash_attn = config.flash_attn != "off"  # auto resolves to enabled when every layer's KV sits with its FA op
+    if spec.is_mla and config.type_k != config.type_v:
+        raise ConfigError(f"{spec.architecture} (MLA) does not support different K ({config.type_k}) and V ({config.type_v}) cache types")
+    if flash_attn:
+        for t, name, attr in ((type_k, "K", "n_embd_head_k"), (type_v, "V", "n_embd_head_v")):
+            block = GGML_QUANT_SIZES[t][0]
+            if block > 1:
+                for layer in spec.layers[: spec.n_layer]:
+                    if layer.kind.value != "recurrent" and getattr(layer, attr) % block:
+                        raise ConfigError(
+                            f"{name} cache type {t.name.lower()} with block size {block} does not divide "
+                            f"{attr}={getattr(layer, attr)}"
+                        )
+
+    # common_params_speculative::need_n_rs_seq: MTP keeps draft.n_max recurrent snapshots per sequence
+    # (clamped to 0 for architectures without recurrent rollback: llm_arch_supports_rs_rollback)
+    supports_rollback = spec.architecture in RS_ROLLBACK_ARCHS
+    n_rs_seq = config.draft_n_max if config.spec_type == "draft-mtp" and supports_rollback and not mtp else 0
+
+    return ContextParams(
+        frontend=frontend,
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx_seq,
+        n_seq_max=n_seq_max,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        n_outputs_max=n_outputs_max,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        flash_attn=flash_attn,
+        type_k=config.type_k,
+        type_v=config.type_v,
+        n_rs_seq=n_rs_seq,
+        offload_kqv=True,
+        embeddings=config.embeddings,
+        defaults_applied=applied,
+    )

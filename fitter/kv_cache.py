@@ -1,0 +1,132 @@
+"""KV caches and recurrent state: which caches llama.cpp creates for a model and their exact bytes.
+
+Mirrors `llama_model::create_memory` (src/llama-model.cpp), the constructors of `llama_kv_cache`
+(src/llama-kv-cache.cpp), `llama_kv_cache_iswa` (src/llama-kv-cache-iswa.cpp),
+`llama_memory_hybrid` (src/llama-memory-hybrid.cpp) and `llama_memory_recurrent`
+(src/llama-memory-recurrent.cpp). Pure functions of a ModelSpec and ContextParams.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gguf import GGMLQuantizationType
+from pydantic import BaseModel, ConfigDict
+
+from fitter.config import ContextParams, ggml_row_size, ggml_type, pad
+from fitter.model_spec import LayerKind, ModelSpec
+
+HYBRID_ARCHS = {"qwen35", "qwen35moe", "qwen3next"}  # llm_arch_is_hybrid, among ggfit's architectures
+BUFFER_ALIGNMENT = 32  # TENSOR_ALIGNMENT of the CPU buffer type; CUDA and Metal use the same or smaller
+
+
+class CacheBuffer(BaseModel):
+    """One memory module's tensors (one llama.cpp "KV buffer" / "RS buffer" line per device)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["kv", "rs"]
+    name: str  # "kv", "kv_swa" or "rs"
+    cells: int  # KV cells (per stream) or recurrent rows
+    n_stream: int
+    layers: list[int]
+    type_k: str  # for rs: type of R
+    type_v: str | None  # for rs: type of S; None for MLA (no V cache)
+    k_bytes: int  # ggml_nbytes summed over layers (the "K (type): X MiB" figure); R for rs
+    v_bytes: int  # V (or S for rs)
+    buffer_bytes: int  # the allocated buffer: every tensor padded to the buffer alignment
+
+    @property
+    def bytes(self) -> int:
+        return self.k_bytes + self.v_bytes
+
+
+def _kv_cache(
+    name: str, spec: ModelSpec, cp: ContextParams, layers: list[int], kv_size: int
+) -> CacheBuffer:
+    # llama_kv_cache::llama_kv_cache
+    n_stream = 1 if cp.kv_unified else cp.n_seq_max
+    v_trans = not cp.flash_attn
+    tk, tv = ggml_type(cp.type_k), ggml_type(cp.type_v)
+    # [TAG_V_CACHE_VARIABLE]: without FA the V cache is padded to the widest layer of the whole model
+    v_max = max(layer.n_embd_v_gqa for layer in spec.layers)
+    k_total = v_total = buf = 0
+    for il in layers:
+        layer = spec.layers[il]
+        k = ggml_row_size(tk, layer.n_embd_k_gqa) * kv_size * n_stream
+        k_total += k
+        buf += pad(k, BUFFER_ALIGNMENT)
+        if not spec.is_mla:
+            v = ggml_row_size(tv, v_max if v_trans else layer.n_embd_v_gqa) * kv_size * n_stream
+            v_total += v
+            buf += pad(v, BUFFER_ALIGNMENT)
+    return CacheBuffer(
+        kind="kv",
+        name=name,
+        cells=kv_size,
+        n_stream=n_stream,
+        layers=layers,
+        type_k=cp.type_k,
+        type_v=None if spec.is_mla else cp.type_v,
+        k_bytes=k_total,
+        v_bytes=v_total,
+        buffer_bytes=buf,
+    )
+
+
+def _recurrent(spec: ModelSpec, cp: ContextParams, layers: list[int]) -> CacheBuffer:
+    # llama_memory_recurrent::llama_memory_recurrent: f32 r and s, mem_size * (1 + n_rs_seq) rows
+    assert spec.ssm is not None
+    mem_size = max(1, cp.n_seq_max)
+    rows = mem_size * (1 + cp.n_rs_seq)
+    f32 = GGMLQuantizationType.F32
+    r = ggml_row_size(f32, spec.ssm.n_embd_r) * rows
+    s = ggml_row_size(f32, spec.ssm.n_embd_s) * rows
+    return CacheBuffer(
+        kind="rs",
+        name="rs",
+        cells=mem_size,
+        n_stream=1,
+        layers=layers,
+        type_k="f32",
+        type_v="f32",
+        k_bytes=r * len(layers),
+        v_bytes=s * len(layers),
+        buffer_bytes=(pad(r, BUFFER_ALIGNMENT) + pad(s, BUFFER_ALIGNMENT)) * len(layers),
+    )
+
+
+def swa_cells(spec: ModelSpec, cp: ContextParams) -> int:
+    """llama_kv_cache_iswa: the SWA cache's cell count (always padded to 256)."""
+    if cp.swa_full:
+        return cp.n_ctx_seq
+    return pad(min(cp.n_ctx_seq, spec.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
+
+
+def memory_caches(spec: ModelSpec, cp: ContextParams, *, mtp: bool = False) -> list[CacheBuffer]:
+    """The caches of a context: the target's (mtp=False) or an MTP draft context's (mtp=True)."""
+    n_layer = spec.n_layer
+    all_layers = range(len(spec.layers))
+    kv_size = cp.n_ctx_seq
+
+    if spec.architecture in HYBRID_ARCHS:
+        if mtp:
+            # mtp_on_hybrid_qwen: a plain KV cache over the NextN layers only
+            return [_kv_cache("kv", spec, cp, [il for il in all_layers if il >= n_layer], kv_size)]
+        attn = [il for il in all_layers if il < n_layer and spec.layers[il].kind != LayerKind.RECURRENT]
+        recr = [il for il in all_layers if il < n_layer and spec.layers[il].kind == LayerKind.RECURRENT]
+        return [_kv_cache("kv", spec, cp, attn, kv_size), _recurrent(spec, cp, recr)]
+
+    def keep(il: int) -> bool:
+        if not spec.layers[il].has_kv:  # llama_hparams::has_kv (gemma4's shared-KV layers reuse others)
+            return False
+        if spec.n_layer_nextn > 0:
+            return il >= n_layer if mtp else il < n_layer
+        return True
+
+    layers = [il for il in all_layers if keep(il)]
+    if spec.is_swa_any:
+        base = [il for il in layers if spec.layers[il].kind != LayerKind.SWA]
+        swa = [il for il in layers if spec.layers[il].kind == LayerKind.SWA]
+        return [_kv_cache("kv", spec, cp, base, kv_size), _kv_cache("kv_swa", spec, cp, swa, swa_cells(spec, cp))]
+    return [_kv_cache("kv", spec, cp, layers, kv_size)]
