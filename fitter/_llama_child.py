@@ -1,0 +1,290 @@
+"""Child process of `fitter.llama_run`: load a model and create a context with llama.cpp, then exit.
+
+Run as `python -m fitter._llama_child '<json>'` (or with the JSON request on stdin). Only the
+standard library and llama_cpp are imported here, so a native abort kills nothing but this process.
+
+Protocol
+  stdin/argv: {"model_path": str, "mode": "dry"|"load", "model": {field: value}, "context": {field: value},
+               "log_level": "debug"|"info", "breakdown": bool, "test_signal": null|"SIGABRT"|...}
+      "model"/"context" hold raw llama_model_params / llama_context_params field values (ints/bools);
+      type_k/type_v come as [name, id] and are checked against the loaded ggml's ggml_type_name(id);
+      load_mode comes as its llama_load_mode_from_str name.
+  stderr: llama.cpp's whole log, verbatim (the log callback writes each message to fd 2 as it comes, so a
+      crash keeps everything up to the abort; ggml_abort's own message lands on fd 2 too, in order).
+  stdout: one JSON object per line, each with an "event": start, build, model, context, breakdown, done.
+      A missing "done" means the child died.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+# ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_DEBUG, _INFO, _WARN, _ERROR, _CONT = 1, 2, 3, 4, 5
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(obj) + "\n").encode())
+
+
+class _Log:
+    """The llama_log_set callback: every message to fd 2, and ERROR/WARN messages remembered by level."""
+
+    def __init__(self, min_level: int):
+        self.min_level = min_level
+        self.last_level = _INFO
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def __call__(self, level: int, text: bytes | None, _user_data: Any) -> None:
+        if text is None:
+            return
+        eff = self.last_level if level == _CONT else level
+        if level != _CONT:
+            self.last_level = level
+        if eff == _DEBUG and self.min_level > _DEBUG:
+            return
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+        if level == _CONT:
+            return
+        msg = text.decode("utf-8", "replace").strip()
+        if not msg:
+            return
+        if eff == _ERROR:
+            self.errors.append(msg)
+        elif eff == _WARN:
+            self.warnings.append(msg)
+
+
+def _ggml_base(llama_cpp: Any) -> ctypes.CDLL | None:
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        p = os.path.join(libdir, name)
+        if os.path.exists(p):
+            try:
+                return ctypes.CDLL(p)
+            except OSError:
+                return None
+    return None
+
+
+def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"llama_cpp_python": getattr(llama_cpp, "__version__", None)}
+    try:
+        info["llama_version"] = llama_cpp.llama_version().decode()
+    except Exception:
+        info["llama_version"] = None
+    try:
+        info["system_info"] = llama_cpp.llama_print_system_info().decode().strip()
+    except Exception:
+        info["system_info"] = None
+    for sym in ("ggml_commit", "ggml_version"):
+        val = None
+        if ggml is not None and hasattr(ggml, sym):
+            f = getattr(ggml, sym)
+            f.restype = ctypes.c_char_p
+            f.argtypes = []
+            try:
+                val = f().decode()
+            except Exception:
+                val = None
+        info[sym] = val
+    return info
+
+
+def _ggml_type_name(ggml: ctypes.CDLL | None, type_id: int) -> str | None:
+    """ggml_type_name() of the loaded ggml; only called for ids of the parent's table (no bounds check there)."""
+    if ggml is None:
+        return None
+    f = ggml.ggml_type_name
+    f.restype = ctypes.c_char_p
+    f.argtypes = [ctypes.c_int]
+    name = f(type_id)
+    return name.decode("utf-8", "replace") if name else None
+
+
+def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> list[dict[str, Any]] | None:
+    """Exact bytes per buffer type from `llama_get_memory_breakdown` (src/llama-ext.h), as common_get_device_memory_data uses.
+
+    The function returns a `std::map<ggml_backend_buffer_type_t, llama_memory_breakdown_data>` by value,
+    so it is called through the Itanium C++ ABI (hidden return-slot pointer first) and the red-black tree
+    of libstdc++ is walked by hand: map = {compare (8), header {color, parent=root, left, right} (32),
+    count (8)}; node = {color, parent, left, right} then the pair {key, model, context, compute}.
+    Only on Linux (libstdc++); anything that looks wrong returns None instead of guessing.
+    """
+    if not sys.platform.startswith("linux") or ggml is None:
+        return None
+    lib = llama_cpp.llama_cpp._lib
+    sym = "_Z26llama_get_memory_breakdownPK13llama_context"
+    if not hasattr(lib, sym):
+        return None
+    fn = getattr(lib, sym)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_void_p
+    slot = (ctypes.c_uint64 * 16)()  # 48 bytes needed; the map is leaked on purpose (the process exits)
+    ret = fn(ctypes.addressof(slot), ctx)
+    if ret != ctypes.addressof(slot):
+        return None
+    header = ctypes.addressof(slot) + 8
+    root, count = slot[2], slot[5]
+    if count > 1024 or (count > 0 and root == 0):
+        return None
+
+    def rd(addr: int) -> int:
+        return ctypes.c_uint64.from_address(addr).value
+
+    name_fn = ggml.ggml_backend_buft_name
+    name_fn.restype = ctypes.c_char_p
+    name_fn.argtypes = [ctypes.c_void_p]
+    host_fn = ggml.ggml_backend_buft_is_host
+    host_fn.restype = ctypes.c_bool
+    host_fn.argtypes = [ctypes.c_void_p]
+
+    rows: list[dict[str, Any]] = []
+    stack: list[int] = []
+    node = root
+    while (stack or node) and len(rows) <= count:  # in-order walk
+        while node and node != header:
+            stack.append(node)
+            node = rd(node + 16)
+        if not stack:
+            break
+        node = stack.pop()
+        buft = rd(node + 32)
+        rows.append(
+            {
+                "buffer_type": (name_fn(buft) or b"?").decode(),
+                "is_host": bool(host_fn(buft)),
+                "model": rd(node + 40),
+                "context": rd(node + 48),
+                "compute": rd(node + 56),
+            }
+        )
+        node = rd(node + 24)
+    if len(rows) != count:
+        return None
+    return rows
+
+
+def _apply(struct: Any, fields: dict[str, Any]) -> None:
+    for k, v in fields.items():
+        setattr(struct, k, v)
+
+
+def main() -> int:
+    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
+    req = json.loads(raw)
+    _emit({"event": "start", "pid": os.getpid()})
+    t0 = time.perf_counter()
+
+    import llama_cpp  # noqa: PLC0415 - imported here so a broken install is reported as an event
+
+    t_import = time.perf_counter() - t0
+    log = _Log(_DEBUG if req.get("log_level", "debug") == "debug" else _INFO)
+    cb = llama_cpp.llama_log_callback(log)  # keep a reference for the process lifetime
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+
+    ggml = _ggml_base(llama_cpp)
+    _emit({"event": "build", **_build_info(llama_cpp, ggml)})
+
+    def done(status: str, message: str | None = None, **extra: Any) -> int:
+        _emit({"event": "done", "status": status, "message": message, "errors": log.errors,
+               "warnings": log.warnings, **extra})
+        return 0
+
+    llama_cpp.llama_backend_init()
+
+    mp = llama_cpp.llama_model_default_params()
+    model_fields = dict(req.get("model", {}))
+    load_mode = model_fields.pop("load_mode", None)
+    if load_mode is not None:
+        mp.load_mode = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}[load_mode]
+    _apply(mp, model_fields)
+    if req["mode"] == "dry":
+        # as common_get_device_memory_data (common/fit.cpp): simulate allocations, read no tensor data
+        mp.no_alloc = True
+        mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+
+    cp = llama_cpp.llama_context_default_params()
+    ctx_fields = dict(req.get("context", {}))
+    for key in ("type_k", "type_v"):
+        if key in ctx_fields:
+            name, type_id = ctx_fields[key]  # [name, id] from the parent's enum ggml_type table
+            have = _ggml_type_name(ggml, type_id)
+            if have is not None and have.lower() != name.lower():
+                return done("error", f"ggml type id {type_id} is {have!r} in this build, not {name!r}: ggfit's type table is stale")
+            ctx_fields[key] = type_id
+    _apply(cp, ctx_fields)
+
+    timings: dict[str, float] = {"import_s": t_import}
+    t1 = time.perf_counter()
+    model = llama_cpp.llama_model_load_from_file(req["model_path"].encode(), mp)
+    timings["model_s"] = time.perf_counter() - t1
+    if not model:
+        msg = log.errors[0] if log.errors else "llama_model_load_from_file returned NULL"
+        return done("error", msg, timings=timings)
+    api: dict[str, Any] = {
+        "model_size": llama_cpp.llama_model_size(model),
+        "model_n_params": llama_cpp.llama_model_n_params(model),
+        "n_layer": llama_cpp.llama_model_n_layer(model),
+        "n_ctx_train": llama_cpp.llama_model_n_ctx_train(model),
+        "n_embd": llama_cpp.llama_model_n_embd(model),
+        "n_head": llama_cpp.llama_model_n_head(model),
+        "n_head_kv": llama_cpp.llama_model_n_head_kv(model),
+        "n_swa": llama_cpp.llama_model_n_swa(model),
+        "n_vocab": llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)),
+        "is_recurrent": bool(llama_cpp.llama_model_is_recurrent(model)),
+        "is_hybrid": bool(llama_cpp.llama_model_is_hybrid(model)),
+    }
+    buf = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(model, buf, 256)
+    api["desc"] = buf.value.decode("utf-8", "replace")
+    _emit({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
+
+    t2 = time.perf_counter()
+    ctx = llama_cpp.llama_init_from_model(model, cp)
+    timings["context_s"] = time.perf_counter() - t2
+    if not ctx:
+        msg = log.errors[0] if log.errors else "llama_init_from_model returned NULL"
+        llama_cpp.llama_model_free(model)
+        return done("error", msg, timings=timings)
+    capi = {
+        "n_ctx": llama_cpp.llama_n_ctx(ctx),
+        "n_ctx_seq": llama_cpp.llama_n_ctx_seq(ctx),
+        "n_batch": llama_cpp.llama_n_batch(ctx),
+        "n_ubatch": llama_cpp.llama_n_ubatch(ctx),
+        "n_seq_max": llama_cpp.llama_n_seq_max(ctx),
+    }
+    _emit({"event": "context", "api": capi})
+
+    if req.get("breakdown", True):
+        try:
+            rows = _memory_breakdown(llama_cpp, ggml, ctx)
+        except Exception:  # noqa: BLE001 - the breakdown is a bonus; never let it spoil the run
+            rows = None
+        _emit({"event": "breakdown", "rows": rows})
+
+    sig = req.get("test_signal")
+    if sig:  # test-only hook: die like a native crash would, after everything above was reported
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(5)
+
+    t3 = time.perf_counter()
+    llama_cpp.llama_free(ctx)  # a real context logs its DEBUG "compute buffer size is %8.4f MiB" check here
+    llama_cpp.llama_model_free(model)
+    timings["free_s"] = time.perf_counter() - t3
+    timings["total_s"] = time.perf_counter() - t0
+    return done("ok", timings=timings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

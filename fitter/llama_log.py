@@ -1,0 +1,599 @@
+"""Pure parsing of llama.cpp's log text into a `LlamaReport`.
+
+Works on any log of the reference build (0c1e57098bba): the one `fitter.llama_run` captures from its
+child, or a llama-server / llama-cli log pasted by a user. Lines are matched by their stable suffix
+(`... KV buffer size = X MiB`), never by the exact function prefix, and a line may carry the
+leftovers of llama.cpp's progress dots in front of it.
+
+Precision. llama.cpp prints every buffer size in MiB with two decimals (`%8.2f`), so a printed figure
+is only known to 0.01 MiB: `bytes = round(MiB * 2**20)` is off by up to 0.005 MiB = 5243 bytes
+(`PRINT_TOLERANCE_BYTES`). Finer figures:
+  - after a real load, freeing the context logs at DEBUG `~llama_context: CPU compute buffer size is
+    514.5020 MiB, matches expectation of ...` (`%8.4f`, to ~52 bytes): `LlamaReport.compute_checks`;
+  - exact bytes are not in the log at all; `fitter.llama_run` gets them from the C API
+    (`llama_model_size`, `llama_get_memory_breakdown`).
+
+Dry runs (`no_alloc`). With `no_alloc = 1` llama.cpp gives model weights and the KV cache a dummy
+buffer of size 0, so `load_tensors: CPU model buffer size = 0.00 MiB` and `llama_kv_cache: CPU KV
+buffer size = 0.00 MiB` are NOT sizes (`BufferLine.dummy` is set). The `llama_kv_cache: size = ...`
+line is computed from the tensors and is authoritative in both modes; the output buffer, the
+recurrent-state (RS) buffers and the compute buffers are real in both modes (the RS and output
+buffers are even allocated in a dry run; the compute size is the reserve's measured size).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MIB = 1 << 20
+PRINT_PRECISION_MIB = 0.01  # every "%8.2f MiB" / "%7.2f MiB" figure
+PRINT_TOLERANCE_BYTES = 5243  # ceil(0.005 MiB): the most a two-decimal MiB figure can be off
+FINE_PRECISION_MIB = 0.0001  # the DEBUG "%8.4f MiB" compute-buffer check after a real load
+
+BufferKind = Literal["model", "kv", "rs", "output", "compute", "state", "lora", "other"]
+
+
+def mib_to_bytes(mib: float) -> int:
+    return round(mib * MIB)
+
+
+def _num(s: str) -> int | float:
+    try:
+        return int(s)
+    except ValueError:
+        return float(s)
+
+
+def _int_or_list(s: str) -> int | list[int] | None:
+    """print_info prints a per-layer value as a scalar when constant, else as `[a, b, ...]` (`print_f`)."""
+    s = s.strip()
+    if s.startswith("[") and s.endswith("]"):
+        try:
+            return [int(x) for x in s[1:-1].split(",") if x.strip()]
+        except ValueError:
+            return None
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+class BufferLine(BaseModel):
+    """One `<func>: <buffer> <label> buffer size = <MiB> MiB` line."""
+
+    kind: BufferKind
+    label: str  # as printed before "buffer size": "model", "KV", "RS", "output", "compute", "DSV4 csa state", ...
+    buffer: str  # buffer (type) name as printed: CPU, CPU_Mapped, CUDA0, CUDA_Host, ...
+    func: str  # printing function as it appears in the line (load_tensors, llama_kv_cache, sched_reserve, ...)
+    mib: float
+    bytes: int  # round(mib * 2**20); +-PRINT_TOLERANCE_BYTES
+    dummy: bool = False  # no_alloc run: llama.cpp printed the size of a zero-size dummy buffer, not a size
+    line: int  # 1-based line number in the log
+
+
+class KVCacheSize(BaseModel):
+    """`llama_kv_cache: size = X MiB (N cells, L layers, a/b seqs), K (t): X MiB, V (t): Y MiB`.
+
+    One per KV cache (an iSWA model prints one for the non-SWA cache and one for the SWA cache).
+    Authoritative in dry and real runs (computed from the cache tensors, see `llama_kv_cache::llama_kv_cache`).
+    """
+
+    role: str | None = None  # "non-SWA", "SWA", "indexer" from the preceding "creating ... KV cache" line
+    mib: float
+    bytes: int
+    cells: int
+    layers: int
+    n_seq_max: int
+    n_stream: int  # 1 when kv_unified, else n_seq_max
+    type_k: str
+    k_mib: float
+    k_bytes: int
+    type_v: str
+    v_mib: float
+    v_bytes: int
+    line: int
+
+
+class RecurrentStateSize(BaseModel):
+    """`llama_memory_recurrent: size = X MiB (N cells, L layers, a seqs b rs_seq), R (t): .., S (t): .., P (t): ..`."""
+
+    mib: float
+    bytes: int
+    cells: int
+    layers: int
+    n_seq_max: int
+    n_rs_seq: int | None = None
+    type_r: str
+    r_mib: float
+    r_bytes: int
+    type_s: str
+    s_mib: float
+    s_bytes: int
+    type_p: str | None = None
+    p_mib: float | None = None
+    p_bytes: int | None = None
+    line: int
+
+
+class ComputeCheck(BaseModel):
+    """`~llama_context: <buf> compute buffer size is|of X MiB, [does not ]match[es] expectation of Y MiB`.
+
+    Printed when a real (allocating) context is freed: DEBUG when it matches, WARN when it does not.
+    """
+
+    buffer: str
+    actual_mib: float
+    actual_bytes: int
+    expected_mib: float
+    expected_bytes: int
+    matches: bool
+    line: int
+
+
+class GraphInfo(BaseModel):
+    """`sched_reserve: graph[ (pp bs=P, tg bs=T)]: nodes = a[ / b], splits = c[ / d], ...`."""
+
+    nodes_pp: int
+    nodes_tg: int
+    splits_pp: int
+    splits_tg: int
+    input_objects_pp: int | None = None
+    input_objects_tg: int | None = None
+    input_tensors_pp: int | None = None
+    input_tensors_tg: int | None = None
+    pp_bs: int | None = None
+    tg_bs: int | None = None
+
+
+class ContextInfo(BaseModel):
+    """What `llama_context::llama_context` prints about its cparams."""
+
+    n_seq_max: int | None = None
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    causal_attn: bool | None = None
+    flash_attn: str | None = None  # as printed: the requested type "auto" / "enabled" / "disabled"
+    # the effective value: "enabled"/"disabled" when requested so, else resolve_fused_ops's verdict on "auto"
+    flash_attn_resolved: bool | None = None
+    kv_unified: bool | None = None
+    # not printed by llama_context: True when llama_kv_cache_iswa warns "using full-size SWA cache",
+    # False when an iSWA cache was created without that warning, None when there is no iSWA cache
+    swa_full: bool | None = None
+    n_rs_seq: int | None = None
+    n_outputs_max: int | None = None
+    n_outputs_max_per_seq: int | None = None
+    freq_base: float | None = None
+    freq_scale: float | None = None
+
+
+class LayerInfo(BaseModel):
+    """DEBUG `load_tensors: layer %3d assigned to device %s, is_swa = %d` (llama_model::load_tensors).
+
+    llama.cpp prints n_layer_all + 1 of them: the last (il == n_layer_all) is the output layer's device.
+    """
+
+    il: int
+    device: str
+    is_swa: bool
+    is_output: bool = False
+
+
+class HParams(BaseModel):
+    """The print_info values ggfit needs, normalised. Per-layer values stay lists when llama.cpp printed a list."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    arch: str | None = None
+    n_layer: int | None = None
+    n_layer_all: int | None = None
+    n_head: int | list[int] | None = None
+    n_head_kv: int | list[int] | None = None
+    n_embd: int | None = None
+    n_embd_inp: int | None = None
+    n_embd_out: int | None = None
+    n_embd_head_k: int | None = None
+    n_embd_head_v: int | None = None
+    n_embd_k_gqa: int | list[int] | None = None
+    n_embd_v_gqa: int | list[int] | None = None
+    n_embd_head_k_swa: int | None = None
+    n_embd_head_v_swa: int | None = None
+    n_ff: int | list[int] | None = None
+    n_rot: int | None = None
+    n_swa: int | None = None
+    is_swa_any: bool | None = None
+    is_swa: list[bool] | None = None  # per layer, from the DEBUG load_tensors lines (not in print_info)
+    n_ctx_train: int | None = None
+    n_expert: int | None = None
+    n_expert_used: int | None = None
+    causal_attn: bool | None = None
+    pooling_type: int | None = None
+    file_type: str | None = None
+    file_size_mib: float | None = None  # print_info prints MiB or GiB; normalised to MiB
+    file_bpw: float | None = None
+    model_type: str | None = None
+    model_params: int | None = None  # "268.10 M" -> 268100000 (printed to 4-5 significant digits)
+    n_vocab: int | None = None
+    vocab_type: str | None = None
+    general_name: str | None = None
+    ssm_d_conv: int | None = None
+    ssm_d_inner: int | None = None
+    ssm_d_state: int | None = None
+    ssm_dt_rank: int | None = None
+    ssm_n_group: int | None = None
+
+
+class LlamaReport(BaseModel):
+    print_info: dict[str, str] = Field(default_factory=dict)  # first value of every `print_info: key = value`
+    print_info_repeats: dict[str, list[str]] = Field(default_factory=dict)  # keys printed more than once (EOG token)
+    hparams: HParams = Field(default_factory=HParams)
+    layers: list[LayerInfo] = Field(default_factory=list)
+    no_alloc: bool | None = None  # print_info: no_alloc
+    load_mode: str | None = None  # "loading model tensors, ... (load_mode = none)"
+    buffers: list[BufferLine] = Field(default_factory=list)
+    kv_caches: list[KVCacheSize] = Field(default_factory=list)
+    kv_cache_cells: list[tuple[str, int]] = Field(default_factory=list)  # ("non-SWA", 4096) from llama_kv_cache_iswa
+    recurrent: list[RecurrentStateSize] = Field(default_factory=list)
+    context: ContextInfo | None = None
+    graph: GraphInfo | None = None
+    reserve_ms: float | None = None
+    compute_checks: list[ComputeCheck] = Field(default_factory=list)
+    mismatch_warnings: list[str] = Field(default_factory=list)  # "does not match expectation" lines, verbatim
+    abort: str | None = None  # "file:line: message" of a GGML_ASSERT/GGML_ABORT, or an uncaught C++ exception
+
+    def rows(self, kind: BufferKind, *, include_dummy: bool = False) -> list[BufferLine]:
+        return [b for b in self.buffers if b.kind == kind and (include_dummy or not b.dummy)]
+
+    def printed_bytes(self, kind: BufferKind) -> int | None:
+        """Sum of the printed (non-dummy) buffer lines of one kind; None when there is none."""
+        rows = self.rows(kind)
+        return sum(r.bytes for r in rows) if rows else None
+
+    def kv_bytes(self) -> int | None:
+        """KV cache bytes from the authoritative `size = ...` lines (K + V of every cache)."""
+        if not self.kv_caches:
+            return None
+        return sum(c.k_bytes + c.v_bytes for c in self.kv_caches)
+
+
+# --- patterns -----------------------------------------------------------------------------------
+
+_FUNC = r"(?P<func>[~A-Za-z_][\w:~]*)"
+_F = r"(-?[0-9]+(?:\.[0-9]+)?)"
+
+_BUFFER = re.compile(_FUNC + r":\s+(?P<buf>\S+)\s+(?P<label>\S(?:.*?\S)?)\s+buffer size =\s+(?P<mib>" + _F[1:-1] + r") MiB\s*$")
+_PRINT_INFO = re.compile(r"print_info: (?P<key>\S(?:.*?\S)?)\s*= ?(?P<val>.*?)\s*$")
+_KV_SIZE = re.compile(
+    r"size =\s*" + _F + r" MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\), "
+    r"K \((\w+)\):\s*" + _F + r" MiB, V \((\w+)\):\s*" + _F + r" MiB"
+)
+_RS_SIZE = re.compile(
+    r"size =\s*" + _F + r" MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+) seqs(?:\s+(\d+) rs_seq)?\), "
+    r"R \((\w+)\):\s*" + _F + r" MiB, S \((\w+)\):\s*" + _F + r" MiB(?:, P \((\w+)\):\s*" + _F + r" MiB)?"
+)
+_KV_CREATE = re.compile(r"creating\s+(?P<role>\S(?:.*?\S)?)\s+KV cache, size = (?P<cells>\d+) cells")
+_COMPUTE_CHECK = re.compile(
+    r"(?P<buf>\S+) compute buffer size (?:is|of)\s+" + _F + r" MiB, (?P<m>matches|does not match) expectation of\s+" + _F + r" MiB"
+)
+_GRAPH = re.compile(
+    r"graph(?: \(pp bs=(?P<pp>\d+), tg bs=(?P<tg>\d+)\))?: nodes = (?P<nodes>[\d /-]+?), splits = (?P<splits>[\d /-]+?)"
+    r"(?:, input objects = (?P<io>[\d /-]+?), input tensors = (?P<it>[\d /-]+?))?\s*$"
+)
+_RESERVE = re.compile(r"sched_reserve: reserve took\s+" + _F + r" ms")
+_CTX_KV = re.compile(r"llama_context: (?P<key>\w+)\s+= (?P<val>\S+)\s*$")
+_LAYER = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+), is_swa = (\d+)")
+_LOAD_MODE = re.compile(r"loading model tensors, .*\(load_mode = (?P<m>[^)]+)\)")
+_FA_RESOLVED = re.compile(r"resolve_fused_ops: Flash Attention (?P<v>enabled|not supported, set to disabled)")
+_ABORT = re.compile(r"^(?P<msg>\S+\.(?:c|cc|cpp|cxx|h|hpp|cu|m|mm):\d+: .+)$")
+_TERMINATE = re.compile(r"^terminate called after throwing an instance of (?P<what>.+)$")
+_WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
+
+
+def _kind(label: str) -> BufferKind:
+    low = label.lower()
+    if low == "model":
+        return "model"
+    if low == "kv":
+        return "kv"
+    if low == "rs":
+        return "rs"
+    if low == "output":
+        return "output"
+    if low == "compute":
+        return "compute"
+    if low.endswith("state"):
+        return "state"
+    if low == "lora":
+        return "lora"
+    return "other"
+
+
+def _pair(s: str | None) -> tuple[int | None, int | None]:
+    if s is None:
+        return None, None
+    parts = [p.strip() for p in s.split("/")]
+    try:
+        a = int(parts[0])
+        b = int(parts[1]) if len(parts) > 1 else a
+    except ValueError:
+        return None, None
+    return a, b
+
+
+def _bool(s: str) -> bool | None:
+    s = s.strip().lower()
+    if s in ("1", "true", "yes"):
+        return True
+    if s in ("0", "false", "no"):
+        return False
+    return None
+
+
+def _size_to_mib(s: str) -> tuple[float | None, float | None]:
+    m = re.match(r"\s*" + _F + r" (MiB|GiB) \(" + _F + r" BPW\)", s)
+    if not m:
+        return None, None
+    v = float(m.group(1)) * (1024.0 if m.group(2) == "GiB" else 1.0)
+    return v, float(m.group(3))
+
+
+_SCALE = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def _hparams(pi: dict[str, str], layers: list[LayerInfo]) -> HParams:
+    h: dict[str, object] = {}
+
+    def get_int(key: str) -> int | None:
+        v = pi.get(key)
+        if v is None:
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            return None
+
+    for key in (
+        "n_layer", "n_layer_all", "n_embd", "n_embd_inp", "n_embd_out", "n_embd_head_k", "n_embd_head_v",
+        "n_embd_head_k_swa", "n_embd_head_v_swa", "n_rot", "n_swa", "n_ctx_train", "n_expert", "n_expert_used",
+        "n_vocab", "ssm_d_conv", "ssm_d_inner", "ssm_d_state", "ssm_dt_rank", "ssm_n_group",
+    ):
+        h[key] = get_int(key)
+    for key in ("n_head", "n_head_kv", "n_embd_k_gqa", "n_embd_v_gqa", "n_ff"):
+        h[key] = _int_or_list(pi[key]) if key in pi else None
+    h["arch"] = pi.get("arch")
+    h["is_swa_any"] = _bool(pi["is_swa_any"]) if "is_swa_any" in pi else None
+    h["causal_attn"] = _bool(pi["causal attn"]) if "causal attn" in pi else None
+    h["pooling_type"] = get_int("pooling type")
+    h["file_type"] = pi.get("file type")
+    if "file size" in pi:
+        h["file_size_mib"], h["file_bpw"] = _size_to_mib(pi["file size"])
+    h["model_type"] = pi.get("model type")
+    mp = re.match(r"\s*" + _F + r" ([KMBT])\s*$", pi.get("model params", ""))
+    h["model_params"] = round(float(mp.group(1)) * _SCALE[mp.group(2)]) if mp else None
+    h["vocab_type"] = pi.get("vocab type")
+    h["general_name"] = pi.get("general.name")
+    n_all = h["n_layer_all"] if h["n_layer_all"] is not None else h["n_layer"]
+    if layers and n_all is not None:
+        by_il = {li.il: li.is_swa for li in layers if not li.is_output}
+        if set(by_il) == set(range(n_all)):
+            h["is_swa"] = [by_il[i] for i in range(n_all)]
+    return HParams(**h)
+
+
+def parse_log(text: str) -> LlamaReport:
+    """Parse a llama.cpp log (any mix of levels; DEBUG lines add per-layer SWA flags and the fine compute check)."""
+    r = LlamaReport()
+    ctx: dict[str, str] = {}
+    pending_role: str | None = None
+    seen_iswa = False
+    swa_full_warned = False
+    fa_resolved: bool | None = None
+    layers: dict[int, LayerInfo] = {}
+    terminate_what: str | None = None
+    terminate_seen = False
+
+    for i, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip("\r\n")
+        # progress dots (LLAMA_LOG_CONT) may run into the next line's start
+        stripped = line.lstrip(".")
+
+        m = _PRINT_INFO.search(stripped)
+        if m and stripped.startswith("print_info:"):
+            key, val = m.group("key"), m.group("val")
+            if key in r.print_info:
+                r.print_info_repeats.setdefault(key, [r.print_info[key]]).append(val)
+            else:
+                r.print_info[key] = val
+            continue
+
+        m = _BUFFER.search(stripped)
+        if m:
+            mib = float(m.group("mib"))
+            r.buffers.append(
+                BufferLine(
+                    kind=_kind(m.group("label")),
+                    label=m.group("label"),
+                    buffer=m.group("buf"),
+                    func=m.group("func"),
+                    mib=mib,
+                    bytes=mib_to_bytes(mib),
+                    line=i,
+                )
+            )
+            continue
+
+        if "llama_kv_cache" in stripped or "llama_memory_recurrent" in stripped or " size = " in stripped:
+            m = _KV_SIZE.search(stripped)
+            if m:
+                g = m.groups()
+                r.kv_caches.append(
+                    KVCacheSize(
+                        role=pending_role,
+                        mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
+                        cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]), n_stream=int(g[4]),
+                        type_k=g[5], k_mib=float(g[6]), k_bytes=mib_to_bytes(float(g[6])),
+                        type_v=g[7], v_mib=float(g[8]), v_bytes=mib_to_bytes(float(g[8])),
+                        line=i,
+                    )
+                )
+                pending_role = None
+                continue
+            m = _RS_SIZE.search(stripped)
+            if m:
+                g = m.groups()
+                r.recurrent.append(
+                    RecurrentStateSize(
+                        mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
+                        cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]),
+                        n_rs_seq=int(g[4]) if g[4] is not None else None,
+                        type_r=g[5], r_mib=float(g[6]), r_bytes=mib_to_bytes(float(g[6])),
+                        type_s=g[7], s_mib=float(g[8]), s_bytes=mib_to_bytes(float(g[8])),
+                        type_p=g[9], p_mib=float(g[10]) if g[10] is not None else None,
+                        p_bytes=mib_to_bytes(float(g[10])) if g[10] is not None else None,
+                        line=i,
+                    )
+                )
+                continue
+
+        m = _KV_CREATE.search(stripped)
+        if m:
+            pending_role = m.group("role")
+            r.kv_cache_cells.append((pending_role, int(m.group("cells"))))
+            if "iswa" in stripped:
+                seen_iswa = True
+            continue
+        if "using full-size SWA cache" in stripped:
+            swa_full_warned = True
+            continue
+
+        m = _COMPUTE_CHECK.search(stripped)
+        if m:
+            a, e = float(m.group(2)), float(m.group(4))
+            matches = m.group("m") == "matches"
+            r.compute_checks.append(
+                ComputeCheck(
+                    buffer=m.group("buf"), actual_mib=a, actual_bytes=mib_to_bytes(a),
+                    expected_mib=e, expected_bytes=mib_to_bytes(e), matches=matches, line=i,
+                )
+            )
+            if not matches:
+                r.mismatch_warnings.append(line.strip())
+            continue
+        if "does not match expectation" in stripped:
+            r.mismatch_warnings.append(line.strip())
+            continue
+
+        if "sched_reserve: graph" in stripped:
+            m = _GRAPH.search(stripped)
+            if m:
+                npp, ntg = _pair(m.group("nodes"))
+                spp, stg = _pair(m.group("splits"))
+                iop, iot = _pair(m.group("io"))
+                itp, itt = _pair(m.group("it"))
+                if npp is not None and spp is not None:
+                    r.graph = GraphInfo(
+                        nodes_pp=npp, nodes_tg=ntg, splits_pp=spp, splits_tg=stg,
+                        input_objects_pp=iop, input_objects_tg=iot, input_tensors_pp=itp, input_tensors_tg=itt,
+                        pp_bs=int(m.group("pp")) if m.group("pp") else None,
+                        tg_bs=int(m.group("tg")) if m.group("tg") else None,
+                    )
+                continue
+        m = _RESERVE.search(stripped)
+        if m:
+            r.reserve_ms = float(m.group(1))
+            continue
+
+        m = _CTX_KV.search(stripped)
+        if m and stripped.startswith("llama_context:"):
+            ctx.setdefault(m.group("key"), m.group("val"))
+            continue
+
+        m = _LAYER.search(stripped)
+        if m:
+            il = int(m.group(1))
+            layers[il] = LayerInfo(il=il, device=m.group(2), is_swa=m.group(3) != "0")
+            continue
+        m = _LOAD_MODE.search(stripped)
+        if m:
+            r.load_mode = m.group("m").strip()
+            continue
+        m = _FA_RESOLVED.search(stripped)
+        if m:
+            fa_resolved = m.group("v") == "enabled"
+            continue
+
+        m = _ABORT.match(line.strip())
+        if m and r.abort is None:
+            r.abort = m.group("msg")
+            continue
+        m = _TERMINATE.match(line.strip())
+        if m:
+            terminate_seen = True
+            terminate_what = f"uncaught C++ exception {m.group('what')}"
+            continue
+        if terminate_seen:
+            m = _WHAT.match(line)
+            if m:
+                terminate_what = f"{terminate_what}: {m.group('msg')}"
+                terminate_seen = False
+
+    if terminate_what and r.abort is None:
+        r.abort = terminate_what
+
+    r.no_alloc = _bool(r.print_info["no_alloc"]) if "no_alloc" in r.print_info else None
+    if r.no_alloc:
+        # llama_model::load_tensors and llama_kv_cache::llama_kv_cache hand no_alloc runs a zero-size dummy buffer
+        for b in r.buffers:
+            if b.kind in ("model", "kv"):
+                b.dummy = True
+
+    r.layers = [layers[k] for k in sorted(layers)]
+    n_all = r.print_info.get("n_layer_all", r.print_info.get("n_layer"))
+    if n_all is not None and n_all.isdigit():
+        for li in r.layers:
+            li.is_output = li.il == int(n_all)
+    r.hparams = _hparams(r.print_info, r.layers)
+
+    if ctx or r.kv_caches or seen_iswa:
+
+        def gi(k: str) -> int | None:
+            try:
+                return int(ctx[k]) if k in ctx else None
+            except ValueError:
+                return None
+
+        def gf(k: str) -> float | None:
+            try:
+                return float(ctx[k]) if k in ctx else None
+            except ValueError:
+                return None
+
+        fa = ctx.get("flash_attn")
+        if fa == "enabled":
+            resolved: bool | None = True
+        elif fa == "disabled":
+            resolved = False
+        else:
+            resolved = fa_resolved
+        r.context = ContextInfo(
+            n_seq_max=gi("n_seq_max"),
+            n_ctx=gi("n_ctx"),
+            n_ctx_seq=gi("n_ctx_seq"),
+            n_batch=gi("n_batch"),
+            n_ubatch=gi("n_ubatch"),
+            causal_attn=_bool(ctx["causal_attn"]) if "causal_attn" in ctx else None,
+            flash_attn=fa,
+            flash_attn_resolved=resolved,
+            kv_unified=_bool(ctx["kv_unified"]) if "kv_unified" in ctx else None,
+            swa_full=(True if swa_full_warned else False) if (seen_iswa or swa_full_warned) else None,
+            n_rs_seq=gi("n_rs_seq"),
+            n_outputs_max=gi("n_outputs_max"),
+            n_outputs_max_per_seq=gi("n_outputs_max_per_seq"),
+            freq_base=gf("freq_base"),
+            freq_scale=gf("freq_scale"),
+        )
+    return r
