@@ -1,0 +1,81 @@
+"""`ggfit fit --check`: llama.cpp's own dry run on the same config, beside the prediction.
+
+The dry run (model param no_alloc, load_mode none, then a context) runs in a child process on this
+machine's backend. Exact bytes come from llama.cpp's memory breakdown where available, else from its
+log lines (0.01 MiB precision).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fitter.config import ConfigError, ContextParams, RunConfig
+from fitter.llama_run import LlamaParams, LlamaRun, measure
+
+if TYPE_CHECKING:
+    from fitter.memory import Prediction
+
+
+def llama_params(cp: ContextParams, cfg: RunConfig) -> LlamaParams:
+    """The llama_model_params / llama_context_params that reproduce a resolved context exactly."""
+    return LlamaParams(
+        n_gpu_layers=cfg.n_gpu_layers,
+        use_mmap=not cfg.no_mmap,
+        use_extra_bufts=not cfg.no_repack,
+        load_mtp=cfg.spec_type == "draft-mtp",
+        n_ctx=cp.n_ctx,
+        n_batch=cp.n_batch,
+        n_ubatch=cp.n_ubatch,
+        n_seq_max=cp.n_seq_max,
+        n_rs_seq=cp.n_rs_seq,
+        n_outputs_max=cp.n_outputs_max,
+        type_k=cp.type_k,
+        type_v=cp.type_v,
+        flash_attn="on" if cp.flash_attn else "off",
+        swa_full=cp.swa_full,
+        kv_unified=cp.kv_unified,
+        embeddings=cp.embeddings,
+    )
+
+
+def measured_by_kind(run: LlamaRun) -> dict[str, int | None]:
+    """Exact bytes per buffer kind of a dry run (target context only)."""
+    rep = run.report
+    kv = sum(c.bytes for c in rep.kv_caches) if rep.kv_caches else 0
+    rs = sum(r.bytes for r in rep.recurrent) if rep.recurrent else 0
+    out = rep.printed_bytes("output")
+    compute = run.breakdown_total("compute")
+    if compute is None:
+        compute = rep.printed_bytes("compute")
+    context = run.breakdown_total("context")
+    if context is not None and not rep.recurrent:
+        kv = context  # exact (the log's K/V lines are rounded to 0.01 MiB)
+    model = run.breakdown_total("model")
+    if model is None:
+        model = run.api.get("model_size")
+    return {"model": model, "kv": kv, "rs": rs, "output": out, "compute": compute}
+
+
+def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float = 300.0) -> dict[str, Any]:
+    if pred.backend.value != "cpu":
+        raise ConfigError(
+            f"--check runs llama.cpp's dry run on this machine's CPU backend; predict with --backend cpu to compare "
+            f"(asked: {pred.backend.value})"
+        )
+    run = measure(path, llama_params(pred.context, cfg), mode="dry", timeout=timeout, log_level="info")
+    run.raise_for_status()
+    got = measured_by_kind(run)
+    rows = []
+    for kind in ("model", "kv", "rs", "output", "compute"):
+        target = [b for b in pred.buffers if b.owner == "target" and b.kind == kind]
+        # the dry run reports the tensors' bytes (llama_model_size), not a mapped file range
+        p = sum((b.tensor_bytes or 0) if kind == "model" else b.bytes for b in target)
+        m = got[kind]
+        if p == 0 and not m:
+            continue
+        rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m})
+    notes = []
+    if pred.draft_context is not None:
+        notes.append("only the target context is measured; the draft/MTP context is not part of this dry run")
+    return {"llama_cpp": f"{run.build.commit} (llama-cpp-python {run.build.llama_cpp_python})", "rows": rows,
+            "wall_s": round(run.wall_s, 2), "notes": notes}

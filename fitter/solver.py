@@ -1,0 +1,141 @@
+"""Solve for the largest context that fits a budget, per ubatch and K/V type pair, and recommend one.
+
+The device total is monotone in n_ctx (KV cells and attention scratch only grow), so the largest
+n_ctx is a binary search over multiples of 256 (llama.cpp pads n_ctx to 256 anyway).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from fitter.config import Backend, ConfigError, Frontend, RunConfig
+from fitter.gguf_reader import GGUFHeader
+from fitter.memory import Prediction, predict
+from fitter.model_spec import ModelSpec
+
+UBATCHES = (256, 512, 1024, 2048, 4096)
+KV_PAIRS = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
+KV_QUALITY = {"f32": 4, "f16": 3, "bf16": 3, "q8_0": 2, "q5_1": 1, "q5_0": 1, "q4_1": 0, "q4_0": 0, "iq4_nl": 0}
+CTX_STEP = 256
+
+
+class Solution(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    n_ubatch: int
+    n_batch: int
+    type_k: str
+    type_v: str
+    draft: bool
+    n_ctx: int  # largest fitting context (0: not even 256 fits)
+    total_device_bytes: int  # at that context
+    headroom_bytes: int  # budget - margin - total
+
+    @property
+    def fits(self) -> bool:
+        return self.n_ctx > 0
+
+
+def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: bool) -> RunConfig:
+    n_batch = max(base.n_batch or 2048, ub)  # -b must reach -ub or llama.cpp clamps ubatch down to it
+    update = {"n_ctx": n_ctx, "n_ubatch": ub, "n_batch": n_batch, "type_k": tk, "type_v": tv}
+    if not draft:
+        update.update({"spec_type": "none", "draft_model": None})
+    return base.model_copy(update=update)
+
+
+def largest_context(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    base: RunConfig,
+    backend: Backend,
+    frontend: Frontend,
+    available: int,
+    *,
+    n_ubatch: int,
+    type_k: str,
+    type_v: str,
+    with_draft: bool,
+    draft: tuple[GGUFHeader, ModelSpec] | None,
+    ctx_max: int,
+) -> Solution:
+    def total(n_ctx: int) -> int:
+        cfg = _config_for(base, n_ctx, n_ubatch, type_k, type_v, with_draft)
+        return predict(header, spec, cfg, backend, frontend, draft if with_draft else None).total_device_bytes
+
+    lo, hi = 0, ctx_max // CTX_STEP  # invariant: lo fits (0 = nothing), hi+1 does not
+    best_total = 0
+    if total(CTX_STEP) > available:
+        hi = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        t = total(mid * CTX_STEP)
+        if t <= available:
+            lo, best_total = mid, t
+        else:
+            hi = mid - 1
+    if lo > 0 and best_total == 0:
+        best_total = total(lo * CTX_STEP)
+    n_batch = max(base.n_batch or 2048, n_ubatch)
+    return Solution(
+        n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
+        n_ctx=lo * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,
+    )
+
+
+def solve(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    base: RunConfig,
+    backend: Backend,
+    frontend: Frontend,
+    budget_bytes: int,
+    margin_bytes: int,
+    *,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    ubatches: tuple[int, ...] = UBATCHES,
+    kv_pairs: tuple[tuple[str, str], ...] = KV_PAIRS,
+    ctx_max: int | None = None,
+) -> list[Solution]:
+    """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head)."""
+    available = budget_bytes - margin_bytes
+    ctx_max = ctx_max or spec.n_ctx_train
+    has_spec = draft is not None or base.spec_type == "draft-mtp"
+    out = []
+    for with_draft in ((True, False) if has_spec else (False,)):
+        for tk, tv in kv_pairs:
+            if base.flash_attn == "off" and tv not in ("f16", "f32", "bf16"):
+                continue  # quantized V needs flash attention
+            for ub in ubatches:
+                try:
+                    out.append(
+                        largest_context(
+                            header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
+                            with_draft=with_draft, draft=draft, ctx_max=ctx_max,
+                        )
+                    )
+                except ConfigError:
+                    continue  # a pair llama.cpp refuses for this model (block size, MLA K != V)
+    return out
+
+
+def recommend(solutions: list[Solution], ctx_target: int) -> Solution | None:
+    """The config to run: keep the draft if it still reaches the target context, prefer the best K/V
+    type that reaches it, then the largest ubatch up to 2048 (prefill speed); if nothing reaches the
+    target, the largest context."""
+    fitting = [s for s in solutions if s.fits]
+    if not fitting:
+        return None
+    reach = [s for s in fitting if s.n_ctx >= ctx_target]
+    if reach:
+        return max(reach, key=lambda s: (s.draft, KV_QUALITY.get(s.type_v, 0) + KV_QUALITY.get(s.type_k, 0),
+                                         min(s.n_ubatch, 2048), -s.n_ubatch, s.headroom_bytes))
+    return max(fitting, key=lambda s: (s.n_ctx, s.draft, KV_QUALITY.get(s.type_v, 0), min(s.n_ubatch, 2048)))
+
+
+def prediction_for(
+    header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend, s: Solution,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+) -> Prediction:
+    cfg = _config_for(base, s.n_ctx, s.n_ubatch, s.type_k, s.type_v, s.draft)
+    return predict(header, spec, cfg, backend, frontend, draft if s.draft else None)
