@@ -80,7 +80,7 @@ class ModelSpec(BaseModel):
     known: bool = True  # False: an architecture ggfit does not model; the rules below are generic guesses
     name: str | None = None
     file_type: int | None = None
-    file_type_name: str | None = None
+    file_type_name: str  # as llama.cpp prints it ("Q4_K - Medium"; "(guessed) ..." without general.file_type)
     file_size: int
     header_size: int
     tensor_bytes: int
@@ -293,13 +293,47 @@ def _type_name(t: GGMLQuantizationType) -> str:
     return t.name
 
 
-def _file_type_name(ft: int | None) -> str | None:
-    if ft is None:
-        return None
-    try:
-        return LlamaFileType(ft).name.removeprefix("MOSTLY_")
-    except ValueError:
-        return f"unknown ({ft})"
+# llama_ftype_name (src/llama-model-loader.cpp), keyed by gguf's LlamaFileType member names
+FTYPE_NAMES = {
+    "ALL_F32": "all F32", "MOSTLY_F16": "F16", "MOSTLY_BF16": "BF16", "MOSTLY_Q4_0": "Q4_0", "MOSTLY_Q4_1": "Q4_1",
+    "MOSTLY_Q5_0": "Q5_0", "MOSTLY_Q5_1": "Q5_1", "MOSTLY_Q8_0": "Q8_0", "MOSTLY_MXFP4_MOE": "MXFP4 MoE",
+    "MOSTLY_Q2_K": "Q2_K - Medium", "MOSTLY_Q2_K_S": "Q2_K - Small", "MOSTLY_Q3_K_S": "Q3_K - Small",
+    "MOSTLY_Q3_K_M": "Q3_K - Medium", "MOSTLY_Q3_K_L": "Q3_K - Large", "MOSTLY_Q4_K_S": "Q4_K - Small",
+    "MOSTLY_Q4_K_M": "Q4_K - Medium", "MOSTLY_Q5_K_S": "Q5_K - Small", "MOSTLY_Q5_K_M": "Q5_K - Medium",
+    "MOSTLY_Q6_K": "Q6_K", "MOSTLY_TQ1_0": "TQ1_0 - 1.69 bpw ternary", "MOSTLY_TQ2_0": "TQ2_0 - 2.06 bpw ternary",
+    "MOSTLY_IQ2_XXS": "IQ2_XXS - 2.0625 bpw", "MOSTLY_IQ2_XS": "IQ2_XS - 2.3125 bpw", "MOSTLY_IQ2_S": "IQ2_S - 2.5 bpw",
+    "MOSTLY_IQ2_M": "IQ2_M - 2.7 bpw", "MOSTLY_IQ3_XS": "IQ3_XS - 3.3 bpw", "MOSTLY_IQ3_XXS": "IQ3_XXS - 3.0625 bpw",
+    "MOSTLY_IQ1_S": "IQ1_S - 1.5625 bpw", "MOSTLY_IQ1_M": "IQ1_M - 1.75 bpw", "MOSTLY_IQ4_NL": "IQ4_NL - 4.5 bpw",
+    "MOSTLY_IQ4_XS": "IQ4_XS - 4.25 bpw", "MOSTLY_IQ3_S": "IQ3_S - 3.4375 bpw", "MOSTLY_IQ3_M": "IQ3_S mix - 3.66 bpw",
+    "MOSTLY_NVFP4": "NVFP4", "MOSTLY_Q1_0": "Q1_0",
+}
+# llama_model_loader::llama_model_loader: without general.file_type, the most common tensor type decides
+_GUESS = {
+    "F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1",
+    "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0", "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_M",
+    "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M", "Q6_K": "MOSTLY_Q6_K", "TQ1_0": "MOSTLY_TQ1_0",
+    "TQ2_0": "MOSTLY_TQ2_0", "IQ2_XXS": "MOSTLY_IQ2_XXS", "IQ2_XS": "MOSTLY_IQ2_XS", "IQ2_S": "MOSTLY_IQ2_S",
+    "IQ3_XXS": "MOSTLY_IQ3_XXS", "IQ1_S": "MOSTLY_IQ1_S", "IQ1_M": "MOSTLY_IQ1_M", "IQ4_NL": "MOSTLY_IQ4_NL",
+    "IQ4_XS": "MOSTLY_IQ4_XS", "IQ3_S": "MOSTLY_IQ3_S", "NVFP4": "MOSTLY_NVFP4", "Q1_0": "MOSTLY_Q1_0",
+}
+
+
+def _file_type(header: GGUFHeader) -> tuple[int | None, str]:
+    """(general.file_type, llama.cpp's name for it), or llama.cpp's guess with its "(guessed)" prefix."""
+    ft = header.metadata.get(Keys.General.FILE_TYPE)
+    if isinstance(ft, int) and not isinstance(ft, bool):
+        try:
+            return ft, FTYPE_NAMES.get(LlamaFileType(ft).name, "unknown, may not work")
+        except ValueError:
+            return ft, "unknown, may not work"
+    counts: dict[str, int] = defaultdict(int)
+    best, best_n = "F32", 0
+    for t in sorted(header.tensors, key=lambda t: t.name):  # weights_map is ordered by name
+        counts[t.ggml_type.name] += 1
+        if counts[t.ggml_type.name] > best_n:
+            best, best_n = t.ggml_type.name, counts[t.ggml_type.name]
+    guess = _GUESS.get(best, "ALL_F32")
+    return None, "(guessed) " + FTYPE_NAMES[guess]
 
 
 def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -> ModelSpec:
@@ -400,8 +434,7 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
     for t in header.tensors:
         bytes_by_type[_type_name(t.ggml_type)] += t.nbytes
         params_by_type[_type_name(t.ggml_type)] += t.n_elements
-    ft = header.metadata.get(Keys.General.FILE_TYPE)
-    ft = ft if isinstance(ft, int) and not isinstance(ft, bool) else None
+    ft, ft_name = _file_type(header)
 
     name = header.metadata.get(Keys.General.NAME)
     return ModelSpec(
@@ -409,7 +442,7 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
         known=arch in ARCHITECTURES,
         name=name if isinstance(name, str) else None,
         file_type=ft,
-        file_type_name=_file_type_name(ft),
+        file_type_name=ft_name,
         file_size=header.file_size,
         header_size=header.header_size,
         tensor_bytes=header.tensor_bytes,
