@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, pad
 from fitter.gguf_reader import GGUFHeader, TensorInfo
+from fitter.model_spec import ModelSpec
 
 # LLM_TENSOR_INFOS entries of kind LLM_TENSOR_LAYER_INPUT (src/llama-arch.cpp)
 INPUT_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd")
@@ -44,39 +45,85 @@ def gpu_layer_start(n_layer_all: int, n_gpu_layers: int) -> int:
     return max(n_layer_all + 1 - n_gpu, 0)
 
 
-def tensor_on_gpu(t: TensorInfo, n_layer_all: int, i_gpu_start: int) -> bool:
-    base = t.name.rsplit(".", 1)[0]
-    if base in INPUT_TENSORS:
-        return False  # dev_input is always the CPU
-    m = _BLOCK.match(t.name)
-    if m:
-        return int(m.group(1)) >= i_gpu_start
-    return n_layer_all >= i_gpu_start  # output layer and other model-level tensors: dev_output
+# Tensors the architectures' load_tensors create once per layer: the first normally, the rest with
+# TENSOR_DUPLICATED (llama, mistral3, phi3: every trunk layer; gemma4: full-attention layers only).
+PER_LAYER_GLOBALS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
+NO_TIED_OUTPUT = {"gpt-oss"}  # architectures whose load_tensors never duplicates token_embd as the output
+OUTPUT_BEFORE_TOK_EMBD = {"gemma4"}  # load_tensors creates the tied output before token_embd itself
+
+
+class TensorInstance(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    tensor: TensorInfo
+    where: int | str  # "input", "output" or a layer index
+    duplicated: bool = False  # created with TENSOR_DUPLICATED
+    created_first: bool = False  # a duplicate created before the original (it cannot reuse it)
+
+
+def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = False) -> list[TensorInstance]:
+    """Every tensor llama.cpp creates, with its layer.
+
+    A tied output (no output.weight) is token_embd created again for the output layer, and per-layer
+    globals once per using layer (TENSOR_DUPLICATED). llama_model_loader::create_tensor reuses a
+    duplicate's original when it already sits in the same buffer type's context; otherwise the
+    duplicate gets its own memory in an allocating buffer (with mmap it shares the file's bytes).
+    """
+    names = {t.name for t in header.tensors}
+    out: list[TensorInstance] = []
+    for t in header.tensors:
+        base = t.name.rsplit(".", 1)[0]
+        m = _BLOCK.match(t.name)
+        if m:
+            il = int(m.group(1))
+            if il >= spec.n_layer and not load_mtp:
+                continue  # NextN layers: TENSOR_SKIP unless load_mtp
+            out.append(TensorInstance(tensor=t, where=il))
+        elif base in INPUT_TENSORS:
+            out.append(TensorInstance(tensor=t, where="input"))
+            if base == "token_embd" and "output.weight" not in names and spec.architecture not in NO_TIED_OUTPUT:
+                out.append(TensorInstance(tensor=t, where="output", duplicated=True,
+                                          created_first=spec.architecture in OUTPUT_BEFORE_TOK_EMBD))
+        elif base in PER_LAYER_GLOBALS:
+            users = [lay.index for lay in spec.layers[: spec.n_layer]
+                     if spec.architecture != "gemma4" or lay.kind.value == "full"]
+            out.extend(TensorInstance(tensor=t, where=il, duplicated=i > 0) for i, il in enumerate(users))
+        else:
+            out.append(TensorInstance(tensor=t, where="output"))
+    return out
 
 
 def weight_buffers(
     header: GGUFHeader,
-    n_layer_all: int,
+    spec: ModelSpec,
     backend: Backend,
     *,
     n_gpu_layers: int = -1,
     use_mmap: bool = True,
-    n_layer: int | None = None,
     load_mtp: bool = False,
     alloc_size=None,
 ) -> list[WeightBuffer]:
     """The model buffers llama.cpp creates. `alloc_size(tensor, backend)` may inflate tensor sizes
-    (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes. Tensors of NextN layers
-    (index >= n_layer) are skipped unless `load_mtp` (TENSOR_SKIP in the arch's load_tensors)."""
+    (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes."""
+    n_layer_all = len(spec.layers)
     i_gpu_start = gpu_layer_start(n_layer_all, n_gpu_layers)
+
+    def on_gpu(where: int | str) -> bool:
+        if backend == Backend.CPU or where == "input":
+            return False  # dev_input is always the CPU
+        if where == "output":
+            return n_layer_all >= i_gpu_start
+        return int(where) >= i_gpu_start
+
     groups: dict[tuple[bool, int], list[TensorInfo]] = {}
-    for t in header.tensors:
-        if n_layer is not None and not load_mtp:
-            m = _BLOCK.match(t.name)
-            if m and int(m.group(1)) >= n_layer:
-                continue
-        gpu = backend != Backend.CPU and tensor_on_gpu(t, n_layer_all, i_gpu_start)
-        groups.setdefault((gpu, t.shard), []).append(t)
+    created: set[tuple[bool, str]] = set()
+    for inst in tensor_instances(header, spec, load_mtp=load_mtp):
+        gpu = on_gpu(inst.where)
+        key = (gpu, inst.tensor.name)
+        if inst.duplicated and key in created and not inst.created_first:
+            continue  # create_tensor found the original in this buffer type's context and reused it
+        created.add(key)
+        groups.setdefault((gpu, inst.tensor.shard), []).append(inst.tensor)
 
     out: list[WeightBuffer] = []
     for gpu in (False, True):
@@ -88,16 +135,16 @@ def weight_buffers(
         if use_mmap and MAPS_HOST_MEMORY[dev_backend]:
             # one buffer per file, spanning the file range of its tensors (get_mapping_range)
             for s in shards:
-                ts = groups[(gpu, s)]
+                ts = list({t.name: t for t in groups[(gpu, s)]}.values())
                 first = min(t.offset for t in ts)
                 last = max(t.offset + t.nbytes for t in ts)
                 out.append(WeightBuffer(buffer=f"{dev}_Mapped", on_device=gpu, bytes=last - first,
-                                       tensor_bytes=sum(t.nbytes for t in ts), n_tensors=len(ts), shard=s))
+                                        tensor_bytes=sum(t.nbytes for t in ts), n_tensors=len(ts), shard=s))
         else:
-            # ggml_backend_alloc_ctx_tensors_from_buft: every tensor padded to the buffer's alignment
+            # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment
             align = ALIGNMENT[dev_backend]
             ts = [t for s in shards for t in groups[(gpu, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
-                                   n_tensors=len(ts), shard=shards[0]))
+                                    n_tensors=len(ts), shard=shards[0]))
     return out
