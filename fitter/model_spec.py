@@ -13,7 +13,7 @@ from collections import defaultdict
 from enum import Enum
 from typing import Any, Callable
 
-from gguf import GGMLQuantizationType, Keys, LlamaFileType
+from fitter.gguf_constants import GGMLQuantizationType, Keys, LlamaFileType
 from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import GGUFError, UnsupportedModelError

@@ -198,7 +198,7 @@ def test_unknown_override_is_an_error(tmp_path, monkeypatch) -> None:
         build("llama", n_layers=3)
     with pytest.raises(KeyError):
         build("no-such-arch")
-    assert options({"a": 1}, {"a": 2}) == {"a": 2}
+    assert options({"a": 1}, {"a": 2}) == {"a": 2, "sparse": False}  # every builder takes sparse
 
 
 def test_llama_cpp_refusal_is_an_exception(tmp_path) -> None:

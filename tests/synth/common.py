@@ -200,6 +200,7 @@ def build(name: str, **overrides: Any) -> Path:
 
 def options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``defaults`` updated by ``overrides``; an override the builder does not know is an error."""
+    defaults = {**defaults, "sparse": False}  # every builder can write a header-only, full-size sparse file
     unknown = set(overrides) - set(defaults)
     if unknown:
         raise TypeError(f"unknown override(s) {sorted(unknown)}; known: {sorted(defaults)}")
@@ -490,12 +491,17 @@ def write_gguf(
     tensor_types: Mapping[str, Any] | Callable[[str, tuple[int, ...]], Any] | None = None,
     tensor_values: Mapping[str, Any] | None = None,
     name: str | None = None,
+    sparse: bool = False,
 ) -> Path:
     """Write a GGUF with ``hparams`` (relative or absolute keys), a tokenizer and random ``tensors``.
 
     ``tensors``: ``(name, shape)`` with shape in ggml order (ne0 first). ``vocab``: a ``Vocab``, a
     kind for ``make_vocab`` ('gpt2', 'spm'), a size (gpt2 of that size), or None (gpt2 sized by
     ``token_embd.weight``'s ne1, else ``DEFAULT_N_VOCAB``). Returns ``path``.
+
+    ``sparse``: write the header only and extend the file to its full size without writing tensor
+    data (a sparse file: a full-size model's header for ggfit and llama.cpp's dry run, no disk used;
+    llama.cpp must not be asked to load its weights).
     """
     path = Path(path)
     shapes = {n: tuple(int(d) for d in s) for n, s in tensors}
@@ -536,6 +542,9 @@ def write_gguf(
         val, vt, sub = _typed(v)
         w.add_key_value(key, val, vt, sub)
 
+    if sparse:
+        return _write_sparse(w, path, tensors, shapes, ftype_q, tensor_types)
+
     values = dict(tensor_values or {})
     for n, shape in tensors:
         shape = shapes[n]
@@ -560,4 +569,27 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def _write_sparse(w: GGUFWriter, path: Path, tensors, shapes, ftype_q, tensor_types) -> Path:
+    """Header and tensor infos only; the data section is a hole of the right size."""
+    end = 0
+    align = gguf.GGUF_DEFAULT_ALIGNMENT
+    for n, _ in tensors:
+        shape = shapes[n]
+        qt = _tensor_type(n, shape, ftype_q, tensor_types)
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        nbytes = shape[0] // block * size
+        for d in shape[1:]:
+            nbytes *= d
+        w.add_tensor_info(n, tuple(reversed(shape)), np.float32, nbytes, raw_dtype=qt)
+        end += nbytes + (-nbytes) % align
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    header_end = path.stat().st_size
+    data_start = header_end + (-header_end) % align
+    os.truncate(path, data_start + end)
     return path

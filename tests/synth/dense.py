@@ -93,7 +93,8 @@ def _base_hparams(o: dict[str, Any], *, head_dim_keys: bool) -> dict[str, Any]:
 
 
 def _write(path: Path, arch: str, hp: dict[str, Any], t: list, o: dict[str, Any], **kw: Any) -> Path:
-    return write_gguf(path, arch, hp, t, ftype=o["ftype"], seed=o["seed"], tensor_types=o["tensor_types"], **kw)
+    return write_gguf(path, arch, hp, t, ftype=o["ftype"], seed=o["seed"], tensor_types=o["tensor_types"],
+                      sparse=o["sparse"], **kw)
 
 
 # ------------------------------------------------------------------------------------------------

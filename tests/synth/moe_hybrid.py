@@ -82,7 +82,8 @@ def _write(
     values: Mapping[str, Any] | None = None,
 ) -> Path:
     types = _merge_types(o["tensor_types"], own_types or {})
-    return write_gguf(path, arch, hp, t, ftype=o["ftype"], seed=o["seed"], tensor_types=types, tensor_values=values)
+    return write_gguf(path, arch, hp, t, ftype=o["ftype"], seed=o["seed"], tensor_types=types, tensor_values=values,
+                      sparse=o["sparse"])
 
 
 def _embd_out(o: Mapping[str, Any], *, output_required: bool = False) -> Tensors:
