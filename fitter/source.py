@@ -6,8 +6,10 @@ so that callers can report (and tests can bound) what travelled.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
+import stat
 import urllib.error
 import urllib.request
 from typing import Protocol
@@ -20,7 +22,10 @@ class ByteSource(Protocol):
     size: int
     bytes_fetched: int
 
-    def read(self, offset: int, n: int) -> bytes: ...
+    def read(self, offset: int, n: int) -> bytes:
+        """Up to n bytes from offset: fewer at the end of the file, and possibly fewer before it
+        (callers that need more ask again from where the answer ended; b"" means nothing more)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -38,9 +43,13 @@ class FileSource:
             raise SourceError(f"{self.name}: is a directory, not a GGUF file") from None
         except OSError as e:
             raise SourceError(f"{self.name}: cannot open ({e.strerror})") from None
+        except ValueError as e:  # e.g. an embedded NUL byte in the path
+            raise SourceError(f"{self.name!r}: not a usable path ({e})") from None
         st = os.fstat(self._fd)
-        if not (st.st_mode & 0o170000 == 0o100000):
+        if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
+            if stat.S_ISDIR(st.st_mode):  # Linux opens a directory O_RDONLY without complaint
+                raise SourceError(f"{self.name}: is a directory, not a GGUF file")
             raise SourceError(f"{self.name}: not a regular file")
         self.size = st.st_size
         self.bytes_fetched = 0
@@ -64,6 +73,7 @@ class FileSource:
 
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)")
 
 
 class HttpSource:
@@ -85,6 +95,17 @@ class HttpSource:
         self._first = first
 
     def _get(self, offset: int, n: int) -> bytes:
+        try:
+            return self._get_checked(offset, n)
+        except SourceError:
+            raise
+        except urllib.error.URLError as e:
+            raise SourceError(f"{self.name}: cannot fetch ({e.reason})") from None
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            # A connection reset or timeout mid-body, a malformed status line or header, a bad URL.
+            raise SourceError(f"{self.name}: cannot fetch ({type(e).__name__}: {e})") from None
+
+    def _get_checked(self, offset: int, n: int) -> bytes:
         end = offset + n - 1
         req = urllib.request.Request(
             self.name, headers={"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity", "User-Agent": "ggfit"}
@@ -93,13 +114,16 @@ class HttpSource:
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
-            if e.code == 416 and self.size >= 0:
-                return b""
-            raise SourceError(f"{self.name}: HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise SourceError(f"{self.name}: cannot fetch ({reason})") from None
-        with resp:
+            with e:  # closes the connection without reading the error body
+                if e.code == 416:
+                    # Past the end; "bytes */N" tells the size (an empty file answers this to bytes=0-...).
+                    m = _UNSATISFIED_RANGE.match(e.headers.get("Content-Range", "") if e.headers else "")
+                    if m:
+                        self.size = int(m.group(1))
+                    if self.size >= 0:
+                        return b""
+                raise SourceError(f"{self.name}: HTTP {e.code} {e.reason}") from None
+        with resp:  # leaving closes the connection: a body not read is never downloaded further
             if resp.status != 206:
                 raise SourceError(
                     f"{self.name}: the server does not support HTTP Range requests (answered {resp.status} "
@@ -111,9 +135,17 @@ class HttpSource:
             start, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
             if start != offset:
                 raise SourceError(f"{self.name}: asked for bytes from {offset}, the server sent from {start}")
+            if last < start or last >= total:
+                raise SourceError(f"{self.name}: the server sent an inconsistent Content-Range {m.group(0)!r}")
+            if self.size >= 0 and total != self.size:
+                raise SourceError(f"{self.name}: the file changed size while being read ({self.size} then {total} bytes)")
             self.size = total
             want = min(last, end) - start + 1
             data = resp.read(want)
+        if not data:
+            raise SourceError(f"{self.name}: the connection ended before any of bytes {start}-{start + want - 1} arrived")
+        # Fewer bytes than promised (a connection cut mid-body) are returned as they are: the reader
+        # asks again from where they end.
         self.bytes_fetched += len(data)
         return data
 
@@ -122,7 +154,9 @@ class HttpSource:
         if n == 0:
             return b""
         first = self._first
-        if first is not None and offset + n <= len(first):
+        if first is not None and offset < len(first):
+            # What the first answer already holds, even if less than asked: readers ask again for
+            # the rest, so a small header costs one request and no bytes twice.
             return first[offset : offset + n]
         return self._get(offset, n)
 
