@@ -769,15 +769,6 @@ def parse_server_args(args: list[str]) -> tuple[RunConfig, dict[str, Any], list[
     return config, opts, unknown
 
 
-def parse_size(text: str) -> int:
-    """'24G', '1.5GiB', '800M', '800MB', '123456' -> bytes (binary units: G = GiB)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ProbeError(f"invalid size {text!r} (e.g. 24G, 800M)")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    return int(float(m.group(1)) * mult)
-
-
 def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", budget: str | None = None,
               llama_server: str | None = None, timeout: float = DEFAULT_TIMEOUT, workload: Workload | None = None,
               as_json: bool = False) -> tuple[int, str]:
@@ -785,11 +776,12 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
 
     Exit code 0 for ok, 1 for any other status (the text says which), 2 is left to GGFitError (bad input).
     """
+    from fitter.budget import parse_size  # noqa: PLC0415
     from fitter.bundled import resolve_model  # noqa: PLC0415
 
     config, opts, unknown = parse_server_args(server_args)
     res = run_probe(resolve_model(model), config, workload, runner=runner,
-                    budget_bytes=parse_size(budget) if budget else None, timeout=timeout,
+                    budget_bytes=parse_size(budget, what="--budget") if budget else None, timeout=timeout,
                     llama_server=llama_server, extra_args=unknown or None, **opts)
     if as_json:
         return (0 if res.ok else 1), res.model_dump_json(indent=2, exclude={"log"})

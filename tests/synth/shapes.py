@@ -31,3 +31,13 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 def build_shape(name: str, **overrides: Any) -> Path:
     arch, params = SHAPES[name]
     return build(arch, **{**params, "sparse": True, **overrides})
+
+
+def q4_k_m_types(name: str) -> dict[str, str]:
+    """Per-tensor types of the shape quantized to Q4_K_M, as fitter.quants predicts llama-quantize
+    would choose them from the F16 header (the header of a real Q4_K_M file of the model)."""
+    from fitter.gguf_reader import read_header
+    from fitter.quants import predict_quant
+
+    pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
+    return {t.name: t.type_name.lower() for t in pred.tensors}

@@ -1,0 +1,172 @@
+"""Every buffer llama.cpp creates for a config: weights, KV, recurrent state, output, compute.
+
+One `Buffer` row per llama.cpp log line ("model buffer size", "KV buffer size", "RS buffer size",
+"output buffer size", "compute buffer size"), for the target model, an external draft model and a
+native MTP head. Which rows count against the budget depends on the backend: on the CPU everything
+is RAM; on CUDA and Metal only the device's own buffers count (Metal's mapped weights do).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from fitter.compute import compute_buffers
+from fitter.compute_backend import tensor_info_alloc_size
+from fitter.config import Backend, ContextParams, Frontend, RunConfig, resolve_context
+from fitter.gguf_reader import GGUFHeader
+from fitter.kv_cache import memory_caches
+from fitter.model_spec import ModelSpec
+from fitter.weights import DEVICE_NAME, gpu_layer_start, weight_buffers
+
+Owner = Literal["target", "draft", "mtp"]
+Kind = Literal["model", "kv", "rs", "output", "compute"]
+
+
+class Buffer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    owner: Owner
+    device: str  # llama.cpp's buffer name: CPU, CPU_Mapped, MTL0, MTL0_Mapped, CUDA0, CUDA_Host...
+    kind: Kind
+    bytes: int
+    counts: bool  # counts against the budget of the chosen backend's device
+    detail: str = ""
+    tensor_bytes: int | None = None  # model rows: the tensors' own bytes, without a mapped range's padding
+
+
+class Prediction(BaseModel):
+    backend: Backend
+    frontend: Frontend
+    context: ContextParams
+    draft_context: ContextParams | None = None
+    buffers: list[Buffer]
+
+    @property
+    def total_device_bytes(self) -> int:
+        return sum(b.bytes for b in self.buffers if b.counts)
+
+    @property
+    def total_host_bytes(self) -> int:
+        return sum(b.bytes for b in self.buffers if not b.counts)
+
+    def by_kind(self, kind: Kind, owner: Owner | None = None) -> int:
+        return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
+
+
+def _host_name(backend: Backend) -> str:
+    # the output and host compute buffers use the first device's host buffer type when it has one
+    return {Backend.CPU: "CPU", Backend.CUDA: "CUDA_Host", Backend.METAL: "CPU"}[backend]
+
+
+def _context_buffers(
+    owner: Owner,
+    spec: ModelSpec,
+    cp: ContextParams,
+    backend: Backend,
+    n_gpu_layers: int,
+    *,
+    mtp: bool = False,
+    calibration=None,
+) -> list[Buffer]:
+    cpu = backend == Backend.CPU
+    dev = DEVICE_NAME[backend]
+    out: list[Buffer] = []
+    # llama_context::output_reserve(n_seq_max): logits for n_seq_max outputs (+ embeddings), host memory
+    n_out = cp.n_seq_max
+    output = spec.n_vocab * n_out * 4 + (spec.n_embd * n_out * 4 if cp.embeddings else 0)
+    out.append(Buffer(owner=owner, device=_host_name(backend), kind="output", bytes=output, counts=cpu,
+                      detail=f"logits {spec.n_vocab} x {n_out} outputs x f32"))
+    i_gpu_start = gpu_layer_start(len(spec.layers), n_gpu_layers)
+    for cache in memory_caches(spec, cp, mtp=mtp):
+        on_gpu = [il for il in cache.layers if not cpu and il >= i_gpu_start]
+        on_cpu = [il for il in cache.layers if cpu or il < i_gpu_start]
+        what = f"{cache.name}: {cache.cells} cells x {cache.n_stream} stream(s), {len(cache.layers)} layers"
+        if cache.kind == "kv":
+            what += f", K {cache.type_k}" + (f" V {cache.type_v}" if cache.type_v else " (MLA: no V)")
+        for layers, device, counts in ((on_gpu, dev, True), (on_cpu, "CPU", cpu)):
+            if not layers:
+                continue
+            share = cache.bytes * len(layers) // max(1, len(cache.layers))
+            out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=counts, detail=what))
+    for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers):
+        on_device = cpu or cb.device != "CPU"
+        size = cb.bytes
+        detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
+        corr = calibration and (calibration.device if on_device else calibration.host)
+        if corr:
+            size = corr.apply(size)
+            detail = f"calibrated from {cb.bytes / 2**20:.1f} MiB; " + detail
+        out.append(Buffer(owner=owner, device=cb.device, kind="compute", bytes=size, counts=on_device, detail=detail))
+    return out
+
+
+def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool) -> list[Buffer]:
+    rows = []
+    for wb in weight_buffers(
+        header, spec, backend, n_gpu_layers=config.n_gpu_layers, use_mmap=not config.no_mmap, load_mtp=load_mtp,
+        alloc_size=tensor_info_alloc_size,  # CUDA pads quantized rows (ggml_backend_cuda_buffer_type_get_alloc_size)
+    ):
+        rows.append(Buffer(owner=owner, device=wb.buffer, kind="model", bytes=wb.bytes,
+                           counts=backend == Backend.CPU or wb.on_device, detail=f"{wb.n_tensors} tensors",
+                           tensor_bytes=wb.tensor_bytes))
+    return rows
+
+
+def predict(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    config: RunConfig,
+    backend: Backend = Backend.CPU,
+    frontend: Frontend = Frontend.SERVER,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    *,
+    calibrated: bool = True,
+) -> Prediction:
+    """Predict every buffer of a llama.cpp run (target, then draft or MTP context).
+
+    With `calibrated`, compute buffers use the corrections `ggfit calibrate` stored for this
+    architecture, backend and llama.cpp build, if any."""
+    cal = _calibration(spec.architecture, backend) if calibrated else None
+    cp = resolve_context(spec, config, frontend)
+    use_mtp = config.spec_type == "draft-mtp"
+    buffers = _weight_rows("target", header, spec, backend, config, load_mtp=use_mtp)
+    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal)
+
+    draft_cp = None
+    if use_mtp:
+        if not spec.has_mtp:
+            from fitter.config import ConfigError
+
+            raise ConfigError(f"--spec-type draft-mtp: {spec.architecture} model has no NextN/MTP layers")
+        # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
+        draft_cp = _draft_context(spec, config, frontend, mtp=True)
+        buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal)
+    elif draft is not None:
+        d_header, d_spec = draft
+        draft_cp = _draft_context(d_spec, config, frontend)
+        buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
+        buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers,
+                                    calibration=_calibration(d_spec.architecture, backend) if calibrated else None)
+    return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers)
+
+
+def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
+    # common_base_params_to_speculative (common/speculative.cpp): the target's params with the draft's
+    # cache types, n_outputs_max = n_parallel and no recurrent snapshots
+    dcfg = config.model_copy(update={"type_k": config.draft_type_k, "type_v": config.draft_type_v})
+    cp = resolve_context(spec, dcfg, frontend, mtp=True)
+    return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
+
+
+_CAL_CACHE: dict[tuple[str, str], object] = {}
+
+
+def _calibration(arch: str, backend: Backend):
+    key = (arch, backend.value)
+    if key not in _CAL_CACHE:
+        from fitter import calibration
+
+        _CAL_CACHE[key] = calibration.load(arch, backend.value)
+    return _CAL_CACHE[key]
