@@ -310,6 +310,7 @@ def _print_solutions(solutions) -> None:
 
 
 def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
+    from fitter.config import ConfigError
     from fitter.solver import largest_context
 
     available = budget_bytes - margin_bytes
@@ -321,12 +322,19 @@ def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft
     s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=cp.type_k, type_v=cp.type_v,
                         with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
     options.append(f"-c {s.n_ctx}" if s.fits else "no context fits with these settings")
+    # a quantized V cache needs flash attention: suggest both together when it is off
+    fa_cfg = cfg if cp.flash_attn else cfg.model_copy(update={"flash_attn": "on"})
+    fa_flag = "" if cp.flash_attn else "-fa on "
     for tk, tv in (("q8_0", "q8_0"), ("q4_0", "q4_0")):
         if (tk, tv) != (cp.type_k, cp.type_v):
-            s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=tk, type_v=tv,
-                                with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
+            try:
+                s = largest_context(header, spec, fa_cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=tk, type_v=tv,
+                                    with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
+            except ConfigError:
+                continue  # llama.cpp refuses this pair for the model (block size, MLA)
             if s.n_ctx >= cp.n_ctx:
-                options.append(f"-ctk {tk} -ctv {tv} (fits at -c {cp.n_ctx})")
+                options.append(f"{fa_flag}-ctk {tk} -ctv {tv} (fits at -c {cp.n_ctx})")
+                break
     for ub in (1024, 512, 256):
         if ub < cp.n_ubatch:
             s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=ub, type_k=cp.type_k, type_v=cp.type_v,
