@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.compute import compute_buffers
+from fitter.compute import compute_buffers, graph_details
 from fitter.compute_backend import tensor_info_alloc_size
 from fitter.config import Backend, ContextParams, Frontend, RunConfig, resolve_context
 from fitter.gguf_reader import GGUFHeader
@@ -55,6 +55,11 @@ class Prediction(BaseModel):
         return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
 
 
+def _is_host(buffer: str) -> bool:
+    """Host memory: the CPU's own buffers and a GPU backend's pinned host buffer (CUDA_Host)."""
+    return buffer.startswith("CPU") or buffer.endswith("_Host")
+
+
 def _host_name(backend: Backend) -> str:
     # the output and host compute buffers use the first device's host buffer type when it has one
     return {Backend.CPU: "CPU", Backend.CUDA: "CUDA_Host", Backend.METAL: "CPU"}[backend]
@@ -69,6 +74,7 @@ def _context_buffers(
     *,
     mtp: bool = False,
     calibration=None,
+    details=None,
 ) -> list[Buffer]:
     cpu = backend == Backend.CPU
     dev = DEVICE_NAME[backend]
@@ -90,8 +96,8 @@ def _context_buffers(
                 continue
             share = cache.bytes * len(layers) // max(1, len(cache.layers))
             out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=counts, detail=what))
-    for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers):
-        on_device = cpu or cb.device != "CPU"
+    for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp):
+        on_device = cpu or not _is_host(cb.device)
         size = cb.bytes
         detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
         corr = calibration and (calibration.device if on_device else calibration.host)
@@ -132,7 +138,8 @@ def predict(
     cp = resolve_context(spec, config, frontend)
     use_mtp = config.spec_type == "draft-mtp"
     buffers = _weight_rows("target", header, spec, backend, config, load_mtp=use_mtp)
-    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal)
+    details = graph_details(header)
+    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal, details=details)
 
     draft_cp = None
     if use_mtp:
@@ -142,13 +149,15 @@ def predict(
             raise ConfigError(f"--spec-type draft-mtp: {spec.architecture} model has no NextN/MTP layers")
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
         draft_cp = _draft_context(spec, config, frontend, mtp=True)
-        buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal)
+        buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
+                                    details=details)
     elif draft is not None:
         d_header, d_spec = draft
         draft_cp = _draft_context(d_spec, config, frontend)
         buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
         buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers,
-                                    calibration=_calibration(d_spec.architecture, backend) if calibrated else None)
+                                    calibration=_calibration(d_spec.architecture, backend) if calibrated else None,
+                                    details=graph_details(d_header))
     return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers)
 
 

@@ -141,8 +141,11 @@ def weight_buffers(
                 out.append(WeightBuffer(buffer=f"{dev}_Mapped", on_device=gpu, bytes=last - first,
                                         tensor_bytes=sum(t.nbytes for t in ts), n_tensors=len(ts), shard=s))
         else:
-            # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment
+            # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment;
+            # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
             align = ALIGNMENT[dev_backend]
+            if not gpu and backend == Backend.CUDA:
+                dev = "CUDA_Host"
             ts = [t for s in shards for t in groups[(gpu, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
