@@ -364,6 +364,77 @@ def _print_check(measured: dict) -> None:
 
 
 @app.command()
+def quants(
+    model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any quant of the model: only its header is read.")],
+    budget: Annotated[str, typer.Option("--budget", help="25559MiB, 24GiB, 26800MB, or auto.")] = "auto",
+    margin: Annotated[Optional[str], typer.Option("--margin", help="Kept free (default 1024MiB).")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="metal, cuda or cpu (default: this machine's).")] = None,
+    frontend: Annotated[str, typer.Option("--frontend", help="server or library defaults.")] = "server",
+    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size")] = None,
+    n_batch: Annotated[Optional[int], typer.Option("-b", "--batch-size")] = None,
+    n_ubatch: Annotated[Optional[int], typer.Option("-ub", "--ubatch-size")] = None,
+    type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k")] = "f16",
+    type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v")] = "f16",
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn")] = "auto",
+    n_parallel: Annotated[Optional[int], typer.Option("-np", "--parallel")] = None,
+    model_draft: Annotated[Optional[str], typer.Option("-md", "--model-draft")] = None,
+    candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
+    no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Every quant's file size and device total at these settings, from one header, before downloading."""
+    from pydantic import ValidationError
+
+    from fitter.budget import parse_budget, parse_margin
+    from fitter.bundled import resolve_model
+    from fitter.config import Backend, ConfigError, Frontend, RunConfig
+    from fitter.model_spec import load_model_spec
+    from fitter.quant_fit import best_fit, evaluate, why_none_fits
+
+    try:
+        be = Backend(backend or _detect_backend())
+        fe = Frontend(frontend)
+    except ValueError:
+        raise ConfigError(f"--backend {backend} / --frontend {frontend}: use metal|cuda|cpu and server|library") from None
+    try:
+        cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                        flash_attn=flash_attn, n_parallel=n_parallel, draft_model=model_draft,
+                        spec_type="draft-simple" if model_draft else "none")
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    bud = parse_budget(budget, be.value)
+    margin_bytes = parse_margin(margin)
+    header, spec = load_model_spec(resolve_model(model))
+    draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
+    cands = evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
+                     include_imatrix=not no_imatrix)
+    best = best_fit(cands)
+    available = bud.bytes - margin_bytes
+    if as_json:
+        print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
+                          "header_bytes_fetched": header.bytes_fetched,
+                          "candidates": [c.model_dump(mode="json") for c in cands],
+                          "best": best.name if best else None}, indent=2))
+        return
+    ctx = cands[0].n_ctx if cands else 0
+    print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
+          f"-ctk {cfg.type_k} -ctv {cfg.type_v}; budget {_mib(bud.bytes)} - margin {_mib(margin_bytes)} = {_mib(available)}")
+    print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{'headroom':>11}{'largest -c':>12}  verdict")
+    for c in cands:
+        verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
+        flag = " (imatrix)" if c.needs_imatrix else "" if c.exact else " (size only)"
+        mark = "*" if best is not None and c.name == best.name else " "
+        print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
+              f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
+    if best:
+        print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB")
+    elif cands:
+        print(why_none_fits(cands, ctx))
+        raise typer.Exit(1)
+
+
+@app.command()
 def calibrate(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     backend: Annotated[Optional[str], typer.Option("--backend", help="The backend llama.cpp runs on here (default: this machine's).")] = None,

@@ -1,0 +1,148 @@
+"""`ggfit quants`: which quant of a model fits a budget, from one header, before any download.
+
+Every llama-quantize ftype is predicted from the header's tensor shapes (fitter.quants); candidate
+files that are not plain llama-quantize output (unsloth UD-*, imatrix mixes) are read as given, from
+a path or a URL (only the header travels), or taken as a size from a listing. Each candidate is then
+run through the memory model at the requested settings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace as dc_replace
+
+from pydantic import BaseModel
+
+from fitter.config import Backend, ConfigError, Frontend, RunConfig, pad
+from fitter.gguf_reader import GGUFHeader, ShardInfo, TensorInfo, read_header
+from fitter.memory import predict
+from fitter.model_spec import ModelSpec, model_spec_from_header
+from fitter.quants import QuantPrediction, predict_all
+from fitter.solver import largest_context
+
+
+class Candidate(BaseModel):
+    name: str
+    source: str  # "predicted from the header", a path or URL, or "size from a listing"
+    file_bytes: int
+    total_device_bytes: int
+    headroom_bytes: int  # budget - margin - total
+    n_ctx: int  # the context the total is for
+    largest_ctx: int  # the largest context that fits with the same settings (0: none)
+    fits: bool
+    needs_imatrix: bool = False
+    exact: bool = True  # False: a size-only candidate, its weights scaled from the header's tensors
+    note: str | None = None
+
+
+def quantized_header(base: GGUFHeader, q: QuantPrediction) -> GGUFHeader:
+    """The header llama-quantize would write: the same tensors with the predicted types, packed in its
+    output order and padded to the alignment, as one file."""
+    align = base.shards[0].alignment
+    by_name = {t.name: t for t in base.tensors}
+    tensors, offset = [], 0
+    for tq in q.tensors:
+        src = by_name[tq.name]
+        tensors.append(TensorInfo(tq.name, src.shape, type(src.ggml_type)(tq.ggml_type), offset, tq.nbytes, 0))
+        offset += pad(tq.nbytes, align)
+    s0 = base.shards[0]
+    shard = dc_replace(s0, location=f"{s0.location} as {q.ftype}", file_size=q.file_bytes,
+                       data_offset=q.header_bytes, header_bytes=q.header_bytes, bytes_fetched=0)
+    return GGUFHeader(dict(base.metadata), tensors, [shard])
+
+
+def _scaled_header(base: GGUFHeader, file_bytes: int) -> GGUFHeader:
+    """A size-only candidate: the header's tensors scaled so that the file has the given size."""
+    factor = max(0.0, (file_bytes - base.header_size) / max(1, base.tensor_bytes))
+    align = base.shards[0].alignment
+    tensors, offset = [], 0
+    for t in base.tensors:
+        n = int(t.nbytes * factor)
+        tensors.append(TensorInfo(t.name, t.shape, t.ggml_type, offset, n, 0))
+        offset += pad(n, align)
+    s0: ShardInfo = base.shards[0]
+    shard = dc_replace(s0, file_size=file_bytes, bytes_fetched=0)
+    return GGUFHeader(dict(base.metadata), tensors, [shard])
+
+
+_SIZE = re.compile(r"^\s*[0-9.]+\s*[KMGT]i?B\s*$", re.IGNORECASE)
+
+
+def parse_candidate(text: str) -> tuple[str, str]:
+    """NAME=PATH_OR_URL or NAME=21109MiB."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ConfigError(f"--candidate {text!r}: use NAME=PATH, NAME=URL or NAME=SIZE (e.g. UD-Q4_K_XL=21109MiB)")
+    return name.strip(), value.strip()
+
+
+def evaluate(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    cfg: RunConfig,
+    backend: Backend,
+    frontend: Frontend,
+    budget_bytes: int,
+    margin_bytes: int,
+    *,
+    candidates: list[str] = (),
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    include_imatrix: bool = True,
+) -> list[Candidate]:
+    """Every predicted ftype and every given candidate at the requested settings, sorted by file size."""
+    from fitter.budget import parse_size
+
+    available = budget_bytes - margin_bytes
+    entries: list[tuple[str, str, GGUFHeader, bool, bool, str | None]] = []
+    for q in predict_all(header):
+        if q.refused or (q.needs_imatrix and not include_imatrix):
+            continue
+        note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
+        try:
+            qh = quantized_header(header, q)
+        except ValueError:
+            continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
+        entries.append((q.ftype, "predicted from the header", qh, q.needs_imatrix, True, note))
+    for text in candidates:
+        name, value = parse_candidate(text)
+        if _SIZE.match(value):
+            size = parse_size(value, what=f"--candidate {name}")
+            entries.append((name, "size from a listing", _scaled_header(header, size), False, False,
+                            "weights scaled from the header's tensors; compute buffers as for this model"))
+        else:
+            entries.append((name, value, read_header(value), False, True, None))
+
+    out = []
+    for name, source, h, needs_im, exact, note in entries:
+        s = model_spec_from_header(h)
+        if s.architecture != spec.architecture or s.n_layer != spec.n_layer:
+            raise ConfigError(f"--candidate {name}: a {s.architecture} with {s.n_layer} layers, not the same model")
+        pred = predict(h, s, cfg, backend, frontend, draft)
+        total = pred.total_device_bytes
+        big = largest_context(h, s, cfg, backend, frontend, available, n_ubatch=pred.context.n_ubatch,
+                              type_k=pred.context.type_k, type_v=pred.context.type_v, with_draft=draft is not None,
+                              draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx))
+        out.append(Candidate(
+            name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
+            headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,
+            fits=total <= available, needs_imatrix=needs_im, exact=exact, note=note,
+        ))
+    out.sort(key=lambda c: c.file_bytes)
+    return out
+
+
+def best_fit(cands: list[Candidate]) -> Candidate | None:
+    """The largest file that leaves the margin (and needs no importance matrix, if one does)."""
+    ok = [c for c in cands if c.fits]
+    plain = [c for c in ok if not c.needs_imatrix]
+    pool = plain or ok
+    return max(pool, key=lambda c: c.file_bytes) if pool else None
+
+
+def why_none_fits(cands: list[Candidate], cfg_ctx: int) -> str:
+    smallest = min(cands, key=lambda c: c.total_device_bytes)
+    if smallest.largest_ctx > 0:
+        return (f"nothing fits at -c {cfg_ctx}: the smallest, {smallest.name}, fits up to -c {smallest.largest_ctx}; "
+                "lower the context, quantize the KV cache (-ctk/-ctv q8_0), lower -ub or drop the draft")
+    return (f"nothing fits even at -c 256: {smallest.name} alone needs "
+            f"{smallest.total_device_bytes / 2**20:,.0f} MiB; a bigger budget or fewer offloaded layers (-ngl)")
