@@ -247,6 +247,22 @@ class LlamaRun(BaseModel):
         return sum(getattr(r, field) for r in self.breakdown)
 
 
+def child_events(out: bytes) -> list[dict[str, Any]]:
+    """The JSON event lines a child wrote on stdout ({"event": ...} one a line), in order; other lines skipped."""
+    events = []
+    for line in out.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(ev, dict) and "event" in ev:
+            events.append(ev)
+    return events
+
+
 def _check_model_path(model_path: str | os.PathLike[str]) -> str:
     p = os.fspath(model_path)
     if "://" in p:
@@ -369,17 +385,7 @@ def _assemble(
     proc: subprocess.Popen[bytes], out: bytes, err: bytes, timed_out: bool, wall: float,
     path: str, mode: Mode, params: LlamaParams, timeout: float,
 ) -> LlamaRun:
-    events: dict[str, dict[str, Any]] = {}
-    for line in out.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            events[ev["event"]] = ev
+    events = {ev["event"]: ev for ev in child_events(out)}
 
     log = err.decode("utf-8", "replace")
     report = parse_log(log)

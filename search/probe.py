@@ -68,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fitter.config import RunConfig
 from fitter.errors import GGFitError
 from fitter.llama_log import parse_log
-from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, _child_env, _REPO_ROOT, _short_abort
+from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, _child_env, _REPO_ROOT, _short_abort
 from search.server import (
     BUDGET_ENV, HTTPFailure, LlamaServer, Proc, find_llama_server, free_port, parse_build,
     server_as_allowance, server_command, server_devices, server_version, split_log_line,
@@ -350,17 +350,10 @@ def _python_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
 
     events: dict[str, dict[str, Any]] = {}
     runs: list[dict[str, Any]] = []
-    for line in proc.out.decode("utf-8", "replace").splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            events[ev["event"]] = ev
-            if ev["event"] == "run":
-                runs.append(ev)
+    for ev in child_events(proc.out):
+        events[ev["event"]] = ev
+        if ev["event"] == "run":
+            runs.append(ev)
     log = proc.err.decode("utf-8", "replace")
     res.log = log
     rc = proc.returncode

@@ -19,23 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from fitter.gguf_reader import _SCALAR_FMT
 
 STRING = GGUFValueType.STRING
 ARRAY = GGUFValueType.ARRAY
 
-_FMT = {
-    GGUFValueType.UINT8: "B",
-    GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I",
-    GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT64: "d",
-}
+_FMT = _SCALAR_FMT  # the reader's own table of scalar formats
 
 Segment = tuple[str, bytes]
 
