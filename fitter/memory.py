@@ -108,7 +108,24 @@ def _context_buffers(
     return out
 
 
+_WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = {}
+
+
 def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool) -> list[Buffer]:
+    # weights do not depend on the context: the solver asks for the same rows many times
+    key = (id(header), owner, backend, config.n_gpu_layers, config.no_mmap, load_mtp)
+    hit = _WEIGHT_CACHE.get(key)
+    if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
+        return list(hit[1])
+    rows = _weight_rows_uncached(owner, header, spec, backend, config, load_mtp)
+    if len(_WEIGHT_CACHE) > 32:
+        _WEIGHT_CACHE.clear()
+    _WEIGHT_CACHE[key] = (header, rows)
+    return list(rows)
+
+
+def _weight_rows_uncached(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig,
+                          load_mtp: bool) -> list[Buffer]:
     rows = []
     for wb in weight_buffers(
         header, spec, backend, n_gpu_layers=config.n_gpu_layers, use_mmap=not config.no_mmap, load_mtp=load_mtp,
