@@ -435,6 +435,51 @@ def quants(
 
 
 @app.command()
+def optimise(
+    models: Annotated[list[str], typer.Argument(help="One model, or several quants of one model (searched as a parameter).")],
+    study: Annotated[str, typer.Option("--study", help="prefill, decode, balanced, long-context, speculative, or a .toml path.")] = "prefill",
+    budget: Annotated[str, typer.Option("--budget", help="25559MiB, 24GiB, ... or auto.")] = "auto",
+    margin: Annotated[Optional[str], typer.Option("--margin", help="Kept free (default 1024MiB).")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="metal, cuda or cpu (default: this machine's).")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="Any Optuna RDB URL (default: SQLite under ~/.local/share/ggfit). `optuna-dashboard URL` shows it live.")] = None,
+    trials: Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (default: the study's budget).")] = None,
+    runner: Annotated[str, typer.Option("--runner", help="python or server")] = "python",
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server")] = None,
+    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
+    no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
+) -> None:
+    """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
+    which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
+    from fitter.bundled import resolve_model
+    from fitter.config import ConfigError
+    from search.study import run_study
+
+    if runner not in ("python", "server"):
+        raise ConfigError(f"--runner {runner}: use python or server")
+    try:
+        result = run_study([resolve_model(m) for m in models], study, budget=budget, margin=margin,
+                           backend=backend or _detect_backend(), storage=storage, n_trials=trials, runner=runner,
+                           drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare)
+    except KeyboardInterrupt:
+        print("interrupted; run the same command to resume", file=sys.stderr)
+        raise typer.Exit(130) from None
+    print(result.text())
+
+
+@app.command()
+def report(
+    study: Annotated[str, typer.Argument(help="The study's name (printed by ggfit optimise).")],
+    storage: Annotated[Optional[str], typer.Option("--storage")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write trials.csv, summary.json and plots (HTML, PNG) here.")] = None,
+) -> None:
+    """The trial table of a study (status, reason, metrics) and, with --out, its plots."""
+    from search.report import report as study_report
+
+    study_report(study, storage=storage, out=out)
+
+
+@app.command()
 def calibrate(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     backend: Annotated[Optional[str], typer.Option("--backend", help="The backend llama.cpp runs on here (default: this machine's).")] = None,

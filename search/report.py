@@ -1,0 +1,298 @@
+"""`ggfit report STUDY`: a study's trial table and plots, read back from its Optuna storage.
+
+    report("prefill-gemma-3-270m-q4_k_m-1f983e5d22", storage=None, out="ggfit-report") -> StudyReport
+
+The table has one row per trial: Optuna's state, ggfit's status (ok / oom / crash / timeout / error / skipped /
+invalid / stale), the objective values, the predicted total against the memory available, the searched flags and
+the reason. Plots (each as HTML through plotly and PNG through matplotlib, whichever is installed):
+
+- ``history``: optimisation history of each objective (optuna.visualization.plot_optimization_history);
+- ``importances``: parameter importances per objective (plot_param_importances; needs a few completed trials);
+- ``pareto``: the Pareto front (plot_pareto_front), for studies with two or three objectives;
+- ``memory``: each trial's predicted total against the budget and the budget minus margin, coloured by status
+  (probed ok, out of memory, skipped before probing ...).
+
+The storage can also be watched live: ``pip install optuna-dashboard`` then ``optuna-dashboard <storage URL>``
+(the default storage is ``sqlite:///${XDG_DATA_HOME:-~/.local/share}/ggfit/studies.db``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from search.space import StudyError
+from search.study import DIRECTIONS, MiB, _fmt, _info, _redact, default_storage_url, open_storage, pick_best, PickDef
+
+STATUS_COLOURS = {"ok": "#2a9d8f", "oom": "#e63946", "skipped": "#adb5bd", "invalid": "#6c757d",
+                  "crash": "#9d0208", "timeout": "#f4a261", "error": "#e9c46a", "stale": "#8d99ae",
+                  "running": "#457b9d"}
+
+
+class StudyReport(BaseModel):
+    study_name: str
+    storage: str
+    table: str
+    summary: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    def text(self) -> str:
+        out = [f"study {self.study_name} ({self.storage})", *self.summary, "", self.table]
+        if self.files:
+            out += ["", "wrote:"] + [f"  {f}" for f in self.files]
+        out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def load(study: Any, storage: str | None = None):
+    """An optuna.Study from a Study or a name in `storage` (StudyError when there is no such study)."""
+    import optuna
+
+    if isinstance(study, optuna.Study):
+        return study
+    url = storage or default_storage_url()
+    st = open_storage(url, heartbeat=False)
+    names = optuna.study.get_all_study_names(storage=st)
+    if study not in names:
+        near = [n for n in names if str(study) in n]
+        hint = f"; matching: {', '.join(near[:5])}" if near else (f"; studies there: {', '.join(names[:8])}" if names else "; it has no studies")
+        raise StudyError(f"no study {study!r} in {_redact(url)}{hint}")
+    return optuna.load_study(study_name=study, storage=st)
+
+
+def _meta(study) -> dict[str, Any]:
+    return study.user_attrs.get("ggfit") or {}
+
+
+def _objectives(study) -> list[str]:
+    meta = _meta(study)
+    return list(meta.get("objectives") or study.metric_names or [f"objective {i}" for i in range(len(study.directions))])
+
+
+def trial_table(study) -> str:
+    """The trial table as fixed-width text."""
+    objectives = _objectives(study)
+    rows = [["#", "state", "status", *objectives, "predicted", "flags", "reason"]]
+    for t in study.get_trials(deepcopy=False):
+        info = _info(t)
+        ua = t.user_attrs
+        vals = []
+        for i, m in enumerate(objectives):
+            v = info.metrics.get(m)
+            if v is None and t.values and m not in DIRECTIONS:
+                v = t.values[i]
+            vals.append(_fmt(v, m) if m in DIRECTIONS else ("-" if v is None else f"{v:.4g}"))
+        status = info.status + (f"=#{info.duplicate_of}" if info.duplicate_of is not None else "")
+        if info.model_miss:
+            status += " (model miss)"
+        pred = f"{ua['predicted_bytes'] / MiB:,.0f} MiB" if ua.get("predicted_bytes") else "-"
+        reason = "" if info.status == "ok" else (info.reason or "")
+        rows.append([str(t.number), t.state.name, status, *vals, pred, info.flags, reason[:90]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
+    return "\n".join(lines)
+
+
+def _summary(study) -> list[str]:
+    meta = _meta(study)
+    objectives = _objectives(study)
+    trials = study.get_trials(deepcopy=False)
+    st = [t.user_attrs.get("status") for t in trials]
+    probed = [t for t in trials if t.user_attrs.get("probed")]
+    misses = [t.number for t in probed if t.user_attrs.get("status") == "oom"]
+    out = []
+    if meta:
+        out.append(f"budget {meta['budget_bytes'] / MiB:,.0f} MiB ({meta.get('budget_source', '')}) - margin "
+                   f"{meta['margin_bytes'] / MiB:,.0f} MiB = {meta['available_bytes'] / MiB:,.0f} MiB available; "
+                   f"runner {meta.get('runner')}; {meta.get('device')}")
+    out.append(f"{len(trials)} trials: {len(probed)} probed, {st.count('skipped')} predicted over budget (never "
+               f"probed), {st.count('invalid')} invalid, {st.count('stale')} stale (retried)")
+    out.append(f"memory-model misses (predicted to fit, probe ran out of memory): {len(misses)}"
+               + (f" (trials {', '.join(map(str, misses))})" if misses else ""))
+    if all(m in DIRECTIONS for m in objectives):
+        pick = PickDef.model_validate((meta.get("study") or {}).get("pick") or {})
+        best, front = pick_best(trials, objectives, pick)
+        if best is not None:
+            out.append(f"best: trial {best.number}: " + ", ".join(f"{m} {_fmt(v, m)}" for m, v in zip(objectives, best.values))
+                       + f" [{best.user_attrs.get('flags', '')}]")
+            if len(objectives) > 1:
+                out.append(f"Pareto front: trials {', '.join(str(t.number) for t in sorted(front, key=lambda t: t.number))}")
+    final = study.user_attrs.get("final")
+    if final and final.get("verdict"):
+        out.append(final["verdict"])
+    return out
+
+
+# --- plots -----------------------------------------------------------------------------------------------------
+
+
+def _memory_points(study):
+    meta = _meta(study)
+    pts = []
+    for t in study.get_trials(deepcopy=False):
+        b = t.user_attrs.get("predicted_bytes")
+        if b is None:
+            continue
+        pts.append((t.number, b / MiB, t.user_attrs.get("status") or t.state.name.lower()))
+    return pts, meta.get("budget_bytes"), meta.get("available_bytes")
+
+
+def _memory_plotly(study):
+    import plotly.graph_objects as go
+
+    pts, budget, avail = _memory_points(study)
+    fig = go.Figure()
+    for status in sorted({p[2] for p in pts}):
+        sel = [p for p in pts if p[2] == status]
+        fig.add_trace(go.Scatter(x=[p[0] for p in sel], y=[p[1] for p in sel], mode="markers", name=status,
+                                 marker={"color": STATUS_COLOURS.get(status, "#000000"), "size": 9}))
+    if budget:
+        fig.add_hline(y=budget / MiB, line_dash="solid", annotation_text="budget")
+    if avail:
+        fig.add_hline(y=avail / MiB, line_dash="dash", annotation_text="budget - margin")
+    fig.update_layout(title="Predicted memory per trial", xaxis_title="trial", yaxis_title="predicted total (MiB)")
+    return fig
+
+
+def _memory_matplotlib(study):
+    import matplotlib.pyplot as plt
+
+    pts, budget, avail = _memory_points(study)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for status in sorted({p[2] for p in pts}):
+        sel = [p for p in pts if p[2] == status]
+        ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=status, color=STATUS_COLOURS.get(status, "#000000"))
+    if budget:
+        ax.axhline(budget / MiB, color="black", label="budget")
+    if avail:
+        ax.axhline(avail / MiB, color="black", linestyle="--", label="budget - margin")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("predicted total (MiB)")
+    ax.set_title("Predicted memory per trial")
+    ax.legend(loc="best", fontsize=8)
+    return ax
+
+
+def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
+    """(file stem, plotly figure factory, matplotlib axes factory) for every plot this study supports."""
+    import optuna.visualization as vis
+    import optuna.visualization.matplotlib as vmat
+
+    objectives = _objectives(study)
+    out: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = []
+    multi = len(objectives) > 1
+    for i, m in enumerate(objectives):
+        suffix = f"-{m}" if multi else ""
+        kw: dict[str, Any] = {"target_name": m}
+        if multi:
+            kw["target"] = (lambda t, i=i: t.values[i])
+        out.append((f"history{suffix}", lambda kw=kw: vis.plot_optimization_history(study, **kw),
+                    lambda kw=kw: vmat.plot_optimization_history(study, **kw)))
+        out.append((f"importances{suffix}", lambda kw=kw: vis.plot_param_importances(study, **kw),
+                    lambda kw=kw: vmat.plot_param_importances(study, **kw)))
+    if len(objectives) in (2, 3):
+        out.append(("pareto", lambda: vis.plot_pareto_front(study, target_names=objectives),
+                    lambda: vmat.plot_pareto_front(study, target_names=objectives)))
+    out.append(("memory", lambda: _memory_plotly(study), lambda: _memory_matplotlib(study)))
+    return out
+
+
+def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
+    """Write every plot as HTML (plotly) and PNG (matplotlib) into `out`. Returns (files, notes)."""
+    import importlib.util
+
+    import optuna
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    notes: list[str] = []
+    have_plotly = importlib.util.find_spec("plotly") is not None
+    have_mpl = importlib.util.find_spec("matplotlib") is not None
+    if not have_plotly:
+        notes.append("no HTML plots: pip install plotly")
+    if not have_mpl:
+        notes.append("no PNG plots: pip install matplotlib")
+    if not (have_plotly or have_mpl):
+        return files, notes
+    if have_mpl:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for stem, fig_plotly, ax_mpl in _plots(study):
+            if stem.startswith(("history", "importances", "pareto")) and not done:
+                notes.append(f"{stem}: no completed trial to plot")
+                continue
+            if have_plotly:
+                try:
+                    fig = fig_plotly()
+                    path = out / f"{stem}.html"
+                    fig.write_html(str(path), include_plotlyjs="directory")
+                    files.append(str(path))
+                except Exception as e:  # noqa: BLE001 - a plot optuna cannot draw for this study (e.g. too few trials)
+                    notes.append(f"{stem}.html: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            if have_mpl:
+                try:
+                    ax = ax_mpl()
+                    figm = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+                    figm.set_size_inches(9, 5.5)
+                    figm.tight_layout()
+                    path = out / f"{stem}.png"
+                    figm.savefig(path, dpi=100)
+                    files.append(str(path))
+                except Exception as e:  # noqa: BLE001
+                    notes.append(f"{stem}.png: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+                finally:
+                    plt.close("all")
+    return files, notes
+
+
+def write_trials_csv(study, path: str | Path) -> str:
+    objectives = _objectives(study)
+    keys = ["number", "state", "status", "probed", *objectives, "predicted_bytes", "available_bytes", "model_miss",
+            "duplicate_of", "flags", "model", "reason"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(keys)
+        for t in study.get_trials(deepcopy=False):
+            ua = t.user_attrs
+            row = [t.number, t.state.name, ua.get("status"), ua.get("probed")]
+            row += [ua.get(m) for m in objectives]
+            row += [ua.get(k) for k in keys[4 + len(objectives):]]
+            w.writerow(row)
+    return str(path)
+
+
+def report(study: Any, *, storage: str | None = None, out: str | Path | None = None, plots: bool = True,
+           echo: Callable[[str], None] | None = print) -> StudyReport:
+    """Print the trial table and a summary; with `out`, write trials.csv, summary.json and the plots there."""
+    s = load(study, storage)
+    where = "(study object)" if s is study else _redact(storage or default_storage_url())
+    rep = StudyReport(study_name=s.study_name, storage=where, table=trial_table(s), summary=_summary(s))
+    if out is not None:
+        outd = Path(out)
+        outd.mkdir(parents=True, exist_ok=True)
+        rep.files.append(write_trials_csv(s, outd / "trials.csv"))
+        (outd / "summary.json").write_text(json.dumps({"study": s.study_name, "summary": rep.summary,
+                                                        "ggfit": _meta(s), "final": s.user_attrs.get("final")},
+                                                       indent=2, default=str))
+        rep.files.append(str(outd / "summary.json"))
+        if plots:
+            files, notes = write_plots(s, outd)
+            rep.files += files
+            rep.notes += notes
+    if echo:
+        echo(rep.text())
+    return rep

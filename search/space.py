@@ -1,0 +1,478 @@
+"""The search space of a study: which llama-server settings Optuna may propose, and the config each proposal means.
+
+A study file's ``[space]`` table (`SpaceDef`) names the settings and their bounds; `SearchSpace` binds it to the
+model files, draft files, runner and workload of one run and turns an Optuna trial into a `Candidate`: a `RunConfig`
+plus the probe options that are not RunConfig fields (threads, draft p_min), ready for `fitter.memory.predict` and
+`search.probe.run_probe`.
+
+Parameters (Optuna names; each one is only suggested when the study gives it more than one value):
+
+- ``n_ctx``: choices or a range; every value is rounded up to a multiple of 256 (llama.cpp pads to 256 anyway) and
+  never below what the workload needs (prompt + generated tokens). Omitted: the workload's need, or with a
+  prompt-length distribution the contexts that serve its quantiles.
+- ``n_ubatch``; ``n_batch_factor``: n_batch = n_ubatch x factor, so n_batch >= n_ubatch always holds (llama.cpp would
+  clamp n_ubatch down to n_batch otherwise, and the two proposals would be the same run).
+- ``threads``: -t and -tb together (run_probe sets both; separate -tb needs a run_probe option).
+- ``type_k``, ``type_v`` (``type_v = "same"`` ties V to K: one parameter ``kv_type``), ``flash_attn``.
+- ``quant``: which of the model files given to the run (several GGUF files of the same model); only when several.
+- ``draft``: ``none``, a draft file's name, or ``mtp``; with a drafter, ``draft_n_max``, ``draft_p_min`` and the
+  draft cache type ``draft_kv_type`` (conditional parameters: TPE samples them with ``group=True``).
+
+Settings every trial shares go in the study file's ``[fixed]`` table (any RunConfig field, e.g. ``n_parallel = 1``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fitter.config import KV_CACHE_TYPES, RunConfig
+from fitter.errors import GGFitError
+
+CTX_STEP = 256
+
+
+class StudyError(GGFitError):
+    """A study file, search space or study argument ggfit cannot use (the message says which and why)."""
+
+
+# --- what a study file says --------------------------------------------------------------------------------
+
+
+class IntRange(BaseModel):
+    """An integer range. ``high`` may be ``"auto"`` (threads: os.cpu_count()) or ``"train"`` (n_ctx: the model's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low: int = Field(ge=0)
+    high: int | Literal["auto", "train"]
+    step: int = Field(1, ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> IntRange:
+        if self.log and self.step != 1:
+            raise ValueError("a log range takes no step")
+        if isinstance(self.high, int) and self.high < self.low:
+            raise ValueError(f"high {self.high} < low {self.low}")
+        return self
+
+
+class FloatRange(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low: float
+    high: float
+    step: float | None = None
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> FloatRange:
+        if self.high < self.low:
+            raise ValueError(f"high {self.high} < low {self.low}")
+        if self.log and self.step is not None:
+            raise ValueError("a log range takes no step")
+        return self
+
+
+IntSpec = list[int] | IntRange
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+assert set(KvType.__args__) == set(KV_CACHE_TYPES)  # type: ignore[attr-defined]
+DraftKind = Literal["none", "model", "mtp"]
+
+
+class DraftSpace(BaseModel):
+    """``[space.draft]``: which drafters to try and their settings. Draft files come from the run (``--draft``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kinds: list[DraftKind] = Field(default_factory=lambda: ["none", "model", "mtp"], min_length=1)
+    n_max: IntSpec = Field(default_factory=lambda: IntRange(low=1, high=8))
+    p_min: list[float] | FloatRange = Field(default_factory=lambda: FloatRange(low=0.0, high=0.9, step=0.1))
+    kv_type: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+
+
+class SpaceDef(BaseModel):
+    """``[space]`` of a study file: a list = choices, a table = a range. One value = fixed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_ctx: IntSpec | None = None
+    n_ubatch: IntSpec = Field(default_factory=lambda: [512])
+    n_batch_factor: list[int] = Field(default_factory=lambda: [1])
+    threads: IntSpec | None = None  # None: run_probe's default (os.cpu_count())
+    type_k: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+    type_v: list[KvType] | Literal["same"] = "same"
+    flash_attn: list[Literal["on", "off", "auto"]] = Field(default_factory=lambda: ["auto"], min_length=1)
+    draft: DraftSpace | None = None
+
+    @field_validator("n_batch_factor")
+    @classmethod
+    def _factors(cls, v: list[int]) -> list[int]:
+        if not v or any(f < 1 for f in v):
+            raise ValueError("n_batch_factor: a list of integers >= 1")
+        return v
+
+    @field_validator("n_ubatch", "n_ctx", "threads")
+    @classmethod
+    def _positive(cls, v):
+        if isinstance(v, list):
+            if not v or any(x < 1 for x in v):
+                raise ValueError("a non-empty list of positive integers")
+        elif isinstance(v, IntRange) and v.low < 1:
+            raise ValueError("low must be >= 1")
+        return v
+
+
+# --- a proposal, as llama-server flags ----------------------------------------------------------------------
+
+
+class Candidate(BaseModel):
+    """One proposal: what to predict and probe."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_path: str
+    config: RunConfig
+    threads: int | None = None  # None: run_probe's default
+    draft_p_min: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)  # the Optuna parameters it came from
+
+    def flags(self, *, model_label: str | None = None, binary: str = "llama-server") -> list[list[str]]:
+        """llama-server's argv as (flag, value) groups, one per line; only flags that differ from llama-server's
+        defaults, plus ``-fit off`` (what ggfit measured: no automatic fitting) and ``--no-repack`` (the probe's)."""
+        c = self.config
+        out: list[list[str]] = [[binary], ["-m", model_label or self.model_path]]
+        if c.n_ctx is not None:
+            out.append(["-c", str(c.n_ctx)])
+        if c.n_batch is not None:
+            out.append(["-b", str(c.n_batch)])
+        if c.n_ubatch is not None:
+            out.append(["-ub", str(c.n_ubatch)])
+        if c.type_k != "f16":
+            out.append(["-ctk", c.type_k])
+        if c.type_v != "f16":
+            out.append(["-ctv", c.type_v])
+        if c.flash_attn != "auto":
+            out.append(["-fa", c.flash_attn])
+        if c.n_parallel is not None:
+            out.append(["-np", str(c.n_parallel)])
+        if c.kv_unified is not None:
+            out.append(["--kv-unified" if c.kv_unified else "--no-kv-unified"])
+        if c.swa_full:
+            out.append(["--swa-full"])
+        if c.n_gpu_layers != -1:
+            out.append(["-ngl", str(c.n_gpu_layers)])
+        if c.no_mmap:
+            out.append(["-lm", "none"])
+        if self.threads:
+            out += [["-t", str(self.threads)], ["-tb", str(self.threads)]]
+        if c.spec_type != "none":
+            out += [["--spec-type", c.spec_type], ["--spec-draft-n-max", str(c.draft_n_max)]]
+            if c.draft_model:
+                out.append(["-md", c.draft_model])
+            if c.draft_type_k != "f16":
+                out.append(["-ctkd", c.draft_type_k])
+            if c.draft_type_v != "f16":
+                out.append(["-ctvd", c.draft_type_v])
+            if self.draft_p_min is not None:
+                out.append(["--spec-draft-p-min", f"{self.draft_p_min:g}"])
+        out += [["--no-repack"] if c.no_repack else ["--repack"], ["-fit", "off"]]
+        return out
+
+    def command(self, **kw) -> str:
+        """The llama-server command, one flag a line (shell continuation lines)."""
+        lines = [" ".join(_quote(x) for x in g) for g in self.flags(**kw)]
+        return " \\\n  ".join(lines)
+
+    def short(self) -> str:
+        """One line: the searched flags only."""
+        return " ".join(" ".join(g) for g in self.flags(model_label="M")[2:-2])
+
+    def key(self) -> str:
+        """Identity of the run (two proposals with the same key are the same llama.cpp run)."""
+        payload = {"model": self.model_path, "config": self.config.model_dump(mode="json"), "threads": self.threads,
+                   "p_min": self.draft_p_min}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# --- binding a space to one run --------------------------------------------------------------------------------
+
+
+def _round_ctx(n: int) -> int:
+    return max(CTX_STEP, -(-int(n) // CTX_STEP) * CTX_STEP)
+
+
+def _label(path: str) -> str:
+    return Path(path).name
+
+
+class SearchSpace:
+    """A `SpaceDef` bound to one run: model files, drafts, runner, workload need and fixed settings.
+
+    ``suggest(trial)`` asks Optuna for the parameters; ``candidate(params)`` turns them into a `Candidate`.
+    The same params always give the same candidate, so a retried or enqueued trial reproduces its run.
+    """
+
+    def __init__(
+        self,
+        space: SpaceDef,
+        *,
+        models: Sequence[str],
+        n_ctx_train: int,
+        ctx_need: int,
+        fixed: dict[str, Any] | None = None,
+        drafts: Sequence[str] = (),
+        has_mtp: bool = False,
+        runner: str = "python",
+        ctx_choices: Sequence[int] | None = None,
+        notes: list[str] | None = None,
+    ):
+        self.defn = space
+        self.models = [str(m) for m in models]
+        self.n_ctx_train = n_ctx_train
+        self.ctx_need = _round_ctx(ctx_need)
+        self._need_text = f"{ctx_need} tokens the workload needs (prompt + generated tokens)"
+        self.fixed = dict(fixed or {})
+        self.notes = notes if notes is not None else []
+        self.dims: dict[str, list[Any] | IntRange | FloatRange] = {}  # name -> choices or range (searched only)
+        self.consts: dict[str, Any] = {}  # name -> the single value
+
+        labels = [_label(m) for m in self.models]
+        if len(set(labels)) != len(labels):
+            raise StudyError(f"model files need distinct names: {', '.join(labels)}")
+        self._model_by_label = dict(zip(labels, self.models))
+        self._put("quant", labels)
+
+        # n_ctx
+        if space.n_ctx is None:
+            ctxs = sorted({_round_ctx(c) for c in (ctx_choices or [self.ctx_need])})
+            self._put("n_ctx", ctxs)
+        elif isinstance(space.n_ctx, list):
+            ctxs = sorted({_round_ctx(c) for c in space.n_ctx})
+            small = [c for c in ctxs if c < self.ctx_need]
+            if small and len(small) < len(ctxs):
+                self.notes.append(f"n_ctx {', '.join(map(str, small))} left out: below the {self._need_text}")
+                ctxs = [c for c in ctxs if c >= self.ctx_need]
+            self._put("n_ctx", ctxs)
+        else:
+            r = space.n_ctx
+            high = n_ctx_train if r.high in ("train", "auto") else r.high
+            low = max(_round_ctx(r.low), self.ctx_need)
+            if _round_ctx(high) < low:
+                raise StudyError(f"n_ctx: the range ends ({high}) below the {self._need_text}")
+            self._put("n_ctx", IntRange(low=low, high=_round_ctx(high), log=r.log,
+                                        step=1 if r.log else max(CTX_STEP, _round_ctx(r.step))))
+        ctx = self.dims.get("n_ctx", [self.consts.get("n_ctx")])
+        ctx_values = ctx if isinstance(ctx, list) else [ctx.low, ctx.high]
+        if max(ctx_values) < self.ctx_need:
+            raise StudyError(f"n_ctx: every context in the space ({', '.join(map(str, ctx_values))}) is below the "
+                             f"{self._need_text}")
+        if max(ctx_values) > n_ctx_train:
+            self.notes.append(f"n_ctx above the model's training context ({n_ctx_train}) is in the space")
+
+        self._put("n_ubatch", self._ints(space.n_ubatch, "n_ubatch"))
+        self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
+        if space.threads is not None:
+            self._put("threads", self._ints(space.threads, "threads"))
+        if space.type_v == "same":
+            self._put("kv_type", list(dict.fromkeys(space.type_k)))
+        else:
+            self._put("type_k", list(dict.fromkeys(space.type_k)))
+            self._put("type_v", list(dict.fromkeys(space.type_v)))
+        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
+
+        # speculative decoding
+        self._drafts = {_label(d): str(d) for d in drafts}
+        kinds: list[str] = ["none"]
+        if space.draft is not None:
+            d = space.draft
+            kinds = []
+            for k in d.kinds:
+                if k == "none":
+                    kinds.append("none")
+                elif k == "model":
+                    if not self._drafts:
+                        self.notes.append("draft 'model' left out: no draft files were given (--draft FILE)")
+                    kinds += list(self._drafts)
+                elif k == "mtp":
+                    if not has_mtp:
+                        self.notes.append("draft 'mtp' left out: the model has no MTP (NextN) layers")
+                    elif runner != "server":
+                        self.notes.append("draft 'mtp' left out: only the server runner probes MTP (--runner server)")
+                    else:
+                        kinds.append("mtp")
+            if not kinds:
+                raise StudyError("[space.draft]: no drafter is left to try (give --draft FILE, or a model with an "
+                                 "MTP head and --runner server, or add 'none' to kinds)")
+            if {"none", "mtp"} & set(self._drafts):
+                raise StudyError("draft files may not be called 'none' or 'mtp'")
+        elif drafts:
+            raise StudyError("draft files were given but this study's space has no [space.draft]")
+        self._put("draft", kinds)
+        self._draft_dims: dict[str, Any] = {}
+        if space.draft is not None and any(k != "none" for k in kinds):
+            d = space.draft
+            self._draft_dims = {"draft_n_max": self._ints(d.n_max, "draft.n_max"),
+                                "draft_p_min": d.p_min if isinstance(d.p_min, FloatRange) else sorted(set(d.p_min)),
+                                "draft_kv_type": list(dict.fromkeys(d.kv_type))}
+
+    # -- helpers
+    def _ints(self, spec: IntSpec, what: str) -> list[int] | IntRange:
+        if isinstance(spec, list):
+            return sorted(set(spec))
+        if spec.high == "auto":
+            high = os.cpu_count() or 1
+        elif spec.high == "train":
+            high = self.n_ctx_train
+        else:
+            high = spec.high
+        if high < spec.low:
+            raise StudyError(f"{what}: high {high} < low {spec.low}")
+        return IntRange(low=spec.low, high=high, step=spec.step, log=spec.log)
+
+    def _put(self, name: str, spec: list[Any] | IntRange | FloatRange) -> None:
+        if isinstance(spec, list):
+            if len(spec) == 1:
+                self.consts[name] = spec[0]
+                return
+        elif isinstance(spec, IntRange) and spec.low == spec.high:
+            self.consts[name] = spec.low
+            return
+        self.dims[name] = spec
+
+    @property
+    def conditional(self) -> bool:
+        return bool(self._draft_dims) and "draft" in self.dims
+
+    # -- Optuna
+    @staticmethod
+    def _suggest(trial, name: str, spec):
+        if isinstance(spec, list):
+            return trial.suggest_categorical(name, spec)
+        if isinstance(spec, IntRange):
+            return trial.suggest_int(name, spec.low, spec.high, step=spec.step, log=spec.log)
+        return trial.suggest_float(name, spec.low, spec.high, step=spec.step, log=spec.log)
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Ask `trial` (an optuna.Trial) for every searched parameter; returns all parameters, fixed ones included."""
+        params = dict(self.consts)
+        for name, spec in self.dims.items():
+            params[name] = self._suggest(trial, name, spec)
+        if params.get("draft", "none") != "none":
+            for name, spec in self._draft_dims.items():
+                if isinstance(spec, list) and len(spec) == 1:
+                    params[name] = spec[0]
+                else:
+                    params[name] = self._suggest(trial, name, spec)
+        return params
+
+    def candidate(self, params: dict[str, Any]) -> Candidate:
+        p = dict(self.consts)
+        p.update(params)
+        n_ubatch = int(p["n_ubatch"])
+        n_ctx = _round_ctx(max(int(p["n_ctx"]), self.ctx_need))
+        kv_k = p.get("kv_type", p.get("type_k"))
+        kv_v = p.get("kv_type", p.get("type_v"))
+        fields: dict[str, Any] = dict(self.fixed)
+        fields.update(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch * int(p["n_batch_factor"]),
+                      type_k=kv_k, type_v=kv_v, flash_attn=p["flash_attn"])
+        draft = p.get("draft", "none")
+        p_min = None
+        if draft != "none":
+            fields["draft_n_max"] = int(p["draft_n_max"])
+            dkv = p.get("draft_kv_type", "f16")
+            fields.update(draft_type_k=dkv, draft_type_v=dkv)
+            p_min = round(float(p["draft_p_min"]), 6)
+            if draft == "mtp":
+                fields.update(spec_type="draft-mtp", draft_model=None)
+            else:
+                fields.update(spec_type="draft-simple", draft_model=self._drafts[draft])
+        try:
+            config = RunConfig(**fields)
+        except ValueError as e:
+            raise StudyError(f"[fixed] or space gives an invalid config: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}") from None
+        threads = p.get("threads")
+        return Candidate(model_path=self._model_by_label[p["quant"]], config=config,
+                         threads=int(threads) if threads is not None else None, draft_p_min=p_min,
+                         params={k: v for k, v in params.items()})
+
+    def draft_path(self, cand: Candidate) -> str | None:
+        return cand.config.draft_model
+
+    # -- enumeration (benchmarks, the defaults seed)
+    def grid(self) -> list[dict[str, Any]]:
+        """Every combination of the searched parameters (ranges must be small: each integer of a range is a point)."""
+        import itertools
+
+        def values(spec):
+            if isinstance(spec, list):
+                return spec
+            if isinstance(spec, IntRange):
+                if spec.log:
+                    raise StudyError("grid(): a log range has no grid")
+                return list(range(spec.low, spec.high + 1, spec.step))
+            if spec.step is None:
+                raise StudyError("grid(): a continuous float range has no grid")
+            n = int(round((spec.high - spec.low) / spec.step))
+            return [round(spec.low + i * spec.step, 9) for i in range(n + 1)]
+
+        names = list(self.dims)
+        out = []
+        for combo in itertools.product(*(values(self.dims[n]) for n in names)):
+            params = dict(zip(names, combo))
+            if params.get("draft", self.consts.get("draft", "none")) != "none":
+                dnames = [n for n, s in self._draft_dims.items() if not (isinstance(s, list) and len(s) == 1)]
+                for dcombo in itertools.product(*(values(self._draft_dims[n]) for n in dnames)):
+                    out.append({**params, **dict(zip(dnames, dcombo))})
+            else:
+                out.append(params)
+        return out
+
+    def nearest(self, target: dict[str, Any]) -> dict[str, Any]:
+        """The searched parameters closest to `target` (name -> value): for enqueueing llama.cpp's defaults."""
+        out: dict[str, Any] = {}
+        for name, spec in self.dims.items():
+            want = target.get(name)
+            if isinstance(spec, list):
+                if want in spec:
+                    out[name] = want
+                elif want is not None and all(isinstance(x, (int, float)) for x in spec):
+                    out[name] = min(spec, key=lambda x: (abs(math.log2(max(x, 1e-9)) - math.log2(max(want, 1e-9))), x))
+                else:
+                    out[name] = spec[0]
+            elif isinstance(spec, IntRange):
+                v = spec.low if want is None else min(max(int(want), spec.low), spec.high)
+                out[name] = spec.low + (v - spec.low) // spec.step * spec.step
+            else:
+                out[name] = spec.low if want is None else min(max(float(want), spec.low), spec.high)
+        return out
+
+    def describe(self) -> list[str]:
+        """One line per parameter: searched ones with their values or range, fixed ones with their value."""
+        lines = []
+        for name, spec in self.dims.items():
+            if isinstance(spec, list):
+                lines.append(f"{name}: {', '.join(map(str, spec))}")
+            else:
+                lines.append(f"{name}: {spec.low} .. {spec.high}" + (" (log)" if spec.log else f" step {spec.step}"))
+        for name, spec in self._draft_dims.items():
+            lines.append(f"{name} (with a drafter): " + (", ".join(map(str, spec)) if isinstance(spec, list)
+                                                          else f"{spec.low} .. {spec.high}"))
+        for name, v in self.consts.items():
+            lines.append(f"{name} = {v} (fixed)")
+        for name, v in self.fixed.items():
+            lines.append(f"{name} = {v} ([fixed])")
+        return lines
