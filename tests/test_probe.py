@@ -360,7 +360,10 @@ def test_ctrl_c_stops_everything(runner, moe, gemma, request):
                 f"gen_tokens=2048, repeats=5), runner='server', llama_server={srv!r}, threads=1)")
     else:
         call = f"run_probe({moe!r}, RunConfig(n_ctx=512), Workload(prompt_tokens=16, gen_tokens=4), _test={{'hang': 'decode'}})"
-    code = ("import sys; from fitter.config import RunConfig; from search.probe import run_probe; "
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from fitter.config import RunConfig; from search.probe import run_probe; "
             "from search.workload import Workload\ntry:\n    " + call +
             "\nexcept KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parent.parent),
