@@ -310,7 +310,8 @@ def _short_abort(line: str) -> str:
     return line
 
 
-def _signal_name(rc: int | None) -> str | None:
+def signal_name(rc: int | None) -> str | None:
+    """A child's negative exit status as the name of the signal that killed it."""
     if rc is None or rc >= 0:
         return None
     try:
@@ -390,7 +391,7 @@ def _assemble(
     log = err.decode("utf-8", "replace")
     report = parse_log(log)
     rc = proc.returncode
-    sig = _signal_name(rc)
+    sig = signal_name(rc)
     done = events.get("done")
 
     build = LlamaBuild(**{k: v for k, v in events.get("build", {}).items() if k in LlamaBuild.model_fields})

@@ -68,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fitter.config import RunConfig
 from fitter.errors import GGFitError
 from fitter.llama_log import parse_log
-from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, _child_env, _REPO_ROOT, _short_abort
+from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort
 from search.server import (
     BUDGET_ENV, HTTPFailure, LlamaServer, Proc, find_llama_server, free_port, parse_build,
     server_as_allowance, server_command, server_devices, server_version, split_log_line,
@@ -125,15 +125,6 @@ def _abort_lines(log: str) -> list[str]:
         if s.startswith("terminate called") or s.startswith("what():") or "Illegal instruction" in s:
             out.append(s)
     return list(dict.fromkeys(out))
-
-
-def _signal_name(rc: int | None) -> str | None:
-    if rc is None or rc >= 0:
-        return None
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
 
 
 # --- results ----------------------------------------------------------------------------------------------
@@ -358,7 +349,7 @@ def _python_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
     res.log = log
     rc = proc.returncode
     res.exit_code = rc
-    res.signal = _signal_name(rc)
+    res.signal = signal_name(rc)
     res.peak_rss_bytes = proc.peak_rss_bytes
     b = events.get("build", {})
     res.build = LlamaBuild(**{k: v for k, v in b.items() if k in LlamaBuild.model_fields})
@@ -555,7 +546,7 @@ def _server_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
     if samples:
         res.llama_s = (t_ready or 0.0) + sum(s.prefill_ms + s.decode_ms for s in samples) / 1e3
     stopped_by_us = t_ready is not None and not timed_out and failure is None and len(samples) == workload.runs
-    res.signal = _signal_name(rc) if rc is not None and not srv.proc.signalled else None  # died on its own
+    res.signal = signal_name(rc) if rc is not None and not srv.proc.signalled else None  # died on its own
 
     if timed_out:
         stage = "loading" if t_ready is None else f"serving request {len(samples) + 1}"

@@ -20,21 +20,7 @@ needs_llama = pytest.mark.skipif(
 )
 
 
-def _group_alive(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group `pgid`, read from /proc (no psutil)."""
-    alive = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
-            alive.append(int(d))
-    return alive
+from tests.procs import group_alive as _group_alive  # noqa: E402
 
 
 # --- llama.cpp runs on the Gemma 3 270M file ---------------------------------------------------

@@ -30,20 +30,7 @@ TINY = Workload(prompt_tokens=32, gen_tokens=8, repeats=1, warmup=1)
 ONE = Workload(prompt_tokens=16, gen_tokens=4, repeats=1, warmup=0)
 
 
-def _group_alive(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`, from /proc."""
-    alive = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(d))
-    return alive
+from tests.procs import group_alive as _group_alive  # noqa: E402
 
 
 @pytest.fixture(scope="session")
