@@ -117,6 +117,38 @@ def _detect_backend() -> str:
     return "cpu"
 
 
+def _backend(name: str | None):
+    """--backend, or this machine's own when not given."""
+    from fitter.config import Backend, ConfigError
+
+    try:
+        return Backend(name or _detect_backend())
+    except ValueError:
+        raise ConfigError(f"--backend {name}: use metal, cuda or cpu") from None
+
+
+def _frontend(name: str):
+    from fitter.config import ConfigError, Frontend
+
+    try:
+        return Frontend(name)
+    except ValueError:
+        raise ConfigError(f"--frontend {name}: use server or library") from None
+
+
+def _run_config(**fields):
+    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
+    from pydantic import ValidationError
+
+    from fitter.config import ConfigError, RunConfig
+
+    try:
+        return RunConfig(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+
+
 def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
     """llama-server flags for a resolved context, one item per flag."""
     flags = [f"-m {model}", f"-c {cp.n_ctx}", f"-b {cp.n_batch}", f"-ub {cp.n_ubatch}",
@@ -179,41 +211,28 @@ def fit(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-    from pydantic import ValidationError
-
     from fitter.budget import parse_budget, parse_margin
     from fitter.build import build_label
     from fitter.bundled import resolve_model
-    from fitter.config import Backend, ConfigError, Frontend, RunConfig
+    from fitter.config import ConfigError
     from fitter.memory import predict
     from fitter.model_spec import load_model_spec
     from fitter.solver import prediction_for, recommend, solve
 
-    try:
-        be = Backend(backend or _detect_backend())
-    except ValueError:
-        raise ConfigError(f"--backend {backend}: use metal, cuda or cpu") from None
-    try:
-        fe = Frontend(frontend)
-    except ValueError:
-        raise ConfigError(f"--frontend {frontend}: use server or library") from None
+    be, fe = _backend(backend), _frontend(frontend)
     if flash_attn not in ("on", "off", "auto"):
         raise ConfigError(f"-fa {flash_attn}: use on, off or auto")
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
-    try:
-        cfg = RunConfig(
-            n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
-            flash_attn=flash_attn, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
-            n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
-            spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
-            draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
-        )
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    cfg = _run_config(
+        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
+        flash_attn=flash_attn, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
+        n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
+        spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
+        draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
+    )
 
     path = resolve_model(model)
     header, spec = load_model_spec(path)
@@ -383,26 +402,15 @@ def quants(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
-    from pydantic import ValidationError
-
     from fitter.budget import parse_budget, parse_margin
     from fitter.bundled import resolve_model
-    from fitter.config import Backend, ConfigError, Frontend, RunConfig
     from fitter.model_spec import load_model_spec
     from fitter.quant_fit import best_fit, evaluate, why_none_fits
 
-    try:
-        be = Backend(backend or _detect_backend())
-        fe = Frontend(frontend)
-    except ValueError:
-        raise ConfigError(f"--backend {backend} / --frontend {frontend}: use metal|cuda|cpu and server|library") from None
-    try:
-        cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
-                        flash_attn=flash_attn, n_parallel=n_parallel, draft_model=model_draft,
-                        spec_type="draft-simple" if model_draft else "none")
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    be, fe = _backend(backend), _frontend(frontend)
+    cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                      flash_attn=flash_attn, n_parallel=n_parallel, draft_model=model_draft,
+                      spec_type="draft-simple" if model_draft else "none")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
     header, spec = load_model_spec(resolve_model(model))
@@ -489,12 +497,8 @@ def calibrate(
     architecture, backend and llama.cpp build; later predictions use them."""
     from fitter import calibration
     from fitter.bundled import resolve_model
-    from fitter.config import Backend, ConfigError
 
-    try:
-        be = Backend(backend or _detect_backend())
-    except ValueError:
-        raise ConfigError(f"--backend {backend}: use metal, cuda or cpu") from None
+    be = _backend(backend)
     path = resolve_model(model)
     cal, rows = calibration.calibrate(path, be)
     where = calibration.save(cal)

@@ -1723,7 +1723,6 @@ def _gated_attn_layer(c: _Ctx, ai: dict, cur: _T, inp_pos: _T, il: int) -> _T:
 def _graph_gdn_hybrid(c: _Ctx) -> Iterator:
     """qwen35, qwen35moe, qwen3next: src/models/{qwen35,qwen35moe,qwen3next}.cpp + delta-net-base.cpp."""
     sp = c.spec
-    d = c.d
     inpL = c.build_inp_embd()
     rs, ai = c.build_inp_mem_hybrid()
     inp_pos = c.build_inp_pos(1 if c.arch == "qwen3next" else 4)

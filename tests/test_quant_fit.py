@@ -52,7 +52,7 @@ def test_candidate_read_over_http(qwen36: str, server: CountingServer) -> None: 
     header, spec = load_model_spec(qwen36)
     cfg = RunConfig(n_ctx=32768)
     cands = evaluate(header, spec, cfg, Backend.METAL, Frontend.SERVER, MAC, 1024 * MiB,
-                     candidates=[f"file=" + server.url("/q4km.gguf")])
+                     candidates=["file=" + server.url("/q4km.gguf")])
     server.wait_for_handlers()
     remote = next(c for c in cands if c.name == "file")
     local = evaluate(header, spec, cfg, Backend.METAL, Frontend.SERVER, MAC, 1024 * MiB, candidates=[f"file={q4}"])
