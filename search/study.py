@@ -53,6 +53,7 @@ import platform
 import re
 import socket
 import statistics
+import sys
 import time
 import tomllib
 import warnings
@@ -67,7 +68,10 @@ from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.space import Candidate, SearchSpace, SpaceDef, StudyError
 from search.workload import Workload
 
+# The named studies: the checkout's studies/ (editable installs), else where a wheel puts them (data-files)
 STUDIES_DIR = Path(__file__).resolve().parent.parent / "studies"
+if not STUDIES_DIR.is_dir():
+    STUDIES_DIR = Path(sys.prefix) / "share" / "ggfit" / "studies"
 HEARTBEAT_S = 10  # RDBStorage heartbeat interval
 GRACE_S = 60  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
 MAX_RETRY = 2  # a stale trial is retried this many times
