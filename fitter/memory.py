@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from fitter.compute import compute_buffers, graph_details
-from fitter.compute_backend import tensor_info_alloc_size
-from fitter.config import Backend, ContextParams, Frontend, RunConfig, resolve_context
+from fitter.compute_backend import metal_fa_unsupported_reason, tensor_info_alloc_size
+from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
 from fitter.gguf_reader import GGUFHeader
 from fitter.kv_cache import memory_caches
 from fitter.model_spec import ModelSpec
@@ -152,7 +152,10 @@ def predict(
     With `calibrated`, compute buffers use the corrections `ggfit calibrate` stored for this
     architecture, backend and llama.cpp build, if any."""
     cal = _calibration(spec.architecture, backend) if calibrated else None
+    config, fa_note = _resolve_fa_auto(spec, config, backend)
     cp = resolve_context(spec, config, frontend)
+    if fa_note:
+        cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
     use_mtp = config.spec_type == "draft-mtp"
     buffers = _weight_rows("target", header, spec, backend, config, load_mtp=use_mtp)
     details = graph_details(header)
@@ -176,6 +179,23 @@ def predict(
                                     calibration=_calibration(d_spec.architecture, backend) if calibrated else None,
                                     details=graph_details(d_header))
     return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers)
+
+
+def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tuple[RunConfig, str | None]:
+    """-fa auto on Metal: llama_context::resolve_fused_ops turns flash attention off when a layer's
+    FLASH_ATTN_EXT cannot run on the device (ggml_metal_device_supports_op), unless a quantized V cache
+    made llama_init_from_model force it on. The CPU runs every FA node; CUDA's rules are not mirrored here."""
+    if config.flash_attn != "auto" or backend != Backend.METAL:
+        return config, None
+    if ggml_type(config.type_v).name not in ("F32", "F16", "BF16"):
+        return config, None  # forced on for the quantized V cache
+    for layer in spec.layers[: spec.n_layer]:
+        if layer.kind.value == "recurrent" or not layer.has_kv:
+            continue
+        why = metal_fa_unsupported_reason(layer.n_embd_head_k, layer.n_embd_head_v, config.type_k, config.type_v)
+        if why:
+            return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on Metal: {why})"
+    return config, None
 
 
 def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:

@@ -126,3 +126,16 @@ def test_over_budget_says_what_to_change() -> None:
     assert out.returncode == 1
     assert "over budget by" in out.stdout and "What fits instead" in out.stdout
     assert "-c " in out.stdout.split("What fits instead", 1)[1]
+
+
+def test_fa_auto_turns_off_on_metal_for_mixed_kv_types() -> None:
+    """-fa auto: Metal's flash attention needs one K/V type, so -ctk q8_0 -ctv f16 runs without it
+    (resolve_fused_ops); a quantized V forces it on (llama_init_from_model); the CPU runs it either way."""
+    header, spec = load_model_spec(str(build("qwen3", head_dim=64)))
+    mixed = RunConfig(n_ctx=8192, type_k="q8_0", type_v="f16")
+    metal = predict(header, spec, mixed, Backend.METAL, Frontend.SERVER)
+    assert not metal.context.flash_attn and "differ" in metal.context.defaults_applied["flash_attn"]
+    assert predict(header, spec, mixed, Backend.CPU, Frontend.SERVER).context.flash_attn
+    same = predict(header, spec, mixed.model_copy(update={"type_v": "q8_0"}), Backend.METAL, Frontend.SERVER)
+    assert same.context.flash_attn
+    assert metal.by_kind("compute") > same.by_kind("compute")  # the n_kv x n_tokens x n_head score matrix
