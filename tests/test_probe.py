@@ -34,16 +34,6 @@ from tests.procs import group_alive as _group_alive  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def gemma() -> str:
-    from fitter.bundled import resolve_model
-
-    try:
-        return resolve_model("gemma3-270m")
-    except SourceError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="session")
 def moe() -> str:
     from tests.synth import build
 

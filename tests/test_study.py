@@ -84,17 +84,6 @@ n_startup_trials = 4
 
 
 @pytest.fixture(scope="session")
-def gemma() -> str:
-    from fitter.bundled import resolve_model
-    from fitter.errors import SourceError
-
-    try:
-        return resolve_model("gemma3-270m")
-    except SourceError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="session")
 def moe_quants() -> list[str]:
     from tests.synth import build
 
