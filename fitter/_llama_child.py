@@ -5,13 +5,18 @@ standard library and llama_cpp are imported here, so a native abort kills nothin
 
 Protocol
   stdin/argv: {"model_path": str, "mode": "dry"|"load", "model": {field: value}, "context": {field: value},
-               "log_level": "debug"|"info", "breakdown": bool, "test_signal": null|"SIGABRT"|...}
+               "log_level": "debug"|"info", "breakdown": bool, "test_signal": null|"SIGABRT"|...,
+               "device_memory": bool, "decode_tokens": int}
+      device_memory: emit a "memory" event (free/total of every non-CPU device, ggml_backend_dev_memory, i.e.
+      cudaMemGetInfo on CUDA) at each stage: start, model, context, decode.
+      decode_tokens (mode "load" only): llama_decode that many prompt tokens, n_batch at a time, after the context.
       "model"/"context" hold raw llama_model_params / llama_context_params field values (ints/bools);
       type_k/type_v come as [name, id] and are checked against the loaded ggml's ggml_type_name(id);
       load_mode comes as its llama_load_mode_from_str name.
   stderr: llama.cpp's whole log, verbatim (the log callback writes each message to fd 2 as it comes, so a
       crash keeps everything up to the abort; ggml_abort's own message lands on fd 2 too, in order).
-  stdout: one JSON object per line, each with an "event": start, build, model, context, breakdown, done.
+  stdout: one JSON object per line, each with an "event": start, build, model, context, breakdown, memory, decode,
+      done.
       A missing "done" means the child died.
 """
 
@@ -65,9 +70,9 @@ class _Log:
             self.warnings.append(msg)
 
 
-def _ggml_base(llama_cpp: Any) -> ctypes.CDLL | None:
+def _ggml_base(llama_cpp: Any, lib: str = "ggml-base") -> ctypes.CDLL | None:
     libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+    for name in (f"lib{lib}.so", f"lib{lib}.dylib", f"{lib}.dll"):
         p = os.path.join(libdir, name)
         if os.path.exists(p):
             try:
@@ -175,6 +180,42 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
     return rows
 
 
+def _device_memory(ggml: ctypes.CDLL | None) -> list[dict[str, Any]]:
+    """free/total of each non-CPU backend device (ggml_backend_dev_memory: cudaMemGetInfo on CUDA)."""
+    if ggml is None:
+        return []
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) == 0:  # GGML_BACKEND_DEVICE_TYPE_CPU
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({"device": (ggml.ggml_backend_dev_name(dev) or b"?").decode(), "free": free.value, "total": total.value})
+    return out
+
+
+def _decode(llama_cpp: Any, ctx: Any, n_tokens: int, n_vocab: int) -> str | None:
+    """llama_decode n_tokens prompt tokens, n_batch at a time; an error message, or None."""
+    toks = (llama_cpp.llama_token * n_tokens)(*[(1 + 7919 * i) % n_vocab for i in range(n_tokens)])
+    n_batch = llama_cpp.llama_n_batch(ctx)
+    for off in range(0, n_tokens, n_batch):
+        n = min(n_batch, n_tokens - off)
+        ptr = ctypes.cast(ctypes.byref(toks, off * ctypes.sizeof(llama_cpp.llama_token)), ctypes.POINTER(llama_cpp.llama_token))
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(ptr, n))
+        if rc != 0:
+            return f"llama_decode returned {rc} at token {off}"
+    return None
+
+
 def _apply(struct: Any, fields: dict[str, Any]) -> None:
     for k, v in fields.items():
         setattr(struct, k, v)
@@ -195,6 +236,11 @@ def main() -> int:
 
     ggml = _ggml_base(llama_cpp)
     _emit({"event": "build", **_build_info(llama_cpp, ggml)})
+    devices = _ggml_base(llama_cpp, "ggml") if req.get("device_memory") else None
+
+    def memory(stage: str) -> None:
+        if devices is not None:
+            _emit({"event": "memory", "stage": stage, "devices": _device_memory(devices)})
 
     def done(status: str, message: str | None = None, **extra: Any) -> int:
         _emit({"event": "done", "status": status, "message": message, "errors": log.errors,
@@ -202,6 +248,7 @@ def main() -> int:
         return 0
 
     llama_cpp.llama_backend_init()
+    memory("start")
 
     mp = llama_cpp.llama_model_default_params()
     model_fields = dict(req.get("model", {}))
@@ -249,6 +296,7 @@ def main() -> int:
     llama_cpp.llama_model_desc(model, buf, 256)
     api["desc"] = buf.value.decode("utf-8", "replace")
     _emit({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
+    memory("model")
 
     t2 = time.perf_counter()
     ctx = llama_cpp.llama_init_from_model(model, cp)
@@ -265,6 +313,7 @@ def main() -> int:
         "n_seq_max": llama_cpp.llama_n_seq_max(ctx),
     }
     _emit({"event": "context", "api": capi})
+    memory("context")
 
     if req.get("breakdown", True):
         try:
@@ -277,6 +326,18 @@ def main() -> int:
     if sig:  # test-only hook: die like a native crash would, after everything above was reported
         os.kill(os.getpid(), getattr(signal, sig))
         time.sleep(5)
+
+    n_decode = int(req.get("decode_tokens") or 0)
+    if n_decode and req["mode"] == "load":
+        t4 = time.perf_counter()
+        err = _decode(llama_cpp, ctx, n_decode, api["n_vocab"])
+        timings["decode_s"] = time.perf_counter() - t4
+        _emit({"event": "decode", "tokens": n_decode, "error": err})
+        memory("decode")
+        if err:
+            llama_cpp.llama_free(ctx)
+            llama_cpp.llama_model_free(model)
+            return done("error", err, timings=timings)
 
     t3 = time.perf_counter()
     llama_cpp.llama_free(ctx)  # a real context logs its DEBUG "compute buffer size is %8.4f MiB" check here

@@ -230,6 +230,8 @@ class LlamaRun(BaseModel):
     build: LlamaBuild = Field(default_factory=LlamaBuild)
     api: dict[str, Any] = Field(default_factory=dict)  # exact values from the C API (model_size, n_ctx, ...)
     breakdown: list[BreakdownRow] | None = None
+    # measure(device_memory=True): {"stage": start|model|context|decode, "devices": [{device, free, total}]}
+    device_memory: list[dict[str, Any]] = Field(default_factory=list)
     pid: int | None = None
 
     @property
@@ -328,12 +330,16 @@ def measure(
     timeout: float = 120.0,
     log_level: Literal["debug", "info"] = "debug",
     breakdown: bool = True,
+    device_memory: bool = False,
+    decode_tokens: int = 0,
     env: dict[str, str] | None = None,
     python: str | None = None,
     _test_signal: str | None = None,
 ) -> LlamaRun:
     """Run llama.cpp on `model_path` with `params` in a child process and report what it allocates.
 
+    `device_memory`: read each GPU's free memory (cudaMemGetInfo) after each stage. `decode_tokens` (mode
+    "load"): decode that many tokens after creating the context, so the compute graph really runs.
     Raises SourceError for a missing/unreadable file and LlamaRunError for bad arguments; everything
     llama.cpp itself does (refuse, abort, hang) comes back as the run's status.
     """
@@ -345,6 +351,8 @@ def measure(
         params = LlamaParams.make(**dict(params))
     if timeout <= 0:
         raise LlamaRunError(f"timeout must be positive, not {timeout}")
+    if decode_tokens < 0 or (decode_tokens and mode != "load"):
+        raise LlamaRunError(f"decode_tokens={decode_tokens}: a positive count, and only with mode='load'")
     path = _check_model_path(model_path)
 
     request = {
@@ -354,6 +362,8 @@ def measure(
         "context": params.llama_context_fields(),
         "log_level": log_level,
         "breakdown": breakdown,
+        "device_memory": device_memory,
+        "decode_tokens": decode_tokens,
         "test_signal": _test_signal,
     }
     cmd = [python or sys.executable, "-m", "fitter._llama_child"]
@@ -386,7 +396,8 @@ def _assemble(
     proc: subprocess.Popen[bytes], out: bytes, err: bytes, timed_out: bool, wall: float,
     path: str, mode: Mode, params: LlamaParams, timeout: float,
 ) -> LlamaRun:
-    events = {ev["event"]: ev for ev in child_events(out)}
+    all_events = child_events(out)
+    events = {ev["event"]: ev for ev in all_events}
 
     log = err.decode("utf-8", "replace")
     report = parse_log(log)
@@ -444,5 +455,7 @@ def _assemble(
         build=build,
         api=api,
         breakdown=bd,
+        device_memory=[{"stage": ev.get("stage"), "devices": ev.get("devices", [])} for ev in all_events
+                       if ev["event"] == "memory"],
         pid=events.get("start", {}).get("pid", proc.pid),
     )

@@ -108,6 +108,23 @@ def test_real_load_agrees_with_dry_run(dry, load):
 
 @pytest.mark.slow
 @needs_llama
+def test_real_load_can_decode_and_read_device_memory():
+    run = measure(GEMMA, LlamaParams(n_ctx=1024, n_batch=256, n_ubatch=128), mode="load", decode_tokens=300,
+                  device_memory=True)
+    assert run.status == "ok", run.message
+    assert run.timings["decode_s"] > 0
+    # one reading a stage; this CPU build has no GPU device, so each lists none
+    assert [m["stage"] for m in run.device_memory] == ["start", "model", "context", "decode"]
+    assert all(m["devices"] == [] for m in run.device_memory)
+    # more tokens than the context holds: llama_decode refuses, and the run says where
+    over = measure(GEMMA, LlamaParams(n_ctx=256), mode="load", decode_tokens=600)
+    assert over.status == "error" and "llama_decode returned" in over.message
+    with pytest.raises(LlamaRunError):
+        measure(GEMMA, LlamaParams(n_ctx=256), mode="dry", decode_tokens=8)
+
+
+@pytest.mark.slow
+@needs_llama
 def test_quantized_v_without_flash_attn_is_refused():
     r = measure(GEMMA, LlamaParams(n_ctx=1024, type_v="q8_0", flash_attn="off"))
     assert r.status == "error"
