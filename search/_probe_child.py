@@ -199,6 +199,45 @@ class _Batch:
         self.l.llama_batch_free(self.b)
 
 
+def _seq_rm_type(l: Any, ctx: Any) -> str:
+    """common_context_can_seq_rm (common/common.cpp): "rs" (bounded rollback, n_rs_seq > 0), "part" (any
+    tail of a sequence can be removed), "full" (recurrent state: only whole checkpoints), "no" (cannot decode)."""
+    if l.llama_n_rs_seq(ctx) > 0:
+        return "rs"
+    mem = l.llama_get_memory(ctx)
+    l.llama_memory_clear(mem, True)
+    b = _Batch(l, 2)
+    try:
+        if l.llama_decode(ctx, b.fill([0, 0], 0)) != 0:
+            return "no"
+        return "part" if l.llama_memory_seq_rm(mem, 0, 1, -1) else "full"
+    finally:
+        b.free()
+        l.llama_memory_clear(mem, True)
+        l.llama_synchronize(ctx)
+
+
+class _Checkpoint:
+    """The part of sequence 0's state that cannot be cut back (recurrent / SWA), as llama-server's
+    speculative checkpoints keep it (common_prompt_checkpoint::update_tgt / load_tgt, PARTIAL_ONLY)."""
+
+    def __init__(self, l: Any, ctx: Any):
+        self.l, self.ctx = l, ctx
+        flags = l.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        n = l.llama_state_seq_get_size_ext(ctx, 0, flags)
+        self.data = (ctypes.c_uint8 * n)()
+        if l.llama_state_seq_get_data_ext(ctx, self.data, n, 0, flags) != n:
+            raise RuntimeError("checkpoint size mismatch")
+
+    def restore(self, pos: int) -> None:
+        """Back to the saved state, then drop positions >= pos (the attention part) as llama-server does."""
+        l = self.l
+        if l.llama_state_seq_set_data_ext(self.ctx, self.data, len(self.data), 0, l.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != len(self.data):
+            raise RuntimeError("checkpoint size mismatch on restore")
+        if not l.llama_memory_seq_rm(l.llama_get_memory(self.ctx), 0, pos, -1):
+            raise RuntimeError(f"failed to remove sequence 0 from p0={pos} after restoring a checkpoint")
+
+
 def _top_p(l: Any, ctx: Any, idx: int, n_vocab: int, k: int = 10) -> tuple[int, float]:
     """Draft sampling as common/speculative.cpp's draft-simple does it: top-k 10, p of the best after softmax."""
     import numpy as np  # noqa: PLC0415 - llama_cpp has loaded it already
@@ -331,8 +370,20 @@ def main() -> int:
             l.llama_model_free(dmodel)
             dctx = dmodel = None
         else:
-            speculation = "on"
-            _emit({"event": "draft", "speculation": "on", "n_vocab": l.llama_vocab_n_tokens(l.llama_model_get_vocab(dmodel))})
+            # server_context::load_model: a target that cannot remove a sequence's tail at all does not speculate;
+            # one with recurrent state ("full") verifies drafts from checkpoints, and so does a recurrent draft
+            tgt_rm, dft_rm = _seq_rm_type(l, ctx), _seq_rm_type(l, dctx)
+            if tgt_rm == "no":
+                speculation = "off"
+                spec_message = "speculative decoding not supported by this context"
+                _emit({"event": "draft", "speculation": "off", "message": spec_message})
+                l.llama_free(dctx)
+                l.llama_model_free(dmodel)
+                dctx = dmodel = None
+            else:
+                speculation = "on"
+                _emit({"event": "draft", "speculation": "on", "seq_rm": {"target": tgt_rm, "draft": dft_rm},
+                       "n_vocab": l.llama_vocab_n_tokens(l.llama_model_get_vocab(dmodel))})
 
     hook("prompt")
     n_prompt = int(req["prompt_tokens"])
@@ -423,6 +474,7 @@ def main() -> int:
             while len(generated) < n_gen:
                 want = min(n_max, n_gen - len(generated))
                 drafts: list[int] = []
+                d_ckpt = None
                 if want > 0:
                     pending = seq[d_past:] + [tok]
                     err = decode(dctx, dbatch.fill(pending, d_past), "draft")
@@ -430,6 +482,7 @@ def main() -> int:
                         e = json.loads(err)
                         return done(e["kind"], e["message"], timings=timings, runs=runs)
                     d_past += len(pending)
+                    d_ckpt = (d_past, _Checkpoint(l, dctx)) if dft_rm == "full" else None
                     while True:
                         d, p = _top_p(l, dctx, -1, n_vocab)
                         if p < p_min:
@@ -445,6 +498,7 @@ def main() -> int:
                     if len(drafts) < n_min:
                         drafts = []
                 # verify [tok, drafts...] on the target
+                t_ckpt = _Checkpoint(l, ctx) if drafts and tgt_rm == "full" else None
                 err = decode(ctx, batch.fill([tok] + drafts, n_past, outputs="all"), "verify")
                 if err:
                     e = json.loads(err)
@@ -457,12 +511,24 @@ def main() -> int:
                 n_drafted += len(drafts)
                 n_accepted += acc
                 seq += [tok] + drafts[:acc]
+                if t_ckpt is not None and acc < len(drafts):
+                    # partial acceptance on recurrent state: restore the checkpoint, then replay the accepted
+                    # tokens (llama-server's spec_is_replay)
+                    t_ckpt.restore(n_past)
+                    err = decode(ctx, batch.fill([tok] + drafts[:acc], n_past), "replay")
+                    if err:
+                        e = json.loads(err)
+                        return done(e["kind"], e["message"], timings=timings, runs=runs)
                 n_past += 1 + acc
                 # drop the rejected drafts from both caches
                 l.llama_memory_seq_rm(mem, 0, n_past, -1)
                 if d_past > n_past:
-                    l.llama_memory_seq_rm(dmem, 0, n_past, -1)
-                    d_past = n_past
+                    if d_ckpt is not None:  # back to the last accepted token; the next draft step re-decodes the rest
+                        d_ckpt[1].restore(d_ckpt[0])
+                        d_past = d_ckpt[0]
+                    else:
+                        l.llama_memory_seq_rm(dmem, 0, n_past, -1)
+                        d_past = n_past
                 generated += drafts[:acc] + [nxt]
                 tok = nxt
             generated = generated[:n_gen]

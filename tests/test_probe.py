@@ -215,6 +215,20 @@ def test_python_draft_simple_reports_acceptance(moe):
     assert r.generated_tokens == 16 and r.draft_tokens > 0 and r.acceptance_rate == 1.0
 
 
+@needs_llama
+def test_python_draft_on_recurrent_models_verifies_from_checkpoints():
+    # Qwen3.5-like hybrids cannot cut a rejected draft off their recurrent state: like llama-server, the
+    # runner keeps a checkpoint of that state, restores it after a partial acceptance and replays what was
+    # accepted. A draft of other (random) weights is rejected nearly always, so that path runs every step.
+    from tests.synth import build
+
+    target, draft = str(build("qwen35")), str(build("qwen35", seed=1))
+    cfg = RunConfig(n_ctx=512, n_parallel=1, spec_type="draft-simple", draft_model=draft, draft_n_max=4)
+    r = run_probe(target, cfg, Workload(prompt_tokens=32, gen_tokens=16, repeats=1, warmup=0), **T1)
+    assert r.status == "ok" and r.speculation == "on", (r.message, r.evidence)
+    assert r.generated_tokens == 16 and r.draft_tokens > 0 and r.acceptance_rate < 1
+
+
 # --- server runner ----------------------------------------------------------------------------------------
 
 
