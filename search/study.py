@@ -489,7 +489,7 @@ class StudyResult(BaseModel):
         lines = [f"study {self.study_name} ({self.storage})",
                  f"trials: {self.n_trials} ({self.n_probed} probed, {self.n_skipped} predicted over the "
                  f"{self.available_bytes / MiB:,.0f} MiB available and never probed, {self.n_invalid} invalid, "
-                 f"{self.n_duplicates} already measured, {self.n_failed} failed probes)",
+                 f"{self.n_duplicates} already measured, {self.n_failed} crashed, timed out or errored)",
                  f"memory-model misses (predicted to fit, probe ran out of memory): {len(self.model_misses)}"
                  + (f" (trials {', '.join(map(str, self.model_misses))})" if self.model_misses else "")]
         if self.best is None:
