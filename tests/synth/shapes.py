@@ -1,16 +1,23 @@
 """Full-size shapes of real models, written as sparse header-only GGUFs (no tensor data on disk).
 
-For ggfit's predictions and llama.cpp's dry runs at real scale (never for loading weights). The
-hyperparameters are those of the published models; the tensor types come from `tensor_types`
-(e.g. a Q4_K_M-like mix from fitter.quants), F16 by default.
+For ggfit's predictions and llama.cpp's dry runs at real scale. The hyperparameters are those of
+the published models; the tensor types come from `tensor_types` (e.g. a Q4_K_M-like mix from
+fitter.quants), F16 by default. `fill_weights` then writes valid random blocks into the hole, so
+that llama.cpp can load and decode the file (GPU measurements: benchmarks/gpu/).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
 from pathlib import Path
 from typing import Any
 
-from tests.synth.common import build
+import numpy as np
+
+from gguf import GGML_QUANT_SIZES
+
+from tests.synth.common import ONES_PATTERNS, WEIGHT_STD, _encode, build, ggml_type_of
 
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     # Qwen3.6-35B-A3B: 40 layers, hidden 2048, 256 experts (8 used) of 512, shared expert 512, full
@@ -25,7 +32,29 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-8b": ("llama", dict(
         n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, n_ctx_train=131072,
     )),
+    # Gemma 3 27B: 62 layers, 5 sliding-window (1024) layers to 1 global, 32 heads, 16 KV heads of 128
+    "gemma3-27b": ("gemma3", dict(
+        n_layer=62, n_embd=5376, n_head=32, n_head_kv=16, head_dim=128, n_ff=21504, n_vocab=262208,
+        n_ctx_train=131072, sliding_window=1024, rope_freq_base=1000000.0, rope_freq_base_swa=10000.0,
+    )),
+    # gpt-oss 20B: 24 layers, 32 MXFP4 experts (4 used) of 2880, 64 heads, 8 KV heads of 64, sliding
+    # window 128 on every other layer, attention sinks, YaRN x32 from 4096
+    "gpt-oss-20b": ("gpt-oss", dict(
+        n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_ff_exp=2880,
+        n_expert=32, n_expert_used=4, n_swa=128, n_vocab=201088, n_ctx_train=131072, rope_yarn_factor=32.0,
+    )),
+    # Qwen3.5 0.8B, the drafter of Qwen3.6-35B-A3B (same 248,320 vocab): 24 layers, hidden 1024, full
+    # attention every 4th layer (8 heads, 2 KV heads of 256), gated delta net 16 key / 16 value heads
+    "qwen35-0.8b": ("qwen35", dict(
+        n_layer=24, n_embd=1024, n_head=8, n_head_kv=2, head_dim=256, n_rot=64, n_ff=3584,
+        full_attention_interval=4, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16,
+        n_vocab=248320, n_ctx_train=262144, tie_embeddings=True,
+    )),
 }
+
+# a prime number of blocks: a tensor filled by repeating a chunk this long has no two equal rows
+_FILL_BLOCKS = 65521
+
 
 
 def build_shape(name: str, **overrides: Any) -> Path:
@@ -40,4 +69,47 @@ def q4_k_m_types(name: str) -> dict[str, str]:
     from fitter.quants import predict_quant
 
     pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
-    return {t.name: t.type_name.lower() for t in pred.tensors}
+    types = {t.name: t.type_name.lower() for t in pred.tensors}
+    if SHAPES[name][0] == "gpt-oss":  # the released gpt-oss files keep their MXFP4 experts in every quant
+        types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
+    return types
+
+
+def fill_weights(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write valid random tensor data into a sparse shape file, in place (finite block scales).
+
+    Each ggml type gets one chunk of `_FILL_BLOCKS` random blocks; a tensor longer than that repeats the
+    chunk from a random block of it (so rows, experts and tensors differ), a shorter one is random
+    throughout; norms are 1.0. Writes at disk speed: seconds for a 20 GiB model, not the hours that
+    quantizing real random floats would take."""
+    from fitter.gguf_reader import read_header
+
+    path = Path(path)
+    header = read_header(path)
+    rng = np.random.default_rng(seed)
+    data_offset = header.shards[0].data_offset
+    chunks: dict[tuple[Any, bool], bytes] = {}
+
+    def encode(qt: Any, n_blocks: int, ones: bool) -> bytes:
+        n = n_blocks * GGML_QUANT_SIZES[qt][0]
+        vals = np.ones(n, np.float32) if ones else rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD)
+        return np.ascontiguousarray(_encode(vals.reshape(1, -1), qt, rng)).view(np.uint8).tobytes()
+
+    with open(path, "r+b") as f:
+        for t in header.tensors:
+            qt = ggml_type_of(int(t.ggml_type))
+            n_blocks = t.n_elements // GGML_QUANT_SIZES[qt][0]
+            ones = any(fnmatch.fnmatchcase(t.name, p) for p in ONES_PATTERNS)
+            f.seek(data_offset + t.offset)
+            if n_blocks <= _FILL_BLOCKS:
+                f.write(encode(qt, n_blocks, ones))
+                continue
+            chunk = chunks.get((qt, ones)) or chunks.setdefault((qt, ones), encode(qt, _FILL_BLOCKS, ones))
+            start = int(rng.integers(0, _FILL_BLOCKS)) * GGML_QUANT_SIZES[qt][1]
+            view = memoryview(chunk[start:] + chunk[:start])
+            left = t.nbytes
+            while left > 0:
+                n = min(left, len(view))
+                f.write(view[:n])
+                left -= n
+    return path
