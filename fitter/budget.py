@@ -263,8 +263,10 @@ def nvml_free_bytes(index: int) -> int | None:
         nvml.nvmlShutdown()
 
 
-_CUDA_NOTE = ("free before llama.cpp creates its CUDA context; llama.cpp measures after (cudaMemGetInfo), "
-              "a few hundred MiB less")
+# measured on an H200 (benchmarks/results/gpu-load-h200.json): llama.cpp's CUDA context 527 MiB, then
+# 84..245 MiB of CUDA pool and cuBLAS workspace after the first decode; none of it is a ggml buffer
+_CUDA_NOTE = ("free before llama.cpp creates its CUDA context; the context (about 530 MiB) and the CUDA pool "
+              "(up to about 250 MiB once decoding) come out of the margin")
 
 
 def _cuda_budget(run: Runner, nvml: Callable[[int], int | None], device: int | None) -> Budget:

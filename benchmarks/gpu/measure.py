@@ -1,17 +1,32 @@
-"""ggfit's CUDA prediction against llama.cpp's CUDA dry run (no_alloc, load_mode none) on full-size
-model shapes written as sparse header-only GGUFs. Exact bytes come from llama.cpp's memory breakdown
-per buffer type. Writes rows to OUT/gpu-memory.json as it goes (a killed run keeps what it measured).
+"""ggfit on a real NVIDIA GPU, in phases (benchmarks/gpu/run.sh runs them on the device machine):
 
-    python benchmarks/gpu/measure.py --out DIR [--shapes qwen36-35b-a3b,llama-8b]
+  dry     ggfit's CUDA prediction against llama.cpp's CUDA dry run (no_alloc) on full-size sparse
+          shapes, per buffer type, over a grid of n_ctx, n_ubatch, K/V type and flash attention.
+  load    the same against a real load of the shape filled with valid random blocks: llama.cpp's
+          breakdown of what it allocated, and the device's free memory (cudaMemGetInfo) before and after
+          the model, the context and a decode of two full ubatches.
+  budget  another process holds the GPU so that exactly --budget-mib is free; the config that
+          `ggfit fit --budget auto` recommends must load and decode, one predicted 1 GiB over the budget
+          must end as `oom`.
+  study   `ggfit optimise --study prefill` and `--study decode` under that budget.
+
+Each phase writes OUT/<phase>.json as it goes (a killed run keeps what it measured).
+
+    python benchmarks/gpu/measure.py --out DIR --phase dry [--shapes qwen36-35b-a3b,llama-8b]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -22,23 +37,37 @@ from fitter.config import Backend, Frontend, RunConfig  # noqa: E402
 from fitter.llama_run import measure  # noqa: E402
 from fitter.memory import predict  # noqa: E402
 from fitter.model_spec import load_model_spec  # noqa: E402
-from tests.synth.shapes import build_shape, q4_k_m_types  # noqa: E402
+from tests.synth.shapes import SHAPES, build_shape, fill_weights, q4_k_m_types  # noqa: E402
+
+MiB = 2**20
+ALL_SHAPES = "qwen36-35b-a3b,qwen35-0.8b,llama-8b,gpt-oss-20b,gemma3-27b"
 
 
 def grid(n_ctx_train: int) -> list[RunConfig]:
+    """n_ctx 4K..262K x (K/V type, n_ubatch) with flash attention on, and off at small contexts."""
     out = []
     for n_ctx in (4096, 32768, 131072, 262144):
         if n_ctx > n_ctx_train:
             continue
-        for ub in (512, 2048):
-            for kv in ("f16", "q8_0"):
-                out.append(RunConfig(n_ctx=n_ctx, n_ubatch=ub, type_k=kv, type_v=kv, flash_attn="on", no_mmap=True))
+        for kv, ub in (("f16", 512), ("f16", 2048), ("q8_0", 256), ("q8_0", 4096)):
+            out.append(RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), type_k=kv, type_v=kv,
+                                 flash_attn="on", no_mmap=True))
         if n_ctx <= 32768:
             out.append(RunConfig(n_ctx=n_ctx, n_ubatch=512, flash_attn="off", no_mmap=True))
     return out
 
 
-def split(pred, owner="target") -> dict[str, int]:
+def load_grid(n_ctx_train: int) -> list[RunConfig]:
+    """Fewer configs for real loads (each reads the whole model into the GPU)."""
+    big = min(n_ctx_train, 131072)
+    return [
+        RunConfig(n_ctx=4096, n_ubatch=512, flash_attn="off", no_mmap=True),
+        RunConfig(n_ctx=32768, n_ubatch=2048, type_k="f16", type_v="f16", flash_attn="on", no_mmap=True),
+        RunConfig(n_ctx=big, n_ubatch=4096, n_batch=4096, type_k="q8_0", type_v="q8_0", flash_attn="on", no_mmap=True),
+    ]
+
+
+def split(pred, owner: str = "target") -> dict[str, int]:
     out: dict[str, int] = {}
     for b in pred.buffers:
         if b.owner != owner:
@@ -48,35 +77,283 @@ def split(pred, owner="target") -> dict[str, int]:
     return out
 
 
+def compare(pred, measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """ggfit minus llama.cpp, per buffer type and kind (model, context = KV + recurrent state, compute)."""
+    diff: dict[str, dict[str, int]] = {}
+    for m in measured:
+        ours = [b for b in pred.buffers if b.owner == "target" and b.device == m["buffer_type"]]
+        diff[m["buffer_type"]] = {
+            "model": sum(b.bytes for b in ours if b.kind == "model") - m["model"],
+            "context": sum(b.bytes for b in ours if b.kind in ("kv", "rs")) - m["context"],
+            "compute": sum(b.bytes for b in ours if b.kind == "compute") - m["compute"],
+        }
+    return diff
+
+
+def model_file(shape: str, filled: bool) -> str:
+    path = build_shape(shape, tensor_types=q4_k_m_types(shape))
+    mark = Path(str(path) + ".filled")
+    if filled and not mark.exists():
+        t = time.time()
+        fill_weights(path)
+        mark.write_text(f"{time.time() - t:.1f} s\n")
+        print(f"filled {shape}: {path.stat().st_size / 2**30:.2f} GiB in {time.time() - t:.1f} s", flush=True)
+    return str(path)
+
+
+def drop_file(shape: str) -> None:
+    path = build_shape(shape, tensor_types=q4_k_m_types(shape))
+    Path(str(path) + ".filled").unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
+class Log:
+    def __init__(self, out: Path, phase: str):
+        self.path = out / f"{phase}.json"
+        self.doc: dict[str, Any] = {"llama_cpp": LLAMA_CPP_COMMIT, "phase": phase, "gpu": gpu_name(), "rows": []}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.doc["rows"].append(row)
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.doc, indent=1))
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def nvidia_smi_used_mib() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# --- dry ------------------------------------------------------------------------------------------------------
+
+
+def phase_dry(out: Path, shapes: list[str], workers: int) -> None:
+    log = Log(out, "dry")
+    jobs = []
+    for shape in shapes:
+        path = model_file(shape, filled=False)
+        header, spec = load_model_spec(path)
+        for cfg in grid(spec.n_ctx_train):
+            jobs.append((shape, path, cfg, predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)))
+
+    def one(job):
+        shape, path, cfg, pred = job
+        t = time.time()
+        run = measure(path, llama_params(pred.context, cfg), mode="dry", log_level="info", timeout=180)
+        return job, run, time.time() - t
+
+    with ThreadPoolExecutor(workers) as pool:
+        for (shape, path, cfg, pred), run, wall in pool.map(one, jobs):
+            measured = [r.model_dump() for r in run.breakdown or []]
+            diff = compare(pred, measured)
+            log.add({"shape": shape, "config": cfg.model_dump(exclude_defaults=True), "status": run.status,
+                     "message": run.message, "wall_s": round(wall, 2), "predicted": split(pred),
+                     "predicted_rows": [b.model_dump() for b in pred.buffers], "measured": measured,
+                     "diff": diff, "build": run.build.commit})
+            worst = max((abs(v) for d in diff.values() for v in d.values()), default=None)
+            print(f"dry {shape} c={cfg.n_ctx} ub={cfg.n_ubatch} kv={cfg.type_k} fa={cfg.flash_attn}: {run.status} "
+                  f"worst |diff| {worst} B {'' if run.ok else run.message}", flush=True)
+
+
+# --- load -----------------------------------------------------------------------------------------------------
+
+
+def phase_load(out: Path, shapes: list[str], keep: set[str]) -> None:
+    log = Log(out, "load")
+    for shape in shapes:
+        path = model_file(shape, filled=True)
+        header, spec = load_model_spec(path)
+        for cfg in load_grid(spec.n_ctx_train):
+            pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)
+            used0 = nvidia_smi_used_mib()
+            t = time.time()
+            run = measure(path, llama_params(pred.context, cfg), mode="load", log_level="info", timeout=300,
+                          device_memory=True, decode_tokens=2 * (cfg.n_ubatch or 512))
+            measured = [r.model_dump() for r in run.breakdown or []]
+            free = {m["stage"]: (m["devices"][0]["free"] if m["devices"] else None) for m in run.device_memory}
+            total = next((m["devices"][0]["total"] for m in run.device_memory if m["devices"]), None)
+            p = split(pred)
+            dev_pred = sum(v for k, v in p.items() if k.endswith(":device"))
+            row = {"shape": shape, "config": cfg.model_dump(exclude_defaults=True), "status": run.status,
+                   "message": run.message, "wall_s": round(time.time() - t, 2), "timings": run.timings,
+                   "predicted": p, "predicted_device_bytes": dev_pred, "measured": measured,
+                   "diff": compare(pred, measured), "free_bytes": free, "total_bytes": total,
+                   "nvidia_smi_used_mib_before": used0, "build": run.build.commit}
+            if free.get("start") is not None and free.get("context") is not None:
+                row["allocated_by_load_bytes"] = free["start"] - free["context"]  # model + context buffers
+                row["unbuffered_after_load_bytes"] = row["allocated_by_load_bytes"] - dev_pred
+            if free.get("start") is not None and free.get("decode") is not None:
+                row["allocated_after_decode_bytes"] = free["start"] - free["decode"]
+                row["unbuffered_after_decode_bytes"] = row["allocated_after_decode_bytes"] - dev_pred
+            if total and free.get("start") is not None and used0 is not None:
+                row["cuda_context_bytes"] = total - free["start"] - used0 * MiB  # this process before any buffer
+            log.add(row)
+            print(f"load {shape} c={cfg.n_ctx} ub={cfg.n_ubatch} kv={cfg.type_k} fa={cfg.flash_attn}: {run.status} "
+                  f"pred {dev_pred / MiB:,.1f} MiB, cudaMemGetInfo after load {row.get('allocated_by_load_bytes', 0) / MiB:,.1f}"
+                  f" / after decode {row.get('allocated_after_decode_bytes', 0) / MiB:,.1f} MiB, CUDA context "
+                  f"{row.get('cuda_context_bytes', 0) / MiB:,.1f} MiB, diff {row['diff']} {run.message or ''}", flush=True)
+        if shape not in keep:
+            drop_file(shape)
+
+
+# --- budget: hold the rest of the GPU ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held_to(free_bytes: int, out: Path) -> Iterator[int]:
+    """Another process holds the GPU's memory so that `free_bytes` is free (to 2 MiB); yields what is free."""
+    ready = out / "hold.ready"
+    ready.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("hold.py")), str(free_bytes), str(ready)])
+    try:
+        for _ in range(600):
+            if ready.exists() and ready.read_text().strip():
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"hold.py exited with {proc.returncode}")
+            time.sleep(0.2)
+        yield int(ready.read_text())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def ggfit(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def over_by(header, spec, target: int) -> tuple[RunConfig, int]:
+    """The config whose predicted device total is closest above `target` (n_ctx in 256 steps)."""
+    best: tuple[RunConfig, int] | None = None
+    for kv in ("f16", "q8_0"):
+        for ub in (512, 1024, 2048, 4096):
+            lo, hi = 256, spec.n_ctx_train
+            base = RunConfig(n_ubatch=ub, n_batch=max(2048, ub), type_k=kv, type_v=kv, flash_attn="on")
+
+            def total(c: int) -> int:
+                return predict(header, spec, base.model_copy(update={"n_ctx": c}), Backend.CUDA,
+                               Frontend.SERVER).total_device_bytes
+
+            if total(hi) < target:
+                continue
+            while hi - lo > 256:  # smallest n_ctx whose total reaches target
+                mid = (lo + hi) // 512 * 256
+                lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
+            t = total(hi)
+            if best is None or t < best[1]:
+                best = (base.model_copy(update={"n_ctx": hi}), t)
+    if best is None:
+        raise RuntimeError("no config reaches the target")
+    return best
+
+
+def phase_budget(out: Path, budget_mib: int, only: str = "") -> None:
+    from search.probe import run_probe
+    from search.workload import Workload
+
+    log = Log(out, "budget")
+    path = model_file("qwen36-35b-a3b", filled=True)
+    draft = model_file("qwen35-0.8b", filled=True)
+    header, spec = load_model_spec(path)
+    draft_spec = load_model_spec(draft)
+    work = Workload(kind="prose", prompt_tokens=4096, gen_tokens=32, repeats=1, warmup=0)
+    with held_to(budget_mib * MiB, out) as free:
+        log.doc["free_bytes_held_to"] = free
+        print(f"GPU held: {free / MiB:,.1f} MiB free (asked {budget_mib:,} MiB)", flush=True)
+        cases: list[tuple[str, RunConfig]] = []
+        r = ggfit("fit", path, "--backend", "cuda", "--budget", "auto", "--json", "--model-draft", draft)
+        if r.returncode != 0:
+            raise RuntimeError(f"ggfit fit failed: {r.stderr.strip() or r.stdout[-2000:]}")
+        fit = json.loads(r.stdout)
+        log.doc["fit"] = {k: fit[k] for k in ("budget_bytes", "budget_source", "margin_bytes", "recommended", "solutions")}
+
+        def solution(s: dict[str, Any]) -> RunConfig:
+            cfg = RunConfig(n_ctx=s["n_ctx"], n_ubatch=s["n_ubatch"], n_batch=s["n_batch"], type_k=s["type_k"],
+                            type_v=s["type_v"], flash_attn="on")
+            return cfg.model_copy(update={"draft_model": draft, "spec_type": "draft-simple"}) if s["draft"] else cfg
+
+        cases.append(("fits (recommended)", solution(fit["recommended"])))
+        for label, kv, ub, with_draft in (("fits (largest -c at f16, -ub 512)", "f16", 512, False),
+                                          ("fits with the drafter (largest -c at q8_0, -ub 512)", "q8_0", 512, True)):
+            for s in fit["solutions"]:
+                if s["type_k"] == kv and s["n_ubatch"] == ub and s["draft"] == with_draft and s["n_ctx"] > 0:
+                    cases.append((label, solution(s)))
+        over, over_total = over_by(header, spec, budget_mib * MiB + 1024 * MiB)
+        cases.append(("1 GiB over the budget", over))
+        for label, cfg in [c for c in cases if only in c[0]]:
+            pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER, draft_spec if cfg.draft_model else None)
+            t = time.time()
+            res = run_probe(path, cfg, work, timeout=400)
+            row = {"case": label, "config": cfg.model_dump(exclude_defaults=True),
+                   "predicted_device_bytes": pred.total_device_bytes, "budget_bytes": budget_mib * MiB,
+                   "free_bytes": free, "status": res.status, "message": res.message,
+                   "summary": res.summary(), "wall_s": round(time.time() - t, 1),
+                   "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps}
+            log.add(row)
+            print(f"budget: {label}: -c {cfg.n_ctx} -ub {cfg.n_ubatch} -ctk {cfg.type_k} predicted "
+                  f"{pred.total_device_bytes / MiB:,.1f} MiB of {budget_mib:,} -> {res.status}: {res.summary()}", flush=True)
+
+
+def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], study_args: list[str]) -> None:
+    """`study_args` replace `--budget auto` (e.g. an overstated --budget with --margin 0, so that trials
+    ggfit believes fit run out of the GPU's real memory and must end as failed trials, not a dead study)."""
+    log = Log(out, "study")
+    path = model_file("qwen36-35b-a3b", filled=True)
+    storage = f"sqlite:///{out / 'studies.db'}"
+    with held_to(budget_mib * MiB, out) as free:
+        log.doc["free_bytes_held_to"] = free
+        for name in studies:
+            t = time.time()
+            if name.endswith(".toml"):
+                name = str(Path(__file__).with_name(name))
+            r = ggfit("optimise", path, "--study", name, "--backend", "cuda", *(study_args or ["--budget", "auto"]),
+                      "--trials", str(trials), "--storage", storage, "--seed", "1")
+            log.add({"study": name, "rc": r.returncode, "wall_s": round(time.time() - t, 1),
+                     "stdout": r.stdout, "stderr_tail": r.stderr[-4000:]})
+            print(f"study {name}: rc {r.returncode} in {time.time() - t:.0f} s\n{r.stdout}\n{r.stderr[-1500:]}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default="qwen36-35b-a3b,llama-8b")
+    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study"])
+    ap.add_argument("--shapes", default=ALL_SHAPES)
+    ap.add_argument("--keep", default="qwen36-35b-a3b,qwen35-0.8b", help="load: filled files kept for later phases")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--budget-mib", type=int, default=25559)
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--cases", default="", help="budget: only the cases whose label contains this")
+    ap.add_argument("--studies", default="prefill,decode", help="named studies or .toml files beside this script")
+    ap.add_argument("--study-args", default="", help="ggfit optimise flags instead of --budget auto")
     args = ap.parse_args()
     out = Path(args.out)
-    rows: list[dict] = []
-    for shape in args.shapes.split(","):
-        path = str(build_shape(shape, tensor_types=q4_k_m_types(shape)))
-        header, spec = load_model_spec(path)
-        for cfg in grid(spec.n_ctx_train):
-            pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)
-            t = time.time()
-            run = measure(path, llama_params(pred.context, cfg), mode="dry", log_level="info", timeout=120)
-            row = {"shape": shape, "config": cfg.model_dump(exclude_defaults=True), "status": run.status,
-                   "message": run.message, "wall_s": round(time.time() - t, 2), "predicted": split(pred),
-                   "predicted_rows": [b.model_dump() for b in pred.buffers],
-                   "measured": [r.model_dump() for r in run.breakdown or []],
-                   "build": run.build.commit}
-            rows.append(row)
-            (out / "gpu-memory.json").write_text(json.dumps({"llama_cpp": LLAMA_CPP_COMMIT, "rows": rows}, indent=1))
-            meas = {r.buffer_type: (r.model, r.context, r.compute) for r in run.breakdown or []}
-            p = row["predicted"]
-            print(f"{shape} c={cfg.n_ctx} ub={cfg.n_ubatch} kv={cfg.type_k} fa={cfg.flash_attn}: {run.status} "
-                  f"pred model {p.get('model:device', 0) / 2**20:.1f} kv {p.get('kv:device', 0) / 2**20:.1f} "
-                  f"rs {p.get('rs:device', 0) / 2**20:.1f} compute {p.get('compute:device', 0) / 2**20:.1f}"
-                  f"/{p.get('compute:host', 0) / 2**20:.1f} | llama.cpp " + ", ".join(
-                      f"{k} m{v[0] / 2**20:.1f} c{v[1] / 2**20:.1f} x{v[2] / 2**20:.1f}" for k, v in meas.items()),
-                  flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shapes {unknown}")
+    if args.phase == "dry":
+        phase_dry(out, shapes, args.workers)
+    elif args.phase == "load":
+        phase_load(out, shapes, set(args.keep.split(",")))
+    elif args.phase == "budget":
+        phase_budget(out, args.budget_mib, args.cases)
+    else:
+        phase_study(out, args.budget_mib, args.trials, args.studies.split(","), args.study_args.split())
     return 0
 
 

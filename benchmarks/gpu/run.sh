@@ -1,21 +1,47 @@
 #!/usr/bin/env bash
-# One call on the device machine (NVIDIA H200): build llama-cpp-python 0.3.36 with CUDA for this GPU
-# only, then compare ggfit's CUDA prediction with llama.cpp's CUDA dry run on full-size model shapes.
-# Needs, carried in .gpu/ (ignored by git): llama-cpp-python-src.tgz (the pinned sdist, stripped of
-# models/docs/tests) and whl/ (pydantic, pydantic-core, annotated-types, typing-inspection, gguf,
-# diskcache for Python 3.12). Results: $OUT/gpu-memory.json, $OUT/report.txt, $OUT/build.log.
+# On the device machine (NVIDIA H200), in one call: get llama-cpp-python 0.3.36 with CUDA for this GPU
+# only, then run the phases of measure.py named as arguments ("dry", "load", "load:SHAPE,SHAPE",
+# "budget", "study", "study:decode", "study:oom-study.toml" with STUDY_ARGS="--budget 26583MiB --margin 0";
+# default "dry").
+#
+# llama-cpp-python with CUDA comes from /tmp/site when the machine is still warm from an earlier call,
+# else it is built from the pinned sdist (sm_90 only, about 300 s on 16 cores; the build, 116 MB packed,
+# is too big to come back through $OUT). Carry [".gpu"] (or [".gpu/whl"] on a warm machine):
+# llama-cpp-python-src.tgz, whl/ (pydantic, gguf, optuna, ... for Python 3.12).
+# Results: $OUT/<phase>.json, $OUT/run.log.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REPO=$(pwd)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$REPO
-nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
-mkdir -p /tmp/src && tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src
+LOG="$OUT/run.log"
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
+if [ ! -d /tmp/site/pydantic ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+fi
 t0=$(date +%s)
-( cd /tmp/src/llama_cpp_python-0.3.36 && \
-  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout "${BUILD_TIMEOUT:-450}" \
-  python3 -m pip install --no-deps --no-build-isolation --no-compile --target /tmp/site . ) > "$OUT/build.log" 2>&1
-echo "build exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
-python3 -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, llama_cpp.llama_supports_gpu_offload())" 2>&1 | tee -a "$OUT/build.log"
-timeout "${MEASURE_TIMEOUT:-240}" python3 benchmarks/gpu/measure.py --out "$OUT" 2>&1 | tee "$OUT/measure.log" | tail -60
+if [ -f /tmp/site/llama_cpp/lib/libggml-cuda.so ]; then
+    echo "llama-cpp-python (CUDA): already built on this machine"
+else
+    mkdir -p /tmp/src && tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src || exit 1
+    ( cd /tmp/src/llama_cpp_python-0.3.36 && \
+      CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout "${BUILD_TIMEOUT:-450}" \
+      python3 -m pip install --no-deps --no-build-isolation --no-compile --target /tmp/site . ) > "$OUT/build.log" 2>&1
+    echo "llama-cpp-python (CUDA): build exit $? after $(( $(date +%s) - t0 )) s"
+    tail -3 "$OUT/build.log"
+fi
+python3 -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu offload', llama_cpp.llama_supports_gpu_offload())" || exit 1
+for arg in "${@:-dry}"; do
+    phase=${arg%%:*}
+    extra=()
+    if [ "$arg" != "$phase" ]; then
+        if [ "$phase" = study ]; then extra=(--studies "${arg#*:}"); else extra=(--shapes "${arg#*:}"); fi
+    fi
+    [ "$phase" = study ] && extra+=(--study-args "${STUDY_ARGS:-}")  # e.g. "--budget 26583MiB --margin 0"
+    [ "$phase" = budget ] && extra+=(--cases "${BUDGET_CASES:-}")  # e.g. "drafter": only the cases naming it
+    echo "=== phase $arg ($(date +%T))"
+    python3 benchmarks/gpu/measure.py --out "$OUT" --phase "$phase" "${extra[@]}"
+done
+python3 benchmarks/gpu/report.py "$OUT" | tee "$OUT/report.txt"
+echo "=== done ($(date +%T)), $(( $(date +%s) - t0 )) s"
