@@ -221,6 +221,8 @@ def gguf_cpp() -> Any:
     """The ctypes handle of libggml-base from llama-cpp-python, or None when it is not installed."""
     global _LIB
     if _LIB is not None:
+        if _LIB:  # importing llama_cpp since then put its own logger back (which fails on non-UTF-8 text)
+            _LIB.ggml_log_set(_void_p(_LIB._log_cb), None)
         return _LIB or None
     import ctypes
     import importlib.util
@@ -263,9 +265,15 @@ def gguf_cpp() -> Any:
     log_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, ud: None)
     lib._log_cb = log_cb
     lib.ggml_log_set.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.ggml_log_set(ctypes.cast(log_cb, ctypes.c_void_p), None)
+    lib.ggml_log_set(_void_p(log_cb), None)
     _LIB = lib
     return lib
+
+
+def _void_p(fn: Any) -> Any:
+    import ctypes
+
+    return ctypes.cast(fn, ctypes.c_void_p)
 
 
 def _describe(lib: Any, ctx: int) -> GGUFCppHeader:
