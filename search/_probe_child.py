@@ -231,8 +231,8 @@ class _Checkpoint:
 
     def restore(self, pos: int) -> None:
         """Back to the saved state, then drop positions >= pos (the attention part) as llama-server does."""
-        l = self.l
-        if l.llama_state_seq_set_data_ext(self.ctx, self.data, len(self.data), 0, l.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != len(self.data):
+        l, n = self.l, len(self.data)
+        if l.llama_state_seq_set_data_ext(self.ctx, self.data, n, 0, l.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != n:
             raise RuntimeError("checkpoint size mismatch on restore")
         if not l.llama_memory_seq_rm(l.llama_get_memory(self.ctx), 0, pos, -1):
             raise RuntimeError(f"failed to remove sequence 0 from p0={pos} after restoring a checkpoint")
@@ -471,66 +471,69 @@ def main() -> int:
             seq = list(toks)  # prompt + accepted tokens; `tok` (the last sampled) is not in either KV yet
             n_drafted = n_accepted = 0
             p_min, n_min = float(spec["p_min"]), int(spec["n_min"])
-            while len(generated) < n_gen:
-                want = min(n_max, n_gen - len(generated))
-                drafts: list[int] = []
-                d_ckpt = None
-                if want > 0:
-                    pending = seq[d_past:] + [tok]
-                    err = decode(dctx, dbatch.fill(pending, d_past), "draft")
-                    if err:
-                        e = json.loads(err)
-                        return done(e["kind"], e["message"], timings=timings, runs=runs)
-                    d_past += len(pending)
-                    d_ckpt = (d_past, _Checkpoint(l, dctx)) if dft_rm == "full" else None
-                    while True:
-                        d, p = _top_p(l, dctx, -1, n_vocab)
-                        if p < p_min:
-                            break
-                        drafts.append(d)
-                        if len(drafts) >= want:
-                            break
-                        err = decode(dctx, dbatch.fill([d], d_past), "draft")
+            try:
+                while len(generated) < n_gen:
+                    want = min(n_max, n_gen - len(generated))
+                    drafts: list[int] = []
+                    d_ckpt = None
+                    if want > 0:
+                        pending = seq[d_past:] + [tok]
+                        err = decode(dctx, dbatch.fill(pending, d_past), "draft")
                         if err:
                             e = json.loads(err)
                             return done(e["kind"], e["message"], timings=timings, runs=runs)
-                        d_past += 1
-                    if len(drafts) < n_min:
-                        drafts = []
-                # verify [tok, drafts...] on the target
-                t_ckpt = _Checkpoint(l, ctx) if drafts and tgt_rm == "full" else None
-                err = decode(ctx, batch.fill([tok] + drafts, n_past, outputs="all"), "verify")
-                if err:
-                    e = json.loads(err)
-                    return done(e["kind"], e["message"], timings=timings, runs=runs)
-                acc = 0
-                nxt = l.llama_sampler_sample(smpl, ctx, 0)
-                while acc < len(drafts) and nxt == drafts[acc]:
-                    acc += 1
-                    nxt = l.llama_sampler_sample(smpl, ctx, acc)
-                n_drafted += len(drafts)
-                n_accepted += acc
-                seq += [tok] + drafts[:acc]
-                if t_ckpt is not None and acc < len(drafts):
-                    # partial acceptance on recurrent state: restore the checkpoint, then replay the accepted
-                    # tokens (llama-server's spec_is_replay)
-                    t_ckpt.restore(n_past)
-                    err = decode(ctx, batch.fill([tok] + drafts[:acc], n_past), "replay")
+                        d_past += len(pending)
+                        d_ckpt = (d_past, _Checkpoint(l, dctx)) if dft_rm == "full" else None
+                        while True:
+                            d, p = _top_p(l, dctx, -1, n_vocab)
+                            if p < p_min:
+                                break
+                            drafts.append(d)
+                            if len(drafts) >= want:
+                                break
+                            err = decode(dctx, dbatch.fill([d], d_past), "draft")
+                            if err:
+                                e = json.loads(err)
+                                return done(e["kind"], e["message"], timings=timings, runs=runs)
+                            d_past += 1
+                        if len(drafts) < n_min:
+                            drafts = []
+                    # verify [tok, drafts...] on the target
+                    t_ckpt = _Checkpoint(l, ctx) if drafts and tgt_rm == "full" else None
+                    err = decode(ctx, batch.fill([tok] + drafts, n_past, outputs="all"), "verify")
                     if err:
                         e = json.loads(err)
                         return done(e["kind"], e["message"], timings=timings, runs=runs)
-                n_past += 1 + acc
-                # drop the rejected drafts from both caches
-                l.llama_memory_seq_rm(mem, 0, n_past, -1)
-                if d_past > n_past:
-                    if d_ckpt is not None:  # back to the last accepted token; the next draft step re-decodes the rest
-                        d_ckpt[1].restore(d_ckpt[0])
-                        d_past = d_ckpt[0]
-                    else:
-                        l.llama_memory_seq_rm(dmem, 0, n_past, -1)
-                        d_past = n_past
-                generated += drafts[:acc] + [nxt]
-                tok = nxt
+                    acc = 0
+                    nxt = l.llama_sampler_sample(smpl, ctx, 0)
+                    while acc < len(drafts) and nxt == drafts[acc]:
+                        acc += 1
+                        nxt = l.llama_sampler_sample(smpl, ctx, acc)
+                    n_drafted += len(drafts)
+                    n_accepted += acc
+                    seq += [tok] + drafts[:acc]
+                    if t_ckpt is not None and acc < len(drafts):
+                        # partial acceptance on recurrent state: restore the checkpoint, then replay the accepted
+                        # tokens (llama-server's spec_is_replay)
+                        t_ckpt.restore(n_past)
+                        err = decode(ctx, batch.fill([tok] + drafts[:acc], n_past), "replay")
+                        if err:
+                            e = json.loads(err)
+                            return done(e["kind"], e["message"], timings=timings, runs=runs)
+                    n_past += 1 + acc
+                    # drop the rejected drafts from both caches
+                    l.llama_memory_seq_rm(mem, 0, n_past, -1)
+                    if d_past > n_past:
+                        if d_ckpt is not None:  # back to the last accepted token; the next draft step re-decodes the rest
+                            d_ckpt[1].restore(d_ckpt[0])
+                            d_past = d_ckpt[0]
+                        else:
+                            l.llama_memory_seq_rm(dmem, 0, n_past, -1)
+                            d_past = n_past
+                    generated += drafts[:acc] + [nxt]
+                    tok = nxt
+            except RuntimeError as e:  # a checkpoint that llama.cpp would not save or restore
+                return done("error", str(e), timings=timings, runs=runs)
             generated = generated[:n_gen]
             p2 = perf.snap()
             d2 = dperf.snap()

@@ -56,7 +56,6 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 _FILL_BLOCKS = 65521
 
 
-
 def build_shape(name: str, **overrides: Any) -> Path:
     arch, params = SHAPES[name]
     return build(arch, **{**params, "sparse": True, **overrides})
