@@ -301,6 +301,11 @@ def fit(
             raise typer.Exit(1)
         print(f"\nrecommended: -c {rec.n_ctx} -ub {rec.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
               + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
+        if draft is not None and not rec.draft:
+            keep = recommend([s for s in solutions if s.draft], spec.n_ctx_train)
+            print("the draft is left out: " + (
+                f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {keep.n_ubatch} "
+                f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
     print()
     _print_breakdown(pred, available)
     if measured is not None:

@@ -83,6 +83,26 @@ def test_draft_and_mtp_contexts_are_predicted() -> None:
 
 
 @pytest.mark.slow
+def test_a_draft_left_out_is_said_with_the_flags_that_keep_it() -> None:
+    # measured on an H200 held to 25,559 MiB free (benchmarks/results/gpu-budget-h200.json): Qwen3.6-35B-A3B
+    # reaches its training context only without its drafter; the flags that keep the drafter then fit
+    from tests.synth.shapes import build_shape, q4_k_m_types
+
+    target = str(build_shape("qwen36-35b-a3b", tensor_types=q4_k_m_types("qwen36-35b-a3b")))
+    draft = str(build_shape("qwen35-0.8b", tensor_types=q4_k_m_types("qwen35-0.8b")))
+    out = ggfit("fit", target, "--backend", "cuda", "--budget", "25559MiB", "-md", draft)
+    assert out.returncode == 0, out.stderr
+    assert "recommended: -c 262144 -ub 1024 -ctk q8_0 -ctv q8_0 (target" in out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("the draft is left out"))
+    keep = line.split("keep it with ")[1].split()
+    out = ggfit("fit", target, "--backend", "cuda", "--budget", "25559MiB", "-md", draft, *keep, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["fits"] and any(b["owner"] == "draft" for b in data["buffers"])
+    assert "--model-draft" in " ".join(data["flags"])
+
+
+@pytest.mark.slow
 def test_mac_32gb_qwen36_35b_a3b_at_262k() -> None:
     """The behaviour of a 32 GB Mac (25,559 MiB working set) with Qwen3.6-35B-A3B Q4_K_M at 262,144
     context: q8_0 K/V with ubatch 2048 fits, f16 K/V or ubatch 4096 do not (no margin kept)."""
