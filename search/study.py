@@ -789,10 +789,24 @@ def run_study(
                 study.enqueue_trial(seed_point, skip_if_exists=True)
 
         def known(key: str, number: int):
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-                if t.number != number and t.user_attrs.get("key") == key and t.user_attrs.get("probed"):
-                    return t
-            return None
+            """A finished trial that probed `key`. When an earlier trial (another worker's) is probing it right
+            now, wait for its result rather than probe the same run twice; a dead worker's trial is failed by the
+            heartbeat within GRACE_S, and after the probe timeout we stop waiting and probe ourselves."""
+            deadline = time.monotonic() + timeout + GRACE_S
+            while True:
+                in_flight = False
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                   TrialState.RUNNING)):
+                    if t.number == number or t.user_attrs.get("key") != key:
+                        continue
+                    if t.state != TrialState.RUNNING:
+                        if t.user_attrs.get("probed"):
+                            return t
+                    elif t.number < number:
+                        in_flight = True
+                if not in_flight or time.monotonic() > deadline:
+                    return None
+                time.sleep(0.5)
 
         def objective(trial: optuna.Trial):
             params = space.suggest(trial)

@@ -554,7 +554,7 @@ def test_two_workers_share_a_postgres_study(tmp_path, postgres, moe_quants):
     keys = [t.user_attrs["key"] for t in probed]
     dup = len(keys) - len(set(keys))
     print(f"workers {by_worker}, probed {len(probed)}, same config probed twice: {dup}")
-    assert dup <= 1  # a config is probed once; a repeat can only come from two proposals made at the same moment
+    assert dup <= 1  # a later trial waits for an earlier one probing its config; only proposals made within the same milliseconds can both probe
 
 
 # --- subprocess entry point for the resume and PostgreSQL tests ------------------------------------------------
