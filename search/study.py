@@ -12,7 +12,8 @@ The study is plain Optuna: an RDB storage, a TPE sampler, an objective. What ggf
    enforce it). ``ok`` gives the objective value(s). ``oom`` means the memory model was wrong: it is counted and
    listed as a model miss. ``crash``/``timeout``/``error`` keep llama.cpp's reason.
 3. A config already measured in this study (the same llama.cpp run, e.g. two n_batch factors clamped to one n_batch)
-   reuses that measurement instead of probing again (``duplicate_of``).
+   reuses that measurement instead of probing again (``duplicate_of``); one that another worker is probing at
+   that moment is waited for.
 
 How failures reach the sampler (optuna 5.0.0, read in optuna/samplers/_tpe/sampler.py): TPESampler only learns from
 COMPLETE and PRUNED trials (plus RUNNING ones under constant liar); FAIL trials are invisible to it. `_split_trials`
