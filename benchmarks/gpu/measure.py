@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -292,7 +291,7 @@ def phase_budget(out: Path, budget_mib: int, only: str = "") -> None:
             for s in fit["solutions"]:
                 if s["type_k"] == kv and s["n_ubatch"] == ub and s["draft"] == with_draft and s["n_ctx"] > 0:
                     cases.append((label, solution(s)))
-        over, over_total = over_by(header, spec, budget_mib * MiB + 1024 * MiB)
+        over, _ = over_by(header, spec, budget_mib * MiB + 1024 * MiB)
         cases.append(("1 GiB over the budget", over))
         for label, cfg in [c for c in cases if only in c[0]]:
             pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER, draft_spec if cfg.draft_model else None)
