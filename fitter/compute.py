@@ -1447,6 +1447,25 @@ def _shared_expert(c: _Ctx, cur: _T, il: int) -> _T:
     return c.build_ffn(cur, n_ff, il=il)
 
 
+def _routed_and_shared(c: _Ctx, cur: _T, il: int) -> _T:
+    """The MoE FFN of glm4moe and deepseek2 (graph and MTP): routed experts plus the shared expert."""
+    routed = c.build_moe_ffn(cur, c.spec.layers[il], il, **c.moe_args(il))
+    return add(routed, _shared_expert(c, cur, il), f"ffn_out-{il}")
+
+
+def _glm4moe_attn(c: _Ctx, cur: _T, inp_pos: _T, ai: dict, il: int) -> _T:
+    """The attention block of glm4-moe.cpp's graph and its MTP layer (optional Q/K norms, NeoX RoPE)."""
+    d = c.d
+    q, k, v = c.build_qkv(c.spec.layers[il], cur, bias=d.has("attn_q.bias", il))
+    if d.has("attn_q_norm", il):
+        q = c.build_norm(q, name=f"Qcur_normed-{il}")
+    if d.has("attn_k_norm", il):
+        k = c.build_norm(k, name=f"Kcur_normed-{il}")
+    q = rope(q, inp_pos, None, f"Qcur-{il}")
+    k = rope(k, inp_pos, None, f"Kcur-{il}")
+    return c.build_attn(ai, q, k, v, il)
+
+
 def _graph_glm4moe(c: _Ctx) -> Iterator:
     """glm4moe: src/models/glm4-moe.cpp (leading dense layers, routed + shared experts)."""
     sp = c.spec
@@ -1460,25 +1479,13 @@ def _graph_glm4moe(c: _Ctx) -> Iterator:
         l = sp.layers[il]
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
-        q, k, v = c.build_qkv(l, cur, bias=d.has("attn_q.bias", il))
-        if d.has("attn_q_norm", il):
-            q = c.build_norm(q, name=f"Qcur_normed-{il}")
-        if d.has("attn_k_norm", il):
-            k = c.build_norm(k, name=f"Kcur_normed-{il}")
-        q = rope(q, inp_pos, None, f"Qcur-{il}")
-        k = rope(k, inp_pos, None, f"Kcur-{il}")
-        cur = c.build_attn(ai, q, k, v, il)
+        cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
         if il == sp.n_layer - 1:
             cur = get_rows(cur, out_ids)
             inpSA = get_rows(inpSA, out_ids)
         ffn_inp = add(cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
-        if il < sp.n_layer_dense_lead:
-            cur = c.build_ffn(cur, l.n_ff, il=il)
-        else:
-            routed = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
-            shared = _shared_expert(c, cur, il)
-            cur = add(routed, shared, f"ffn_out-{il}")
+        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else _routed_and_shared(c, cur, il)
         il, inpL = yield add(cur, ffn_inp, f"l_out-{il}")
     cur = c.build_norm(inpL, name="result_norm")
     logits = mm(sp.n_vocab, cur, "result_output")
@@ -1559,12 +1566,7 @@ def _graph_deepseek2(c: _Ctx) -> Iterator:
             inpSA = get_rows(inpSA, out_ids)
         ffn_inp = add(cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
-        if il < sp.n_layer_dense_lead:
-            cur = c.build_ffn(cur, l.n_ff, il=il)
-        else:
-            moe_out = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
-            shexp = _shared_expert(c, cur, il)
-            cur = add(moe_out, shexp, f"ffn_out-{il}")
+        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else _routed_and_shared(c, cur, il)
         il, inpL = yield add(cur, ffn_inp, f"l_out-{il}")
     cur = c.build_norm(inpL, name="result_norm")
     logits = mm(sp.n_vocab, cur, "result_output")
@@ -1927,19 +1929,10 @@ def _graph_mtp(c: _Ctx) -> None:
         if arch == "deepseek2":
             cur = _deepseek2_attn(c, cur, inp_pos, ai, il, None)
         else:  # glm4moe
-            q, k, v = c.build_qkv(l, cur, bias=d.has("attn_q.bias", il))
-            if d.has("attn_q_norm", il):
-                q = c.build_norm(q, name=f"Qcur_normed-{il}")
-            if d.has("attn_k_norm", il):
-                k = c.build_norm(k, name=f"Kcur_normed-{il}")
-            q = rope(q, inp_pos, None, f"Qcur-{il}")
-            k = rope(k, inp_pos, None, f"Kcur-{il}")
-            cur = c.build_attn(ai, q, k, v, il)
+            cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
         ffn_inp = add(cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
-        routed = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
-        shared = _shared_expert(c, cur, il)
-        cur = add(routed, shared, f"ffn_out-{il}")
+        cur = _routed_and_shared(c, cur, il)
         cur = add(cur, ffn_inp, f"l_out-{il}")
     h_out = c.build_norm(cur, name="result_norm")
     cur = h_out if arch == "qwen3next" else get_rows(h_out, out_ids)
