@@ -253,17 +253,7 @@ def _merge_pieces(space: str, n: int) -> list[tuple[str, str]]:
     space+letter, then letter pairs, then longer strings built on earlier merges (unbounded)."""
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
-    frontier: list[str] = []
-    # level 2: space+letter and letter+letter
-    for a in [space] + list(_LETTERS):
-        for b in _LETTERS:
-            if len(out) >= n:
-                return out
-            tok = a + b
-            if tok not in seen:
-                seen.add(tok)
-                out.append((a, b))
-                frontier.append(tok)
+    frontier = [space] + list(_LETTERS)  # level 2: space+letter and letter+letter, then longer pieces
     while len(out) < n:
         nxt: list[str] = []
         for a in frontier:
