@@ -227,6 +227,14 @@ def test_python_draft_on_recurrent_models_verifies_from_checkpoints():
     r = run_probe(target, cfg, Workload(prompt_tokens=32, gen_tokens=16, repeats=1, warmup=0), **T1)
     assert r.status == "ok" and r.speculation == "on", (r.message, r.evidence)
     assert r.generated_tokens == 16 and r.draft_tokens > 0 and r.acceptance_rate < 1
+    # a q8_0 copy of the target drafts nearly what it picks: restores that broke the recurrent state would
+    # send the two apart after the first rejection, and acceptance would collapse
+    close = str(build("qwen35", ftype="q8_0"))
+    cfg = cfg.model_copy(update={"draft_model": close})
+    r = run_probe(target, cfg, Workload(prompt_tokens=32, gen_tokens=64, repeats=1, warmup=0), draft_p_min=0.0, **T1)
+    assert r.status == "ok" and r.speculation == "on", (r.message, r.evidence)
+    print(f"\nq8_0 self-draft through checkpoint restores: acceptance {r.acceptance_rate:.3f} of {r.draft_tokens}")
+    assert 0.8 <= r.acceptance_rate < 1
 
 
 # --- server runner ----------------------------------------------------------------------------------------
