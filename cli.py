@@ -410,7 +410,7 @@ def quants(
     from fitter.budget import parse_budget, parse_margin
     from fitter.bundled import resolve_model
     from fitter.model_spec import load_model_spec
-    from fitter.quant_fit import best_fit, evaluate, why_none_fits
+    from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
@@ -428,7 +428,7 @@ def quants(
         print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
                           "candidates": [c.model_dump(mode="json") for c in cands],
-                          "best": best.name if best else None}, indent=2))
+                          "best": best.name if best else None, "best_rule": BEST_RULE}, indent=2))
         return
     ctx = cands[0].n_ctx if cands else 0
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
@@ -441,7 +441,8 @@ def quants(
         print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
               f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
     if best:
-        print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB")
+        print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB "
+              f"({BEST_RULE})")
     elif cands:
         print(why_none_fits(cands, ctx))
         raise typer.Exit(1)
