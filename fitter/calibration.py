@@ -13,6 +13,7 @@ and each stored line needs MIN_POINTS dry runs in which llama.cpp reported that 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -52,7 +53,8 @@ class Correction(BaseModel):
 
     @property
     def sound(self) -> bool:
-        return self.points >= MIN_POINTS and self.b > 0
+        """Fitted on enough reported points, and growing with the prediction."""
+        return self.points >= MIN_POINTS and math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0
 
 
 class Calibration(BaseModel):
@@ -66,6 +68,11 @@ class Calibration(BaseModel):
     @property
     def identity(self) -> bool:
         return all(c is None or c.identity for c in (self.device, self.host))
+
+    @property
+    def sound(self) -> bool:
+        """A device line, and every line with data behind it."""
+        return self.device is not None and all(c is None or c.sound for c in (self.device, self.host))
 
 
 class BufferChange(BaseModel):
@@ -130,7 +137,7 @@ def _read_store(path: Path) -> tuple[dict[str, Calibration], str | None]:
         except ValidationError:
             bad.append(key)
             continue
-        if cal.device is None or not all(c is None or c.sound for c in (cal.device, cal.host)):
+        if not cal.sound:
             bad.append(key)  # a fit without data behind it (a hand edit, or a bug): never applied
             continue
         out[key] = cal
@@ -162,7 +169,7 @@ def _write(path: Path, entries: dict[str, Calibration]) -> None:
 
 
 def save(cal: Calibration) -> Path:
-    if cal.device is None or not all(c is None or c.sound for c in (cal.device, cal.host)):
+    if not cal.sound:
         raise CalibrationError(f"not storing a calibration of {cal.architecture} on {cal.backend} without data behind it")
     path = store_path()
     entries, why = _read_store(path)

@@ -98,6 +98,9 @@ def _compute(data: dict) -> dict[str, int]:
         "architecture": "gemma3", "backend": "cuda", "llama_cpp": LLAMA_CPP_COMMIT,
         "device": {"a": 0.0, "b": 0.0, "points": 6, "max_abs_error_bytes": 0}}}}),
     json.dumps({"format": 2, "entries": {"x": {"architecture": 3}}}),
+    json.dumps({"format": 2, "entries": {f"gemma3|cuda|{LLAMA_CPP_COMMIT}": {
+        "architecture": "gemma3", "backend": "cuda", "llama_cpp": LLAMA_CPP_COMMIT,
+        "device": {"a": float("nan"), "b": 1.0, "points": 6, "max_abs_error_bytes": 0}}}}),
 ])
 def test_damaged_or_old_store_is_ignored_with_one_warning(store: Path, content: str, clean_cuda: dict) -> None:
     clean = clean_cuda
