@@ -280,6 +280,7 @@ def fit(
             "solutions": [s.model_dump(mode="json") for s in solutions],
             "recommended": rec.model_dump(mode="json") if rec else None,
             "flags": _flags(path, pred.context, cfg, model_draft if (rec is None or rec.draft) else None) if fits else None,
+            "calibration": [a.model_dump(mode="json") for a in pred.calibration],
         }
         if measured is not None:
             out["check"] = measured
@@ -308,6 +309,11 @@ def fit(
                 f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
     print()
     _print_breakdown(pred, available)
+    for a in pred.calibration:
+        changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
+                            f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
+        print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
+              + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
     if measured is not None:
         print()
         _print_check(measured)
@@ -410,7 +416,7 @@ def quants(
     from fitter.budget import parse_budget, parse_margin
     from fitter.bundled import resolve_model
     from fitter.model_spec import load_model_spec
-    from fitter.quant_fit import best_fit, evaluate, why_none_fits
+    from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
@@ -428,7 +434,7 @@ def quants(
         print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
                           "candidates": [c.model_dump(mode="json") for c in cands],
-                          "best": best.name if best else None}, indent=2))
+                          "best": best.name if best else None, "best_rule": BEST_RULE}, indent=2))
         return
     ctx = cands[0].n_ctx if cands else 0
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
@@ -441,7 +447,8 @@ def quants(
         print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
               f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
     if best:
-        print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB")
+        print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB "
+              f"({BEST_RULE})")
     elif cands:
         print(why_none_fits(cands, ctx))
         raise typer.Exit(1)
@@ -494,34 +501,102 @@ def report(
 
 @app.command()
 def calibrate(
-    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
+    model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP + " With --clear: an architecture (gemma3) or a model.")] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="The backend llama.cpp runs on here (default: this machine's).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the stored calibrations.")] = False,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them."""
     from fitter import calibration
     from fitter.bundled import resolve_model
+    from fitter.config import ConfigError
 
+    if list_ or clear:
+        if list_ and clear:
+            raise ConfigError("--list and --clear: use one at a time")
+        if list_:
+            _calibrate_list(calibration, model, as_json)
+        else:
+            _calibrate_clear(calibration, model, as_json)
+        return
+    if model is None:
+        raise ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
     be = _backend(backend)
     path = resolve_model(model)
     cal, rows = calibration.calibrate(path, be)
     where = calibration.save(cal)
     if as_json:
-        print(json.dumps({"calibration": cal.model_dump(mode="json"), "grid": rows, "stored": str(where)}, indent=2))
+        print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,
+                          "stored": str(where)}, indent=2))
         return
     print(f"{'n_ctx':>8} {'-ub':>6} {'-fa':>4} {'predicted MiB':>14} {'llama.cpp MiB':>14}")
     for r in rows:
         if r["status"] != "ok":
             print(f"{r['n_ctx']:>8} {r['n_ubatch']:>6} {r['flash_attn']:>4}  llama.cpp {r['status']}: {r['message']}")
             continue
+        m = r.get("measured_device")
         print(f"{r['n_ctx']:>8} {r['n_ubatch']:>6} {r['flash_attn']:>4} {r['predicted_device'] / 2**20:>14,.2f} "
-              f"{r['measured_device'] / 2**20:>14,.2f}")
+              + (f"{m / 2**20:>14,.2f}" if m is not None else f"{'not reported':>14}"))
+    for line in _calibration_lines(cal):
+        print(line)
+    print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}: {where}")
+
+
+def _calibration_lines(cal) -> list[str]:
+    out = []
     for name, c in (("device", cal.device), ("host", cal.host)):
         if c:
-            print(f"{name} compute: measured = {c.a / 2**20:+.3f} MiB + {c.b:.5f} x predicted "
-                  f"(worst residual {c.max_abs_error_bytes / 2**20:.3f} MiB over {c.points} points)")
-    print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}: {where}")
+            out.append(f"{name} compute: measured = {c.a / 2**20:+.3f} MiB + {c.b:.5f} x predicted "
+                       f"(worst residual {c.max_abs_error_bytes / 2**20:.3f} MiB over {c.points} points)"
+                       + (": identity, the prediction already matches llama.cpp" if c.identity else ""))
+    if cal.note:
+        out.append(cal.note)
+    return out
+
+
+def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
+    from fitter.config import ConfigError
+
+    if model is not None:
+        raise ConfigError(f"--list takes no MODEL (got {model})")
+    cals, where = calibration.stored(), calibration.store_path()
+    if as_json:
+        print(json.dumps({"stored": str(where), "calibrations": [dict(c.model_dump(mode="json"), identity=c.identity)
+                                                                 for c in cals]}, indent=2))
+        return
+    if not cals:
+        print(f"no calibration stored ({where})")
+        return
+    for cal in cals:
+        print(f"{cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}"
+              + (" (identity: changes nothing)" if cal.identity else ""))
+        for line in _calibration_lines(cal):
+            print(f"  {line}")
+    print(f"stored in {where}")
+
+
+def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
+    from fitter.bundled import resolve_model
+    from fitter.model_spec import load_model_spec
+
+    arch = model
+    if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:
+        try:  # a model: its architecture
+            arch = load_model_spec(resolve_model(model))[1].architecture
+        except GGFitError:
+            pass  # an architecture with nothing stored
+    gone, where = calibration.clear(arch)
+    if as_json:
+        print(json.dumps({"stored": str(where), "removed": [c.model_dump(mode="json") for c in gone]}, indent=2))
+        return
+    what = f"for {arch}" if arch else "in all"
+    if not gone:
+        print(f"no calibration stored {what} ({where})")
+        return
+    print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''} {what}: "
+          + ", ".join(f"{c.architecture} on {c.backend} (llama.cpp {c.llama_cpp[:12]})" for c in gone) + f" ({where})")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from fitter.calibration import Applied, BufferChange, Calibration
 from fitter.compute import compute_buffers, graph_details
 from fitter.compute_backend import metal_fa_unsupported_reason, tensor_info_alloc_size
 from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
@@ -42,6 +43,7 @@ class Prediction(BaseModel):
     context: ContextParams
     draft_context: ContextParams | None = None
     buffers: list[Buffer]
+    calibration: list[Applied] = Field(default_factory=list)  # stored calibrations used (`ggfit calibrate`)
 
     @property
     def total_device_bytes(self) -> int:
@@ -73,8 +75,9 @@ def _context_buffers(
     n_gpu_layers: int,
     *,
     mtp: bool = False,
-    calibration=None,
+    calibration: Calibration | None = None,
     details=None,
+    changed: list[BufferChange] | None = None,
 ) -> list[Buffer]:
     cpu = backend == Backend.CPU
     dev = DEVICE_NAME[backend]
@@ -103,7 +106,11 @@ def _context_buffers(
         corr = calibration and (calibration.device if on_device else calibration.host)
         if corr:
             size = corr.apply(size)
-            detail = f"calibrated from {cb.bytes / 2**20:.1f} MiB; " + detail
+            if size != cb.bytes:
+                detail = f"calibrated from {cb.bytes / 2**20:.1f} MiB; " + detail
+                if changed is not None:
+                    changed.append(BufferChange(owner=owner, device=cb.device, predicted_bytes=cb.bytes,
+                                                calibrated_bytes=size))
         out.append(Buffer(owner=owner, device=cb.device, kind="compute", bytes=size, counts=on_device, detail=detail))
     return out
 
@@ -159,7 +166,10 @@ def predict(
     use_mtp = config.spec_type == "draft-mtp"
     buffers = _weight_rows("target", header, spec, backend, config, load_mtp=use_mtp)
     details = graph_details(header)
-    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal, details=details)
+    changed: list[BufferChange] = []
+    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal, details=details,
+                                changed=changed)
+    d_cal, d_changed = None, changed
 
     draft_cp = None
     if use_mtp:
@@ -170,15 +180,21 @@ def predict(
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
         draft_cp = _draft_context(spec, config, frontend, mtp=True)
         buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
-                                    details=details)
+                                    details=details, changed=changed)
     elif draft is not None:
         d_header, d_spec = draft
         draft_cp = _draft_context(d_spec, config, frontend)
         buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
-        buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers,
-                                    calibration=_calibration(d_spec.architecture, backend) if calibrated else None,
-                                    details=graph_details(d_header))
-    return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers)
+        d_cal = _calibration(d_spec.architecture, backend) if calibrated else None
+        if d_cal is not cal:
+            d_changed = []
+        buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
+                                    details=graph_details(d_header), changed=d_changed)
+    applied = [_applied(cal, changed)] if cal else []
+    if d_cal is not None and d_cal is not cal:
+        applied.append(_applied(d_cal, d_changed))
+    return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers,
+                      calibration=applied)
 
 
 def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tuple[RunConfig, str | None]:
@@ -206,10 +222,17 @@ def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mt
     return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
 
 
-_CAL_CACHE: dict[tuple[str, str], object] = {}
+_CAL_CACHE: dict[tuple[str, str], Calibration | None] = {}
 
 
-def _calibration(arch: str, backend: Backend):
+def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
+    from fitter.calibration import store_path
+
+    return Applied(architecture=cal.architecture, backend=cal.backend, llama_cpp=cal.llama_cpp,
+                   stored=str(store_path()), identity=cal.identity, changed=changed)
+
+
+def _calibration(arch: str, backend: Backend) -> Calibration | None:
     key = (arch, backend.value)
     if key not in _CAL_CACHE:
         from fitter import calibration

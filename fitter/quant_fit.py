@@ -131,11 +131,18 @@ def evaluate(
     return out
 
 
+# Types nobody runs: llama-quantize's ALL_F32 output is twice F16's bytes for no gain in quality.
+NOT_RUN = frozenset({"F32"})
+BEST_RULE = "largest that fits, of the types people run: up to BF16/F16"
+
+
 def best_fit(cands: list[Candidate]) -> Candidate | None:
-    """The largest file that leaves the margin (and needs no importance matrix, if one does)."""
+    """The largest file that leaves the margin, of the types people run (not F32), and that needs no
+    importance matrix if one such fits."""
     ok = [c for c in cands if c.fits]
-    plain = [c for c in ok if not c.needs_imatrix]
-    pool = plain or ok
+    run = [c for c in ok if c.name.upper() not in NOT_RUN] or ok
+    plain = [c for c in run if not c.needs_imatrix]
+    pool = plain or run
     return max(pool, key=lambda c: c.file_bytes) if pool else None
 
 

@@ -314,3 +314,24 @@ def test_bad_input_is_one_line() -> None:
     with pytest.raises(QuantError) as e:
         predict_quant(header, "Q4_K_M")
     assert "\n" not in str(e.value)
+
+
+def test_quants_best_fit_is_not_f32(gemma: str) -> None:
+    # a budget where even F32 fits: the best fit is the largest type people run (BF16/F16), not F32
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "cli.py", "quants", "gemma3-270m", "--budget", "64GiB", "--backend", "cpu", "-c", "4096"]
+    out = subprocess.run([*args, "--json"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    by = {c["name"]: c for c in data["candidates"]}
+    assert by["F32"]["fits"] and by["F32"]["file_bytes"] > by["F16"]["file_bytes"]
+    assert data["best"] in ("F16", "BF16") and by[data["best"]]["file_bytes"] == by["F16"]["file_bytes"]
+    assert data["best_rule"] == "largest that fits, of the types people run: up to BF16/F16"
+    text = subprocess.run(args, capture_output=True, text=True, cwd=root, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert f"best fit: {data['best']} (" in text.stdout
+    assert text.stdout.rstrip().endswith("(largest that fits, of the types people run: up to BF16/F16)")
