@@ -512,6 +512,7 @@ def calibrate(
     from fitter import calibration
     from fitter.bundled import resolve_model
     from fitter.config import ConfigError
+    from fitter.progress import Progress
 
     if list_ or clear:
         if list_ and clear:
@@ -525,7 +526,8 @@ def calibrate(
         raise ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
     be = _backend(backend)
     path = resolve_model(model)
-    cal, rows = calibration.calibrate(path, be)
+    with Progress("calibrate", json_output=as_json) as progress:
+        cal, rows = calibration.calibrate(path, be, progress=progress)
     where = calibration.save(cal)
     if as_json:
         print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,

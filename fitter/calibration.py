@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from fitter.build import LLAMA_CPP_COMMIT
 from fitter.config import Backend, Frontend, RunConfig
 from fitter.errors import GGFitError
+from fitter.progress import Progress
 
 GRID = [  # (n_ctx, n_ubatch, flash_attn)
     (4096, 512, "on"), (16384, 512, "on"), (16384, 2048, "on"), (65536, 1024, "on"),
@@ -280,7 +281,8 @@ def _measured_compute(run) -> dict[str, int]:
     return {k: v for k, v in out.items() if v > 0}
 
 
-def calibrate(path: str, backend: Backend, *, ctx_max: int | None = None) -> tuple[Calibration, list[dict]]:
+def calibrate(path: str, backend: Backend, *, ctx_max: int | None = None,
+              progress: Progress | None = None) -> tuple[Calibration, list[dict]]:
     """Dry-run llama.cpp over GRID on this machine; return the fitted calibration and the raw rows.
 
     Raises CalibrationError (nothing to store) when the backend is not here or llama.cpp did not report the
@@ -296,10 +298,11 @@ def calibrate(path: str, backend: Backend, *, ctx_max: int | None = None) -> tup
     build = LLAMA_CPP_COMMIT
     dev_names: set[str] = set()
     host_names: set[str] = set()
-    for n_ctx, ub, fa in GRID:
-        if ctx_max and n_ctx > ctx_max:
-            continue
+    grid = [(n_ctx, ub, fa) for n_ctx, ub, fa in GRID if not (ctx_max and n_ctx > ctx_max)]
+    for i, (n_ctx, ub, fa) in enumerate(grid):
         cfg = RunConfig(n_ctx=min(n_ctx, spec.n_ctx_train), n_ubatch=ub, flash_attn=fa)
+        if progress:
+            progress.step(i + 1, len(grid), f"llama.cpp dry run -c {cfg.n_ctx} -ub {ub} -fa {fa}")
         pred = predict(header, spec, cfg, backend, Frontend.SERVER, calibrated=False)
         row = {"n_ctx": cfg.n_ctx, "n_ubatch": ub, "flash_attn": fa}
         run = measure(path, llama_params(pred.context, cfg), mode="dry", log_level="info")
