@@ -99,6 +99,8 @@ def trial_table(study) -> str:
                 v = t.values[i]
             vals.append(_fmt(v, m) if m in DIRECTIONS else ("-" if v is None else f"{v:.4g}"))
         status = info.status + (f"=#{info.duplicate_of}" if info.duplicate_of is not None else "")
+        if t.system_attrs.get("failed_trial") is not None:
+            status += f" (rerun of #{t.system_attrs['failed_trial']})"
         if info.model_miss:
             status += " (model miss)"
         pred = f"{ua['predicted_bytes'] / MiB:,.0f} MiB" if ua.get("predicted_bytes") else "-"
