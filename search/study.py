@@ -984,8 +984,8 @@ def run_study(
             })
         retried = recover_stale(study)
         if retried:
-            say(f"[ggfit] trials {', '.join(map(str, retried))} were running in a process that died or was "
-                f"interrupted: they run again first")
+            say(f"[ggfit] trials {', '.join(map(str, retried))} were cut short (their process died or was "
+                f"interrupted): retried first")
 
         def best_text(trials) -> str:
             best, front = pick_best(trials, d.objectives, d.pick)
@@ -1095,8 +1095,8 @@ def run_study(
             trial.set_user_attr("probing", True)
             if live is not None:
                 live.step(done + elsewhere + 1, trials_goal,
-                          f"trial {done + elsewhere + 1} of {trials_goal} (#{trial.number}): probing {cand.short()}, "
-                          f"best so far {best_text(trials_now)}")
+                          f"trial {done + elsewhere + 1} of {trials_goal} (#{trial.number}), best so far "
+                          f"{best_text(trials_now)}: probing {cand.short()}")  # the flags last: a terminal cuts there
             probe_kw: dict[str, Any] = {}  # run_probe's live progress, once it takes one: probe_kw["progress"] = live
             res = probe(cand.model_path, cand.config, d.workload, runner=runner, budget_bytes=probe_budget,
                         timeout=timeout, llama_server=llama_server, threads=cand.threads, draft_p_min=cand.draft_p_min,
