@@ -36,7 +36,14 @@ Optuna RDB URL, e.g. PostgreSQL, lets several machines work on one study). Heart
 `RetryHeartbeatStaleTrialCallback` fail a dead worker's RUNNING trial once its heartbeat is older than the grace
 period and enqueue a copy (WAITING), which the next ``ask`` runs first. A restart on the same machine does not wait
 for the grace period: a RUNNING trial whose recorded worker process (host, pid, start time) no longer exists is
-failed and retried at once. Completed trials are never lost; at most the running one is run again.
+failed and retried at once. Ctrl-C fails the running trial (status ``interrupted``) and queues a copy, which the next
+run (of any worker) runs first. Completed trials are never lost; at most the running one is run again.
+
+Counting (`count_trials`, for `optimise` and `report` alike): every trial is in one part (probed ok / oom / failed /
+skipped / invalid / duplicate / stale or interrupted and run again / not probed because the goal was reached /
+running or queued), so the parts add up to the total. ``--trials N`` is N probes that gave a result; a worker about
+to probe counts the probes other live workers are running, so several workers stop at N too (short of proposals
+made within the same instant). The comparison with llama.cpp's defaults is counted and reported separately.
 
 The study name is ``<study>-<model>-<hash>``, the hash over the model files (names and sizes), the device, the
 budget and margin, the runner and the study definition, so the same run on the same kind of machine resumes the
@@ -402,8 +409,8 @@ def _alive(w: dict[str, Any]) -> bool:
 def recover_stale(study) -> list[int]:
     """Run again the trials this host's dead ggfit processes left behind: a RUNNING trial whose worker is gone
     (SIGKILL, power cut) is failed as ``stale``; a trial Optuna failed on Ctrl-C (or on an exception) that was not
-    queued again then (a second Ctrl-C) is queued now. Each gets a queued copy (`_retry`) that the next ``ask`` runs first. Other
-    hosts' trials are left to the heartbeat. Returns the trial numbers queued again."""
+    queued again then (a second Ctrl-C) is queued now. Each gets a queued copy (`_retry`) that the next ``ask``
+    runs first. Other hosts' trials are left to the heartbeat. Returns the trial numbers queued again."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
@@ -1261,7 +1268,8 @@ def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurem
         if groups["tie"]:
             said.append(("ties them on " if said else "ties llama.cpp's defaults on ") + ", ".join(groups["tie"]))
         if groups["worse"]:
-            said.append(("is worse on " if said else "is worse than llama.cpp's defaults on ") + ", ".join(groups["worse"]))
+            said.append(("is worse on " if said else "is worse than llama.cpp's defaults on ")
+                        + ", ".join(groups["worse"]))
         lead = "the best config " + ", ".join(said)
     runs = f"{mine.probes} probe{'s' if mine.probes != 1 else ''} each, alternating"
     if not noise_known:
@@ -1269,18 +1277,25 @@ def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurem
     return ratio, outcome, f"{lead}: " + "; ".join(parts) + f" ({runs}{where})"
 
 
-def same_run(a: Candidate, b: Candidate) -> bool:
-    """Whether two candidates are the same llama.cpp run once llama-server's defaults are filled in (-b 2048,
-    -ub 512, -np auto, run_probe's thread count ...): the params run_probe hands llama.cpp are equal."""
-    from search.probe import resolve_server_defaults
+def same_run(a: Candidate, b: Candidate, spec, frontend: Frontend = Frontend.SERVER) -> bool:
+    """Whether two candidates are the same llama.cpp run: the context llama.cpp builds (llama_context's cparams after
+    llama-server's defaults, as `fitter.config.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
+    = on ...), the model side (-ngl, mmap, repack), the thread count run_probe passes (-t, default os.cpu_count())
+    and the drafter."""
+    from fitter.config import resolve_context
 
     threads = os.cpu_count() or 1  # run_probe's default
 
     def run(c: Candidate):
-        return (c.model_path, resolve_server_defaults(c.config, threads=c.threads or threads, use_extra_bufts=False),
-                c.config.draft_model, c.draft_p_min if c.config.spec_type != "none" else None)
+        cp = resolve_context(spec, c.config, frontend).model_dump(exclude={"defaults_applied"})
+        cf = c.config
+        return (c.model_path, cp, c.threads or threads, cf.n_gpu_layers, cf.no_mmap, cf.no_repack, cf.spec_type,
+                cf.draft_model, cf.draft_type_k, cf.draft_type_v, c.draft_p_min if cf.spec_type != "none" else None)
 
-    return run(a) == run(b)
+    try:
+        return run(a) == run(b)
+    except ConfigError:
+        return False
 
 
 def _trial_measurement(t, flags: str) -> Measurement:
@@ -1298,12 +1313,13 @@ def _compare(result: StudyResult, study, best_t, best: Candidate, d: StudyDef, m
     with their measured spreads. When the best config is the defaults' own run, say so: nothing to compare."""
     base = Candidate(model_path=model0, config=RunConfig(n_ctx=best.config.n_ctx), threads=None)
     base_flags = " ".join(" ".join(g) for g in base.flags(model_label=Path(model0).name)[1:-2]) + " (llama-server defaults)"
-    if same_run(best, base):
+    if same_run(best, base, predictor.spec(model0)[1], predictor.frontend):
         mine = _trial_measurement(best_t, best.short())
         result.best_measured = mine
         result.baseline = Measurement(flags=base_flags, status="same config", metrics=mine.metrics,
                                       spread=mine.spread, predicted_bytes=mine.predicted_bytes)
-        result.verdict = (f"the best config is llama.cpp's defaults (with -c {best.config.n_ctx}): "
+        result.verdict = (f"the best config is llama.cpp's defaults' own run (-c {best.config.n_ctx}; its flags only "
+                          f"spell the defaults out): "
                           + "; ".join(f"{m} {_pm(v, mine.spread.get(m), m)}" for m, v in mine.metrics.items()
                                       if m in d.objectives and m != "served_share")
                           + " (trial #" + str(best_t.number) + "); nothing to change")

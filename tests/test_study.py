@@ -296,7 +296,7 @@ def test_prefill_study_gemma(tmp_path, gemma):
         assert "2 more comparing with llama.cpp's defaults" in res.text()
         assert any("comparing with llama.cpp's defaults" in ln for ln in shown)
     elif res.baseline.status == "same config":  # the best config is llama.cpp's defaults: nothing to compare
-        assert "is llama.cpp's defaults" in res.verdict and res.compare_probes == 0
+        assert "llama.cpp's defaults' own run" in res.verdict and res.compare_probes == 0
     else:
         assert "not measured" in res.verdict
     assert study.user_attrs["final"]["verdict"] == res.verdict

@@ -144,13 +144,44 @@ def test_single_runs_say_there_is_no_spread():
 
 
 def test_same_run_fills_in_llama_server_defaults(gemma):
-    base = Candidate(model_path=gemma, config=RunConfig(n_ctx=2048))
-    spelled = Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, n_batch=2048, n_ubatch=512, flash_attn="auto",
+    from fitter.model_spec import load_model_spec
+
+    spec = load_model_spec(gemma)[1]
+    base = Candidate(model_path=gemma, config=RunConfig(n_ctx=2048))  # what `optimise` compares against
+    # the seed trial (llama.cpp's defaults projected into a space without "auto"): the same llama.cpp run
+    spelled = Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, n_batch=2048, n_ubatch=512, flash_attn="on",
                                                            type_k="f16", type_v="f16"), threads=os.cpu_count())
-    assert same_run(spelled, base)
-    assert not same_run(spelled.model_copy(update={"threads": (os.cpu_count() or 1) + 1}), base)
-    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, n_ubatch=256)), base)
-    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=4096)), base)
+    assert same_run(spelled, base, spec)
+    assert not same_run(spelled.model_copy(update={"threads": (os.cpu_count() or 1) + 1}), base, spec)
+    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, flash_attn="off")), base, spec)
+    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, n_ubatch=256)), base, spec)
+    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=4096)), base, spec)
+    assert not same_run(Candidate(model_path=gemma, config=RunConfig(n_ctx=2048, n_parallel=1)), base, spec)
+
+
+def test_best_config_that_is_the_defaults_is_not_compared_with_itself(gemma):
+    """The seed trial (llama.cpp's defaults) won: say so, with its measured spread, and probe nothing more."""
+    from fitter.config import Backend, Frontend
+    from search.study import _compare, _Predictor
+
+    s = optuna.create_study(direction="maximize", storage=optuna.storages.InMemoryStorage())
+    s.add_trial(_trial(0, TrialState.COMPLETE, "ok", probed=True, value=412.0,
+                       spread={"prefill_tps": {"median": 412.0, "min": 403.0, "max": 421.0, "n": 3}}))
+    best_t = s.trials[0]
+    d = load_study("prefill")
+    res = _summarise(s, d, "memory", 512 * MiB, 160 * MiB, 352 * MiB, [], [])
+    best = Candidate(model_path=gemma, config=RunConfig(n_ctx=8192, n_batch=2048, n_ubatch=512, flash_attn="on"),
+                     threads=os.cpu_count())
+
+    def no_probe(*a, **k):
+        raise AssertionError("the defaults' own run was probed again")
+
+    _compare(res, s, best_t, best, d, gemma, _Predictor(Backend.CPU, Frontend.SERVER), 352 * MiB, None, "python",
+             60.0, None, 1, lambda c: None, lambda line: None, None, no_probe)
+    assert res.verdict.startswith("the best config is llama.cpp's defaults' own run (-c 8192")
+    assert "prefill_tps 412 ± 9 tok/s (trial #0)" in res.verdict and "NOT" not in res.verdict
+    assert res.compare_probes == 0 and res.ratio == {} and res.baseline.status == "same config"
+    assert s.user_attrs["final"]["verdict"] == res.verdict
 
 
 # --- plots: read the figures, not the pixels ----------------------------------------------------------------------
