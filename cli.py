@@ -473,16 +473,21 @@ def optimise(
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from fitter.bundled import resolve_model
     from fitter.config import ConfigError
-    from search.study import run_study
+    from fitter.progress import Progress
+    from search.study import StudyInterrupted, run_study
 
     if runner not in ("python", "server"):
         raise ConfigError(f"--runner {runner}: use python or server")
     try:
-        result = run_study([resolve_model(m) for m in models], study, budget=budget, margin=margin,
-                           backend=backend or _detect_backend(), storage=storage, n_trials=trials, runner=runner,
-                           drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare)
-    except KeyboardInterrupt:
-        print("interrupted; run the same command to resume", file=sys.stderr)
+        # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
+        with Progress("optimise") as live:
+            result = run_study([resolve_model(m) for m in models], study, budget=budget, margin=margin,
+                               backend=backend or _detect_backend(), storage=storage, n_trials=trials, runner=runner,
+                               drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
+                               progress=lambda line: print(line, file=sys.stderr, flush=True), live=live)
+    except KeyboardInterrupt as e:
+        hint = e.hint() if isinstance(e, StudyInterrupted) else "interrupted; run the same command to resume"
+        print(f"ggfit: {hint}", file=sys.stderr)
         raise typer.Exit(130) from None
     print(result.text())
 

@@ -7,10 +7,13 @@ invalid / stale), the objective values, the predicted total against the memory a
 the reason. Plots (each as HTML through plotly and PNG through matplotlib, whichever is installed):
 
 - ``history``: optimisation history of each objective (optuna.visualization.plot_optimization_history);
-- ``importances``: parameter importances per objective (plot_param_importances; needs a few completed trials);
+- ``importances``: parameter importances per objective (plot_param_importances; needs a few completed trials, and
+  with fewer than ``FEW_TRIALS`` completed ones the plot and the notes say they are a rough guess);
 - ``pareto``: the Pareto front (plot_pareto_front), for studies with two or three objectives;
 - ``memory``: each trial's predicted total against the budget and the budget minus margin, coloured by status
-  (probed ok, out of memory, skipped before probing ...).
+  (probed ok, out of memory, crash, skipped before probing, stale or interrupted ...).
+
+Every axis says its unit (tok/s, s, MiB); trial-number axes have integer ticks.
 
 The storage can also be watched live: ``pip install optuna-dashboard`` then ``optuna-dashboard <storage URL>``
 (the default storage is ``sqlite:///${XDG_DATA_HOME:-~/.local/share}/ggfit/studies.db``).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -27,11 +31,17 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from search.space import StudyError
-from search.study import DIRECTIONS, MiB, _fmt, _info, _redact, default_storage_url, open_storage, pick_best, PickDef
+from search.study import (DIRECTIONS, MiB, _fmt, _info, _redact, count_trials, default_storage_url, model_misses,
+                          open_storage, pick_best, PickDef)
 
-STATUS_COLOURS = {"ok": "#2a9d8f", "oom": "#e63946", "skipped": "#adb5bd", "invalid": "#6c757d",
-                  "crash": "#9d0208", "timeout": "#f4a261", "error": "#e9c46a", "stale": "#8d99ae",
-                  "running": "#457b9d"}
+# one colour per status, no two alike (a colour-blind-safe base: Okabe-Ito, then greys for the unprobed)
+STATUS_COLOURS = {"ok": "#009e73", "oom": "#d55e00", "crash": "#cc79a7", "timeout": "#e69f00", "error": "#f0e442",
+                  "skipped": "#999999", "invalid": "#000000", "stale": "#0072b2", "interrupted": "#56b4e9",
+                  "running": "#7b3294", "unneeded": "#8c510a"}
+# what each objective is measured in, for axis titles
+AXIS_UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_s": "s", "acceptance": "accepted / drafted tokens",
+              "served_share": "share of requests"}
+FEW_TRIALS = 10  # parameter importances from fewer completed trials than this are a rough guess
 
 
 class StudyReport(BaseModel):
@@ -89,6 +99,8 @@ def trial_table(study) -> str:
                 v = t.values[i]
             vals.append(_fmt(v, m) if m in DIRECTIONS else ("-" if v is None else f"{v:.4g}"))
         status = info.status + (f"=#{info.duplicate_of}" if info.duplicate_of is not None else "")
+        if t.system_attrs.get("failed_trial") is not None:
+            status += f" (rerun of #{t.system_attrs['failed_trial']})"
         if info.model_miss:
             status += " (model miss)"
         pred = f"{ua['predicted_bytes'] / MiB:,.0f} MiB" if ua.get("predicted_bytes") else "-"
@@ -105,16 +117,14 @@ def _summary(study) -> list[str]:
     meta = _meta(study)
     objectives = _objectives(study)
     trials = study.get_trials(deepcopy=False)
-    st = [t.user_attrs.get("status") for t in trials]
-    probed = [t for t in trials if t.user_attrs.get("probed")]
-    misses = [t.number for t in probed if t.user_attrs.get("status") == "oom"]
+    counts = count_trials(trials)
+    misses = model_misses(trials)
     out = []
     if meta:
         out.append(f"budget {meta['budget_bytes'] / MiB:,.0f} MiB ({meta.get('budget_source', '')}) - margin "
                    f"{meta['margin_bytes'] / MiB:,.0f} MiB = {meta['available_bytes'] / MiB:,.0f} MiB available; "
                    f"runner {meta.get('runner')}; {meta.get('device')}")
-    out.append(f"{len(trials)} trials: {len(probed)} probed, {st.count('skipped')} predicted over budget (never "
-               f"probed), {st.count('invalid')} invalid, {st.count('stale')} stale (retried)")
+    out.append(f"{counts.text()}; {counts.probes} probe{'s' if counts.probes != 1 else ''} of the search (--trials)")
     out.append(f"memory-model misses (predicted to fit, probe ran out of memory): {len(misses)}"
                + (f" (trials {', '.join(map(str, misses))})" if misses else ""))
     if all(m in DIRECTIONS for m in objectives):
@@ -134,6 +144,41 @@ def _summary(study) -> list[str]:
 # --- plots -----------------------------------------------------------------------------------------------------
 
 
+# how the memory plot's legend names each status
+STATUS_LEGEND = {"ok": "probed ok", "oom": "probed: out of memory", "crash": "probed: crash", "timeout": "probed: timeout",
+                 "error": "probed: error", "skipped": "skipped (predicted over budget)",
+                 "invalid": "invalid (llama.cpp refuses)", "stale": "stale (worker died; run again)",
+                 "interrupted": "interrupted (Ctrl-C; run again)", "running": "running",
+                 "unneeded": "not probed (goal reached)"}
+
+
+def axis_title(metric: str) -> str:
+    """An objective's axis title with its unit: ``prefill_tps (tok/s)``."""
+    unit = AXIS_UNITS.get(metric)
+    return f"{metric} ({unit})" if unit else metric
+
+
+def _trial_dtick(study) -> int:
+    """A whole-number tick step for a trial-number axis: every trial up to 12, then at most ~12 ticks."""
+    n = len(study.get_trials(deepcopy=False))
+    return max(1, math.ceil(n / 12))
+
+
+def _n_complete(study) -> int:
+    import optuna
+
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def importance_caveat(study) -> str | None:
+    """The caveat for parameter importances from few completed trials, or None."""
+    n = _n_complete(study)
+    if n >= FEW_TRIALS:
+        return None
+    return (f"only {n} completed trial{'s' if n != 1 else ''} (fewer than {FEW_TRIALS}): "
+            f"these importances are a rough guess")
+
+
 def _memory_points(study):
     meta = _meta(study)
     pts = []
@@ -141,7 +186,7 @@ def _memory_points(study):
         b = t.user_attrs.get("predicted_bytes")
         if b is None:
             continue
-        pts.append((t.number, b / MiB, t.user_attrs.get("status") or t.state.name.lower()))
+        pts.append((t.number, b / MiB, _info(t).status))
     return pts, meta.get("budget_bytes"), meta.get("available_bytes")
 
 
@@ -152,13 +197,17 @@ def _memory_plotly(study):
     fig = go.Figure()
     for status in sorted({p[2] for p in pts}):
         sel = [p for p in pts if p[2] == status]
-        fig.add_trace(go.Scatter(x=[p[0] for p in sel], y=[p[1] for p in sel], mode="markers", name=status,
-                                 marker={"color": STATUS_COLOURS.get(status, "#000000"), "size": 9}))
+        fig.add_trace(go.Scatter(x=[p[0] for p in sel], y=[p[1] for p in sel], mode="markers",
+                                 name=STATUS_LEGEND.get(status, status), legendgroup=status,
+                                 marker={"color": STATUS_COLOURS.get(status, "#444444"), "size": 9,
+                                         "line": {"width": 0.5, "color": "#333333"}}))
     if budget:
         fig.add_hline(y=budget / MiB, line_dash="solid", annotation_text="budget")
     if avail:
         fig.add_hline(y=avail / MiB, line_dash="dash", annotation_text="budget - margin")
-    fig.update_layout(title="Predicted memory per trial", xaxis_title="trial", yaxis_title="predicted total (MiB)")
+    fig.update_layout(title="Predicted memory per trial", xaxis_title="trial (number)",
+                      yaxis_title="predicted total (MiB)")
+    fig.update_xaxes(tick0=0, dtick=_trial_dtick(study), tickformat="d")
     return fig
 
 
@@ -169,15 +218,71 @@ def _memory_matplotlib(study):
     fig, ax = plt.subplots(figsize=(8, 5))
     for status in sorted({p[2] for p in pts}):
         sel = [p for p in pts if p[2] == status]
-        ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=status, color=STATUS_COLOURS.get(status, "#000000"))
+        ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=STATUS_LEGEND.get(status, status),
+                   color=STATUS_COLOURS.get(status, "#444444"), edgecolors="#333333", linewidths=0.5)
     if budget:
         ax.axhline(budget / MiB, color="black", label="budget")
     if avail:
         ax.axhline(avail / MiB, color="black", linestyle="--", label="budget - margin")
-    ax.set_xlabel("trial")
+    ax.set_xlabel("trial (number)")
     ax.set_ylabel("predicted total (MiB)")
     ax.set_title("Predicted memory per trial")
+    _integer_xticks(ax)
     ax.legend(loc="best", fontsize=8)
+    return ax
+
+
+def _integer_xticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _history_plotly(study, metric: str, **kw):
+    import optuna.visualization as vis
+
+    fig = vis.plot_optimization_history(study, target_name=metric, **kw)
+    fig.update_layout(xaxis_title="trial (number)", yaxis_title=axis_title(metric))
+    fig.update_xaxes(tick0=0, dtick=_trial_dtick(study), tickformat="d")
+    return fig
+
+
+def _history_matplotlib(study, metric: str, **kw):
+    import optuna.visualization.matplotlib as vmat
+
+    ax = vmat.plot_optimization_history(study, target_name=metric, **kw)
+    ax.set_xlabel("trial (number)")
+    ax.set_ylabel(axis_title(metric))
+    _integer_xticks(ax)
+    return ax
+
+
+IMPORTANCE_AXIS = "importance for {m} (optuna's default evaluator, normalised: the bars sum to 1)"
+
+
+def _importances_plotly(study, metric: str, **kw):
+    import optuna.visualization as vis
+
+    fig = vis.plot_param_importances(study, target_name=metric, **kw)
+    fig.update_layout(xaxis_title=IMPORTANCE_AXIS.format(m=metric), yaxis_title="searched parameter")
+    caveat = importance_caveat(study)
+    if caveat:
+        fig.add_annotation(text=f"caveat: {caveat}", xref="paper", yref="paper", x=0.5, y=1.0, yanchor="bottom",
+                           showarrow=False, font={"color": "#b00020"})
+    return fig
+
+
+def _importances_matplotlib(study, metric: str, **kw):
+    import optuna.visualization.matplotlib as vmat
+
+    ax = vmat.plot_param_importances(study, target_name=metric, **kw)
+    ax.set_xlabel(IMPORTANCE_AXIS.format(m=metric))
+    ax.set_ylabel("searched parameter")
+    caveat = importance_caveat(study)
+    if caveat:
+        ax.text(0.5, 1.01, f"caveat: {caveat}", transform=ax.transAxes, ha="center", va="bottom", color="#b00020",
+                fontsize=9)
+        ax.set_title(ax.get_title(), pad=18)
     return ax
 
 
@@ -191,16 +296,17 @@ def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     multi = len(objectives) > 1
     for i, m in enumerate(objectives):
         suffix = f"-{m}" if multi else ""
-        kw: dict[str, Any] = {"target_name": m}
+        kw: dict[str, Any] = {}
         if multi:
             kw["target"] = (lambda t, i=i: t.values[i])
-        out.append((f"history{suffix}", lambda kw=kw: vis.plot_optimization_history(study, **kw),
-                    lambda kw=kw: vmat.plot_optimization_history(study, **kw)))
-        out.append((f"importances{suffix}", lambda kw=kw: vis.plot_param_importances(study, **kw),
-                    lambda kw=kw: vmat.plot_param_importances(study, **kw)))
+        out.append((f"history{suffix}", lambda m=m, kw=kw: _history_plotly(study, m, **kw),
+                    lambda m=m, kw=kw: _history_matplotlib(study, m, **kw)))
+        out.append((f"importances{suffix}", lambda m=m, kw=kw: _importances_plotly(study, m, **kw),
+                    lambda m=m, kw=kw: _importances_matplotlib(study, m, **kw)))
     if len(objectives) in (2, 3):
-        out.append(("pareto", lambda: vis.plot_pareto_front(study, target_names=objectives),
-                    lambda: vmat.plot_pareto_front(study, target_names=objectives)))
+        names = [axis_title(m) for m in objectives]
+        out.append(("pareto", lambda: vis.plot_pareto_front(study, target_names=names),
+                    lambda: vmat.plot_pareto_front(study, target_names=names)))
     out.append(("memory", lambda: _memory_plotly(study), lambda: _memory_matplotlib(study)))
     return out
 
@@ -235,6 +341,8 @@ def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
             if stem.startswith(("history", "importances", "pareto")) and not done:
                 notes.append(f"{stem}: no completed trial to plot")
                 continue
+            if stem.startswith("importances") and importance_caveat(study):
+                notes.append(f"{stem}: {importance_caveat(study)}")
             if have_plotly:
                 try:
                     fig = fig_plotly()

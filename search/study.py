@@ -36,7 +36,14 @@ Optuna RDB URL, e.g. PostgreSQL, lets several machines work on one study). Heart
 `RetryHeartbeatStaleTrialCallback` fail a dead worker's RUNNING trial once its heartbeat is older than the grace
 period and enqueue a copy (WAITING), which the next ``ask`` runs first. A restart on the same machine does not wait
 for the grace period: a RUNNING trial whose recorded worker process (host, pid, start time) no longer exists is
-failed and retried at once. Completed trials are never lost; at most the running one is run again.
+failed and retried at once. Ctrl-C fails the running trial (status ``interrupted``) and queues a copy, which the next
+run (of any worker) runs first. Completed trials are never lost; at most the running one is run again.
+
+Counting (`count_trials`, for `optimise` and `report` alike): every trial is in one part (probed ok / oom / failed /
+skipped / invalid / duplicate / stale or interrupted and run again / not probed because the goal was reached /
+running or queued), so the parts add up to the total. ``--trials N`` is N probes that gave a result; a worker about
+to probe counts the probes other live workers are running, so several workers stop at N too (short of proposals
+made within the same instant). The comparison with llama.cpp's defaults is counted and reported separately.
 
 The study name is ``<study>-<model>-<hash>``, the hash over the model files (names and sizes), the device, the
 budget and margin, the runner and the study definition, so the same run on the same kind of machine resumes the
@@ -65,7 +72,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fitter.budget import MiB, Budget, available_bytes, parse_budget, parse_margin
 from fitter.config import Backend, ConfigError, Frontend, RunConfig
-from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
+from fitter.progress import Progress
+from search.probe import DEFAULT_TIMEOUT, ProbeResult, Spread, run_probe
 from search.space import Candidate, SearchSpace, SpaceDef, StudyError
 from search.workload import Workload
 
@@ -399,30 +407,153 @@ def _alive(w: dict[str, Any]) -> bool:
 
 
 def recover_stale(study) -> list[int]:
-    """Fail (and retry, through the storage's stale-trial callback) RUNNING trials whose worker process on this
-    host is gone: a killed ggfit. Other hosts' trials are left to the heartbeat. Returns the trial numbers failed."""
+    """Run again the trials this host's dead ggfit processes left behind: a RUNNING trial whose worker is gone
+    (SIGKILL, power cut) is failed as ``stale``; a trial Optuna failed on Ctrl-C (or on an exception) that was not
+    queued again then (a second Ctrl-C) is queued now. Each gets a queued copy (`_retry`) that the next ``ask``
+    runs first. Other hosts' trials are left to the heartbeat. Returns the trial numbers queued again."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     storage = study._storage
     host = socket.gethostname()
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    trials = study.get_trials(deepcopy=False)
+    rerun = _rerun_numbers(trials)
+    out = []
+    for t in trials:
         w = t.user_attrs.get("worker")
         if not isinstance(w, dict) or w.get("host") != host or _alive(w):
             continue
-        try:
-            storage.set_trial_user_attr(t._trial_id, "status", "stale")
-            storage.set_trial_user_attr(t._trial_id, "reason", f"worker {w.get('host')}:{w.get('pid')} died mid-trial; retried")
-            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+        if t.state == TrialState.RUNNING:
+            try:
+                storage.set_trial_user_attr(t._trial_id, "status", "stale")
+                storage.set_trial_user_attr(t._trial_id, "reason", f"worker {w.get('host')}:{w.get('pid')} died "
+                                                                   f"mid-trial; run again")
+                if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                    continue
+            except UpdateFinishedTrialError:
                 continue
-        except UpdateFinishedTrialError:
+            max_retry: int | None = MAX_RETRY
+        elif (t.state == TrialState.FAIL and t.user_attrs.get("status") in ("running", "interrupted")
+              and t.number not in rerun):
+            max_retry = None
+        else:
             continue
-        failed.append(t.number)
-        cb = storage.get_heartbeat_stale_trial_callback() if hasattr(storage, "get_heartbeat_stale_trial_callback") else None
-        if cb is not None:
-            cb(study, storage.get_trial(t._trial_id))
-    return failed
+        if _retry(study, storage.get_trial(t._trial_id), max_retry):
+            out.append(t.number)
+    return out
+
+
+def _rerun_numbers(trials) -> set[int]:
+    """Numbers of the trials that a later trial runs again (optuna's ``failed_trial`` / ``retry_history``)."""
+    out: set[int] = set()
+    for t in trials:
+        if t.system_attrs.get("failed_trial") is not None:
+            out.add(t.system_attrs["failed_trial"])
+        out.update(t.system_attrs.get("retry_history") or ())
+    return out
+
+
+def _retry(study, t, max_retry: int | None = None) -> bool:
+    """Queue a copy of `t` (same parameters; WAITING, so the next ``ask`` of any worker runs it first), as optuna's
+    RetryFailedTrialCallback does, but without `t`'s user attrs: the dead run's status and numbers are not the copy's."""
+    from optuna.trial import TrialState, create_trial
+
+    history = [*(t.system_attrs.get("retry_history") or []), t.number]
+    if max_retry is not None and len(history) > max_retry:
+        return False
+    sa: dict[str, Any] = {"failed_trial": t.number, "retry_history": history}
+    if "fixed_params" in t.system_attrs:
+        sa["fixed_params"] = t.system_attrs["fixed_params"]
+    study.add_trial(create_trial(state=TrialState.WAITING, params=t.params, distributions=t.distributions,
+                                 system_attrs=sa))
+    return True
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_study`: the trial it cut short (``trial``, or None) is queued to run again on resume."""
+
+    def __init__(self, trial: int | None = None):
+        super().__init__(trial)
+        self.trial = trial
+
+    def hint(self) -> str:
+        again = f" (trial #{self.trial} runs again first)" if self.trial is not None else ""
+        return f"interrupted; run the same command to resume{again}"
+
+
+def _interrupted(study, trial_id: int | None) -> int | None:
+    """After Ctrl-C: the trial that was running is failed (Optuna has usually done it; the objective labelled it
+    ``interrupted``) and queued again, so resuming loses nothing. Returns its number, or None when no trial was cut
+    short."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    if trial_id is None:
+        return None
+    storage = study._storage
+    t = storage.get_trial(trial_id)
+    if t.state == TrialState.RUNNING:  # Ctrl-C outside the objective (the sampler, the storage)
+        with contextlib.suppress(UpdateFinishedTrialError):
+            storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        t = storage.get_trial(trial_id)
+    if t.state != TrialState.FAIL or t.number in _rerun_numbers(study.get_trials(deepcopy=False)):
+        return None  # it had finished (the Ctrl-C came between trials), or it is queued again already
+    _retry(study, t)
+    return t.number
+
+
+class _Unneeded(Exception):
+    """Ends a trial without a probe: the --trials goal was reached while it was being proposed (other workers)."""
+
+
+@contextlib.contextmanager
+def _quiet_trial_failures():
+    """Optuna logs every failed trial as a warning with a traceback; for a Ctrl-C (we say it in one line) and for a
+    trial that ends unprobed because the goal was reached, that is noise. Other failures are still logged."""
+    import logging
+
+    class Quiet(logging.Filter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.trials: set[str] = set()
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            m = re.match(r"Trial (\d+) failed", record.getMessage())
+            if m is None:
+                return True
+            exc = record.exc_info[1] if record.exc_info else None
+            if isinstance(exc, (KeyboardInterrupt, _Unneeded)):
+                self.trials.add(m.group(1))
+                return False
+            return m.group(1) not in self.trials  # the "failed with value None" line that follows
+
+    logger = logging.getLogger("optuna.study._optimize")
+    f = Quiet()
+    logger.addFilter(f)
+    try:
+        yield
+    finally:
+        logger.removeFilter(f)
+
+
+def _probing_elsewhere(study, trials, me: int) -> int:
+    """Probes other live workers are running now (RUNNING trials marked ``probing``; heartbeat-stale ones and dead
+    local workers' are not counted)."""
+    from optuna.trial import TrialState
+
+    stale: set[int] = set()
+    with contextlib.suppress(Exception):  # RDBStorage with heartbeats only
+        stale = set(study._storage._get_stale_trial_ids(study._study_id))
+    host = socket.gethostname()
+    n = 0
+    for t in trials:
+        if t.state != TrialState.RUNNING or t.number == me or not t.user_attrs.get("probing"):
+            continue
+        w = t.user_attrs.get("worker") or {}
+        if t._trial_id in stale or (w.get("host") == host and not _alive(w)):
+            continue
+        n += 1
+    return n
 
 
 # --- results ----------------------------------------------------------------------------------------------------
@@ -446,13 +577,92 @@ class TrialInfo(BaseModel):
     duplicate_of: int | None = None
 
 
+# What `optimise` and `report` call each part of a study (one function counts for both; the parts add up to the total)
+COUNT_PARTS: dict[str, str] = {
+    "ok": "probed ok",
+    "oom": "probed out of memory",
+    "failed": "failed (crash, timeout or error)",
+    "skipped": "skipped (predicted over budget)",
+    "invalid": "invalid (llama.cpp refuses the flags)",
+    "duplicate": "duplicate (reused an earlier trial's probe)",
+    "retried": "stale or interrupted (run again as a later trial)",
+    "unneeded": "not probed (the probe goal was already reached)",
+    "running": "running or queued",
+}
+
+
+# How a trial's outcome line names its status
+STATUS_LABELS = {"skipped": "skipped (predicted over budget)", "oom": "out of memory",
+                 "unneeded": "not probed (goal reached)"}
+
+
+class TrialCounts(BaseModel):
+    """Trials by what happened to them: every trial in exactly one part, so the parts add up to `total`."""
+
+    total: int = 0
+    ok: int = 0
+    oom: int = 0
+    failed: int = 0
+    skipped: int = 0
+    invalid: int = 0
+    duplicate: int = 0
+    retried: int = 0
+    unneeded: int = 0
+    running: int = 0
+    probes: int = 0  # probes of the search that gave a result (ok + oom + failed probes): what --trials counts
+
+    def text(self) -> str:
+        parts = [f"{getattr(self, k)} {label}" for k, label in COUNT_PARTS.items() if getattr(self, k)]
+        return f"{self.total} trial{'s' if self.total != 1 else ''}" + (f": {', '.join(parts)}" if parts else "")
+
+
+def trial_part(t, retried: set[int] | frozenset[int] = frozenset()) -> str:
+    """Which `COUNT_PARTS` part a trial is in. `retried`: numbers of the trials that a later trial runs again."""
+    ua = t.user_attrs
+    state, status = t.state.name, ua.get("status")
+    if state in ("RUNNING", "WAITING"):
+        return "running"
+    if state == "FAIL":
+        if t.number in retried:
+            return "retried"
+        return "unneeded" if status == "unneeded" else "failed"  # a stale trial past its retries, an exception
+    if ua.get("duplicate_of") is not None:
+        return "duplicate"
+    if status in ("skipped", "invalid"):
+        return status
+    if ua.get("probed") and status in ("ok", "oom"):
+        return status
+    return "failed"
+
+
+def model_misses(trials) -> list[int]:
+    """Trials whose probe ran out of memory (the memory model's misses when the config was predicted to fit)."""
+    trials = list(trials)
+    rerun = _rerun_numbers(trials)
+    return [t.number for t in trials if trial_part(t, rerun) == "oom"]
+
+
+def count_trials(trials) -> TrialCounts:
+    """The one count of a study's trials, for `optimise` (progress, result) and `report` alike."""
+    trials = list(trials)
+    retried = _rerun_numbers(trials)
+    c = TrialCounts(total=len(trials))
+    for t in trials:
+        part = trial_part(t, retried)
+        setattr(c, part, getattr(c, part) + 1)
+        if part in ("ok", "oom", "failed") and t.state.name != "FAIL" and t.user_attrs.get("probed"):
+            c.probes += 1
+    return c
+
+
 class Measurement(BaseModel):
-    """A config probed in the final comparison (medians over the confirmation rounds)."""
+    """A config probed in the final comparison: medians and spreads over every measured run of its probes."""
 
     flags: str
     status: str
     reason: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    spread: dict[str, Spread] = Field(default_factory=dict)  # per metric: median, min, max over n measured runs
     predicted_bytes: int | None = None
     probes: int = 0
 
@@ -467,12 +677,13 @@ class StudyResult(BaseModel):
     budget_bytes: int
     margin_bytes: int
     available_bytes: int
-    n_trials: int  # every finished trial
-    n_probed: int
+    counts: TrialCounts  # every trial of the study, by part (the parts add up to the total)
+    n_trials: int  # every trial (counts.total)
+    n_probed: int  # probes of the search (counts.probes: what --trials counts)
     n_skipped: int  # predicted over the budget: never probed
     n_invalid: int
     n_duplicates: int
-    n_failed: int  # crash / timeout / error probes
+    n_failed: int  # crash / timeout / error probes (and trials failed by an exception)
     model_misses: list[int] = Field(default_factory=list)  # trial numbers: predicted to fit, probe ran out of memory
     retried: list[int] = Field(default_factory=list)  # stale trials failed and retried in this run
     best: TrialInfo | None = None
@@ -482,15 +693,17 @@ class StudyResult(BaseModel):
     best_measured: Measurement | None = None
     baseline: Measurement | None = None
     ratio: dict[str, float] = Field(default_factory=dict)  # best / defaults per objective (>1: better)
+    outcome: dict[str, str] = Field(default_factory=dict)  # per objective: better, worse, or tie (inside the spread)
     verdict: str | None = None
+    compare_probes: int = 0  # probes of the comparison with llama.cpp's defaults (not counted in --trials)
     served_share: float | None = None  # long-context: share of requests the chosen context serves
     notes: list[str] = Field(default_factory=list)
 
     def text(self) -> str:
         lines = [f"study {self.study_name} ({self.storage})",
-                 f"trials: {self.n_trials} ({self.n_probed} probed, {self.n_skipped} predicted over the "
-                 f"{self.available_bytes / MiB:,.0f} MiB available and never probed, {self.n_invalid} invalid, "
-                 f"{self.n_duplicates} already measured, {self.n_failed} crashed, timed out or errored)",
+                 f"{self.counts.text()}; {self.n_probed} probe{'s' if self.n_probed != 1 else ''} of the search "
+                 f"(--trials), budget - margin = {self.available_bytes / MiB:,.0f} MiB"
+                 + (f"; {self.compare_probes} more comparing with llama.cpp's defaults" if self.compare_probes else ""),
                  f"memory-model misses (predicted to fit, probe ran out of memory): {len(self.model_misses)}"
                  + (f" (trials {', '.join(map(str, self.model_misses))})" if self.model_misses else "")]
         if self.best is None:
@@ -656,6 +869,7 @@ def run_study(
     confirm_rounds: int = 1,
     frontend: Frontend = Frontend.SERVER,
     progress: Callable[[str], None] | None = print,
+    live: Progress | None = None,
     feasibility: bool = True,
     probe: Callable[..., ProbeResult] = run_probe,
     enqueue_defaults: bool = True,
@@ -668,7 +882,9 @@ def run_study(
     study file's ``trials``), counted over the whole study, so a resumed or shared study stops at the same total.
     `workload` replaces the study file's. `name` replaces the derived study name. `compare_defaults`: probe
     llama.cpp's defaults (with the best config's -c) and the best config again, `confirm_rounds` times each,
-    alternating, and report the ratio.
+    alternating, and report the ratio (not counted in `n_trials`; skipped when the best config is the defaults).
+    `progress` receives the lasting lines (each trial's outcome); `live` (a `fitter.progress.Progress`) shows what
+    runs now: the probe in flight, the best so far.
 
     For benchmarks: ``feasibility=False`` probes every valid proposal whatever its prediction (the sampler then learns
     the budget from OOMs only); ``probe`` replaces `run_probe` (same signature), e.g. a lookup in measured results;
@@ -696,7 +912,11 @@ def run_study(
     b = _as_budget(budget, backend)
     margin_bytes = margin if isinstance(margin, int) else parse_margin(margin)
     avail = available_bytes(b, margin_bytes)
-    say = progress or (lambda _s: None)
+    def say(line: str) -> None:  # a lasting line; the live line (if any) is cleared first and redrawn by its next step
+        if live is not None:
+            live.close()
+        if progress is not None:
+            progress(line)
     notes: list[str] = []
 
     predictor = _Predictor(backend, frontend)
@@ -771,16 +991,20 @@ def run_study(
             })
         retried = recover_stale(study)
         if retried:
-            say(f"[ggfit] trials {', '.join(map(str, retried))} were running in a process that died: retried")
+            say(f"[ggfit] trials {', '.join(map(str, retried))} were cut short (their process died or was "
+                f"interrupted): retried first")
 
-        def counts() -> tuple[int, int]:
-            fin = [t for t in study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-            return sum(bool(t.user_attrs.get("probed")) for t in fin), len(fin)
+        def best_text(trials) -> str:
+            best, front = pick_best(trials, d.objectives, d.pick)
+            if best is None:
+                return "-"
+            if len(d.objectives) == 1:
+                return f"{_fmt(best.values[0], d.objectives[0])} (#{best.number})"
+            return f"Pareto front {len(front)}, pick #{best.number}"
 
-        probed0, total0 = counts()
-        if enqueue_defaults and total0 == 0 and not study.get_trials(deepcopy=False,
-                                                                     states=(TrialState.WAITING, TrialState.RUNNING)):
+        c0 = count_trials(study.get_trials(deepcopy=False))
+        finished0 = c0.total - c0.running
+        if enqueue_defaults and c0.total == 0:
             # llama.cpp's own defaults, as close as the space allows, go first (Optuna's enqueue_trial idiom)
             seed_point = space.nearest({"n_ubatch": 512, "n_batch_factor": 4, "flash_attn": "auto",
                                         "kv_type": "f16", "type_k": "f16", "type_v": "f16",
@@ -809,12 +1033,27 @@ def run_study(
                     return None
                 time.sleep(0.5)
 
+        current: dict[str, int] = {}  # the trial this process runs now (its storage id), for Ctrl-C
+
         def objective(trial: optuna.Trial):
+            current["id"] = trial._trial_id
+            try:
+                return run_trial(trial)
+            except KeyboardInterrupt:
+                with contextlib.suppress(Exception):  # Optuna fails it next; attrs can only change before that
+                    trial.set_user_attr("status", "interrupted")
+                    trial.set_user_attr("reason", "interrupted (Ctrl-C) mid-trial; run again")
+                raise
+
+        def run_trial(trial: optuna.Trial):
             params = space.suggest(trial)
             cand = space.candidate(params)
             ua = {"worker": worker, "key": cand.key(), "flags": cand.short(), "model": Path(cand.model_path).name,
                   "config": cand.config.model_dump(mode="json"), "threads": cand.threads,
-                  "draft_p_min": cand.draft_p_min, "probed": False, "status": "running", "reason": None}
+                  "draft_p_min": cand.draft_p_min, "probed": False, "probing": False, "status": "running",
+                  "reason": None}
+            # a retry queued by optuna's heartbeat callback inherits the dead trial's attrs: they are not this run's
+            ua.update({k: None for k in trial.user_attrs if k not in ua})
             for k, v in ua.items():
                 trial.set_user_attr(k, v)
             try:
@@ -841,7 +1080,7 @@ def run_study(
             prev = known(cand.key(), trial.number)
             if prev is not None:
                 pua = prev.user_attrs
-                for k in list(DIRECTIONS) + ["status", "reason", "peak_rss_bytes", "model_miss"]:
+                for k in list(DIRECTIONS) + ["status", "reason", "peak_rss_bytes", "model_miss", "spread"]:
                     if k in pua:
                         trial.set_user_attr(k, pua[k])
                 trial.set_user_attr("duplicate_of", prev.number)
@@ -851,8 +1090,24 @@ def run_study(
                     raise optuna.TrialPruned(f"same run as trial {prev.number}: {pua.get('status')}")
                 return _values(pua, d.objectives)
 
+            # --trials N is N probes: with several workers, probes running elsewhere count before this one starts
+            trials_now = study.get_trials(deepcopy=False)
+            done, elsewhere = count_trials(trials_now).probes, _probing_elsewhere(study, trials_now, trial.number)
+            if done + elsewhere >= trials_goal:
+                trial.set_user_attr("status", "unneeded")
+                trial.set_user_attr("reason", f"not probed: {done} probes done and {elsewhere} running in other "
+                                              f"workers reach the goal of {trials_goal}")
+                study.stop()
+                raise _Unneeded(trial.user_attrs["reason"])
+            trial.set_user_attr("probing", True)
+            if live is not None:
+                live.step(done + elsewhere + 1, trials_goal,
+                          f"trial {done + elsewhere + 1} of {trials_goal} (#{trial.number}), best so far "
+                          f"{best_text(trials_now)}: probing {cand.short()}")  # the flags last: a terminal cuts there
+            probe_kw: dict[str, Any] = {}  # run_probe's live progress, once it takes one: probe_kw["progress"] = live
             res = probe(cand.model_path, cand.config, d.workload, runner=runner, budget_bytes=probe_budget,
-                        timeout=timeout, llama_server=llama_server, threads=cand.threads, draft_p_min=cand.draft_p_min)
+                        timeout=timeout, llama_server=llama_server, threads=cand.threads, draft_p_min=cand.draft_p_min,
+                        **probe_kw)
             trial.set_user_attr("probed", True)
             trial.set_user_attr("status", res.status)
             trial.set_user_attr("reason", res.message if res.status != "ok" else res.summary())
@@ -867,6 +1122,9 @@ def run_study(
                 trial.set_user_attr("prefill_spread", [res.prefill_spread.min, res.prefill_spread.max])
             if res.decode_spread:
                 trial.set_user_attr("decode_spread", [res.decode_spread.min, res.decode_spread.max])
+            spread = _spreads([res])
+            if spread:
+                trial.set_user_attr("spread", {k: v.model_dump() for k, v in spread.items()})
             mets = _metrics(res, cand, share)
             for k, v in mets.items():
                 trial.set_user_attr(k, v)
@@ -882,31 +1140,36 @@ def run_study(
             return _values(mets, d.objectives)
 
         def on_trial(study_: optuna.Study, ft) -> None:
-            probed, total = counts()
+            trials = study_.get_trials(deepcopy=False)
+            c = count_trials(trials)
             ua = ft.user_attrs
             status = ua.get("status", ft.state.name.lower())
-            what = ", ".join(f"{m} {_fmt(ua.get(m), m)}" for m in d.objectives) if status == "ok" else (ua.get("reason") or "")
-            best, front = pick_best(study_.get_trials(deepcopy=False), d.objectives, d.pick)
-            if best is None:
-                bs = "best -"
-            elif len(d.objectives) == 1:
-                bs = f"best {_fmt(best.values[0], d.objectives[0])} (#{best.number})"
+            if status == "ok":
+                what = ", ".join(f"{m} {_fmt(ua.get(m), m)}" for m in d.objectives)
             else:
-                bs = f"Pareto front {len(front)}, pick #{best.number}"
-            dup = f" = #{ua['duplicate_of']}" if ua.get("duplicate_of") is not None else ""
-            say(f"[ggfit] trial {ft.number}: {status}{dup} {what[:110]} | {bs} | probed {probed}/{trials_goal}, "
-                f"trials {total} | {ua.get('flags', '')}")
-            if probed >= trials_goal or total >= cap:
+                what = ua.get("reason") or ""
+            label = STATUS_LABELS.get(status, status)
+            if ua.get("duplicate_of") is not None:
+                label = f"duplicate of #{ua['duplicate_of']} ({label})"
+            say(f"[ggfit] trial #{ft.number}: {label}: {what[:110]} | best {best_text(trials)} | "
+                f"probes {c.probes}/{trials_goal} | {ua.get('flags', '')}")
+            if c.probes >= trials_goal or c.total - c.running >= cap:
                 study_.stop()
 
         say(f"[ggfit] study {sname} in {_redact(url)}: {trials_goal} probes, budget {b.bytes / MiB:,.0f} MiB "
             f"- margin {margin_bytes / MiB:,.0f} MiB = {avail / MiB:,.0f} MiB; {len(space.dims)} searched parameters")
         for n in notes:
             say(f"[ggfit] note: {n}")
-        if probed0 < trials_goal and total0 < cap:
-            study.optimize(objective, n_trials=cap - total0, callbacks=[on_trial], gc_after_trial=False)
+        if c0.probes < trials_goal and finished0 < cap:
+            try:
+                with _quiet_trial_failures():
+                    study.optimize(objective, n_trials=cap - finished0, callbacks=[on_trial], gc_after_trial=False,
+                                   catch=(_Unneeded,))
+            except KeyboardInterrupt:
+                again = _interrupted(study, current.get("id"))
+                raise StudyInterrupted(again) from None
         else:
-            say(f"[ggfit] study already has {probed0} probed trials ({total0} in all): nothing to run")
+            say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")
 
     result = _summarise(study, d, url, b.bytes, margin_bytes, avail, notes, retried)
     best_t, _ = pick_best(study.get_trials(deepcopy=False), d.objectives, d.pick)
@@ -918,8 +1181,8 @@ def run_study(
                          "predicted_bytes": best_t.user_attrs.get("predicted_bytes")}
         result.served_share = share(cand)
         if compare_defaults:
-            _compare(result, study, cand, d, models[0], predictor, avail, probe_budget, runner, timeout,
-                     llama_server, confirm_rounds, share, say)
+            _compare(result, study, best_t, cand, d, models[0], predictor, avail, probe_budget, runner, timeout,
+                     llama_server, confirm_rounds, share, say, live, probe)
     return result
 
 
@@ -930,30 +1193,138 @@ def _values(attrs: dict[str, Any], objectives: Sequence[str]) -> float | list[fl
 
 def _summarise(study, d: StudyDef, url: str, budget_bytes: int, margin_bytes: int, avail: int, notes: list[str],
                retried: list[int]) -> StudyResult:
-    from optuna.trial import TrialState
-
-    fin = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    st = [t.user_attrs.get("status") for t in fin]
-    best, front = pick_best(fin, d.objectives, d.pick)
+    trials = study.get_trials(deepcopy=False)
+    c = count_trials(trials)
+    best, front = pick_best(trials, d.objectives, d.pick)
     return StudyResult(
         study_name=study.study_name, storage=_redact(url), objectives=list(d.objectives), directions=d.directions,
-        budget_bytes=budget_bytes, margin_bytes=margin_bytes, available_bytes=avail, n_trials=len(fin),
-        n_probed=sum(bool(t.user_attrs.get("probed")) for t in fin), n_skipped=st.count("skipped"),
-        n_invalid=st.count("invalid"), n_duplicates=sum(t.user_attrs.get("duplicate_of") is not None for t in fin),
-        n_failed=sum(bool(t.user_attrs.get("probed")) and t.user_attrs.get("status") in ("crash", "timeout", "error")
-                     for t in fin),
-        model_misses=[t.number for t in fin if t.user_attrs.get("probed") and t.user_attrs.get("status") == "oom"],
+        budget_bytes=budget_bytes, margin_bytes=margin_bytes, available_bytes=avail, counts=c, n_trials=c.total,
+        n_probed=c.probes, n_skipped=c.skipped, n_invalid=c.invalid, n_duplicates=c.duplicate, n_failed=c.failed,
+        model_misses=model_misses(trials),
         retried=retried, best=_info(best) if best else None,
         pareto=[_info(t) for t in front] if len(d.objectives) > 1 else [], notes=notes,
     )
 
 
-def _compare(result: StudyResult, study, best: Candidate, d: StudyDef, model0: str, predictor: _Predictor,
+def _spreads(results: Sequence[ProbeResult]) -> dict[str, Spread]:
+    """Median and range of each timed metric over every measured run (warm-ups excluded) of the ok probes."""
+    runs = [r for x in results if x.ok for r in x.runs if not r.warmup]
+    vals = {"prefill_tps": [r.prefill_tps for r in runs], "decode_tps": [r.decode_tps for r in runs],
+            "ttft_s": [r.ttft_ms / 1e3 for r in runs]}
+    return {k: sp for k, v in vals.items() if (sp := Spread.of(v)) is not None}
+
+
+def _pm(v: float, sp: Spread | None, metric: str) -> str:
+    """412 ± 9 (the half-range of the measured runs; no ± for a single run)."""
+    half = (sp.max - sp.min) / 2 if sp is not None and sp.n > 1 else None
+    if metric in ("acceptance", "served_share"):
+        return f"{v:.1%}" + (f" ± {half:.1%}" if half is not None else "")
+    scale, unit = (1e3, "ms") if metric == "ttft_s" else (1.0, UNITS[metric])
+    x = v * scale
+    digits = 0 if abs(x) >= 100 else 1
+    return f"{x:.{digits}f}" + (f" ± {half * scale:.{digits}f}" if half is not None else "") + f" {unit}".rstrip()
+
+
+def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurement,
+                    where: str = "") -> tuple[dict[str, float], dict[str, str], str]:
+    """(ratio, outcome, verdict) of the best config against llama.cpp's defaults, both measured ok.
+
+    ratio: best / defaults per objective (> 1: better; minimised metrics inverted). outcome: ``better``, ``worse``
+    or ``tie``: a difference no larger than the two half-ranges together (the measured runs' spreads, centred on
+    the medians, overlap) is noise, a tie. With a single run on either side there is no spread, and the medians
+    decide."""
+    ratio: dict[str, float] = {}
+    outcome: dict[str, str] = {}
+    parts = []
+    noise_known = True
+    for m in objectives:
+        a, b_ = mine.metrics.get(m), base.metrics.get(m)
+        if a is None or b_ is None or m == "served_share":
+            continue
+        if DIRECTIONS[m] == "maximize":
+            ratio[m] = a / b_ if b_ > 0 else math.inf
+        else:
+            ratio[m] = b_ / a if a > 0 else math.inf
+        sa, sb = mine.spread.get(m), base.spread.get(m)
+        if sa is not None and sb is not None and sa.n > 1 and sb.n > 1:
+            tie = abs(a - b_) <= (sa.max - sa.min) / 2 + (sb.max - sb.min) / 2
+        else:
+            tie, noise_known = a == b_, False
+        outcome[m] = "tie" if tie else ("better" if ratio[m] > 1 else "worse")
+        parts.append(f"{m} {_pm(a, sa, m)} vs {_pm(b_, sb, m)} ({ratio[m]:.2f}x"
+                     + (", within the spread" if tie and a != b_ else "") + ")")
+    groups = {k: [m for m, o in outcome.items() if o == k] for k in ("better", "tie", "worse")}
+    n = len(outcome)
+    if n and len(groups["better"]) == n:
+        lead = "the best config beats llama.cpp's defaults"
+    elif n and len(groups["tie"]) == n:
+        lead = "the best config ties llama.cpp's defaults (the difference is inside the measured spread)"
+    elif n and len(groups["worse"]) == n:
+        lead = "the best config measured worse than llama.cpp's defaults (beyond the measured spread)"
+    else:
+        said = []
+        if groups["better"]:
+            said.append(f"beats llama.cpp's defaults on {', '.join(groups['better'])}")
+        if groups["tie"]:
+            said.append(("ties them on " if said else "ties llama.cpp's defaults on ") + ", ".join(groups["tie"]))
+        if groups["worse"]:
+            said.append(("is worse on " if said else "is worse than llama.cpp's defaults on ")
+                        + ", ".join(groups["worse"]))
+        lead = "the best config " + ", ".join(said)
+    runs = f"{mine.probes} probe{'s' if mine.probes != 1 else ''} each, alternating"
+    if not noise_known:
+        runs += ", a single measured run on one side: no spread to judge the noise by"
+    return ratio, outcome, f"{lead}: " + "; ".join(parts) + f" ({runs}{where})"
+
+
+def same_run(a: Candidate, b: Candidate, spec, frontend: Frontend = Frontend.SERVER) -> bool:
+    """Whether two candidates are the same llama.cpp run: the context llama.cpp builds (llama_context's cparams after
+    llama-server's defaults, as `fitter.config.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
+    = on ...), the model side (-ngl, mmap, repack), the thread count run_probe passes (-t, default os.cpu_count())
+    and the drafter."""
+    from fitter.config import resolve_context
+
+    threads = os.cpu_count() or 1  # run_probe's default
+
+    def run(c: Candidate):
+        cp = resolve_context(spec, c.config, frontend).model_dump(exclude={"defaults_applied"})
+        cf = c.config
+        return (c.model_path, cp, c.threads or threads, cf.n_gpu_layers, cf.no_mmap, cf.no_repack, cf.spec_type,
+                cf.draft_model, cf.draft_type_k, cf.draft_type_v, c.draft_p_min if cf.spec_type != "none" else None)
+
+    try:
+        return run(a) == run(b)
+    except ConfigError:
+        return False
+
+
+def _trial_measurement(t, flags: str) -> Measurement:
+    ua = t.user_attrs
+    spread = {k: Spread.model_validate(v) for k, v in (ua.get("spread") or {}).items() if v}
+    return Measurement(flags=flags, status=ua.get("status") or "ok", probes=1, predicted_bytes=ua.get("predicted_bytes"),
+                       metrics={k: float(ua[k]) for k in DIRECTIONS if isinstance(ua.get(k), (int, float))},
+                       spread=spread)
+
+
+def _compare(result: StudyResult, study, best_t, best: Candidate, d: StudyDef, model0: str, predictor: _Predictor,
              avail: int, probe_budget: int | None, runner: str, timeout: float, llama_server: str | None,
-             rounds: int, share, say) -> None:
-    """Probe llama.cpp's defaults (-m MODEL -c <best's context>) and the best config, alternating, and compare."""
+             rounds: int, share, say, live: Progress | None, probe: Callable[..., ProbeResult]) -> None:
+    """Probe llama.cpp's defaults (-m MODEL -c <best's context>) and the best config, alternating, and compare them
+    with their measured spreads. When the best config is the defaults' own run, say so: nothing to compare."""
     base = Candidate(model_path=model0, config=RunConfig(n_ctx=best.config.n_ctx), threads=None)
     base_flags = " ".join(" ".join(g) for g in base.flags(model_label=Path(model0).name)[1:-2]) + " (llama-server defaults)"
+    if same_run(best, base, predictor.spec(model0)[1], predictor.frontend):
+        mine = _trial_measurement(best_t, best.short())
+        result.best_measured = mine
+        result.baseline = Measurement(flags=base_flags, status="same config", metrics=mine.metrics,
+                                      spread=mine.spread, predicted_bytes=mine.predicted_bytes)
+        result.verdict = (f"the best config is llama.cpp's defaults' own run (-c {best.config.n_ctx}; its flags only "
+                          f"spell the defaults out): "
+                          + "; ".join(f"{m} {_pm(v, mine.spread.get(m), m)}" for m, v in mine.metrics.items()
+                                      if m in d.objectives and m != "served_share")
+                          + " (trial #" + str(best_t.number) + "); nothing to change")
+        _save_final(study, result)
+        return
     baseline = Measurement(flags=base_flags, status="not probed")
     mine = Measurement(flags=best.short(), status="not probed")
     try:
@@ -968,14 +1339,18 @@ def _compare(result: StudyResult, study, best: Candidate, d: StudyDef, model0: s
         baseline.status = "skipped"
         baseline.reason = f"llama.cpp's defaults are predicted at {bp / MiB:,.1f} MiB, over the {avail / MiB:,.1f} MiB available"
     runs: dict[str, list[ProbeResult]] = {"best": [], "base": []}
-    for r in range(rounds):
-        for which, cand in (("base", base), ("best", best)):
-            if which == "base" and not base_fits:
-                continue
-            say(f"[ggfit] comparing: {'llama.cpp defaults' if which == 'base' else 'best config'} (round {r + 1}/{rounds})")
-            runs[which].append(run_probe(cand.model_path, cand.config, d.workload, runner=runner,
-                                         budget_bytes=probe_budget, timeout=timeout, llama_server=llama_server,
-                                         threads=cand.threads, draft_p_min=cand.draft_p_min))
+    plan = [(r, which, cand) for r in range(rounds) for which, cand in (("base", base), ("best", best))
+            if which == "best" or base_fits]
+    for i, (r, which, cand) in enumerate(plan, 1):
+        what = "llama.cpp's defaults" if which == "base" else "the best config"
+        if live is not None:
+            live.step(i, len(plan), f"comparing with llama.cpp's defaults: probing {what} (round {r + 1} of {rounds})")
+        else:
+            say(f"[ggfit] comparing: {what} (round {r + 1}/{rounds})")
+        runs[which].append(probe(cand.model_path, cand.config, d.workload, runner=runner, budget_bytes=probe_budget,
+                                 timeout=timeout, llama_server=llama_server, threads=cand.threads,
+                                 draft_p_min=cand.draft_p_min))
+    result.compare_probes = len(plan)
     for which, meas, cand in (("base", baseline, base), ("best", mine, best)):
         rs = runs[which]
         if not rs:
@@ -986,37 +1361,28 @@ def _compare(result: StudyResult, study, best: Candidate, d: StudyDef, model0: s
         if not ok:
             meas.reason = rs[-1].message
             continue
+        meas.spread = _spreads(ok)
         for k in DIRECTIONS:
+            if k in meas.spread:
+                meas.metrics[k] = meas.spread[k].median
+                continue
             vals = [v for v in (_metrics(x, cand, share).get(k) for x in ok) if v is not None]
             if vals:
                 meas.metrics[k] = statistics.median(vals)
     result.baseline, result.best_measured = baseline, mine
     if baseline.status == "ok" and mine.status == "ok":
-        for m in d.objectives:
-            a, b_ = mine.metrics.get(m), baseline.metrics.get(m)
-            if a is None or b_ is None or m == "served_share":
-                continue
-            if DIRECTIONS[m] == "maximize":
-                result.ratio[m] = a / b_ if b_ > 0 else math.inf
-            else:
-                result.ratio[m] = b_ / a if a > 0 else math.inf
-        parts = [f"{m} {_fmt(mine.metrics.get(m), m)} vs {_fmt(baseline.metrics.get(m), m)} ({x:.2f}x)"
-                 for m, x in result.ratio.items()]
-        beats = [m for m, x in result.ratio.items() if x > 1]
-        if result.ratio and len(beats) == len(result.ratio):
-            lead = "the best config beats llama.cpp's defaults"
-        elif beats:
-            lead = f"the best config beats llama.cpp's defaults on {', '.join(beats)} only"
-        else:
-            lead = "the best config does NOT beat llama.cpp's defaults"
-        result.verdict = (f"{lead}: " + "; ".join(parts)
-                          + f" (same run, {rounds} alternating probe{'s' if rounds != 1 else ''} each, -c {best.config.n_ctx})")
+        result.ratio, result.outcome, result.verdict = compare_verdict(d.objectives, mine, baseline,
+                                                                       where=f", -c {best.config.n_ctx}")
     elif baseline.status != "ok":
         result.verdict = f"llama.cpp's defaults were not measured: {baseline.status}: {baseline.reason}"
     else:
         result.verdict = f"the best config failed when probed again: {mine.status}: {mine.reason}"
-    with contextlib.suppress(Exception):
-        study.set_user_attr("final", {"baseline": baseline.model_dump(mode="json"),
-                                      "best": mine.model_dump(mode="json"), "ratio": result.ratio,
-                                      "verdict": result.verdict, "best_trial": result.best.number if result.best else None})
+    _save_final(study, result)
 
+
+def _save_final(study, result: StudyResult) -> None:
+    with contextlib.suppress(Exception):
+        study.set_user_attr("final", {"baseline": result.baseline.model_dump(mode="json") if result.baseline else None,
+                                      "best": result.best_measured.model_dump(mode="json") if result.best_measured else None,
+                                      "ratio": result.ratio, "outcome": result.outcome, "verdict": result.verdict,
+                                      "best_trial": result.best.number if result.best else None})

@@ -9,8 +9,10 @@ server (initdb + pg_ctl, as the ``postgres`` user when run as root) and skips wi
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +25,7 @@ import pytest
 
 from fitter.config import Backend, ConfigError, Frontend
 from fitter.errors import GGFitError
+from fitter.progress import Progress
 from search.space import SearchSpace, SpaceDef, StudyError
 from search.study import (
     LengthDistribution, PromptLengths, _Predictor, load_study, named_studies, run_study, study_name,
@@ -246,13 +249,25 @@ def test_prefill_study_gemma(tmp_path, gemma):
     big_f16 = sp.candidate({**sp.grid()[0], "n_ctx": 32768, "kv_type": "f16", "n_ubatch": 512, "flash_attn": "on"})
     assert pred.predict(big_f16).total_device_bytes > GEMMA_BUDGET - GEMMA_MARGIN
 
-    res = run_study(gemma, d, budget=GEMMA_BUDGET, margin=GEMMA_MARGIN, storage=url, seed=1, progress=lines.append)
+    live_out = io.StringIO()
+    live = Progress("optimise", stream=live_out, mode="lines")
+    res = run_study(gemma, d, budget=GEMMA_BUDGET, margin=GEMMA_MARGIN, storage=url, seed=1, progress=lines.append,
+                    live=live)
     print(res.text())
     study = _load(res.study_name, url)
     trials = study.get_trials(deepcopy=False)
     probed = _probed(study)
-    assert res.n_probed == len(probed) == 20
+    assert res.n_probed == len(probed) == 20 == res.counts.probes  # --trials 20: exactly 20 probes of the search
+    assert res.counts.total == len(trials) and f"{len(trials)} trials: " in res.text()
     assert len(lines) >= len(trials) and all(ln.startswith("[ggfit]") for ln in lines)
+    # live progress: each probe as it starts (n of N, its flags, the best so far), then the comparison
+    shown = live_out.getvalue().splitlines()
+    starts = [ln for ln in shown if " probing -c " in ln]
+    assert len(starts) == 20 and all(ln.startswith("ggfit optimise: [") for ln in shown)
+    assert "1/20 trial 1 of 20 (#0), best so far -: probing -c " in starts[0]
+    assert "20/20 trial 20 of 20 " in starts[-1] and re.search(r"best so far \d+\.\d tok/s \(#\d+\): probing", starts[-1])
+    skipped = [ln for ln in lines if "skipped (predicted over budget)" in ln]
+    assert len(skipped) == sum(t.user_attrs.get("status") == "skipped" for t in trials)
     # feasibility first: nothing predicted over the budget (or invalid) was probed, and the sampler was told
     for t in trials:
         ua = t.user_attrs
@@ -273,9 +288,15 @@ def test_prefill_study_gemma(tmp_path, gemma):
     assert res.config["n_ctx"] in (2048, 8192, 32768) and res.config["threads"] == 1
     assert res.baseline is not None
     if res.baseline.status == "ok":
-        assert res.best_measured.status == "ok" and res.ratio["prefill_tps"] > 0
-        assert ("beats llama.cpp's defaults" in res.verdict) == (res.ratio["prefill_tps"] > 1)
-        assert f"({res.ratio['prefill_tps']:.2f}x)" in res.verdict
+        assert res.best_measured.status == "ok" and res.ratio["prefill_tps"] > 0 and res.compare_probes == 2
+        # better, worse, or a tie when the difference is inside the measured spreads (repeats = 2 runs each)
+        assert ("beats llama.cpp's defaults" in res.verdict) == (res.outcome["prefill_tps"] == "better")
+        assert (res.outcome["prefill_tps"] == "tie") == ("ties llama.cpp's defaults" in res.verdict)
+        assert f"({res.ratio['prefill_tps']:.2f}x" in res.verdict and " ± " in res.verdict
+        assert "2 more comparing with llama.cpp's defaults" in res.text()
+        assert any("comparing with llama.cpp's defaults" in ln for ln in shown)
+    elif res.baseline.status == "same config":  # the best config is llama.cpp's defaults: nothing to compare
+        assert "llama.cpp's defaults' own run" in res.verdict and res.compare_probes == 0
     else:
         assert "not measured" in res.verdict
     assert study.user_attrs["final"]["verdict"] == res.verdict
@@ -464,6 +485,87 @@ def test_resume_after_sigkill(tmp_path, gemma):
     assert len(retries) == 1 and retries[0].params == stale.params and retries[0].state.is_finished()
     assert res.retried == [victim] and any("retried" in ln for ln in lines)
     assert res.n_probed == 7 and not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_one_line_and_the_trial_runs_again(tmp_path, gemma):
+    """Ctrl-C (SIGINT) in `ggfit optimise` mid-probe: exit 130 with the one resume line (no Optuna warning, no
+    traceback); the trial it cut short is queued, and the resumed run probes it first and still spends exactly
+    --trials probes."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from search.study import count_trials
+
+    sfile = _write(tmp_path, TINY_RESUME)
+    url = f"sqlite:///{tmp_path / 'ctrl-c.db'}"
+    argv = ["optimise", gemma, "--study", str(sfile), "--budget", "2GiB", "--storage", url, "--seed", "7",
+            "--trials", "4", "--no-compare"]
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
+    code = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import cli; cli.main(sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline and p.poll() is None and victim is None:
+            time.sleep(0.2)
+            names = optuna.get_all_study_names(url) if (tmp_path / "ctrl-c.db").exists() else []
+            if not names:
+                continue
+            trials = optuna.load_study(study_name=names[0], storage=url).get_trials(deepcopy=False)
+            done = [t for t in trials if t.state == TrialState.COMPLETE]
+            probing = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("probing")]
+            if len(done) >= 1 and probing:
+                victim = probing[0].number
+                time.sleep(1.0)  # inside the probe
+                p.send_signal(signal.SIGINT)
+    finally:
+        if victim is None and p.poll() is None:
+            p.kill()
+        out, err = p.communicate(timeout=120)
+    assert victim is not None, f"never caught a probing trial:\n{err}"
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "failed with" not in err, err
+    assert err.strip().splitlines()[-1] == (f"ggfit: interrupted; run the same command to resume "
+                                            f"(trial #{victim} runs again first)"), err
+    assert sum("interrupted" in ln for ln in err.splitlines()) == 1
+    name = optuna.get_all_study_names(url)[0]
+    t = optuna.load_study(study_name=name, storage=url).trials[victim]
+    assert t.state == TrialState.FAIL and t.user_attrs["status"] == "interrupted"
+
+    r = subprocess.run([sys.executable, "cli.py", *argv], cwd=REPO, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    again = [x for x in trials if x.system_attrs.get("failed_trial") == victim]
+    assert len(again) == 1 and again[0].params == t.params and again[0].state.is_finished()
+    assert again[0].number == victim + 1  # queued: the resumed run's first trial
+    c = count_trials(trials)
+    assert c.probes == 4 and c.retried == 1 and c.running == 0
+    assert f"{c.text()}; 4 probes of the search" in r.stdout
+
+
+@pytest.mark.slow
+def test_trials_goal_counts_probes_running_in_other_workers(tmp_path, gemma):
+    """--trials N is N probes in all: when another live worker's probe already makes up the goal, this worker's next
+    trial is not probed (it says so) and the study stops, instead of overshooting to N + 1."""
+    import optuna
+
+    from search.study import _worker
+
+    d = load_study(_write(tmp_path, TINY_RESUME))
+    url = f"sqlite:///{tmp_path / 'goal.db'}"
+    name = "goal-test"
+    other = optuna.create_study(study_name=name, storage=url, direction="maximize").ask()
+    for k, v in {"worker": _worker(), "key": "another config", "probing": True, "status": "running"}.items():
+        other.set_user_attr(k, v)  # a live worker (this process) probing the study's one probe right now
+    lines: list[str] = []
+    res = run_study(gemma, d, budget="2GiB", storage=url, name=name, n_trials=1, compare_defaults=False,
+                    progress=lines.append)
+    assert res.n_probed == 0 and res.counts.unneeded == 1 and res.counts.running == 1 and res.counts.total == 2
+    assert any("not probed (goal reached)" in ln and "1 running in other workers" in ln for ln in lines), lines
 
 
 # --- two workers on PostgreSQL -----------------------------------------------------------------------------------
