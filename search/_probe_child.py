@@ -12,8 +12,10 @@ Protocol
           "hang": stage}}
       type_k/type_v come as [name, id] and are checked against the loaded ggml's ggml_type_name(id).
   stderr: llama.cpp's whole log, verbatim (log callback -> fd 2, so an abort keeps everything before it).
-  stdout: one JSON object per line, each with an "event": start, build, limit, model, context, draft, run
-      (one per prompt), done. A missing "done" means the child died.
+  stdout: one JSON object per line, each with an "event": start, build, limit, model, context, draft, phase (as
+      each prompt's prefill and decode begin: {"index", "phase": "prefill"|"decode", "tokens"}), run (one per
+      prompt, when it is done), done. A missing "done" means the child died. The parent reads them as they come
+      (live progress).
 
 Budget (Linux only, CPU builds only): `RLIMIT_AS` = the process's address space right before the model is
 loaded (interpreter, numpy, llama.cpp's libraries) + `budget_bytes`. So the budget is everything llama.cpp maps
@@ -430,6 +432,7 @@ def main() -> int:
             return done("error", f"prompt {i} gave only {len(toks)} tokens, {n_prompt} wanted", timings=timings)
 
         # prefill
+        _emit({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
         p0 = perf.snap()
         t0 = time.perf_counter()
         err = prefill(ctx, batch, toks)
@@ -445,6 +448,7 @@ def main() -> int:
                                "prefill_n": pre["n_p_eval"] + pre["n_eval"]}
         if i == 0:
             hook("decode")
+        _emit({"event": "phase", "index": i, "phase": "decode", "tokens": n_gen})
         generated = [tok]
         n_past = len(toks)
         t1 = time.perf_counter()
