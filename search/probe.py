@@ -24,6 +24,12 @@ defaults itself and passes the result explicitly, so both runners allocate the s
 from llama.cpp's defaults is ``use_extra_bufts`` (weight repacking, ``--repack``), off unless asked for
 (``use_extra_bufts=True`` or ``RunConfig.no_repack=False``): on AMX CPUs it kills decodes with SIGILL.
 
+Isolation: probes on one host take turns (``host_probe_lock``: an flock on /tmp/ggfit-probe.lock held from before
+the child starts until it is dead; a waiting probe says so and its wait is not part of ``timeout``). The child dies
+with ggfit, even when ggfit is SIGKILLed (PR_SET_PDEATHSIG on Linux), and SIGTERM stops it as Ctrl-C does. With a
+``progress`` (``fitter.progress.Progress``) a probe reports its stages as they happen: the lock, the load, each
+prompt's prefill and decode.
+
 Statuses
 - ``ok``: every run decoded ``gen_tokens`` tokens.
 - ``oom``: an allocation failed: llama.cpp's "failed to allocate" / "unable to allocate" lines, ggml backend
