@@ -713,6 +713,9 @@ def _child_progress(progress: Progress, workload: Workload) -> Callable[[str], N
         elif e == "phase":
             i = int(ev.get("index", 0))
             progress.step(i, n, f"{_prompt_label(i, warm)}: {ev.get('phase')} {ev.get('tokens')} tokens")
+        elif e == "decoded":
+            i = int(ev.get("index", 0))
+            progress.step(i, n, f"{_prompt_label(i, warm)}: decode {ev.get('generated')}/{ev.get('tokens')} tokens")
         elif e == "run":
             i = int(ev.get("index", 0))
             s = _python_sample(ev)
