@@ -208,8 +208,8 @@ def _check_live(res, stream: _Stamped, stages: list[str]) -> None:
         assert hits, f"no {stage!r} in {lines}"
         at.append(hits[0])
     assert at == sorted(at), lines  # in the order they happen
-    for k in at:  # reported while the child ran, not read back after it died
-        assert res.started_at <= stream.stamped[k][0] <= res.ended_at, (stream.stamped[k], res.started_at, res.ended_at)
+    for k in at:  # reported as it happened, not read back after the child died
+        assert stream.stamped[k][0] <= res.ended_at, (stream.stamped[k], res.ended_at)
 
 
 def test_python_probe_reports_its_stages_live(moe, tmp_path, monkeypatch):  # noqa: F811
