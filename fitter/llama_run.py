@@ -33,12 +33,17 @@ of quantized weights with SIGILL and abort deepseek2 contexts.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -292,6 +297,92 @@ def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+# --- children die with ggfit -----------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _libc_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_int
+    return f
+
+
+_PRCTL = _libc_prctl()
+
+
+def child_preexec(as_limit: int | None = None) -> Callable[[], None] | None:
+    """The `preexec_fn` of every child ggfit starts (it runs in the child between fork and exec).
+
+    On Linux the child gets PR_SET_PDEATHSIG = SIGKILL, which survives exec: when ggfit dies, even of SIGKILL,
+    the kernel kills the child (llama-server, a probe or dry-run child) instead of leaving it to PID 1. The
+    signal fires when the *thread* that forked the child ends, so a child must be started by the thread that
+    waits for it (every caller here does: run_probe and measure block until their child is dead). If ggfit
+    died between fork and prctl, the child kills itself. `as_limit`: RLIMIT_AS for the child (a budget).
+    Elsewhere (macOS) children do not die with a SIGKILLed ggfit; SIGTERM and Ctrl-C still stop them.
+    """
+    if as_limit is None and _PRCTL is None:
+        return None
+    parent, prctl = os.getpid(), _PRCTL
+
+    def preexec() -> None:
+        if as_limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (as_limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # ggfit is already gone
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that the same cleanup runs (see `sigterm_cleanup`)."""
+
+
+@contextlib.contextmanager
+def sigterm_cleanup() -> Iterator[None]:
+    """While the block runs, SIGTERM cleans up as Ctrl-C does, then ends the process as SIGTERM would.
+
+    In the main thread, and only when nobody else handles SIGTERM (its disposition is SIG_DFL): SIGTERM raises
+    `Terminated` (a KeyboardInterrupt), so the `finally` blocks that kill a child's process group on Ctrl-C run;
+    when it leaves the block, the process kills itself with SIGTERM (exit status 143, as without the handler). A
+    second SIGTERM during the cleanup ends the process at once (its children die with it: `child_preexec`).
+    Elsewhere (another thread, a handler of the caller's own) it does nothing.
+    """
+    try:
+        ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    except (ValueError, OSError):
+        ours = False
+    if not ours:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except Terminated:
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                f.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # die of it, as if nobody had caught it
+        raise
+    finally:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -367,27 +458,29 @@ def measure(
         "test_signal": _test_signal,
     }
     cmd = [python or sys.executable, "-m", "fitter._llama_child"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_child_env(env),
-        cwd=_REPO_ROOT,
-        start_new_session=True,  # its own process group: a timeout kills everything it started
-    )
-    timed_out = False
-    try:
-        out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:  # e.g. KeyboardInterrupt while waiting
+    with sigterm_cleanup():  # SIGTERM: the child's group is killed as on Ctrl-C; SIGKILL: the child dies with us
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_child_env(env),
+            cwd=_REPO_ROOT,
+            start_new_session=True,  # its own process group: a timeout kills everything it started
+            preexec_fn=child_preexec(),
+        )
+        timed_out = False
+        try:
+            out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
             _kill_group(proc)
-            proc.wait()
+            out, err = proc.communicate()
+        finally:
+            if proc.poll() is None:  # KeyboardInterrupt or SIGTERM while waiting
+                _kill_group(proc)
+                proc.wait()
     wall = time.perf_counter() - t0
     return _assemble(proc, out, err, timed_out, wall, path, mode, params, timeout)
 

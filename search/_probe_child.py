@@ -12,8 +12,11 @@ Protocol
           "hang": stage}}
       type_k/type_v come as [name, id] and are checked against the loaded ggml's ggml_type_name(id).
   stderr: llama.cpp's whole log, verbatim (log callback -> fd 2, so an abort keeps everything before it).
-  stdout: one JSON object per line, each with an "event": start, build, limit, model, context, draft, run
-      (one per prompt), done. A missing "done" means the child died.
+  stdout: one JSON object per line, each with an "event": start, build, limit, model, context, draft, phase (as
+      each prompt's prefill and decode begin: {"index", "phase": "prefill"|"decode", "tokens"}), decoded (at most once
+      a second during a decode: {"index", "generated", "tokens"}), run (one per
+      prompt, when it is done), done. A missing "done" means the child died. The parent reads them as they come
+      (live progress).
 
 Budget (Linux only, CPU builds only): `RLIMIT_AS` = the process's address space right before the model is
 loaded (interpreter, numpy, llama.cpp's libraries) + `budget_bytes`. So the budget is everything llama.cpp maps
@@ -430,6 +433,7 @@ def main() -> int:
             return done("error", f"prompt {i} gave only {len(toks)} tokens, {n_prompt} wanted", timings=timings)
 
         # prefill
+        _emit({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
         p0 = perf.snap()
         t0 = time.perf_counter()
         err = prefill(ctx, batch, toks)
@@ -445,11 +449,22 @@ def main() -> int:
                                "prefill_n": pre["n_p_eval"] + pre["n_eval"]}
         if i == 0:
             hook("decode")
+        _emit({"event": "phase", "index": i, "phase": "decode", "tokens": n_gen})
         generated = [tok]
         n_past = len(toks)
         t1 = time.perf_counter()
+        next_tick = t1 + 1.0
+
+        def tick() -> None:  # a slow decode reports how far it is, at most once a second (outside llama.cpp's timings)
+            nonlocal next_tick
+            now = time.perf_counter()
+            if now >= next_tick:
+                next_tick = now + 1.0
+                _emit({"event": "decoded", "index": i, "generated": len(generated), "tokens": n_gen})
+
         if speculation != "on":
             while len(generated) < n_gen:
+                tick()
                 err = decode(ctx, batch.fill([tok], n_past), "generation")
                 if err:
                     e = json.loads(err)
@@ -473,6 +488,7 @@ def main() -> int:
             p_min, n_min = float(spec["p_min"]), int(spec["n_min"])
             try:
                 while len(generated) < n_gen:
+                    tick()
                     want = min(n_max, n_gen - len(generated))
                     drafts: list[int] = []
                     d_ckpt = None

@@ -24,6 +24,12 @@ defaults itself and passes the result explicitly, so both runners allocate the s
 from llama.cpp's defaults is ``use_extra_bufts`` (weight repacking, ``--repack``), off unless asked for
 (``use_extra_bufts=True`` or ``RunConfig.no_repack=False``): on AMX CPUs it kills decodes with SIGILL.
 
+Isolation: probes on one host take turns (``host_probe_lock``: an flock on /tmp/ggfit-probe.lock held from before
+the child starts until it is dead; a waiting probe says so and its wait is not part of ``timeout``). The child dies
+with ggfit, even when ggfit is SIGKILLed (PR_SET_PDEATHSIG on Linux), and SIGTERM stops it as Ctrl-C does. With a
+``progress`` (``fitter.progress.Progress``) a probe reports its stages as they happen: the lock, the load, each
+prompt's prefill and decode.
+
 Statuses
 - ``ok``: every run decoded ``gen_tokens`` tokens.
 - ``oom``: an allocation failed: llama.cpp's "failed to allocate" / "unable to allocate" lines, ggml backend
@@ -54,6 +60,8 @@ budget (glibc's per-thread malloc arenas would each reserve 64 MiB of address sp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -61,6 +69,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,7 +77,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from fitter.config import RunConfig
 from fitter.errors import GGFitError
 from fitter.llama_log import parse_log
-from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort
+from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort, sigterm_cleanup
+from fitter.progress import Progress
 from search.server import (
     BUDGET_ENV, HTTPFailure, LlamaServer, Proc, find_llama_server, free_port, parse_build,
     server_as_allowance, server_command, server_devices, server_version, split_log_line,
@@ -206,6 +216,8 @@ class ProbeResult(BaseModel):
     exit_code: int | None = None
     signal: str | None = None
     pid: int | None = None  # the child (python) or llama-server; the leader of its own process group
+    started_at: float | None = None  # when the child was started and when it was reaped (time.time())
+    ended_at: float | None = None
     log: str = ""
 
     @property
@@ -298,7 +310,7 @@ def resolve_server_defaults(config: RunConfig, *, threads: int, use_extra_bufts:
 
 def _python_probe(model_path: str, config: RunConfig, workload: Workload, *, budget_bytes: int | None, timeout: float,
                   threads: int, use_extra_bufts: bool, draft_n_min: int | None, draft_p_min: float | None,
-                  log_level: str, _test: dict[str, Any] | None) -> ProbeResult:
+                  log_level: str, _test: dict[str, Any] | None, progress: Progress | None) -> ProbeResult:
     model, context = resolve_server_defaults(config, threads=threads, use_extra_bufts=use_extra_bufts)
     spec = None
     if config.spec_type != "none":
@@ -325,8 +337,11 @@ def _python_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
     res = ProbeResult(status="error", runner="python", model_path=model_path, config=config, workload=workload,
                       budget_bytes=budget_bytes, command=cmd, params={"model": model, "context": context, "spec": spec})
     t0 = time.perf_counter()
+    if progress is not None:
+        progress.stage("starting the child")
     proc = Proc(cmd, env=_child_env(BUDGET_ENV if budget_bytes is not None else None), cwd=_REPO_ROOT,
-                stdin=json.dumps(request).encode())
+                stdin=json.dumps(request).encode(),
+                on_stdout_line=_child_progress(progress, workload) if progress is not None else None)
     timed_out = False
     try:
         if not proc.wait(timeout):
@@ -338,6 +353,7 @@ def _python_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
         proc.signal_group(signal.SIGKILL)
     res.wall_s = time.perf_counter() - t0
     res.pid = proc.pid
+    res.started_at, res.ended_at = proc.started_at, proc.ended_at
 
     events: dict[str, dict[str, Any]] = {}
     runs: list[dict[str, Any]] = []
@@ -451,7 +467,10 @@ def _classify_death(res: ProbeResult, log: str, errors: list[str] | None = None)
 
 def _server_probe(model_path: str, config: RunConfig, workload: Workload, *, budget_bytes: int | None, timeout: float,
                   threads: int, use_extra_bufts: bool, draft_n_min: int | None, draft_p_min: float | None,
-                  llama_server: str | None, extra_args: list[str] | None, _test: dict[str, Any] | None) -> ProbeResult:
+                  llama_server: str | None, extra_args: list[str] | None, _test: dict[str, Any] | None,
+                  progress: Progress | None) -> ProbeResult:
+    say = progress.stage if progress is not None else (lambda text: None)
+    step = progress.step if progress is not None else (lambda n, total, text="": None)
     binary = find_llama_server(llama_server)
     if config.spec_type == "draft-simple" and not config.draft_model:
         raise ProbeError("--spec-type draft-simple needs a draft model (-md)")
@@ -484,8 +503,10 @@ def _server_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
     failure: tuple[str, str, list[str]] | None = None  # (status, message, evidence)
     timed_out = False
     t_ready = None
+    say("starting llama-server")
     srv = LlamaServer(cmd, port=port, as_limit=as_limit)
     try:
+        say("loading the model (until llama-server's /health answers)")
         healthy = srv.wait_healthy(deadline)
         if not healthy and not srv.proc.alive and "couldn't bind HTTP server socket" in srv.log:
             srv.stop()  # another process took the free port in between: once more on a new one
@@ -501,8 +522,11 @@ def _server_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
             t_ready = time.perf_counter() - t0
             if _test and _test.get("signal"):  # test hook: the server dies like a native crash would
                 os.kill(srv.proc.pid, getattr(signal, _test["signal"]))
+            n_prompts = workload.warmup + workload.repeats
             for i, text in enumerate(workload.prompts()):
                 warm = i < workload.warmup
+                label = _prompt_label(i, workload.warmup)
+                step(i, n_prompts, f"{label}: prefill {workload.prompt_tokens} + decode {workload.gen_tokens} tokens")
                 try:
                     tok = srv.request("POST", "/tokenize", {"content": text, "add_special": True},
                                       deadline - time.perf_counter())
@@ -523,10 +547,15 @@ def _server_probe(model_path: str, config: RunConfig, workload: Workload, *, bud
                             failure = ("error", f"HTTP {e.status}: {e.message}" if e.status else e.message, [e.message])
                     break
                 samples.append(_server_sample(r, warm))
+                step(i + 1, n_prompts, f"{label}: {_rates(samples[-1])}")
+    except BaseException:  # Ctrl-C, SIGTERM (Terminated): no grace for the server, the whole group goes now
+        srv.proc.kill()
+        raise
     finally:
-        srv.stop()  # SIGTERM, then SIGKILL; the whole group; also on KeyboardInterrupt; reads the log to its end
+        srv.stop()  # SIGTERM, then SIGKILL; the whole group; reads the log to its end
     res.wall_s = time.perf_counter() - t0
     res.pid = srv.proc.pid
+    res.started_at, res.ended_at = srv.proc.started_at, srv.proc.ended_at
     log = srv.log
     parsed = [split_log_line(ln) for ln in srv.proc.lines if ln.strip()]
     clean = "\n".join(text for _, text in parsed)
@@ -589,6 +618,118 @@ def _server_sample(r: dict[str, Any], warm: bool) -> RunSample:
     return s
 
 
+# --- one probe at a time per host -------------------------------------------------------------------------
+
+# Two probes on one host share its cores and memory bandwidth and measure each other (two optimise workers on
+# one study once measured 143 tok/s where either alone measured 356-416). So every probe holds this lock from
+# before its child starts until the child is dead. /tmp, because the lock must be the same file for every
+# user's ggfit on the host: $XDG_RUNTIME_DIR is per user, and tempfile.gettempdir() follows $TMPDIR (per user
+# on macOS). GGFIT_PROBE_LOCK=PATH moves it, GGFIT_PROBE_LOCK=off drops it (e.g. probes pinned to separate GPUs).
+PROBE_LOCK = "/tmp/ggfit-probe.lock"
+LOCK_WAIT_STAGE = "waiting for another probe on this host"
+
+
+def probe_lock_path() -> str | None:
+    v = os.environ.get("GGFIT_PROBE_LOCK")
+    if v is None:
+        return PROBE_LOCK
+    return None if v.strip().lower() in ("", "off", "none", "0") else v
+
+
+def _open_lock(path: str) -> int | None:
+    """A read-only descriptor on the lock file, created readable by all (flock needs no write access). Read-only,
+    and without O_CREAT on an existing file: /tmp is sticky and fs.protected_regular refuses O_CREAT on another
+    user's file there. None when it cannot be opened (then the probe runs unlocked rather than fails)."""
+    for _ in range(3):
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            except OSError:
+                return None
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o644)  # whatever the umask: other users must be able to open it
+            return fd
+        except OSError:
+            return None
+    return None
+
+
+@contextlib.contextmanager
+def host_probe_lock(progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """Hold the host-wide probe lock (fcntl.flock, so it dies with the process) for the block; yields
+    {"path", "waited_s"}. While another probe holds it, says so on `progress` and waits."""
+    info: dict[str, Any] = {"path": probe_lock_path(), "waited_s": 0.0}
+    fd = _open_lock(info["path"]) if info["path"] else None
+    if fd is None:
+        info["path"] = None
+        yield info
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress is not None:
+                progress.stage(LOCK_WAIT_STAGE)
+            t = time.perf_counter()
+            fcntl.flock(fd, fcntl.LOCK_EX)  # Ctrl-C / SIGTERM interrupt the wait
+            info["waited_s"] = time.perf_counter() - t
+        yield info
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --- live progress ----------------------------------------------------------------------------------------
+
+
+def _prompt_label(i: int, warmup: int) -> str:
+    return f"prompt {i + 1}" + (" (warm-up)" if i < warmup else "")
+
+
+def _child_progress(progress: Progress, workload: Workload) -> Callable[[str], None]:
+    """A Proc stdout-line callback: the python runner's child events, reported on `progress` as they come."""
+    n, warm = workload.warmup + workload.repeats, workload.warmup
+
+    def on_line(line: str) -> None:
+        line = line.strip()
+        if not line.startswith("{"):
+            return
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        e = ev.get("event") if isinstance(ev, dict) else None
+        if e == "start":
+            progress.stage("importing llama_cpp")
+        elif e == "build":
+            progress.stage("loading the model")
+        elif e == "model":
+            progress.stage("creating the context")
+        elif e == "context":
+            progress.stage("context ready")
+        elif e == "phase":
+            i = int(ev.get("index", 0))
+            progress.step(i, n, f"{_prompt_label(i, warm)}: {ev.get('phase')} {ev.get('tokens')} tokens")
+        elif e == "decoded":
+            i = int(ev.get("index", 0))
+            progress.step(i, n, f"{_prompt_label(i, warm)}: decode {ev.get('generated')}/{ev.get('tokens')} tokens")
+        elif e == "run":
+            i = int(ev.get("index", 0))
+            s = _python_sample(ev)
+            progress.step(i + 1, n, f"{_prompt_label(i, warm)}: {_rates(s)}")
+
+    return on_line
+
+
+def _rates(s: RunSample) -> str:
+    pre = f"{s.prefill_tps:.1f}" if s.prefill_tps else "-"
+    dec = f"{s.decode_tps:.1f}" if s.decode_tps else "-"
+    return f"prefill {pre} tok/s, decode {dec} tok/s"
+
+
 # --- public API -------------------------------------------------------------------------------------------
 
 
@@ -607,6 +748,7 @@ def run_probe(
     draft_p_min: float | None = None,
     extra_args: list[str] | None = None,
     log_level: Literal["info", "debug"] = "info",
+    progress: Progress | None = None,
     _test: dict[str, Any] | None = None,
 ) -> ProbeResult:
     """Prove `config` on `model_path` with a real prefill + decode in an isolated process.
@@ -616,6 +758,12 @@ def run_probe(
 
     `extra_args`: further llama-server flags, passed verbatim by the server runner (llama-server judges them);
     the python runner has no flags to pass them to and reports them as an error.
+    `progress`: where to report what the probe is doing as it happens (waiting for the host's probe lock,
+    loading, prefill, decode); None says nothing.
+    Probes on one host never overlap: each holds `host_probe_lock` from before its child starts until the child is
+    dead; a probe that waits for it says so on `progress`, and its wait does not count against `timeout`
+    (`timings["lock_wait_s"]`). SIGTERM stops the child's group as Ctrl-C does (`sigterm_cleanup`), and the child
+    dies with this process, even of SIGKILL (`child_preexec`).
     `_test`: test hooks (python runner: {"abort": stage} for a native ggml_abort, {"signal": [stage, name]},
     {"hang": stage}, stages load/context/prompt/decode/free; server runner: {"signal": name} once healthy).
     """
@@ -641,13 +789,19 @@ def run_probe(
         if why:
             return ProbeResult(status="error", runner="python", model_path=path, config=config, workload=workload,
                                message=why, evidence=[why], budget_bytes=budget_bytes)
-        return _python_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
-                             use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
-                             log_level=log_level, _test=_test)
-    return _server_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
-                         use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
-                         llama_server=os.fspath(llama_server) if llama_server else None, extra_args=extra_args,
-                         _test=_test)
+    with sigterm_cleanup(), host_probe_lock(progress) as lock:
+        if runner == "python":
+            res = _python_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
+                                use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
+                                log_level=log_level, _test=_test, progress=progress)
+        else:
+            res = _server_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
+                                use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
+                                llama_server=os.fspath(llama_server) if llama_server else None, extra_args=extra_args,
+                                _test=_test, progress=progress)
+    if lock["path"]:
+        res.timings["lock_wait_s"] = lock["waited_s"]
+    return res
 
 
 # --- for the CLI: llama-server flags -> RunConfig -------------------------------------------------------------
@@ -764,9 +918,10 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
     from fitter.bundled import resolve_model  # noqa: PLC0415
 
     config, opts, unknown = parse_server_args(server_args)
-    res = run_probe(resolve_model(model), config, workload, runner=runner,
-                    budget_bytes=parse_size(budget, what="--budget") if budget else None, timeout=timeout,
-                    llama_server=llama_server, extra_args=unknown or None, **opts)
+    with Progress("probe", json_output=as_json) as progress:  # live stages on stderr; closed before the result
+        res = run_probe(resolve_model(model), config, workload, runner=runner,
+                        budget_bytes=parse_size(budget, what="--budget") if budget else None, timeout=timeout,
+                        llama_server=llama_server, extra_args=unknown or None, progress=progress, **opts)
     if as_json:
         return (0 if res.ok else 1), res.model_dump_json(indent=2, exclude={"log"})
     lines = [res.summary()]

@@ -30,6 +30,7 @@ from typing import Any
 
 from fitter.config import RunConfig
 from fitter.errors import GGFitError
+from fitter.llama_run import child_preexec
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to
@@ -83,22 +84,24 @@ def free_port() -> int:
 
 
 class Proc:
-    """A child in its own process group, reaped by os.wait4 (exit status and its own rusage)."""
+    """A child in its own process group, reaped by os.wait4 (exit status and its own rusage).
+
+    It dies with ggfit (`child_preexec`); start it from the thread that waits for it. `on_stdout_line` is
+    called from the reader thread with each stdout line as it comes (a probe child's live events).
+    `started_at` / `ended_at`: wall-clock times (time.time()) of the start and of the reaping."""
 
     def __init__(self, cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                  stdin: bytes | None = None, merge_stderr: bool = False, as_limit: int | None = None,
                  on_stdout_line=None):
-        def preexec() -> None:  # runs in the child between fork and exec
-            if as_limit is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (as_limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-
         self.t0 = time.perf_counter()
+        self.started_at = time.time()
+        self.ended_at: float | None = None
         self.popen = subprocess.Popen(
             cmd, env=env, cwd=cwd,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             start_new_session=True,  # its own process group: kill() takes everything it started
-            preexec_fn=preexec if as_limit is not None else None,
+            preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
         )
         self.pid = self.popen.pid
         self.out = bytearray()
@@ -131,20 +134,23 @@ class Proc:
                 pending += chunk
                 *full, pending = pending.split(b"\n")
                 for ln in full:
-                    s = ln.decode("utf-8", "replace")
-                    self.lines.append(s)
-                    if self._on_line:
-                        self._on_line(s)
+                    self._line(ln.decode("utf-8", "replace"))
         if split and pending:
-            s = pending.decode("utf-8", "replace")
-            self.lines.append(s)
-            if self._on_line:
+            self._line(pending.decode("utf-8", "replace"))
+
+    def _line(self, s: str) -> None:
+        self.lines.append(s)
+        if self._on_line:
+            try:
                 self._on_line(s)
+            except Exception:  # noqa: BLE001 - a reporting callback must never stop the reading
+                pass
 
     def _wait(self) -> None:
         _, status, ru = os.wait4(self.pid, 0)
         self.status, self.rusage = status, ru
         self.wall_s = time.perf_counter() - self.t0
+        self.ended_at = time.time()
         self.popen.returncode = os.waitstatus_to_exitcode(status)  # keeps Popen from waiting again
         self.exited.set()
 
@@ -345,7 +351,8 @@ def server_devices(binary: str, timeout: float = 60) -> list[str] | None:
 @functools.lru_cache(maxsize=8)
 def _server_devices(binary: str, _mtime: int, timeout: float) -> list[str] | None:
     try:
-        r = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=child_preexec())
     except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0 or "Available devices" not in r.stdout + r.stderr:
@@ -386,7 +393,8 @@ def server_version(binary: str, timeout: float = 30) -> str | None:
 @functools.lru_cache(maxsize=8)
 def _server_version(binary: str, _mtime: int, timeout: float) -> str | None:
     try:
-        r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=child_preexec())
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (r.stdout + r.stderr).strip() or None
