@@ -76,6 +76,10 @@ class Progress:
         self._step = (n, total)
         self._emit(text)
 
+    def sub(self, prefix: str) -> Progress:
+        """A nested task's progress on this line: its stages and steps follow `prefix`, this task's bar stays."""
+        return _Sub(self, prefix)
+
     def _line(self, text: str) -> str:
         where = ""
         if self._step is not None:
@@ -106,8 +110,26 @@ class Progress:
                 self._drawn = False
 
 
+class _Sub(Progress):
+    """Progress.sub: reports through the parent (one line, one lock, the parent's bar)."""
+
+    def __init__(self, parent: Progress, prefix: str) -> None:
+        super().__init__(parent.label, stream=parent.stream, mode=parent.mode)
+        self.parent, self.prefix = parent, prefix
+
+    def stage(self, text: str) -> None:
+        self.parent.stage(f"{self.prefix}: {text}")
+
+    def step(self, n: int, total: int, text: str = "") -> None:
+        self.parent.stage(f"{self.prefix}: {n}/{total} {text}".rstrip())
+
+    def close(self) -> None:  # the parent's line is the parent's to end
+        pass
+
+
 def _columns(stream: TextIO) -> int:
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, OSError, ValueError):
-        return 80
+        columns = 0
+    return columns if columns > 0 else 80  # a pty with no size set reports 0

@@ -1104,7 +1104,9 @@ def run_study(
                 live.step(done + elsewhere + 1, trials_goal,
                           f"trial {done + elsewhere + 1} of {trials_goal} (#{trial.number}), best so far "
                           f"{best_text(trials_now)}: probing {cand.short()}")  # the flags last: a terminal cuts there
-            probe_kw: dict[str, Any] = {}  # run_probe's live progress, once it takes one: probe_kw["progress"] = live
+            probe_kw: dict[str, Any] = {}
+            if live is not None:  # the probe's stages on the same line, after the trial's bar
+                probe_kw["progress"] = live.sub(f"trial {done + elsewhere + 1} of {trials_goal}")
             res = probe(cand.model_path, cand.config, d.workload, runner=runner, budget_bytes=probe_budget,
                         timeout=timeout, llama_server=llama_server, threads=cand.threads, draft_p_min=cand.draft_p_min,
                         **probe_kw)

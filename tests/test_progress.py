@@ -47,3 +47,17 @@ def test_json_and_env_override(monkeypatch):
 
 def test_bar_bounds():
     assert bar(0, 10, 10) == "[..........]" and bar(10, 10, 10) == "[##########]" and bar(20, 10, 10) == "[##########]"
+
+
+def test_sub_reports_through_the_parent_line(monkeypatch):
+    monkeypatch.delenv("GGFIT_PROGRESS", raising=False)
+    out = io.StringIO()
+    with Progress("optimise", stream=out) as p:
+        p.step(2, 5, "trial 2 of 5")
+        sub = p.sub("trial 2 of 5")
+        sub.stage("loading the model")
+        sub.step(1, 4, "prompt 1")
+        sub.close()  # leaves the parent's line alone
+    lines = out.getvalue().splitlines()
+    assert lines[1].endswith("2/5 trial 2 of 5: loading the model")
+    assert lines[2].endswith("2/5 trial 2 of 5: 1/4 prompt 1")

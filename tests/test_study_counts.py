@@ -217,6 +217,7 @@ def test_memory_plot_units_integer_ticks_and_a_colour_per_status():
     assert "skipped (predicted over budget)" in names and "stale (worker died; run again)" in names
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # matplotlib history plot
 def test_history_plot_axes_say_trials_and_tok_s():
     pytest.importorskip("plotly")
     pytest.importorskip("matplotlib")
