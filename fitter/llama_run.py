@@ -325,11 +325,12 @@ def child_preexec(as_limit: int | None = None) -> Callable[[], None] | None:
     signal fires when the *thread* that forked the child ends, so a child must be started by the thread that
     waits for it (every caller here does: run_probe and measure block until their child is dead). If ggfit
     died between fork and prctl, the child kills itself. `as_limit`: RLIMIT_AS for the child (a budget).
-    Elsewhere (macOS) children do not die with a SIGKILLed ggfit; SIGTERM and Ctrl-C still stop them.
+    Elsewhere (macOS) `watchdog_for` gives the child a watchdog process instead.
     """
-    if as_limit is None and _PRCTL is None:
+    prctl = _pdeathsig()
+    if as_limit is None and prctl is None:
         return None
-    parent, prctl = os.getpid(), _PRCTL
+    parent = os.getpid()
 
     def preexec() -> None:
         if as_limit is not None:
@@ -340,6 +341,56 @@ def child_preexec(as_limit: int | None = None) -> Callable[[], None] | None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+# Where no parent-death signal exists (macOS): a watchdog process holds the read end of a pipe whose write end
+# only ggfit holds. ggfit writes one byte once it has reaped the child; if ggfit dies first, however it dies, the
+# kernel closes the write end, the watchdog reads EOF and kills the child's process group.
+_WATCHDOG = """import os, signal, sys
+try:
+    gone = os.read(0, 1) == b""
+except OSError:
+    gone = True
+if gone:
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class Watchdog:
+    """Kills the process group `pgid` if ggfit dies before `release()` (see _WATCHDOG)."""
+
+    def __init__(self, pgid: int) -> None:
+        r, self._w = os.pipe()  # not inheritable: no other child holds the write end
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG, str(pgid)], stdin=r,
+                                         start_new_session=True)  # its own group: Ctrl-C to ggfit's group spares it
+        finally:
+            os.close(r)
+
+    def release(self) -> None:
+        """The child is reaped: the watchdog exits without killing anything."""
+        if self._w < 0:
+            return
+        try:
+            os.write(self._w, b"x")
+        except OSError:
+            pass
+        os.close(self._w)
+        self._w = -1
+        self.proc.wait()
+
+
+def _pdeathsig() -> Any:
+    """prctl for PR_SET_PDEATHSIG, or None: not Linux, or GGFIT_WATCHDOG=pipe (the watchdog, as on macOS)."""
+    return None if os.environ.get("GGFIT_WATCHDOG") == "pipe" else _PRCTL
+
+
+def watchdog_for(pgid: int) -> Watchdog | None:
+    """A Watchdog where the kernel's parent-death signal is missing."""
+    return None if _pdeathsig() is not None else Watchdog(pgid)
 
 
 class Terminated(KeyboardInterrupt):
@@ -470,6 +521,7 @@ def measure(
             start_new_session=True,  # its own process group: a timeout kills everything it started
             preexec_fn=child_preexec(),
         )
+        watchdog = watchdog_for(proc.pid)
         timed_out = False
         try:
             out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
@@ -481,6 +533,8 @@ def measure(
             if proc.poll() is None:  # KeyboardInterrupt or SIGTERM while waiting
                 _kill_group(proc)
                 proc.wait()
+            if watchdog is not None:
+                watchdog.release()
     wall = time.perf_counter() - t0
     return _assemble(proc, out, err, timed_out, wall, path, mode, params, timeout)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from fitter.config import RunConfig
 from fitter.errors import GGFitError
-from fitter.llama_run import child_preexec
+from fitter.llama_run import child_preexec, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to
@@ -104,6 +104,7 @@ class Proc:
             preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
         )
         self.pid = self.popen.pid
+        self._watchdog = watchdog_for(self.pid)  # None on Linux (the parent-death signal does it)
         self.out = bytearray()
         self.err = bytearray()
         self.lines: list[str] = []  # stdout split into lines as they come (merged log for the server)
@@ -153,6 +154,8 @@ class Proc:
         self.ended_at = time.time()
         self.popen.returncode = os.waitstatus_to_exitcode(status)  # keeps Popen from waiting again
         self.exited.set()
+        if self._watchdog is not None:
+            self._watchdog.release()
 
     @property
     def returncode(self) -> int | None:

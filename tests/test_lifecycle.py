@@ -77,12 +77,12 @@ def _maps(pid: int, what: str) -> bool:
 
 
 def _kill_during_child(args: list[str], marker: str, sig: int, tmp_path: Path, ready=lambda kid, log: True,
-                       wait_s: float = 300) -> None:
+                       wait_s: float = 300, env: dict[str, str] | None = None) -> None:
     """Start `python cli.py ARGS`; once its child (`marker` in its command line) runs and `ready(child, log)`,
     send `sig`; then ggfit dies of `sig` and within LINGER_S nothing is left of the child's process group."""
     logf = tmp_path / "ggfit.log"
     log = open(logf, "wb")
-    p = subprocess.Popen([sys.executable, "cli.py", *args], cwd=REPO, env=_env(tmp_path), stdout=log,
+    p = subprocess.Popen([sys.executable, "cli.py", *args], cwd=REPO, env={**_env(tmp_path), **(env or {})}, stdout=log,
                          stderr=subprocess.STDOUT)
     try:
         kid = None
@@ -141,6 +141,29 @@ def test_dry_run_children_die_with_ggfit(sig, tmp_path):
     """`ggfit calibrate` runs llama.cpp's dry run in one child after another (fitter.llama_run.measure)."""
     _kill_during_child(["calibrate", "gemma3-270m"], "fitter._llama_child", sig, tmp_path,
                        ready=lambda kid, log: _maps(kid, "libllama"))  # importing llama_cpp, or past it
+
+
+def test_watchdog_kills_children_where_there_is_no_parent_death_signal(tmp_path, request):
+    """macOS has no PR_SET_PDEATHSIG: there a watchdog process kills the child's group when ggfit dies, even of
+    SIGKILL. GGFIT_WATCHDOG=pipe uses the watchdog here instead of the kernel's signal. llama-server is the child
+    that needs it most: idle or decoding, it writes nothing, so no broken pipe ever stops it."""
+    args = ["probe", "gemma3-270m", "-c", "2048", "-t", "1", "--gen-tokens", "1024", *_server_args(request, "server")]
+    _kill_during_child(args, MARKER["server"], signal.SIGKILL, tmp_path, ready=lambda kid, log: "decode" in log,
+                       env={"GGFIT_WATCHDOG": "pipe"})
+
+
+def test_watchdog_released_kills_nothing():
+    """A child reaped normally: the watchdog exits without touching the (by then maybe reused) process group."""
+    from fitter.llama_run import Watchdog
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        w = Watchdog(sleeper.pid)
+        w.release()
+        assert w.proc.returncode == 0 and sleeper.poll() is None  # released: the group was left alone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # --- one probe at a time on a host ---------------------------------------------------------------------------
