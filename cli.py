@@ -252,7 +252,7 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-    from fitter.budget import parse_budget, parse_margin
+    from fitter.budget import available_bytes, parse_budget, parse_margin
     from fitter.build import build_label
     from fitter.bundled import resolve_model
     from fitter.config import ConfigError
@@ -267,6 +267,7 @@ def fit(
         raise ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
+    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
@@ -278,7 +279,6 @@ def fit(
     path = resolve_model(model)
     header, spec = load_model_spec(path)
     draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
-    available = bud.bytes - margin_bytes
 
     solutions = []
     rec = None
@@ -451,7 +451,7 @@ def quants(
     as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
-    from fitter.budget import parse_budget, parse_margin
+    from fitter.budget import available_bytes, parse_budget, parse_margin
     from fitter.bundled import resolve_model
     from fitter.model_spec import load_model_spec
     from fitter.quant_fit import best_fit, evaluate, why_none_fits
@@ -462,12 +462,16 @@ def quants(
                       spec_type="draft-simple" if model_draft else "none")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
+    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     header, spec = load_model_spec(resolve_model(model))
     draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
+    if n_ctx:
+        from fitter.config import resolve_context
+
+        _warn_ctx_train(resolve_context(spec, cfg, fe), spec)
     cands = evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
                      include_imatrix=not no_imatrix)
     best = best_fit(cands)
-    available = bud.bytes - margin_bytes
     if as_json:
         print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
