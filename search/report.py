@@ -304,6 +304,8 @@ def _check_inputs(study: Any, storage: str | None, out: str | Path | None) -> No
     db = _sqlite_file(url)
     if db is None or db.is_file():
         return
+    if db.exists():
+        raise StudyError(f"--storage {_redact(url)}: {db} is not a SQLite database file")
     if storage is None:
         raise StudyError(f"no study {study!r}: there are no studies yet ({db} does not exist; ggfit optimise creates it)")
     if not db.parent.is_dir():

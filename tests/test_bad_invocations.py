@@ -178,6 +178,7 @@ CASES += [
     (("report", "nosuchstudy"), "no study 'nosuchstudy'"),
     (("report", "nosuchstudy", "--storage", "{db}"), "no study 'nosuchstudy'"),
     (("report", "s1", "--storage", "bogus://x"), "--storage"),
+    (("report", "s1", "--storage", "{tmp}"), "not a SQLite database file"),
     # output paths
     (("report", "s1", "--storage", "{db}", "--out", "/proc/nope"), "--out /proc/nope"),
     (("report", "s1", "--storage", "{db}", "--out", "{file}"), "not a directory"),
