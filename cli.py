@@ -335,6 +335,12 @@ def fit(
     print(f"budget   {_mib(bud.bytes)} ({bud.source}){note}, margin {_mib(margin_bytes)} -> {_mib(available)} available")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
+    # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
+    capped = [f"{flag} {asked} -> {got}" for flag, asked, got in (("-b", n_batch, pred.context.n_batch),
+                                                                   ("-ub", n_ubatch, pred.context.n_ubatch))
+              if asked is not None and asked != got]
+    if capped:
+        print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
     if solutions:
         print()
         _print_solutions(solutions)

@@ -93,7 +93,14 @@ def test_huge_ubatch_is_printed_clamped_in_text_and_flags(gemma):
     flag_b = re.search(r"^\s+-b (\d+)", out.stdout, re.M)
     assert rec and flag_ub and flag_b, out.stdout
     assert rec.group(2) == flag_ub.group(1) == flag_b.group(1) == rec.group(1)
-    assert "99999999" not in out.stdout
+    assert f"capped   -ub 99999999 -> {rec.group(2)} " in out.stdout  # says so once, in the header
+    assert "99999999" not in out.stdout.split("capped", 1)[1].split("\n", 1)[1]
+
+
+def test_capped_batch_is_said_and_flagged(gemma):
+    out = ggfit("fit", "gemma3-270m", "--budget", "2GiB", "--backend", "cpu", "-c", "8192", "-ub", "4096")
+    assert out.returncode == 0, out.stderr
+    assert "capped   -ub 4096 -> 2048 " in out.stdout and re.search(r"^\s+-ub 2048 ", out.stdout, re.M)
 
 
 def test_context_above_training_warns_once(gemma):
