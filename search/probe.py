@@ -779,7 +779,8 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
 
     config, opts, unknown = parse_server_args(server_args)
     if unknown and runner == "python":
-        raise ProbeError(f"{unknown[0]}: not a llama-server flag the python runner takes (it takes "
+        shown = " ".join(unknown[:2]) if len(unknown) > 1 and not unknown[1].startswith("-") else unknown[0]
+        raise ProbeError(f"{shown}: not a llama-server flag the python runner takes (it takes "
                          f"{', '.join(n for n in _FLAGS if n.startswith('-') and not n.startswith('--'))} and their long "
                          "names); use --runner server to hand it to llama-server")
     budget_bytes = None

@@ -133,7 +133,7 @@ CASES += [
     (("optimise", M, *B, "--foo"), "--foo"),
     (("probe", M, "--foo"), "--foo"),
     (("probe", M, "--draft-max", "4"), "--draft-max"),
-    (("probe", M, "-lm", "bogus"), "-lm"),
+    (("probe", M, "-lm", "bogus"), "-lm bogus: not a llama-server flag the python runner takes"),
     # bad values of enumerations
     (("fit", M, *B, "--backend", "gpu"), "--backend gpu"),
     (("fit", M, *B, "--frontend", "web"), "--frontend web"),
@@ -264,6 +264,7 @@ def test_probe_unknown_flag_is_named_once(capfd):
     err = capfd.readouterr().err
     assert e.value.code == 2
     assert err.count("--no-such-flag") == 1 and err.count("error") == 1, err
+    assert err.startswith("ggfit: error: --no-such-flag 3: not a llama-server flag the python runner takes")
 
 
 def test_probe_server_unknown_flag_is_named_once(capfd):
