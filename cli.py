@@ -10,13 +10,19 @@ import typer
 
 from fitter.errors import GGFitError
 
+# typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Fit llama.cpp models to a memory budget, from GGUF metadata alone.",
     pretty_exceptions_enable=False,
+    # plain click help: rich's option table cuts long option names ("--spec-draft-type-k") at 80 columns
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
-
 
 
 @app.callback()
@@ -25,6 +31,35 @@ def _root() -> None:
 
 
 MODEL_HELP = "A GGUF path, an http(s) URL (read by Range requests), or a bundled model name (gemma3-270m)."
+SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559MiB, 24GiB, 26800MB)"
+
+# One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
+# meaning, common/arg.cpp) and ggfit's own budget/backend options.
+BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit).")]
+MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default 1024MiB, like llama.cpp's --fit-target).")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="metal, cuda or cpu (default: this machine's).")]
+FrontendOpt = Annotated[str, typer.Option("--frontend", metavar="NAME", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
+Ctx = Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="N", help="n_ctx: context size in tokens, 0 = the model's training context (fit: omit to solve for the largest that fits).")]
+Batch = Annotated[Optional[int], typer.Option("-b", "--batch-size", metavar="N", help="n_batch: logical maximum batch size (default 2048; llama.cpp caps it at n_ctx).")]
+UBatch = Annotated[Optional[int], typer.Option("-ub", "--ubatch-size", metavar="N", help="n_ubatch: physical maximum batch size (default 512; llama.cpp caps it at n_batch).")]
+CacheK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", metavar="TYPE", help="KV cache type for K: f32, f16 (default), bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.")]
+CacheV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", metavar="TYPE", help="KV cache type for V (same types as -ctk; quantized V needs flash attention).")]
+FlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", metavar="on|off|auto", help="Flash attention: on, off or auto.")]
+Parallel = Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", help="n_seq_max: server slots, 1..256, or -1 = auto (llama-server: 4 slots with a unified KV cache).")]
+KVUnified = Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="One KV buffer shared by all slots (default: on with -np auto).")]
+SwaFull = Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full", help="Full-size sliding-window KV cache (llama-server default: off).")]
+GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="Layers on the GPU; -1 = all.")]
+NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the weights into memory instead of mapping the file.")]
+Repack = Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")]
+ModelDraft = Annotated[Optional[str], typer.Option("-md", "--model-draft", metavar="MODEL", help="A draft model for speculative decoding (path, URL or bundled name).")]
+SpecType = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="Speculative decoding: draft-simple (with -md) or draft-mtp (the model's MTP head).")]
+DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", help="KV cache type for K of the draft context.")]
+DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
+DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+RunnerOpt = Annotated[str, typer.Option("--runner", metavar="python|server", help="python (llama-cpp-python in a child process) or server (llama-server).")]
+LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="Path of the llama-server binary for the server runner (default: ggfit's pinned build, then PATH).")]
+StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
 def _mib(n: int) -> str:
@@ -34,7 +69,7 @@ def _mib(n: int) -> str:
 @app.command()
 def inspect(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the model description as JSON.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Describe a model from its header: architecture, size, layer kinds, attention, vocab."""
     from fitter.bundled import resolve_model
@@ -140,13 +175,19 @@ def _run_config(**fields):
     """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
     from pydantic import ValidationError
 
-    from fitter.config import ConfigError, RunConfig
+    from fitter.config import RunConfig, config_error
 
     try:
         return RunConfig(**fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        raise config_error(e) from None
+
+
+def _warn_ctx_train(cp, spec) -> None:
+    """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
+    if cp.n_ctx_seq > spec.n_ctx_train:
+        print(f"ggfit: warning: n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({spec.n_ctx_train}) -- possible training "
+              "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
 
 
 def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
@@ -186,32 +227,32 @@ def _print_breakdown(pred, available: int) -> None:
 @app.command()
 def fit(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
-    budget: Annotated[str, typer.Option("--budget", help="25559MiB, 24GiB, 26800MB, or auto (the device's own limit).")] = "auto",
-    margin: Annotated[Optional[str], typer.Option("--margin", help="Kept free on top of the prediction (default 1024MiB, like llama.cpp's --fit-target).")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="metal, cuda or cpu (default: this machine's).")] = None,
-    frontend: Annotated[str, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")] = "server",
-    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size; omit to solve for the largest that fits.")] = None,
-    n_batch: Annotated[Optional[int], typer.Option("-b", "--batch-size")] = None,
-    n_ubatch: Annotated[Optional[int], typer.Option("-ub", "--ubatch-size")] = None,
-    type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k")] = None,
-    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v")] = None,
-    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="on, off or auto")] = "auto",
-    n_parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", help="-1 = auto")] = None,
-    kv_unified: Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified")] = None,
-    swa_full: Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full")] = None,
-    n_gpu_layers: Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers")] = -1,
-    no_mmap: Annotated[bool, typer.Option("--no-mmap")] = False,
-    repack: Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")] = False,
-    model_draft: Annotated[Optional[str], typer.Option("-md", "--model-draft")] = None,
-    spec_type: Annotated[Optional[str], typer.Option("--spec-type", help="draft-simple or draft-mtp")] = None,
-    draft_type_k: Annotated[str, typer.Option("--spec-draft-type-k")] = "f16",
-    draft_type_v: Annotated[str, typer.Option("--spec-draft-type-v")] = "f16",
-    draft_n_max: Annotated[int, typer.Option("--spec-draft-n-max")] = 3,
+    budget: BudgetOpt = "auto",
+    margin: MarginOpt = None,
+    backend: BackendOpt = None,
+    frontend: FrontendOpt = "server",
+    n_ctx: Ctx = None,
+    n_batch: Batch = None,
+    n_ubatch: UBatch = None,
+    type_k: CacheK = None,
+    type_v: CacheV = None,
+    flash_attn: FlashAttn = "auto",
+    n_parallel: Parallel = None,
+    kv_unified: KVUnified = None,
+    swa_full: SwaFull = None,
+    n_gpu_layers: GpuLayers = -1,
+    no_mmap: NoMmap = False,
+    repack: Repack = False,
+    model_draft: ModelDraft = None,
+    spec_type: SpecType = None,
+    draft_type_k: DraftTypeK = "f16",
+    draft_type_v: DraftTypeV = "f16",
+    draft_n_max: DraftNMax = 3,
     check: Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-    from fitter.budget import parse_budget, parse_margin
+    from fitter.budget import available_bytes, parse_budget, parse_margin
     from fitter.build import build_label
     from fitter.bundled import resolve_model
     from fitter.config import ConfigError
@@ -226,6 +267,7 @@ def fit(
         raise ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
+    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
@@ -237,13 +279,13 @@ def fit(
     path = resolve_model(model)
     header, spec = load_model_spec(path)
     draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
-    available = bud.bytes - margin_bytes
 
     solutions = []
     rec = None
     if n_ctx is None:
         kv_pairs = ((cfg.type_k, cfg.type_v),) if (type_k or type_v) else None
-        ubs = (n_ubatch,) if n_ubatch else None
+        # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
+        ubs = (min(n_ubatch, spec.n_ctx_train),) if n_ubatch else None
         kwargs = {}
         if kv_pairs:
             kwargs["kv_pairs"] = kv_pairs
@@ -255,6 +297,7 @@ def fit(
             header, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, draft)
     else:
         pred = predict(header, spec, cfg, be, fe, draft)
+    _warn_ctx_train(pred.context, spec)
     total = pred.total_device_bytes
     fits = total <= available
 
@@ -293,6 +336,12 @@ def fit(
     print(f"budget   {_mib(bud.bytes)} ({bud.source}){note}, margin {_mib(margin_bytes)} -> {_mib(available)} available")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
+    # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
+    capped = [f"{flag} {asked} -> {got}" for flag, asked, got in (("-b", n_batch, pred.context.n_batch),
+                                                                   ("-ub", n_ubatch, pred.context.n_ubatch))
+              if asked is not None and asked != got]
+    if capped:
+        print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
     if solutions:
         print()
         _print_solutions(solutions)
@@ -300,12 +349,13 @@ def fit(
             print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
                   f"{_mib(pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
             raise typer.Exit(1)
-        print(f"\nrecommended: -c {rec.n_ctx} -ub {rec.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
+        # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
+        print(f"\nrecommended: -c {rec.n_ctx} -ub {pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
               + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
         if draft is not None and not rec.draft:
             keep = recommend([s for s in solutions if s.draft], spec.n_ctx_train)
             print("the draft is left out: " + (
-                f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {keep.n_ubatch} "
+                f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
                 f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
     print()
     _print_breakdown(pred, available)
@@ -396,40 +446,44 @@ def _print_check(measured: dict) -> None:
 @app.command()
 def quants(
     model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any quant of the model: only its header is read.")],
-    budget: Annotated[str, typer.Option("--budget", help="25559MiB, 24GiB, 26800MB, or auto.")] = "auto",
-    margin: Annotated[Optional[str], typer.Option("--margin", help="Kept free (default 1024MiB).")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="metal, cuda or cpu (default: this machine's).")] = None,
-    frontend: Annotated[str, typer.Option("--frontend", help="server or library defaults.")] = "server",
-    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size")] = None,
-    n_batch: Annotated[Optional[int], typer.Option("-b", "--batch-size")] = None,
-    n_ubatch: Annotated[Optional[int], typer.Option("-ub", "--ubatch-size")] = None,
-    type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k")] = "f16",
-    type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v")] = "f16",
-    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn")] = "auto",
-    n_parallel: Annotated[Optional[int], typer.Option("-np", "--parallel")] = None,
-    model_draft: Annotated[Optional[str], typer.Option("-md", "--model-draft")] = None,
+    budget: BudgetOpt = "auto",
+    margin: MarginOpt = None,
+    backend: BackendOpt = None,
+    frontend: FrontendOpt = "server",
+    n_ctx: Ctx = None,
+    n_batch: Batch = None,
+    n_ubatch: UBatch = None,
+    type_k: CacheK = None,
+    type_v: CacheV = None,
+    flash_attn: FlashAttn = "auto",
+    n_parallel: Parallel = None,
+    model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
-    from fitter.budget import parse_budget, parse_margin
+    from fitter.budget import available_bytes, parse_budget, parse_margin
     from fitter.bundled import resolve_model
     from fitter.model_spec import load_model_spec
     from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
-    cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+    cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none")
     bud = parse_budget(budget, be.value)
     margin_bytes = parse_margin(margin)
+    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     header, spec = load_model_spec(resolve_model(model))
     draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
+    if n_ctx:
+        from fitter.config import resolve_context
+
+        _warn_ctx_train(resolve_context(spec, cfg, fe), spec)
     cands = evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
                      include_imatrix=not no_imatrix)
     best = best_fit(cands)
-    available = bud.bytes - margin_bytes
     if as_json:
         print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
@@ -458,13 +512,13 @@ def quants(
 def optimise(
     models: Annotated[list[str], typer.Argument(help="One model, or several quants of one model (searched as a parameter).")],
     study: Annotated[str, typer.Option("--study", help="prefill, decode, balanced, long-context, speculative, or a .toml path.")] = "prefill",
-    budget: Annotated[str, typer.Option("--budget", help="25559MiB, 24GiB, ... or auto.")] = "auto",
-    margin: Annotated[Optional[str], typer.Option("--margin", help="Kept free (default 1024MiB).")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="metal, cuda or cpu (default: this machine's).")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="Any Optuna RDB URL (default: SQLite under ~/.local/share/ggfit). `optuna-dashboard URL` shows it live.")] = None,
+    budget: BudgetOpt = "auto",
+    margin: MarginOpt = None,
+    backend: BackendOpt = None,
+    storage: StorageOpt = None,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (default: the study's budget).")] = None,
-    runner: Annotated[str, typer.Option("--runner", help="python or server")] = "python",
-    llama_server: Annotated[Optional[str], typer.Option("--llama-server")] = None,
+    runner: RunnerOpt = "python",
+    llama_server: LlamaServerOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
     no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
@@ -478,11 +532,15 @@ def optimise(
 
     if runner not in ("python", "server"):
         raise ConfigError(f"--runner {runner}: use python or server")
+    if trials is not None and trials < 1:
+        raise ConfigError(f"--trials {trials}: use 1 or more")
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with Progress("optimise") as live:
             result = run_study([resolve_model(m) for m in models], study, budget=budget, margin=margin,
-                               backend=backend or _detect_backend(), storage=storage, n_trials=trials, runner=runner,
+                               backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live)
     except KeyboardInterrupt as e:
@@ -495,7 +553,7 @@ def optimise(
 @app.command()
 def report(
     study: Annotated[str, typer.Argument(help="The study's name (printed by ggfit optimise).")],
-    storage: Annotated[Optional[str], typer.Option("--storage")] = None,
+    storage: StorageOpt = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Write trials.csv, summary.json and plots (HTML, PNG) here.")] = None,
 ) -> None:
     """The trial table of a study (status, reason, metrics) and, with --out, its plots."""
@@ -507,10 +565,10 @@ def report(
 @app.command()
 def calibrate(
     model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP + " With --clear: an architecture (gemma3) or a model.")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="The backend llama.cpp runs on here (default: this machine's).")] = None,
+    backend: BackendOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="List the stored calibrations.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them."""
@@ -610,15 +668,15 @@ def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 def probe(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any further arguments are llama-server flags.")],
-    runner: Annotated[str, typer.Option("--runner", help="python (llama-cpp-python in a child) or server (llama-server).")] = "python",
-    budget: Annotated[Optional[str], typer.Option("--budget", help="CPU only: run the probe under this memory limit, e.g. 2GiB.")] = None,
-    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path of the llama-server binary (server runner).")] = None,
+    runner: RunnerOpt = "python",
+    budget: Annotated[Optional[str], typer.Option("--budget", help=f"CPU only: run the probe under this memory limit: {SIZE_HELP}.")] = None,
+    llama_server: LlamaServerOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the probe is a timeout.")] = 300.0,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens")] = 512,
-    gen_tokens: Annotated[int, typer.Option("--gen-tokens")] = 64,
-    repeats: Annotated[int, typer.Option("--repeats")] = 3,
-    kind: Annotated[str, typer.Option("--kind", help="prose or code")] = "prose",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length in the model's tokens (1 or more).")] = 512,
+    gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens to decode after the prompt (1 or more).")] = 64,
+    repeats: Annotated[int, typer.Option("--repeats", help="Measured runs after one warm-up (1 or more); the median is reported.")] = 3,
+    kind: Annotated[str, typer.Option("--kind", help="The prompt text: prose or code.")] = "prose",
+    as_json: AsJson = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
     from fitter.config import ConfigError
@@ -627,26 +685,43 @@ def probe(
 
     if runner not in ("python", "server"):
         raise ConfigError(f"--runner {runner}: use python or server")
-    try:
-        workload = Workload(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind)
-    except ValueError as e:
-        raise ConfigError(f"workload: {str(e).splitlines()[-1].strip()}") from None
+    if not (0 < timeout < float("inf")):
+        raise ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
+    workload = Workload.from_flags(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind)
     code, text = probe_cli(model, list(ctx.args), runner=runner, budget=budget, llama_server=llama_server,
                            timeout=timeout, workload=workload, as_json=as_json)
     print(text)
     raise typer.Exit(code)
 
 
+def _usage_line(e) -> str:
+    """click's usage error (unknown option, missing argument, a value that is not a number) as one line."""
+    msg = " ".join(e.format_message().split())
+    # typer's int/float parsing speaks pydantic ("Input should be a valid integer, unable to parse ...")
+    msg = msg.replace("Input should be a valid integer, unable to parse string as an integer", "not a whole number")
+    msg = msg.replace("Input should be a valid number, unable to parse string as a number", "not a number")
+    cmd = e.ctx.command_path if e.ctx is not None else "ggfit"
+    return f"ggfit: error: {msg} (see {cmd} --help)"
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: user errors become one line on stderr and exit code 2."""
+    """Entry point: user errors (ggfit's and click's usage errors) become one line on stderr and exit code 2;
+    Ctrl-C is exit code 130."""
     try:
-        app(args=argv, standalone_mode=True)
-    except GGFitError as e:
-        print(f"ggfit: error: {e}", file=sys.stderr)
+        rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
+    except _NoArgsIsHelp as e:  # `ggfit` / `ggfit fit` alone: the help, as click prints it
+        print(e.ctx.get_help(), file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except _UsageError as e:
+        print(_usage_line(e), file=sys.stderr)
+        sys.exit(2)
+    except GGFitError as e:
+        print("ggfit: error: " + " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()), file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
         print("ggfit: interrupted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

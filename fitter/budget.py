@@ -1,12 +1,13 @@
 """The memory budget (`--budget`) and the margin kept free under it (`--margin`).
 
-Sizes: a number with a unit, or plain bytes.
+Sizes: a number with a unit (`25559MiB`, `26800000000B`); a bare number other than 0 is refused, since
+`--budget 25559` is more likely MiB than bytes.
 
 * Binary units: KiB, MiB, GiB, TiB (powers of 1024). Decimal units: KB, MB, GB, TB (powers of 1000),
   so `26800MB` is 26,800,000,000 bytes and `25559MiB` is 26,800,553,984. `B` is bytes.
 * Units are case-insensitive (`mib`, `GB`); a space between number and unit is allowed.
 * A unit may take a decimal fraction (`26.8GB`, `1.5GiB`); the result is rounded down to whole
-  bytes. Plain bytes must be a whole number. Single-letter units (`24G`) are refused as ambiguous.
+  bytes. Bytes (`B`) must be a whole number. Single-letter units (`24G`) are refused as ambiguous.
 
 `auto` asks the device, the way llama.cpp's `ggml_backend_dev_memory` does (`auto_budget`):
 
@@ -52,7 +53,7 @@ UNITS: dict[str, int] = {
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
 }
-ACCEPTED = "a number with a unit (25559MiB, 24GiB, 26800MB, 26.8GB; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB) or plain bytes"
+ACCEPTED = "a number with a unit (25559MiB, 24GiB, 26800MB, 26.8GB; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$", re.IGNORECASE)
 _MAX_BYTES = 2**63
 
@@ -94,7 +95,7 @@ class Budget(BaseModel):
 
 
 def parse_size(text: str, *, what: str = "--margin") -> int:
-    """Bytes from `25559MiB`, `24GiB`, `26800MB`, `26.8GB` or plain bytes; zero is allowed."""
+    """Bytes from `25559MiB`, `24GiB`, `26800MB`, `26.8GB`, `100B`; zero (`0`, `0MiB`) is allowed."""
     raw = str(text)
     s = raw.strip()
     if s.startswith("-"):
@@ -105,8 +106,11 @@ def parse_size(text: str, *, what: str = "--margin") -> int:
     number, unit = m.group(1), m.group(2).lower()
     if unit and unit not in UNITS:
         raise BudgetError(f"{what} {raw!r}: unknown unit '{m.group(2)}'; use {ACCEPTED}")
-    if not unit and "." in number:
-        raise BudgetError(f"{what} {raw!r}: plain bytes must be a whole number; use {ACCEPTED}")
+    if not unit and Decimal(number) != 0:  # zero is zero in every unit
+        also = " or auto" if what == "--budget" else ""
+        raise BudgetError(f"{what} {s}: a size needs a unit (did you mean {number}MiB?); use {ACCEPTED}{also}")
+    if unit == "b" and "." in number:
+        raise BudgetError(f"{what} {raw!r}: bytes must be a whole number; use {ACCEPTED}")
     try:
         value = int(Decimal(number) * UNITS[unit or "b"])  # int() rounds toward zero: whole bytes, down
     except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals

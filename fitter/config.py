@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Literal
 
 from fitter.gguf_constants import GGML_QUANT_SIZES, GGMLQuantizationType
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.errors import GGFitError
 from fitter.model_spec import ModelSpec
@@ -21,6 +21,16 @@ from fitter.model_spec import ModelSpec
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+INT32_MAX = 2**31 - 1  # common/arg.cpp common_params_parse_ex: integer flags are read with std::stoi
+
+# RunConfig field -> the llama-server flag a user types (for error messages)
+FLAG_OF = {
+    "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv", "flash_attn": "-fa",
+    "n_parallel": "-np", "kv_unified": "--kv-unified", "swa_full": "--swa-full", "n_gpu_layers": "-ngl",
+    "no_mmap": "--no-mmap", "no_repack": "--no-repack", "embeddings": "--embeddings", "spec_type": "--spec-type",
+    "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
+    "draft_n_max": "--spec-draft-n-max",
+}
 RS_ROLLBACK_ARCHS = {"qwen35", "qwen35moe"}  # llm_arch_supports_rs_rollback, among ggfit's architectures
 
 
@@ -65,9 +75,9 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    n_ctx: int | None = Field(None, ge=0, description="-c; 0 = the model's training context")
-    n_batch: int | None = Field(None, ge=1, description="-b")
-    n_ubatch: int | None = Field(None, ge=1, description="-ub")
+    n_ctx: int | None = Field(None, description="-c; 0 = the model's training context")
+    n_batch: int | None = Field(None, description="-b")
+    n_ubatch: int | None = Field(None, description="-ub")
     type_k: str = Field("f16", description="-ctk")
     type_v: str = Field("f16", description="-ctv")
     flash_attn: Literal["on", "off", "auto"] = Field("auto", description="-fa")
@@ -83,7 +93,45 @@ class RunConfig(BaseModel):
     draft_model: str | None = Field(None, description="--model-draft")
     draft_type_k: str = Field("f16", description="--spec-draft-type-k")
     draft_type_v: str = Field("f16", description="--spec-draft-type-v")
-    draft_n_max: int = Field(3, ge=0, description="--spec-draft-n-max")
+    draft_n_max: int = Field(3, description="--spec-draft-n-max")
+
+    @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max")
+    @classmethod
+    def _int32(cls, v: int | None, info) -> int | None:
+        # llama-server reads these with std::stoi (common/arg.cpp): a value beyond int32 is refused
+        if v is not None and not -INT32_MAX - 1 <= v <= INT32_MAX:
+            raise ValueError(f"llama-server reads it as a 32-bit integer (at most {INT32_MAX})")
+        return v
+
+    @field_validator("n_ctx")
+    @classmethod
+    def _n_ctx(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:  # llama_context_params.n_ctx is unsigned; 0 = the training context
+            raise ValueError("use a number of tokens, or 0 for the model's training context")
+        return v
+
+    @field_validator("n_batch", "n_ubatch")
+    @classmethod
+    def _batch(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:  # llama_init_from_model: a zero n_batch/n_ubatch leaves no batch to decode
+            raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("n_parallel")
+    @classmethod
+    def _n_parallel(cls, v: int | None) -> int | None:
+        # common/arg.cpp (llama-server -np): 0 is "invalid value for n_parallel", negative is auto;
+        # llama_context::llama_context: n_seq_max must be <= LLAMA_MAX_SEQ. ggfit takes -1 as the one auto spelling.
+        if v is not None and (v == 0 or v < -1 or v > LLAMA_MAX_SEQ):
+            raise ValueError(f"use -1 (auto: 4 slots) or a number of slots from 1 to {LLAMA_MAX_SEQ}")
+        return v
+
+    @field_validator("draft_n_max")
+    @classmethod
+    def _draft_n_max(cls, v: int) -> int:
+        if v < 0:  # common/arg.cpp --spec-draft-n-max: "invalid value" below 0
+            raise ValueError("must be 0 or more")
+        return v
 
     @field_validator("type_k", "type_v", "draft_type_k", "draft_type_v")
     @classmethod
@@ -92,6 +140,22 @@ class RunConfig(BaseModel):
         if v not in KV_CACHE_TYPES:
             raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
         return v
+
+
+def config_error(e: ValidationError) -> ConfigError:
+    """One line naming the flag as the user typed it (not the pydantic field) for a RunConfig that failed."""
+    err = e.errors()[0]
+    loc = err.get("loc") or ()
+    field = str(loc[0]) if loc else ""
+    flag = FLAG_OF.get(field, field)
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ").replace("Input should be ", "use ")
+    if err.get("type") == "extra_forbidden":
+        return ConfigError(f"{flag}: not a llama-server option ggfit knows")
+    if "input" in err and err["type"] not in ("missing",):
+        val = err["input"]
+        val = ("on" if val else "off") if isinstance(val, bool) else val
+        return ConfigError(f"{flag} {val}: {msg}")
+    return ConfigError(f"{flag}: {msg}")
 
 
 class ContextParams(BaseModel):
@@ -159,6 +223,17 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
     n_batch = min(n_ctx, n_batch)
     n_ubatch = min(n_batch, n_ubatch)
+    # llama_context::llama_context reserves outputs for one token per sequence, output_reserve(n_seq_max), which
+    # asserts n_seq_max <= cparams.n_outputs_max; that is at most n_batch (server_output_limits caps it at n_batch,
+    # the library's is n_batch itself): n_batch must hold a token of every sequence.
+    if n_batch < n_seq_max:
+        slots = f"-np {n_parallel}" + (" (auto)" if config.n_parallel is None or config.n_parallel < 0 else "")
+        why = (f"llama.cpp needs n_batch >= n_seq_max ({n_seq_max}, {slots}), else it aborts in output_reserve "
+               f"(GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+        if config.n_batch is not None and config.n_batch < n_seq_max:
+            raise ConfigError(f"-b {config.n_batch}: {why}; use -b {n_seq_max} or more, or fewer slots")
+        raise ConfigError(f"-c {config.n_ctx}: llama.cpp caps n_batch at n_ctx ({n_batch}), and {why}; "
+                          f"use -c {n_seq_max} or more (llama.cpp rounds n_ctx up to 256 anyway), or fewer slots")
 
     # n_outputs_max: the server caps outputs per batch by slots x (1 + draft tokens)
     # (server_output_limits / common_speculative_get_output_limits); the library reserves n_batch.

@@ -898,12 +898,25 @@ def parse_server_args(args: list[str]) -> tuple[RunConfig, dict[str, Any], list[
             fields[field] = v
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from fitter.config import config_error  # noqa: PLC0415
+
+    if opts.get("threads") is not None and opts["threads"] < 1:
+        raise ProbeError(f"-t {opts['threads']}: use 1 or more threads")
+    if opts.get("draft_n_min") is not None and opts["draft_n_min"] < 0:
+        raise ProbeError(f"--spec-draft-n-min {opts['draft_n_min']}: use 0 or more")
+    if opts.get("draft_p_min") is not None and not 0 <= opts["draft_p_min"] <= 1:
+        raise ProbeError(f"--spec-draft-p-min {opts['draft_p_min']}: use a probability from 0 to 1")
     try:
         config = RunConfig(**fields)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise ProbeError(f"{'.'.join(str(x) for x in err.get('loc', ()))}: "
-                         f"{str(err.get('msg', 'invalid')).removeprefix('Value error, ')}") from None
+        raise ProbeError(str(config_error(e))) from None
+    # llama_context::llama_context -> output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max, which
+    # llama-server (server_output_limits) and the python runner cap at -b: -b must hold a token of every slot
+    n_seq = 4 if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
+    if config.n_batch is not None and config.n_batch < n_seq:
+        raise ProbeError(f"-b {config.n_batch}: llama.cpp needs n_batch >= n_seq_max ({n_seq}, -np "
+                         f"{config.n_parallel if config.n_parallel is not None else 'auto'}), else it aborts in "
+                         f"output_reserve (GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
     return config, opts, unknown
 
 
@@ -916,12 +929,32 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
     """
     from fitter.budget import parse_size  # noqa: PLC0415
     from fitter.bundled import resolve_model  # noqa: PLC0415
+    from fitter.gguf_reader import read_header  # noqa: PLC0415
 
     config, opts, unknown = parse_server_args(server_args)
+    if unknown and runner == "python":
+        shown = " ".join(unknown[:2]) if len(unknown) > 1 and not unknown[1].startswith("-") else unknown[0]
+        raise ProbeError(f"{shown}: not a llama-server flag the python runner takes (it takes "
+                         f"{', '.join(n for n in _FLAGS if n.startswith('-') and not n.startswith('--'))} and their long "
+                         "names); use --runner server to hand it to llama-server")
+    budget_bytes = None
+    if budget is not None:
+        budget_bytes = parse_size(budget, what="--budget")
+        if budget_bytes <= 0:
+            raise ProbeError(f"--budget {budget}: must be more than zero")
+    # a missing, empty, text or truncated file is the user's: one line from ggfit's reader, as `fit` does,
+    # before llama.cpp's loader prints its own log lines
+    path = resolve_model(model)
+    read_header(path)
+    if config.draft_model:
+        read_header(resolve_model(config.draft_model))
     with Progress("probe", json_output=as_json) as progress:  # live stages on stderr; closed before the result
-        res = run_probe(resolve_model(model), config, workload, runner=runner,
-                        budget_bytes=parse_size(budget, what="--budget") if budget else None, timeout=timeout,
+        res = run_probe(path, config, workload, runner=runner, budget_bytes=budget_bytes, timeout=timeout,
                         llama_server=llama_server, extra_args=unknown or None, progress=progress, **opts)
+    invalid = re.compile(r"invalid argument: (\S+)")  # common_params_parse_ex: a flag llama-server does not have
+    bad = next((m for m in [res.message or "", *res.evidence] if m and invalid.search(m)), None)
+    if not res.ok and bad:
+        raise ProbeError(f"{invalid.search(bad).group(1)}: llama-server has no such option")
     if as_json:
         return (0 if res.ok else 1), res.model_dump_json(indent=2, exclude={"log"})
     lines = [res.summary()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -383,24 +384,65 @@ def write_trials_csv(study, path: str | Path) -> str:
     return str(path)
 
 
+def _sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite storage URL or plain path (as open_storage reads it); None for other URLs."""
+    if "://" not in url:
+        return Path(url).expanduser().resolve()
+    if url.startswith("sqlite:///"):
+        db = url[len("sqlite:///"):].split("?", 1)[0]
+        return None if db in ("", ":memory:") else Path(db)
+    return None
+
+
+def _check_inputs(study: Any, storage: str | None, out: str | Path | None) -> None:
+    """Refuse, before anything is opened or written, a SQLite storage that does not exist (reading it would create
+    an empty database, and its directory) and an --out that is not a directory that can be made."""
+    import optuna
+
+    if out is not None:
+        o = Path(out)
+        if o.exists() and not o.is_dir():
+            raise StudyError(f"--out {out}: exists and is not a directory")
+        parent = next((p for p in o.absolute().parents if p.exists()), None) if not o.exists() else o
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise StudyError(f"--out {out}: cannot create a directory there ({parent} is not a writable directory)")
+    if isinstance(study, optuna.Study) or (storage is not None and not isinstance(storage, str)):
+        return
+    url = storage or default_storage_url()
+    db = _sqlite_file(url)
+    if db is None or db.is_file():
+        return
+    if db.exists():
+        raise StudyError(f"--storage {_redact(url)}: {db} is not a SQLite database file")
+    if storage is None:
+        raise StudyError(f"no study {study!r}: there are no studies yet ({db} does not exist; ggfit optimise creates it)")
+    if not db.parent.is_dir():
+        raise StudyError(f"--storage {_redact(url)}: directory {db.parent} does not exist")
+    raise StudyError(f"no study {study!r}: --storage {_redact(url)} does not exist")
+
+
 def report(study: Any, *, storage: str | None = None, out: str | Path | None = None, plots: bool = True,
            echo: Callable[[str], None] | None = print) -> StudyReport:
     """Print the trial table and a summary; with `out`, write trials.csv, summary.json and the plots there."""
+    _check_inputs(study, storage, out)
     s = load(study, storage)
     where = "(study object)" if s is study else _redact(storage or default_storage_url())
     rep = StudyReport(study_name=s.study_name, storage=where, table=trial_table(s), summary=_summary(s))
     if out is not None:
         outd = Path(out)
-        outd.mkdir(parents=True, exist_ok=True)
-        rep.files.append(write_trials_csv(s, outd / "trials.csv"))
-        (outd / "summary.json").write_text(json.dumps({"study": s.study_name, "summary": rep.summary,
-                                                        "ggfit": _meta(s), "final": s.user_attrs.get("final")},
-                                                       indent=2, default=str))
-        rep.files.append(str(outd / "summary.json"))
-        if plots:
-            files, notes = write_plots(s, outd)
-            rep.files += files
-            rep.notes += notes
+        try:
+            outd.mkdir(parents=True, exist_ok=True)
+            rep.files.append(write_trials_csv(s, outd / "trials.csv"))
+            (outd / "summary.json").write_text(json.dumps({"study": s.study_name, "summary": rep.summary,
+                                                            "ggfit": _meta(s), "final": s.user_attrs.get("final")},
+                                                           indent=2, default=str))
+            rep.files.append(str(outd / "summary.json"))
+            if plots:
+                files, notes = write_plots(s, outd)
+                rep.files += files
+                rep.notes += notes
+        except OSError as e:
+            raise StudyError(f"--out {out}: cannot write there: {e.strerror or e}") from None
     if echo:
         echo(rep.text())
     return rep

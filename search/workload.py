@@ -76,6 +76,19 @@ class Workload(BaseModel):
     repeats: int = Field(3, ge=1, description="measured runs (median reported)")
     warmup: int = Field(1, ge=0, description="discarded runs before the measured ones")
 
+    @classmethod
+    def from_flags(cls, *, prompt_tokens: int, gen_tokens: int, repeats: int, kind: str) -> "Workload":
+        """The workload of `ggfit probe --kind --prompt-tokens --gen-tokens --repeats`; a bad value is a one-line
+        ProbeError naming the flag and what it accepts (not pydantic's message)."""
+        from search.probe import ProbeError  # noqa: PLC0415 - probe imports this module
+
+        if kind not in ("prose", "code"):
+            raise ProbeError(f"--kind {kind}: use prose or code")
+        for flag, v in (("--prompt-tokens", prompt_tokens), ("--gen-tokens", gen_tokens), ("--repeats", repeats)):
+            if v < 1:
+                raise ProbeError(f"{flag} {v}: use 1 or more")
+        return cls(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind)
+
     @property
     def runs(self) -> int:
         return self.warmup + self.repeats

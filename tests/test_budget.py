@@ -39,7 +39,8 @@ GiB = 2**30
         ("24GiB", 24 * GiB),
         ("26800MB", 26_800_000_000),
         ("26.8GB", 26_800_000_000),
-        ("26800000000", 26_800_000_000),
+        ("26800000000B", 26_800_000_000),
+        ("0", 0),  # zero needs no unit
         ("1.5GiB", 3 * GiB // 2),
         ("24 gib", 24 * GiB),
         ("24gb", 24_000_000_000),
@@ -58,7 +59,7 @@ def test_parse_size_accepts(text, expected):
 
 
 @pytest.mark.parametrize(
-    "text", ["24GB5", "-1MiB", "lots", "", "24G", "24M", "1.5", "1e9", "24 GiB extra", "GiB", "1,024MiB", "0x100", "24GiBs", "+5GB"]
+    "text", ["24GB5", "-1MiB", "lots", "", "24G", "24M", "1.5", "1e9", "25559", "26800000000", "1.5B", "24 GiB extra", "GiB", "1,024MiB", "0x100", "24GiBs", "+5GB"]
 )
 def test_parse_size_refuses(text):
     with pytest.raises(BudgetError) as e:
@@ -72,6 +73,15 @@ def test_parse_size_refuses(text):
 def test_errors_are_ggfit_errors():
     assert issubclass(BudgetError, GGFitError)
     assert issubclass(cb.BackendError, GGFitError)
+
+
+def test_bare_number_needs_a_unit():
+    # issue 11: `--budget 25559` was read as 25,559 bytes; a unit is required, and the message suggests MiB
+    with pytest.raises(BudgetError, match=r"^--budget 25559: a size needs a unit \(did you mean 25559MiB\?\).* or auto$"):
+        parse_budget("25559", "cpu")
+    with pytest.raises(BudgetError, match=r"^--margin 512: a size needs a unit \(did you mean 512MiB\?\)"):
+        parse_margin("512")
+    assert parse_margin("0") == 0
 
 
 def test_negative_says_so():
