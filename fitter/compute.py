@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import ContextParams, ggml_type
@@ -710,7 +710,7 @@ class GraphDetails(BaseModel):
 
 
 def graph_details(header) -> GraphDetails:
-    """GraphDetails from a fitter.gguf_reader.GGUFHeader."""
+    """GraphDetails from a fitter.gguf.reader.GGUFHeader."""
     md = header.metadata
     arch = md.get("general.architecture", "")
 

@@ -91,7 +91,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from fitter.config import Backend, pad
 from fitter.errors import GGFitError

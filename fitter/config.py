@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fitter.errors import GGFitError

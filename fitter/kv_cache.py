@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fitter.gguf_constants import GGMLQuantizationType
+from fitter.gguf.constants import GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import ContextParams, ggml_row_size, ggml_type, pad

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from fitter.compute import compute_buffers, graph_details
 from fitter.compute_backend import metal_fa_unsupported_reason, tensor_info_alloc_size
 from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
-from fitter.gguf_reader import GGUFHeader
+from fitter.gguf.reader import GGUFHeader
 from fitter.kv_cache import memory_caches
 from fitter.model_spec import ModelSpec
 from fitter.weights import DEVICE_NAME, gpu_layer_start, weight_buffers

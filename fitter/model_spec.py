@@ -13,11 +13,11 @@ from collections import defaultdict
 from enum import Enum
 from typing import Any, Callable
 
-from fitter.gguf_constants import GGMLQuantizationType, Keys, LlamaFileType
+from fitter.gguf.constants import GGMLQuantizationType, Keys, LlamaFileType
 from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import GGUFError, UnsupportedModelError
-from fitter.gguf_reader import GGUFHeader, SkippedArray
+from fitter.gguf.reader import GGUFHeader, SkippedArray
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"  # LLM_KV_ATTENTION_RECURRENT_LAYERS (not in gguf 0.19 Keys)
@@ -471,7 +471,7 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
 
 
 def load_model_spec(location: str, *, allow_unknown: bool = False) -> tuple[GGUFHeader, ModelSpec]:
-    from fitter.gguf_reader import read_header
+    from fitter.gguf.reader import read_header
 
     header = read_header(location)
     return header, model_spec_from_header(header, allow_unknown=allow_unknown)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from fitter.errors import GGFitError
-from fitter.gguf_constants import GGUFValueType
-from fitter.gguf_reader import GGUFHeader, SkippedArray, SkippedString
+from fitter.gguf.constants import GGUFValueType
+from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString
 
 GGUF_DEFAULT_ALIGNMENT = 32  # ggml/include/gguf.h; llama-quant.cpp writes with it whatever the input says
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, ConfigError, Frontend, RunConfig
-from fitter.gguf_reader import GGUFHeader
+from fitter.gguf.reader import GGUFHeader
 from fitter.memory import Prediction, predict
 from fitter.model_spec import ModelSpec
 

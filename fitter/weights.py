@@ -13,7 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, pad
-from fitter.gguf_reader import GGUFHeader, TensorInfo
+from fitter.gguf.reader import GGUFHeader, TensorInfo
 from fitter.model_spec import ModelSpec
 
 # LLM_TENSOR_INFOS entries of kind LLM_TENSOR_LAYER_INPUT (src/llama-arch.cpp)

@@ -508,7 +508,7 @@ def test_metal_alloc_dep_patterns_cover_fusion_table():
 
 
 def test_tensor_info_hook_for_weights():
-    from fitter.gguf_reader import TensorInfo
+    from fitter.gguf.reader import TensorInfo
     from gguf import GGMLQuantizationType as T
 
     t = TensorInfo(name="blk.0.ffn_down.weight", shape=(2816, 2048), ggml_type=T.Q4_K, offset=0,

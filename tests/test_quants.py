@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
-from fitter.gguf_reader import read_header
+from fitter.gguf.reader import read_header
 from fitter.quants import (
     FTYPES,
     QUANT_FTYPES,

@@ -16,10 +16,10 @@ import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
-from fitter.source import ByteSource, open_source
+from fitter.gguf.source import ByteSource, open_source
 
 GGML_MAX_DIMS = 4  # ggml.h
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses names of this length or longer
