@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.compute import compute_buffers, graph_details
+from fitter.llama.context import compute_buffers
+from fitter.llama.graph_details import graph_details
 from fitter.compute_backend import metal_fa_unsupported_reason, tensor_info_alloc_size
 from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
 from fitter.gguf.reader import GGUFHeader

@@ -1,0 +1,36 @@
+"""gpt-oss: src/models/openai-moe-iswa.cpp."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fitter.ggml.tensor import add, get_rows, mm, rope
+from fitter.llama.graph import GraphContext
+
+
+def build_graph(c: GraphContext) -> Iterator:
+    """gpt-oss: src/models/openai-moe.cpp (iSWA, attention sinks, biased experts)."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    inpL = c.build_inp_embd()
+    inp_pos = c.build_inp_pos()
+    ai = c.build_attn_inp_kv_iswa() if sp.is_swa_any else c.build_attn_inp_kv()
+    out_ids = c.build_inp_out_ids()
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
+    while il is not None:
+        l = sp.layers[il]
+        inpSA = inpL
+        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
+        q, k, v = c.build_qkv(l, cur, bias=c.d.has("attn_q.bias", il))
+        q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
+        k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        cur = c.build_attn(ai, q, k, v, il, wo_b=c.d.has("attn_output.bias", il), sinks=True)
+        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
+        cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
+        cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
+        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+    h_nextn = inpL
+    cur = get_rows(ctx0, inpL, out_ids)
+    cur = c.build_norm(cur, name="result_norm")
+    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    c.finish(h_nextn, cur, logits)
