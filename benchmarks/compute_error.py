@@ -32,7 +32,7 @@ from fitter.llama.graph_details import graph_details  # noqa: E402
 from fitter.check import llama_params  # noqa: E402
 from fitter.config import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
 from fitter.llama_run import measure  # noqa: E402
-from fitter.model_spec import load_model_spec  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 from tests.synth import build  # noqa: E402
 
 MIB = 1 << 20

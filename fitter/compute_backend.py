@@ -302,7 +302,7 @@ def weight_alloc_size(backend: Backend | str, t: str | GGMLQuantizationType, ne:
 
 
 def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:
-    """The `alloc_size(tensor, backend)` hook of fitter.weights.weight_buffers for a gguf TensorInfo.
+    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo.
 
     Unaligned (the caller pads to the alignment): ggml_nbytes, plus MATRIX_ROW_PADDING on CUDA.
     """

@@ -30,7 +30,7 @@ from fitter.llama.graph_details import graph_details
 from fitter.check import llama_params
 from fitter.config import Frontend, RunConfig, resolve_context
 from fitter.llama_run import measure
-from fitter.model_spec import load_model_spec
+from fitter.llama.model import load_model_spec
 from tests.synth import build
 from tests.synth.shapes import build_shape
 

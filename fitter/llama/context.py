@@ -44,7 +44,7 @@ from fitter.ggml.types import F16
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails, default_details
 from fitter.llama.models import has_mtp_graph, model_of
-from fitter.model_spec import ModelSpec
+from fitter.llama.hparams import ModelSpec
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 _WEIGHT_OF = {

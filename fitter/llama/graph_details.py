@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.model_spec import ModelSpec
+from fitter.llama.hparams import ModelSpec
 
 
 class GraphDetails(BaseModel):

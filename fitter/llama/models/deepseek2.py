@@ -7,6 +7,11 @@ from typing import Iterator
 from fitter.ggml.tensor import Tensor, add, cache, concat, cont, get_rows, inp, mm, mul, permute, repeat_4d, reshape, rope, view
 from fitter.ggml.types import F32, row_size
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
+from fitter.llama.hparams import ArchRules
+
+
+ARCHS = {"deepseek2": ArchRules(mla=True)}
+
 
 
 def _deepseek2_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il: int, attn_scale: Tensor | None) -> Tensor:

@@ -6,6 +6,25 @@ from typing import Iterator
 
 from fitter.ggml.tensor import add, get_rows, mm, rope, scale, unary
 from fitter.llama.graph import GraphContext
+from fitter.gguf.constants import Keys
+from fitter.llama.hparams import ArchRules, Meta, load_swa_pattern
+
+
+def _gemma2_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
+    # llama_model_gemma2::load_arch_hparams: window defaults to 4096, pattern 2
+    return m.uint(Keys.Attention.SLIDING_WINDOW, 4096), load_swa_pattern(m, 2, n_layer, n_layer_all)
+
+
+def _gemma3_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
+    # llama_model_gemma3::load_arch_hparams: SWA only when the window key is present and > 0; pattern 6
+    n_swa = m.uint(Keys.Attention.SLIDING_WINDOW, 0)
+    if n_swa == 0:
+        return 0, [False] * n_layer_all
+    return n_swa, load_swa_pattern(m, 6, n_layer, n_layer_all)
+
+
+ARCHS = {"gemma2": ArchRules(swa=_gemma2_swa), "gemma3": ArchRules(swa=_gemma3_swa)}
+
 
 
 def build_graph(c: GraphContext) -> Iterator:

@@ -7,6 +7,27 @@ from typing import Iterator
 from fitter.ggml.tensor import add, cont, get_rows, inp, mm, mul, permute, reshape, rms_norm, rope, scale, unary, view, weight
 from fitter.ggml.types import F32, I32, row_size
 from fitter.llama.graph import GraphContext
+from fitter.errors import GGUFError
+from fitter.gguf.constants import Keys
+from fitter.llama.hparams import ArchRules, Meta
+
+
+def _gemma4_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
+    # llama_model_gemma4::load_arch_hparams: the pattern is a required bool array
+    v = m.get(Keys.Attention.SLIDING_WINDOW_PATTERN, required=True)
+    if not isinstance(v, list):
+        raise GGUFError(0, f"'{m.key(Keys.Attention.SLIDING_WINDOW_PATTERN)}' must be an array for gemma4", m.src)
+    return m.uint(Keys.Attention.SLIDING_WINDOW, required=True), [bool(x) for x in v] + [False] * (n_layer_all - len(v))
+
+
+def _gemma4_kv_from_start(m: Meta, n_layer_all: int) -> int:
+    # llama_model_gemma4::load_arch_hparams: the last shared_kv_layers layers reuse earlier KV
+    return n_layer_all - m.uint(Keys.Attention.SHARED_KV_LAYERS, 0)
+
+
+ARCHS = {"gemma4": ArchRules(swa=_gemma4_swa, kv_from_start=_gemma4_kv_from_start, output_before_tok_embd=True,
+                             per_layer_globals_full_only=True)}
+
 
 
 def build_graph(c: GraphContext) -> Iterator:

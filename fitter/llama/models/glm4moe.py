@@ -6,6 +6,11 @@ from typing import Iterator
 
 from fitter.ggml.tensor import Tensor, add, get_rows, mm, rope
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
+from fitter.llama.hparams import ArchRules
+
+
+ARCHS = {"glm4moe": ArchRules()}
+
 
 
 def _glm4moe_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il: int) -> Tensor:

@@ -6,6 +6,18 @@ from typing import Iterator
 
 from fitter.ggml.tensor import add, get_rows, mm, rope
 from fitter.llama.graph import GraphContext
+from fitter.gguf.constants import Keys
+from fitter.llama.hparams import ArchRules, Meta, load_swa_pattern
+
+
+def _gpt_oss_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
+    # llama_model_openai_moe::load_arch_hparams: required window, pattern 2
+    return m.uint(Keys.Attention.SLIDING_WINDOW, required=True), load_swa_pattern(m, 2, n_layer, n_layer_all)
+
+
+# load_tensors never duplicates token_embd as the output
+ARCHS = {"gpt-oss": ArchRules(swa=_gpt_oss_swa, tied_output=False)}
+
 
 
 def build_graph(c: GraphContext) -> Iterator:

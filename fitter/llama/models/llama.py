@@ -7,6 +7,11 @@ from typing import Iterator
 from fitter.ggml.tensor import add, get_rows, inp, mm, mul, rope
 from fitter.ggml.types import F32
 from fitter.llama.graph import GraphContext
+from fitter.llama.hparams import ArchRules
+
+
+ARCHS = {"llama": ArchRules(), "mistral3": ArchRules(), "qwen2": ArchRules(), "qwen3": ArchRules(), "qwen3moe": ArchRules()}
+
 
 
 def build_graph(c: GraphContext) -> Iterator:

@@ -6,6 +6,11 @@ from typing import Iterator
 
 from fitter.ggml.tensor import add, get_rows, mm, rope, scale
 from fitter.llama.graph import GraphContext
+from fitter.llama.hparams import ArchRules
+
+
+ARCHS = {"phi3": ArchRules()}  # llama_model_phi3: a sliding window in the file is ignored (SWA disabled)
+
 
 
 def build_graph(c: GraphContext) -> Iterator:

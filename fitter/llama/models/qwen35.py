@@ -7,7 +7,26 @@ from typing import Iterator
 from fitter.ggml.tensor import Tensor, add, cache, concat, cont, cont_nd, cpy, get_rows, mm, mul, new_tensor, op_weight, repeat_4d, reshape, rms_norm, rope, scale, srcs, transpose, unary, view
 from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.llama.graph import GraphContext, build_mtp
-from fitter.model_spec import LayerKind
+from fitter.llama.hparams import LayerKind
+from fitter.errors import GGUFError
+from fitter.gguf.constants import Keys
+from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, Meta
+
+
+def _gdn_recurrent(m: Meta, n_layer: int, n_layer_all: int) -> list[bool]:
+    # llama_model_qwen35::load_arch_hparams (same in qwen35moe, qwen3next): recurrent_layers array,
+    # else every layer but each full_attention_interval-th; NextN layers are never recurrent
+    if m.has(RECURRENT_LAYERS_KEY):
+        return [bool(x) for x in m.per_layer(RECURRENT_LAYERS_KEY, n_layer_all, 0)]
+    interval = m.uint(Keys.LLM.FULL_ATTENTION_INTERVAL, 4)
+    if interval == 0:
+        raise GGUFError(0, f"'{m.key(Keys.LLM.FULL_ATTENTION_INTERVAL)}' is 0", m.src)
+    return [i < n_layer and (i + 1) % interval != 0 for i in range(n_layer_all)]
+
+
+_RULES = ArchRules(recurrent=_gdn_recurrent, ssm=True, hybrid_memory=True)
+ARCHS = {"qwen35": _RULES, "qwen35moe": _RULES, "qwen3next": _RULES}
+
 
 
 def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
-from fitter.model_spec import ModelSpec
+from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
+from fitter.llama.models import rules_of
 
 # LLM_TENSOR_INFOS entries of kind LLM_TENSOR_LAYER_INPUT (src/llama-arch.cpp)
 INPUT_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd")
@@ -47,9 +48,8 @@ def gpu_layer_start(n_layer_all: int, n_gpu_layers: int) -> int:
 
 # Tensors the architectures' load_tensors create once per layer: the first normally, the rest with
 # TENSOR_DUPLICATED (llama, mistral3, phi3: every trunk layer; gemma4: full-attention layers only).
+# (Which architectures tie the output, and where: ArchRules in fitter.llama.models.)
 PER_LAYER_GLOBALS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
-NO_TIED_OUTPUT = {"gpt-oss"}  # architectures whose load_tensors never duplicates token_embd as the output
-OUTPUT_BEFORE_TOK_EMBD = {"gemma4"}  # load_tensors creates the tied output before token_embd itself
 
 
 class TensorInstance(BaseModel):
@@ -70,6 +70,7 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
     duplicate gets its own memory in an allocating buffer (with mmap it shares the file's bytes).
     """
     names = {t.name for t in header.tensors}
+    rules = rules_of(spec.architecture) or GENERIC_RULES
     out: list[TensorInstance] = []
     for t in header.tensors:
         base = t.name.rsplit(".", 1)[0]
@@ -81,12 +82,12 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
             out.append(TensorInstance(tensor=t, where=il))
         elif base in INPUT_TENSORS:
             out.append(TensorInstance(tensor=t, where="input"))
-            if base == "token_embd" and "output.weight" not in names and spec.architecture not in NO_TIED_OUTPUT:
+            if base == "token_embd" and "output.weight" not in names and rules.tied_output:
                 out.append(TensorInstance(tensor=t, where="output", duplicated=True,
-                                          created_first=spec.architecture in OUTPUT_BEFORE_TOK_EMBD))
+                                          created_first=rules.output_before_tok_embd))
         elif base in PER_LAYER_GLOBALS:
             users = [lay.index for lay in spec.layers[: spec.n_layer]
-                     if spec.architecture != "gemma4" or lay.kind.value == "full"]
+                     if not rules.per_layer_globals_full_only or lay.kind == LayerKind.FULL]
             out.extend(TensorInstance(tensor=t, where=il, duplicated=i > 0) for i, il in enumerate(users))
         else:
             out.append(TensorInstance(tensor=t, where="output"))
