@@ -42,8 +42,8 @@ from fitter.ggml.tensor import HOST, Context, Tensor, nbytes_strided
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.ggml.types import F16
 from fitter.llama.graph import GraphContext
-from fitter.llama.graph_details import GraphDetails, default_details
-from fitter.llama.models import has_mtp_graph, model_of
+from fitter.llama.graph_details import GraphDetails
+from fitter.llama.models import default_details, has_mtp_graph, model_of
 from fitter.llama.hparams import ModelSpec
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)

@@ -358,19 +358,18 @@ class GraphContext:
         return moe_out
 
     def moe_args(self, il: int) -> dict:
-        """The build_moe_ffn arguments an architecture passes (from GraphDetails)."""
+        """The build_moe_ffn arguments most architectures pass (softmax gating, normalized weights)."""
         d = self.d
-        arch = self.arch
-        gating = d.expert_gating_func
-        if arch == "gpt-oss":
-            return dict(gating=3, norm_w=False, w_scale=d.expert_weights_scale, gate_inp_b=True, exps_b=True, act="swiglu_oai")
-        if arch in ("glm4moe", "deepseek2"):
-            if gating == 0:
-                gating = 2 if arch == "glm4moe" else 1
-            return dict(gating=gating, probs_b=d.has("exp_probs_b.bias", il), norm_w=d.expert_weights_norm,
-                        w_scale=d.expert_weights_scale, gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il))
         return dict(gating=1, norm_w=True, w_scale=d.expert_weights_scale,
                     gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il))
+
+    def moe_args_selected(self, il: int, default_gating: int) -> dict:
+        """build_moe_ffn arguments from the header's gating function, selection bias and weight norm
+        (glm4moe, deepseek2); default_gating stands in when the header has no expert_gating_func."""
+        d = self.d
+        gating = d.expert_gating_func or default_gating
+        return dict(gating=gating, probs_b=d.has("exp_probs_b.bias", il), norm_w=d.expert_weights_norm,
+                    w_scale=d.expert_weights_scale, gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il))
 
     def hadamard(self, cur: Tensor, rot: Tensor) -> Tensor:  # llama_mul_mat_hadamard
         ctx0 = self.ctx0
@@ -542,10 +541,10 @@ def build_shared_expert(c: GraphContext, cur: Tensor, il: int) -> Tensor:
     return c.build_ffn(cur, n_ff, il=il)
 
 
-def build_routed_and_shared(c: GraphContext, cur: Tensor, il: int) -> Tensor:
+def build_routed_and_shared(c: GraphContext, cur: Tensor, il: int, default_gating: int) -> Tensor:
     """The MoE FFN of glm4moe and deepseek2 (graph and MTP): routed experts plus the shared expert."""
     ctx0 = c.ctx0
-    routed = c.build_moe_ffn(cur, c.spec.layers[il], il, **c.moe_args(il))
+    routed = c.build_moe_ffn(cur, c.spec.layers[il], il, **c.moe_args_selected(il, default_gating))
     return add(ctx0, routed, build_shared_expert(c, cur, il), f"ffn_out-{il}")
 
 
@@ -585,10 +584,10 @@ def build_mtp(c: GraphContext, layer: Callable[..., Tensor], *, n_pos_per_embd: 
     c.finish(h_out, logits)
 
 
-def build_mtp_moe_tail(c: GraphContext, cur: Tensor, inpSA: Tensor, il: int) -> Tensor:
+def build_mtp_moe_tail(c: GraphContext, cur: Tensor, inpSA: Tensor, il: int, default_gating: int) -> Tensor:
     """The NextN layer of glm4moe and deepseek2 after its attention: residual, norm, routed + shared experts."""
     ctx0 = c.ctx0
     ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
     cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
-    cur = build_routed_and_shared(c, cur, il)
+    cur = build_routed_and_shared(c, cur, il, default_gating)
     return add(ctx0, cur, ffn_inp, f"l_out-{il}")

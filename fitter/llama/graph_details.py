@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.hparams import ModelSpec
 
 
 class GraphDetails(BaseModel):
     """Hparams and tensor presence that change llama.cpp's graph but are not in ModelSpec.
 
     `graph_details(header)` reads them from a GGUF header; without one, `compute_buffers` uses
-    `default_details(spec)`: the values of the released models of each architecture. The tensors
+    `fitter.llama.models.default_details(spec)`: the values of the released models of each architecture. The tensors
     they add are small ([n_expert, n_tokens] router scratch, biases applied in place), so a wrong
     default moves the prediction by well under a MiB in practice.
     """
@@ -89,51 +88,3 @@ def graph_details(header) -> GraphDetails:
         layer_types=layer_types,
         global_types=global_types,
     )
-
-
-def default_details(spec: ModelSpec) -> GraphDetails:
-    """What released models of spec.architecture look like (used without a header)."""
-    arch = spec.architecture
-    n = len(spec.layers)
-    every = frozenset(range(n))
-    moe_layers = frozenset(range(spec.n_layer_dense_lead, n)) if spec.n_expert else frozenset()
-    dense_layers = every - moe_layers
-    lt: dict[str, frozenset[int]] = {}
-    kw: dict = {}
-    if arch == "qwen2":
-        lt |= {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every}
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
-        lt |= {"attn_q_norm": every, "attn_k_norm": every}
-    if arch == "gemma2":
-        kw["final_logit_softcapping"] = 30.0
-    if arch == "mistral3":
-        kw["attn_temperature_scale"] = 0.1
-    if arch == "gpt-oss":
-        lt |= {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every, "attn_output.bias": every,
-               "ffn_gate_inp.bias": every, "ffn_up_exps.bias": every, "ffn_gate_exps.bias": every, "ffn_down_exps.bias": every}
-        kw["expert_gating_func"] = 3
-    if arch == "glm4moe":
-        lt |= {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every, "exp_probs_b.bias": moe_layers}
-        kw |= dict(expert_gating_func=2, expert_weights_norm=True, expert_weights_scale=2.5)
-    if arch == "deepseek2":
-        lt |= {"exp_probs_b.bias": moe_layers, "attn_q_a": every}
-        kw |= dict(expert_gating_func=2, expert_weights_norm=True, expert_weights_scale=2.5,
-                   n_expert_groups=8, n_group_used=4, n_lora_q=1536)
-        if spec.is_mla:
-            kw["n_rot"] = spec.layers[0].n_embd_head_k - spec.n_lora_kv
-    if arch in ("qwen35moe", "qwen3next"):
-        lt |= {"ffn_gate_inp_shexp": moe_layers}
-    if arch == "gemma4":
-        lt |= {"attn_v": every, "layer_output_scale": every}
-        if any(not l.has_kv for l in spec.layers):  # E2B / E4B: shared-KV layers and per-layer embeddings
-            kw["n_embd_per_layer"] = 256
-        kw["final_logit_softcapping"] = 30.0
-    if spec.n_expert_shared or spec.n_ff_shexp:
-        lt |= {"ffn_up_shexp": moe_layers}
-    lt |= {"ffn_up": dense_layers} if spec.n_expert else {"ffn_up": every}
-    if spec.n_expert:
-        lt |= {"ffn_up_exps": moe_layers, "ffn_gate_exps": moe_layers}
-    return GraphDetails(layer_tensors=lt, **kw)
-
-
-# --------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The architectures ggfit models, one module per family as upstream's src/models/*.cpp, and the registry.
 
 Each module has ARCHS (the architectures it builds and their ArchRules: hparam rules, tensor quirks,
-memory kind), `build_graph(c)` (the graph builder: a generator that yields the prologue's output,
+memory kind), `default_details(...)` (its optional tensors without a header), `build_graph(c)` (the graph builder: a generator that yields the prologue's output,
 receives (layer, input) pairs and returns after the epilogue) and, for architectures with NextN
 layers, `build_graph_mtp(c)`. Adding an architecture: one module and one entry in FAMILIES.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from fitter.llama.hparams import ArchRules
+from fitter.llama.graph_details import GraphDetails
+from fitter.llama.hparams import ArchRules, ModelSpec
 
 from fitter.llama.models import deepseek2, gemma, gemma4, glm4moe, gpt_oss, llama, phi3, qwen35
 
@@ -33,3 +34,23 @@ def rules_of(arch: str) -> ArchRules | None:
 def has_mtp_graph(arch: str) -> bool:
     m = MODELS.get(arch)
     return m is not None and hasattr(m, "build_graph_mtp")
+
+
+def default_details(spec: ModelSpec) -> GraphDetails:
+    """What released models of spec.architecture look like (used without a header): the family's
+    optional tensors and hparams, then the FFN tensors every family has."""
+    n = len(spec.layers)
+    every = frozenset(range(n))
+    moe_layers = frozenset(range(spec.n_layer_dense_lead, n)) if spec.n_expert else frozenset()
+    dense_layers = every - moe_layers
+    family = MODELS.get(spec.architecture)
+    lt: dict[str, frozenset[int]] = {}
+    kw: dict = {}
+    if family is not None and hasattr(family, "default_details"):
+        lt, kw = family.default_details(spec, every, moe_layers)
+    if spec.n_expert_shared or spec.n_ff_shexp:
+        lt |= {"ffn_up_shexp": moe_layers}
+    lt |= {"ffn_up": dense_layers} if spec.n_expert else {"ffn_up": every}
+    if spec.n_expert:
+        lt |= {"ffn_up_exps": moe_layers, "ffn_gate_exps": moe_layers}
+    return GraphDetails(layer_tensors=lt, **kw)

@@ -7,9 +7,12 @@ from typing import Iterator
 from fitter.ggml.tensor import Tensor, add, cache, concat, cont, get_rows, inp, mm, mul, permute, repeat_4d, reshape, rope, view
 from fitter.ggml.types import F32, row_size
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
-from fitter.llama.hparams import ArchRules
+from fitter.llama.hparams import ArchRules, ModelSpec
 
 
+# LLAMA_EXPERT_GATING_FUNC_TYPE without the key: softmax (deepseek2.cpp load_arch_hparams, for V2 / V2.5
+# files; its GLM 4.7 Lite exception, sigmoid for 47-48 layers and 154880 tokens, is not modelled)
+_GATING = 1
 ARCHS = {"deepseek2": ArchRules(mla=True)}
 
 
@@ -69,6 +72,15 @@ def _deepseek2_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il:
     return c.build_attn(ai, Qcur, Kcur, Vcur, il)
 
 
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    kw: dict = dict(expert_gating_func=2, expert_weights_norm=True, expert_weights_scale=2.5,
+                    n_expert_groups=8, n_group_used=4, n_lora_q=1536)
+    if spec.is_mla:
+        kw["n_rot"] = spec.layers[0].n_embd_head_k - spec.n_lora_kv
+    return {"exp_probs_b.bias": moe_layers, "attn_q_a": every}, kw
+
+
 def build_graph(c: GraphContext) -> Iterator:
     """deepseek2: src/models/deepseek2.cpp (MLA with the absorbed K/V projections, or legacy MHA)."""
     ctx0 = c.ctx0
@@ -90,7 +102,7 @@ def build_graph(c: GraphContext) -> Iterator:
             inpSA = get_rows(ctx0, inpSA, out_ids)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
-        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il)
+        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
     cur = c.build_norm(inpL, name="result_norm")
     logits = mm(ctx0, sp.n_vocab, cur, "result_output")
@@ -99,7 +111,7 @@ def build_graph(c: GraphContext) -> Iterator:
 
 def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai: dict, out_ids: Tensor, il: int) -> Tensor:
     cur = _deepseek2_attn(c, cur, inp_pos, ai, il, None)
-    return build_mtp_moe_tail(c, cur, inpSA, il)
+    return build_mtp_moe_tail(c, cur, inpSA, il, _GATING)
 
 
 def build_graph_mtp(c: GraphContext) -> None:

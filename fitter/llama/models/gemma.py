@@ -1,4 +1,4 @@
-"""gemma2 and gemma3: src/models/gemma2-iswa.cpp, gemma3.cpp."""
+"""gemma2 and gemma3: src/models/gemma2.cpp, gemma3.cpp."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Iterator
 from fitter.ggml.tensor import add, get_rows, mm, rope, scale, unary
 from fitter.llama.graph import GraphContext
 from fitter.gguf.constants import Keys
-from fitter.llama.hparams import ArchRules, Meta, load_swa_pattern
+from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
 
 
 def _gemma2_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
@@ -25,6 +25,13 @@ def _gemma3_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool
 
 ARCHS = {"gemma2": ArchRules(swa=_gemma2_swa), "gemma3": ArchRules(swa=_gemma3_swa)}
 
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    if spec.architecture == "gemma3":
+        return {"attn_q_norm": every, "attn_k_norm": every}, {}
+    return {}, {"final_logit_softcapping": 30.0}
 
 
 def build_graph(c: GraphContext) -> Iterator:

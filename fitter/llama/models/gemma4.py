@@ -9,7 +9,7 @@ from fitter.ggml.types import F32, I32, row_size
 from fitter.llama.graph import GraphContext
 from fitter.errors import GGUFError
 from fitter.gguf.constants import Keys
-from fitter.llama.hparams import ArchRules, Meta
+from fitter.llama.hparams import ArchRules, Meta, ModelSpec
 
 
 def _gemma4_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
@@ -28,6 +28,15 @@ def _gemma4_kv_from_start(m: Meta, n_layer_all: int) -> int:
 ARCHS = {"gemma4": ArchRules(swa=_gemma4_swa, kv_from_start=_gemma4_kv_from_start, output_before_tok_embd=True,
                              per_layer_globals_full_only=True)}
 
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    kw: dict = {}
+    if any(not l.has_kv for l in spec.layers):  # E2B / E4B: shared-KV layers and per-layer embeddings
+        kw["n_embd_per_layer"] = 256
+    kw["final_logit_softcapping"] = 30.0
+    return {"attn_v": every, "layer_output_scale": every}, kw
 
 
 def build_graph(c: GraphContext) -> Iterator:

@@ -6,9 +6,11 @@ from typing import Iterator
 
 from fitter.ggml.tensor import Tensor, add, get_rows, mm, rope
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
-from fitter.llama.hparams import ArchRules
+from fitter.llama.hparams import ArchRules, ModelSpec
 
 
+# LLAMA_EXPERT_GATING_FUNC_TYPE without the key: sigmoid (glm4-moe.cpp load_arch_hparams)
+_GATING = 2
 ARCHS = {"glm4moe": ArchRules()}
 
 
@@ -25,6 +27,12 @@ def _glm4moe_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il: i
     q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
     k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
     return c.build_attn(ai, q, k, v, il)
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    lt = {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every, "exp_probs_b.bias": moe_layers}
+    return lt, dict(expert_gating_func=2, expert_weights_norm=True, expert_weights_scale=2.5)
 
 
 def build_graph(c: GraphContext) -> Iterator:
@@ -47,7 +55,7 @@ def build_graph(c: GraphContext) -> Iterator:
             inpSA = get_rows(ctx0, inpSA, out_ids)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
-        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il)
+        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
     cur = c.build_norm(inpL, name="result_norm")
     logits = mm(ctx0, sp.n_vocab, cur, "result_output")
@@ -56,7 +64,7 @@ def build_graph(c: GraphContext) -> Iterator:
 
 def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai: dict, out_ids: Tensor, il: int) -> Tensor:
     cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
-    return build_mtp_moe_tail(c, cur, inpSA, il)
+    return build_mtp_moe_tail(c, cur, inpSA, il, _GATING)
 
 
 def build_graph_mtp(c: GraphContext) -> None:

@@ -1,4 +1,4 @@
-"""gpt-oss: src/models/openai-moe-iswa.cpp."""
+"""gpt-oss: src/models/openai-moe.cpp."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Iterator
 from fitter.ggml.tensor import add, get_rows, mm, rope
 from fitter.llama.graph import GraphContext
 from fitter.gguf.constants import Keys
-from fitter.llama.hparams import ArchRules, Meta, load_swa_pattern
+from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
 
 
 def _gpt_oss_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[bool]]:
@@ -18,6 +18,13 @@ def _gpt_oss_swa(m: Meta, n_layer: int, n_layer_all: int) -> tuple[int, list[boo
 # load_tensors never duplicates token_embd as the output
 ARCHS = {"gpt-oss": ArchRules(swa=_gpt_oss_swa, tied_output=False)}
 
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    lt = {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every, "attn_output.bias": every,
+          "ffn_gate_inp.bias": every, "ffn_up_exps.bias": every, "ffn_gate_exps.bias": every, "ffn_down_exps.bias": every}
+    return lt, {"expert_gating_func": 3}
 
 
 def build_graph(c: GraphContext) -> Iterator:
@@ -39,7 +46,8 @@ def build_graph(c: GraphContext) -> Iterator:
         cur = c.build_attn(ai, q, k, v, il, wo_b=c.d.has("attn_output.bias", il), sinks=True)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
-        cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
+        cur = c.build_moe_ffn(cur, l, il, gating=3, norm_w=False, w_scale=c.d.expert_weights_scale, gate_inp_b=True,
+                              exps_b=True, act="swiglu_oai")
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
     h_nextn = inpL
     cur = get_rows(ctx0, inpL, out_ids)

@@ -7,11 +7,25 @@ from typing import Iterator
 from fitter.ggml.tensor import add, get_rows, inp, mm, mul, rope
 from fitter.ggml.types import F32
 from fitter.llama.graph import GraphContext
-from fitter.llama.hparams import ArchRules
+from fitter.llama.hparams import ArchRules, ModelSpec
 
 
 ARCHS = {"llama": ArchRules(), "mistral3": ArchRules(), "qwen2": ArchRules(), "qwen3": ArchRules(), "qwen3moe": ArchRules()}
 
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    arch = spec.architecture
+    lt: dict[str, frozenset[int]] = {}
+    kw: dict = {}
+    if arch == "qwen2":
+        lt |= {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every}
+    if arch in ("qwen3", "qwen3moe"):
+        lt |= {"attn_q_norm": every, "attn_k_norm": every}
+    if arch == "mistral3":
+        kw["attn_temperature_scale"] = 0.1
+    return lt, kw
 
 
 def build_graph(c: GraphContext) -> Iterator:

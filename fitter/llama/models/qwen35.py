@@ -7,7 +7,7 @@ from typing import Iterator
 from fitter.ggml.tensor import Tensor, add, cache, concat, cont, cont_nd, cpy, get_rows, mm, mul, new_tensor, op_weight, repeat_4d, reshape, rms_norm, rope, scale, srcs, transpose, unary, view
 from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.llama.graph import GraphContext, build_mtp
-from fitter.llama.hparams import LayerKind
+from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.errors import GGUFError
 from fitter.gguf.constants import Keys
 from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, Meta
@@ -178,6 +178,13 @@ def _gated_attn_layer(c: GraphContext, ai: dict, cur: Tensor, inp_pos: Tensor, i
         gate = unary(ctx0, gate, f"gate_sigmoid-{il}")
         cur = mul(ctx0, cur, gate)
     return mm(ctx0, c.n_embd, cur, f"attn_out-{il}")
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    if spec.architecture in ("qwen35moe", "qwen3next"):
+        return {"ffn_gate_inp_shexp": moe_layers}, {}
+    return {}, {}
 
 
 def build_graph(c: GraphContext) -> Iterator:
