@@ -26,8 +26,8 @@ class Placement:
     Weights, KV caches and recurrent states live on their layer's device (`layer_dev`; the token
     embeddings always on the CPU). `supports(node)` says whether the GPU runs an op, `offload(node)`
     whether it takes an op whose weight is in host memory (ggml_backend_dev_offload_op, op_offload).
-    Not modelled: Metal's graph_optimize (it keeps some tensors alive longer around fusible patterns
-    and reorders nodes for concurrency); CUDA's is (`cuda`: fitter.ggml.backends.cuda_fusion).
+    `graph_optimize` is the backend's (CUDA's keeps some tensors alive longer around fusible patterns:
+    fitter.ggml.backends.cuda_fusion; Metal's, which also reorders nodes, is not modelled).
     """
 
     layer_dev: list[int]
@@ -35,7 +35,7 @@ class Placement:
     dev_out: int  # the output layer
     supports: Callable[[Tensor], bool]
     offload: Callable[[Tensor], bool]
-    cuda: bool = False  # apply ggml_backend_cuda_graph_optimize's alloc deps
+    graph_optimize: Callable[[list[Segment]], None]  # the backend's graph_optimize (alloc deps of fusions)
 
     def sup(self, b: int, node: Tensor) -> bool:  # ggml_backend_supports_op
         return b == HOST or self.supports(node)

@@ -21,7 +21,7 @@ Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): 
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
 262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
-uses the same scheduler with Metal's alloc sizes (fitter.compute_backend) but not Metal's
+uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) but not Metal's
 graph_optimize (fusion alloc deps, concurrency reordering): unverified.
 """
 
@@ -31,14 +31,14 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter import compute_backend as cb
+from fitter.ggml import backends
 from fitter.config import ContextParams
 from fitter.errors import UnsupportedModelError
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
-from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
+from fitter.ggml.backends.base import BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import Placement, split_graph
-from fitter.ggml.tensor import HOST, Context, Tensor, nbytes_strided
+from fitter.ggml.tensor import HOST, Context, Tensor
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.ggml.types import F16
 from fitter.llama.graph import GraphContext
@@ -201,8 +201,7 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
         src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
         src_of[id(epi)] = last_seg
         split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
-        if pl.cuda:
-            cuda_alloc_deps(order)
+        pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
     return replay_segments(n, ga, pro, seg0, templates, keys, epi)
@@ -225,8 +224,7 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
         _end_build(ctx)
     if pl:
         split_graph([seg], pl, copy_size or Tensor.nbytes, {})
-        if pl.cuda:
-            cuda_alloc_deps([seg])
+        pl.graph_optimize([seg])
     ga.run(seg.nodes, seg.leafs)
     return AllocResult(ga.sizes(), ga.peak_lives, 1)
 
@@ -322,80 +320,48 @@ def compute_buffers(
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
     if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
-    be = str(getattr(backend, "value", backend)).lower()
-    key = (id(spec), id(details), _cp_key(cp), be, n_gpu_layers, metal_max_buffer_length, mtp)
+    impl = backends.get(backend)
+    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:
         return hit[2]
     d = details or default_details(spec)
     c = GraphContext(spec, cp, d)
     c.mtp = mtp
-    if be == "cpu":
-        ga = Gallocr(32, trace=True)
-        r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
-        terms, top = _terms(r.peaks[0], r.sizes[0], 32)
-        out = [ComputeBuffer(device="CPU", bytes=r.sizes[0], terms=terms, peak_tensors=top)]
-    elif be in ("cuda", "metal"):
-        out = _gpu_buffers(c, be, n_gpu_layers, metal_max_buffer_length)
+    if impl.is_gpu:
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length)
     else:
-        raise ValueError(f"backend '{backend}': use cpu, cuda or metal")
+        ga = Gallocr(impl.alignment, trace=True)
+        r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
+        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
+        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (spec, details, out)
     return out
 
 
-def _gpu_buffers(c: GraphContext, be: str, n_gpu_layers: int, metal_max_buffer_length: int | None) -> list[ComputeBuffer]:
+def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
+                 metal_max_buffer_length: int | None) -> list[ComputeBuffer]:
+    """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
     n_gpu = n_all + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_all + 1)
     i_gpu_start = max(n_all + 1 - n_gpu, 0)  # llama_model::load_tensors
     layer_dev = [0 if il >= i_gpu_start else 1 for il in range(n_all)]
-    rules = cb.buffer_rules(be, metal_max_buffer_length=metal_max_buffer_length) if be == "metal" else cb.buffer_rules(be)
-    host_align = cb.host_buffer_alignment(be)
-
-    def supports(t: Tensor) -> bool:
-        op = t.op
-        try:
-            if op == "FLASH_ATTN_EXT":
-                return cb.flash_attn_unsupported_reason(be, cb.flash_attn_shape_of(t)) is None
-            if op == "GATED_DELTA_NET":
-                return cb.gated_delta_net_unsupported_reason(be, t.src[2].ne[0]) is None
-            if op == "SSM_CONV":
-                return cb.ssm_conv_unsupported_reason(be, t.src[0].ne[1]) is None
-        except Exception:  # a shape the backend helper does not know: assume the GPU runs it
-            return True
-        return True
 
     def dev_size(t: Tensor) -> int:
-        if t.op == "NONE":  # a split input copy (ggml_dup_tensor_layout): strides kept, CUDA pads quantized rows
-            n = nbytes_strided(t)
-            return n + (cb.cuda_quant_row_padding(t.type, t.ne[0]) if be == "cuda" else 0)
-        return cb.alloc_size(be, t)
+        if t.op == "NONE":  # a split input copy
+            return impl.copy_size(t)
+        return impl.alloc_size(t)
 
-    def batch_size(t: Tensor) -> int:  # get_op_batch_size (ggml-cuda.cu, ggml-metal.cpp)
-        op = t.op
-        if op == "GET_ROWS":
-            return 0 if be == "cuda" else t.ne[1] * t.ne[2] * t.ne[3]
-        if op == "MUL_MAT":
-            return t.ne[1]
-        if op == "MUL_MAT_ID" or (op == "ROPE" and be == "cuda"):
-            return t.ne[2]
-        return t.ne[1] * t.ne[2] * t.ne[3]
-
-    def offload(t: Tensor) -> bool:  # ggml_backend_{cuda,metal}_device_offload_op, op_offload_min_batch_size 32
-        if be == "metal" and t.op not in ("MUL_MAT", "MUL_MAT_ID"):
-            return False
-        return batch_size(t) >= 32
-
-    pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, supports, offload,
-                    cuda=be == "cuda")
-    ga = Gallocr([rules.alignment, host_align], [dev_size, Tensor.nbytes], trace=True, max_buffer_size=[rules.max_size, SIZE_MAX])
-    r = _simulate_mtp(c, ga, pl, dev_size) if getattr(c, "mtp", False) else _simulate(c, ga, pl, dev_size)
-    dev_name = {"cuda": "CUDA0", "metal": "MTL0"}[be]
-    host_name = {"cuda": "CUDA_Host", "metal": "CPU"}[be]
+    pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
+                   impl.offload_op, graph_optimize=impl.graph_optimize)
+    ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
+                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
+    r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
     out = []
-    for i, (name, align) in enumerate(((dev_name, rules.alignment), (host_name, host_align))):
+    for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             terms, top = _terms(r.peaks[i], r.sizes[i], align)
             out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))

@@ -12,13 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import ContextParams, pad
+from fitter.config import Backend, ContextParams, pad
+from fitter.ggml import backends
 from fitter.ggml.types import F32, row_size, type_of
 from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cells
 from fitter.llama.models import rules_of
 
-BUFFER_ALIGNMENT = 32  # TENSOR_ALIGNMENT of the CPU buffer type; CUDA and Metal use the same or smaller
+# TENSOR_ALIGNMENT of the CPU buffer type: what llama.cpp's KV / RS buffer sizes pad each tensor to here
+BUFFER_ALIGNMENT = backends.get(Backend.CPU).alignment
 
 
 class CacheBuffer(BaseModel):

@@ -13,6 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, pad
+from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader, TensorInfo
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
 from fitter.llama.models import rules_of
@@ -21,10 +22,6 @@ from fitter.llama.models import rules_of
 INPUT_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
-DEVICE_NAME = {Backend.CPU: "CPU", Backend.CUDA: "CUDA0", Backend.METAL: "MTL0"}
-# ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr
-MAPS_HOST_MEMORY = {Backend.CPU: True, Backend.CUDA: False, Backend.METAL: True}
-ALIGNMENT = {Backend.CPU: 32, Backend.CUDA: 128, Backend.METAL: 32}  # each default buffer type's get_alignment
 
 
 class WeightBuffer(BaseModel):
@@ -129,11 +126,12 @@ def weight_buffers(
     out: list[WeightBuffer] = []
     for gpu in (False, True):
         dev_backend = backend if gpu else Backend.CPU
-        dev = DEVICE_NAME[dev_backend]
+        impl = backends.get(dev_backend)
+        dev = impl.name
         shards = sorted(s for (g, s) in groups if g == gpu)
         if not shards:
             continue
-        if use_mmap and MAPS_HOST_MEMORY[dev_backend]:
+        if use_mmap and impl.maps_host_memory:
             # one buffer per file, spanning the file range of its tensors (get_mapping_range)
             for s in shards:
                 ts = list({t.name: t for t in groups[(gpu, s)]}.values())
@@ -144,9 +142,9 @@ def weight_buffers(
         else:
             # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment;
             # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
-            align = ALIGNMENT[dev_backend]
-            if not gpu and backend == Backend.CUDA:
-                dev = "CUDA_Host"
+            align = impl.alignment
+            if not gpu:
+                dev = backends.get(backend).host_buffer_name
             ts = [t for s in shards for t in groups[(gpu, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
