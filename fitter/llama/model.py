@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from fitter.errors import GGUFError, UnsupportedModelError
-from fitter.gguf.constants import GGMLQuantizationType, Keys, LlamaFileType
+from fitter.gguf.constants import Keys, LlamaFileType
 from fitter.gguf.reader import GGUFHeader, SkippedArray, read_header
-from fitter.llama.hparams import GENERIC_RULES, LLAMA_MAX_LAYERS, LayerKind, LayerSpec, Meta, ModelSpec, SSMSpec
+from fitter.llama.hparams import (
+    GENERIC_RULES, LLAMA_MAX_LAYERS, ArchRules, LayerKind, LayerSpec, Meta, ModelSpec, SSMSpec,
+)
 from fitter.llama.models import MODELS, rules_of
-
-
-def _type_name(t: GGMLQuantizationType) -> str:
-    return t.name
 
 
 # llama_ftype_name (src/llama-model-loader.cpp), keyed by gguf's LlamaFileType member names
@@ -65,41 +63,10 @@ def _file_type(header: GGUFHeader) -> tuple[int | None, str]:
     return None, "(guessed) " + FTYPE_NAMES[guess]
 
 
-def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -> ModelSpec:
-    """Describe a model from its header, the way llama.cpp's load_hparams reads it."""
-    src = header.shards[0].location if header.shards else None
-    arch = header.architecture
-    if arch is None:
-        raise GGUFError(0, f"key '{Keys.General.ARCHITECTURE}' is missing or not a string", src)
-    rules = rules_of(arch)
-    if rules is None:
-        if not allow_unknown:
-            raise UnsupportedModelError(
-                f"{src or 'model'}: architecture '{arch}' is not modelled by ggfit yet "
-                f"(known: {', '.join(sorted(MODELS))})"
-            )
-        rules = GENERIC_RULES
-    m = Meta(header, arch)
-
-    # llama_model_base::load_hparams
-    n_ctx_train = m.uint(Keys.LLM.CONTEXT_LENGTH, required=True)
-    n_embd = m.uint(Keys.LLM.EMBEDDING_LENGTH, required=True)
-    n_layer_all = m.uint(Keys.LLM.BLOCK_COUNT, required=True)
-    if not 0 < n_layer_all <= LLAMA_MAX_LAYERS:
-        raise GGUFError(0, f"block_count {n_layer_all} is outside llama.cpp's 1..{LLAMA_MAX_LAYERS}", src)
-    n_layer_nextn = m.uint(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)
-    if n_layer_nextn > n_layer_all:
-        raise GGUFError(0, f"nextn_predict_layers {n_layer_nextn} > block_count {n_layer_all}", src)
-    n_layer = n_layer_all - n_layer_nextn
-    n_expert = m.uint(Keys.LLM.EXPERT_COUNT, 0)
-    n_expert_used = m.per_layer(Keys.LLM.EXPERT_USED_COUNT, n_layer_all, 0)
-    n_ff = m.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer_all, 0)
-    n_head = m.per_layer(Keys.Attention.HEAD_COUNT, n_layer_all, 0)
-    n_head_kv = m.per_layer(Keys.Attention.HEAD_COUNT_KV, n_layer_all, 0) if m.has(Keys.Attention.HEAD_COUNT_KV) else list(n_head)
-    n_ff_exp = m.per_layer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, n_layer_all, 0)
-    if max(n_expert_used) > n_expert:
-        raise GGUFError(0, f"expert_used_count {max(n_expert_used)} > expert_count {n_expert}", src)
-
+def _layers(m: Meta, rules: ArchRules, n_embd: int, n_layer: int, n_layer_all: int,
+            per_layer: tuple[list[int], ...]) -> tuple[list[LayerSpec], int, list[bool]]:
+    """Each layer's kind and head / FFN sizes (load_hparams, the architecture's load_arch_hparams)."""
+    n_head, n_head_kv, n_ff, n_ff_exp, n_expert_used = per_layer
     head0 = n_head[0]
     if head0 > 0:
         hk_full = m.uint(Keys.Attention.KEY_LENGTH, n_embd // head0)
@@ -133,23 +100,82 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
                 n_expert_used=n_expert_used[il],
             )
         )
+    return layers, n_swa, is_swa
 
-    ssm = None
-    if rules.ssm:
-        ssm = SSMSpec(
-            d_conv=m.uint(Keys.SSM.CONV_KERNEL, required=True),
-            d_inner=m.uint(Keys.SSM.INNER_SIZE, required=True),
-            d_state=m.uint(Keys.SSM.STATE_SIZE, required=True),
-            n_group=m.uint(Keys.SSM.GROUP_COUNT, required=True),
-            dt_rank=m.uint(Keys.SSM.TIME_STEP_RANK, required=True),
-        )
 
-    is_mla = False
-    hk_mla = hv_mla = 0
-    if rules.mla:
-        hk_mla = m.uint(Keys.Attention.KEY_LENGTH_MLA, 0)
-        hv_mla = m.uint(Keys.Attention.VALUE_LENGTH_MLA, 0)
-        is_mla = hk_mla != 0 and hv_mla != 0  # llama_hparams::is_mla
+def _ssm(m: Meta) -> SSMSpec:
+    return SSMSpec(
+        d_conv=m.uint(Keys.SSM.CONV_KERNEL, required=True),
+        d_inner=m.uint(Keys.SSM.INNER_SIZE, required=True),
+        d_state=m.uint(Keys.SSM.STATE_SIZE, required=True),
+        n_group=m.uint(Keys.SSM.GROUP_COUNT, required=True),
+        dt_rank=m.uint(Keys.SSM.TIME_STEP_RANK, required=True),
+    )
+
+
+def _mla(m: Meta) -> tuple[bool, int, int]:
+    hk_mla = m.uint(Keys.Attention.KEY_LENGTH_MLA, 0)
+    hv_mla = m.uint(Keys.Attention.VALUE_LENGTH_MLA, 0)
+    return hk_mla != 0 and hv_mla != 0, hk_mla, hv_mla  # llama_hparams::is_mla
+
+
+def _by_type(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes and parameters per ggml type, largest first."""
+    bytes_by_type: dict[str, int] = defaultdict(int)
+    params_by_type: dict[str, int] = defaultdict(int)
+    for t in header.tensors:
+        bytes_by_type[t.ggml_type.name] += t.nbytes
+        params_by_type[t.ggml_type.name] += t.n_elements
+    return (dict(sorted(bytes_by_type.items(), key=lambda kv: -kv[1])),
+            dict(sorted(params_by_type.items(), key=lambda kv: -kv[1])))
+
+
+def _arch_rules(header: GGUFHeader, src: str | None, allow_unknown: bool) -> tuple[str, ArchRules]:
+    """general.architecture and its rules (llm_arch_from_string; the generic rules for an unknown one)."""
+    arch = header.architecture
+    if arch is None:
+        raise GGUFError(0, f"key '{Keys.General.ARCHITECTURE}' is missing or not a string", src)
+    rules = rules_of(arch)
+    if rules is None:
+        if not allow_unknown:
+            raise UnsupportedModelError(
+                f"{src or 'model'}: architecture '{arch}' is not modelled by ggfit yet "
+                f"(known: {', '.join(sorted(MODELS))})"
+            )
+        rules = GENERIC_RULES
+    return arch, rules
+
+
+def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -> ModelSpec:
+    """Describe a model from its header, the way llama.cpp's load_hparams reads it."""
+    src = header.shards[0].location if header.shards else None
+    arch, rules = _arch_rules(header, src, allow_unknown)
+    m = Meta(header, arch)
+
+    # llama_model_base::load_hparams
+    n_ctx_train = m.uint(Keys.LLM.CONTEXT_LENGTH, required=True)
+    n_embd = m.uint(Keys.LLM.EMBEDDING_LENGTH, required=True)
+    n_layer_all = m.uint(Keys.LLM.BLOCK_COUNT, required=True)
+    if not 0 < n_layer_all <= LLAMA_MAX_LAYERS:
+        raise GGUFError(0, f"block_count {n_layer_all} is outside llama.cpp's 1..{LLAMA_MAX_LAYERS}", src)
+    n_layer_nextn = m.uint(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)
+    if n_layer_nextn > n_layer_all:
+        raise GGUFError(0, f"nextn_predict_layers {n_layer_nextn} > block_count {n_layer_all}", src)
+    n_layer = n_layer_all - n_layer_nextn
+    n_expert = m.uint(Keys.LLM.EXPERT_COUNT, 0)
+    n_expert_used = m.per_layer(Keys.LLM.EXPERT_USED_COUNT, n_layer_all, 0)
+    n_ff = m.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer_all, 0)
+    n_head = m.per_layer(Keys.Attention.HEAD_COUNT, n_layer_all, 0)
+    n_head_kv = m.per_layer(Keys.Attention.HEAD_COUNT_KV, n_layer_all, 0) if m.has(Keys.Attention.HEAD_COUNT_KV) else list(n_head)
+    n_ff_exp = m.per_layer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, n_layer_all, 0)
+    if max(n_expert_used) > n_expert:
+        raise GGUFError(0, f"expert_used_count {max(n_expert_used)} > expert_count {n_expert}", src)
+
+    layers, n_swa, is_swa = _layers(m, rules, n_embd, n_layer, n_layer_all,
+                                    (n_head, n_head_kv, n_ff, n_ff_exp, n_expert_used))
+
+    ssm = _ssm(m) if rules.ssm else None
+    is_mla, hk_mla, hv_mla = _mla(m) if rules.mla else (False, 0, 0)
 
     # Vocabulary: the token list's length (llama_vocab::load), or vocab_size where there is no list.
     tokens = header.metadata.get(Keys.Tokenizer.LIST)
@@ -158,11 +184,7 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
     else:
         n_vocab = m.uint(Keys.LLM.VOCAB_SIZE, 0)
 
-    bytes_by_type: dict[str, int] = defaultdict(int)
-    params_by_type: dict[str, int] = defaultdict(int)
-    for t in header.tensors:
-        bytes_by_type[_type_name(t.ggml_type)] += t.nbytes
-        params_by_type[_type_name(t.ggml_type)] += t.n_elements
+    bytes_by_type, params_by_type = _by_type(header)
     ft, ft_name = _file_type(header)
 
     name = header.metadata.get(Keys.General.NAME)
@@ -177,8 +199,8 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
         tensor_bytes=header.tensor_bytes,
         n_tensors=len(header.tensors),
         n_params=sum(params_by_type.values()),
-        bytes_by_type=dict(sorted(bytes_by_type.items(), key=lambda kv: -kv[1])),
-        params_by_type=dict(sorted(params_by_type.items(), key=lambda kv: -kv[1])),
+        bytes_by_type=bytes_by_type,
+        params_by_type=params_by_type,
         n_vocab=n_vocab,
         n_ctx_train=n_ctx_train,
         n_embd=n_embd,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, cont, get_rows, inp, mm, mul, permute, reshape, rms_norm, rope, scale, unary, view, weight
+from fitter.ggml.tensor import (
+    Tensor, add, cont, get_rows, inp, mm, mul, permute, reshape, rms_norm, rope, scale, unary, view, weight,
+)
 from fitter.ggml.types import F32, I32, row_size
 from fitter.llama.graph import GraphContext
 from fitter.errors import GGUFError
@@ -39,33 +41,60 @@ def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozense
     return {"attn_v": every, "layer_output_scale": every}, kw
 
 
+def _build_inp_per_layer(c: GraphContext, inpL: Tensor) -> Tensor:
+    """gemma4's per-layer embeddings (E2B / E4B): token rows plus a projection of the input, normed."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    n_tokens = c.n_tokens
+    n_layer = sp.n_layer
+    ple = c.d.n_embd_per_layer
+    tokens = inp(ctx0, I32, (n_tokens,), "inp_tokens_ple")
+    x = get_rows(ctx0, weight(ctx0, (ple * n_layer, sp.n_vocab), "per_layer_token_embd", host=True), tokens, "inp_per_layer")
+    x = reshape(ctx0, x, (ple, n_layer, n_tokens))
+    x = scale(ctx0, x, "inp_per_layer_scaled")
+    c.g.expand(x)
+    proj = mm(ctx0, ple * n_layer, inpL, "per_layer_proj")
+    proj = scale(ctx0, proj)
+    proj = reshape(ctx0, proj, (ple, n_layer, n_tokens))
+    proj = c.build_norm(proj, name="per_layer_proj_norm")
+    x = add(ctx0, proj, x)
+    x = scale(ctx0, x)
+    return cont(ctx0, permute(ctx0, x, 0, 2, 1, 3), "inp_per_layer")
+
+
+def _build_ffn_dense_and_moe(c: GraphContext, attn_out: Tensor, il: int) -> Tensor:
+    """A gemma4 MoE layer's FFN: the dense MLP plus the routed experts, each with its own norms."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    d = c.d
+    l = sp.layers[il]
+    mlp = c.build_norm(attn_out, name=f"ffn_norm-{il}")
+    mlp = c.build_ffn(mlp, l.n_ff, act="gelu", il=il)
+    mlp = c.build_norm(mlp, name=f"ffn_post_norm_1-{il}")
+    moe = c.build_norm(attn_out, name=f"ffn_pre_norm_2-{il}")
+    tmp = rms_norm(ctx0, attn_out)
+    tmp = scale(ctx0, tmp)
+    tmp = mul(ctx0, tmp, None)
+    logits = mm(ctx0, sp.n_expert, tmp, f"ffn_moe_logits-{il}")
+    moe = c.build_moe_ffn(moe, l, il, gating=1, norm_w=True, w_scale=1.0, act="gelu",
+                          gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il), probs_in=logits)
+    moe = c.build_norm(moe, name=f"ffn_post_norm_2-{il}")
+    return add(ctx0, mlp, moe, f"ffn_out-{il}")
+
+
 def build_graph(c: GraphContext) -> Iterator:
     """gemma4: src/models/gemma4.cpp (per-layer heads, shared-KV layers, per-layer embeddings, MoE)."""
     ctx0 = c.ctx0
     sp = c.spec
     d = c.d
     n_tokens = c.n_tokens
-    n_layer = sp.n_layer
     ple = d.n_embd_per_layer
     inpL = c.build_inp_embd()
     inpL = scale(ctx0, inpL, "inp_scaled")
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv_iswa()
     out_ids = c.build_inp_out_ids()
-    inp_per_layer = None
-    if ple:
-        tokens = inp(ctx0, I32, (n_tokens,), "inp_tokens_ple")
-        x = get_rows(ctx0, weight(ctx0, (ple * n_layer, sp.n_vocab), "per_layer_token_embd", host=True), tokens, "inp_per_layer")
-        x = reshape(ctx0, x, (ple, n_layer, n_tokens))
-        x = scale(ctx0, x, "inp_per_layer_scaled")
-        c.g.expand(x)
-        proj = mm(ctx0, ple * n_layer, inpL, "per_layer_proj")
-        proj = scale(ctx0, proj)
-        proj = reshape(ctx0, proj, (ple, n_layer, n_tokens))
-        proj = c.build_norm(proj, name="per_layer_proj_norm")
-        x = add(ctx0, proj, x)
-        x = scale(ctx0, x)
-        inp_per_layer = cont(ctx0, permute(ctx0, x, 0, 2, 1, 3), "inp_per_layer")
+    inp_per_layer = _build_inp_per_layer(c, inpL) if ple else None
     il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
     while il is not None:
         l = sp.layers[il]
@@ -98,18 +127,7 @@ def build_graph(c: GraphContext) -> Iterator:
         cur = c.build_norm(cur, name=f"attn_post_norm-{il}")
         attn_out = add(ctx0, cur, inpL, f"attn_out-{il}")
         if d.has("ffn_gate_inp", il):
-            mlp = c.build_norm(attn_out, name=f"ffn_norm-{il}")
-            mlp = c.build_ffn(mlp, l.n_ff, act="gelu", il=il)
-            mlp = c.build_norm(mlp, name=f"ffn_post_norm_1-{il}")
-            moe = c.build_norm(attn_out, name=f"ffn_pre_norm_2-{il}")
-            tmp = rms_norm(ctx0, attn_out)
-            tmp = scale(ctx0, tmp)
-            tmp = mul(ctx0, tmp, None)
-            logits = mm(ctx0, sp.n_expert, tmp, f"ffn_moe_logits-{il}")
-            moe = c.build_moe_ffn(moe, l, il, gating=1, norm_w=True, w_scale=1.0, act="gelu",
-                                  gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il), probs_in=logits)
-            moe = c.build_norm(moe, name=f"ffn_post_norm_2-{il}")
-            cur = add(ctx0, mlp, moe, f"ffn_out-{il}")
+            cur = _build_ffn_dense_and_moe(c, attn_out, il)
         else:
             cur = c.build_norm(attn_out, name=f"ffn_norm-{il}")
             cur = c.build_ffn(cur, l.n_ff, act="gelu", il=il)

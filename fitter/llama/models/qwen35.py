@@ -29,20 +29,16 @@ ARCHS = {"qwen35": _RULES, "qwen35moe": _RULES, "qwen3next": _RULES}
 
 
 
-def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
-    """build_layer_attn_linear of qwen35 / qwen35moe / qwen3next (gated delta net, fused op)."""
+def _build_qkvz(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Tensor]:
+    """build_qkvz: the conv input (q, k, v mixed) and the output gate z."""
     ctx0 = c.ctx0
-    sp = c.spec
-    ssm = sp.ssm
-    g = c.g
-    arch = c.arch
+    ssm = c.spec.ssm
     n_seqs = c.n_seqs
     nst = c.n_tokens // n_seqs
     d_inner, hk, nkh, nvh = ssm.d_inner, ssm.d_state, ssm.n_group, ssm.dt_rank
     hv = d_inner // nvh
     conv_channels = d_inner + 2 * nkh * hk
-    # build_qkvz
-    if arch == "qwen3next" and c.d.has("ssm_in", il):
+    if c.arch == "qwen3next" and c.d.has("ssm_in", il):
         qkvz_dim = 2 * hk + 2 * hv * (nvh // nkh)
         mixed = mm(ctx0, nkh * qkvz_dim, cur, f"mixed_qkvz-{il}")
         mixed = reshape(ctx0, mixed, (qkvz_dim, nkh, nst, n_seqs))
@@ -61,7 +57,17 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
         qkv_mixed = mm(ctx0, conv_channels, cur, f"qkv_mixed-{il}")
         qkv_mixed = reshape(ctx0, qkv_mixed, (qkv_mixed.ne[0], nst, n_seqs))
         z = mm(ctx0, d_inner, cur, f"z-{il}")
-    if arch == "qwen3next":
+    return qkv_mixed, z
+
+
+def _build_beta_gate(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Tensor]:
+    """beta (sigmoid) and the decay gate (softplus(alpha + dt_bias) * a) of the delta net."""
+    ctx0 = c.ctx0
+    ssm = c.spec.ssm
+    n_seqs = c.n_seqs
+    nst = c.n_tokens // n_seqs
+    nkh, nvh = ssm.n_group, ssm.dt_rank
+    if c.arch == "qwen3next":
         ba = mm(ctx0, 2 * nvh, cur, f"mixed_ba-{il}")
         ba = reshape(ctx0, ba, (2 * nvh // nkh, nkh, nst, n_seqs))
         nb = (ba.nb[1], ba.nb[2], ba.nb[3])
@@ -83,6 +89,23 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
         alpha = unary(ctx0, add(ctx0, alpha, None), f"alpha_softplus-{il}")
         gate = mul(ctx0, alpha, None, f"gate-{il}")
         gate = reshape(ctx0, gate, (1, nvh, nst, n_seqs))
+    return beta, gate
+
+
+def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
+    """build_layer_attn_linear of qwen35 / qwen35moe / qwen3next (gated delta net, fused op)."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    ssm = sp.ssm
+    g = c.g
+    arch = c.arch
+    n_seqs = c.n_seqs
+    nst = c.n_tokens // n_seqs
+    d_inner, hk, nkh, nvh = ssm.d_inner, ssm.d_state, ssm.n_group, ssm.dt_rank
+    hv = d_inner // nvh
+    conv_channels = d_inner + 2 * nkh * hk
+    qkv_mixed, z = _build_qkvz(c, cur, il)
+    beta, gate = _build_beta_gate(c, cur, il)
     conv_all = cache(ctx0, F32, (ssm.n_embd_r, rs["rows"]), f"cache_r_l{il}")
     ssm_all = cache(ctx0, F32, (ssm.n_embd_s, rs["rows"]), f"cache_s_l{il}")
     # build_conv_state
