@@ -260,32 +260,21 @@ def state_key(ga: Gallocr, carried: Tensor) -> tuple:
     return tuple(key)
 
 
-def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
-                    keys: list[tuple], epi: Segment) -> AllocResult:
-    """Allocate the prologue, the n layers (each the segment of its key) and the epilogue, in graph order.
-
-    Equivalent to `Gallocr.run` over the full graph: the allocator's state at a layer boundary (its
-    free blocks and where the residual stream lives) fully determines what follows, given the layers
-    still to come. When the state at the start of layer i equals the state at the start of layer
-    j < i and the layers after i repeat those after j (same sub-graph, and no prologue tensor used
-    for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
-    the replay jumps ahead by whole periods. (Over 80 lines: one pass of ggml_gallocr_alloc_graph_impl,
-    kept whole so that its order of operations can be read against ggml-alloc.c.)
-    """
-    # which variant each layer runs: a template's first instance also emits the prologue tensors it
-    # reaches first (views of inputs, gemma4's per-layer projection); later instances do not
+def _first_instances(keys: list[tuple], n: int) -> list[bool]:
+    """Which layers run their template's first variant: a template's first instance also emits the
+    prologue tensors it reaches first (views of inputs, gemma4's per-layer projection); later ones do not."""
     seen: set[tuple] = set()
     first = [False] * n
     for il in range(1, n):
         if keys[il] not in seen:
             seen.add(keys[il])
             first[il] = True
+    return first
 
-    def glob_of(il: int) -> list[tuple[Tensor, int, int]]:
-        t = templates[keys[il]]
-        return t.glob_first if first[il] else t.glob_steady
 
-    # total n_children / n_views of prologue tensors, and the layer where each is used for the last time
+def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
+                   glob_of: Callable[[int], list[tuple[Tensor, int, int]]]) -> tuple[dict[int, list], dict[int, set[int]]]:
+    """Total n_children / n_views of prologue tensors, and per layer the ones it uses for the last time."""
     totals: dict[int, list] = {}
     last: dict[int, int] = {}
 
@@ -307,6 +296,58 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
     finals: dict[int, set[int]] = {}
     for tid, il in last.items():
         finals.setdefault(il, set()).add(tid)
+    return totals, finals
+
+
+def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Tensor, int, int]],
+         carried: Tensor | None) -> None:
+    """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
+    if carried is not None:
+        own, addr, size, be = carried.own, carried.addr, carried.size, carried.be
+    for t in seg.locals:
+        t.own = False
+        t.nc = 0
+        t.nv = 0
+    if carried is not None:
+        p = seg.inp
+        p.own, p.addr, p.size, p.be = own, addr, size, be
+        ga._handover(carried, p)
+    for t, a, b in counts:
+        t.nc = a
+        t.nv = b
+    ga.process(variant)
+
+
+def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
+    """How many layers from il on repeat, in whole periods, a boundary j < il with the same state."""
+    best = 0
+    for j in prev:  # any earlier boundary with this state: the period is il - j
+        p = il - j
+        t = il
+        while t < n and sigs[t] == sigs[t - p]:
+            t += 1
+        best = max(best, (t - il) // p * p)
+    return best
+
+
+def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
+                    keys: list[tuple], epi: Segment) -> AllocResult:
+    """Allocate the prologue, the n layers (each the segment of its key) and the epilogue, in graph order.
+
+    Equivalent to `Gallocr.run` over the full graph: the allocator's state at a layer boundary (its
+    free blocks and where the residual stream lives) fully determines what follows, given the layers
+    still to come. When the state at the start of layer i equals the state at the start of layer
+    j < i and the layers after i repeat those after j (same sub-graph, and no prologue tensor used
+    for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
+    the replay jumps ahead by whole periods.
+    """
+    first = _first_instances(keys, n)
+
+    def glob_of(il: int) -> list[tuple[Tensor, int, int]]:
+        t = templates[keys[il]]
+        return t.glob_first if first[il] else t.glob_steady
+
+    totals, finals = _prologue_uses(n, pro, seg0, epi, glob_of)
     sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
 
     # ggml_gallocr_alloc_graph_impl: leafs first (in graph order), then the children/views counts
@@ -320,39 +361,16 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
         t.nc = a
         t.nv = b
 
-    def run(seg: Segment, variant: list[Tensor], counts: list[tuple[Tensor, int, int]], carried: Tensor | None) -> None:
-        if carried is not None:
-            own, addr, size, be = carried.own, carried.addr, carried.size, carried.be
-        for t in seg.locals:
-            t.own = False
-            t.nc = 0
-            t.nv = 0
-        if carried is not None:
-            p = seg.inp
-            p.own, p.addr, p.size, p.be = own, addr, size, be
-            ga._handover(carried, p)
-        for t, a, b in counts:
-            t.nc = a
-            t.nv = b
-        ga.process(variant)
-
-    run(pro, pro.nodes, pro.first_counts, None)
-    run(seg0, seg0.nodes, seg0.first_counts, None)
+    _run(ga, pro, pro.nodes, pro.first_counts, None)
+    _run(ga, seg0, seg0.nodes, seg0.first_counts, None)
     carried = seg0.out
     simulated = 1
     hist: dict[tuple, list[int]] = {}
     il = 1
     while il < n:
         if not first[il]:
-            key = state_key(ga, carried)
-            prev = hist.setdefault(key, [])
-            best = 0
-            for j in prev:  # any earlier boundary with this state: the period is il - j
-                p = il - j
-                t = il
-                while t < n and sigs[t] == sigs[t - p]:
-                    t += 1
-                best = max(best, (t - il) // p * p)
+            prev = hist.setdefault(state_key(ga, carried), [])
+            best = _period(sigs, prev, il, n)
             if best:
                 for l2 in range(il, il + best):  # the skipped layers still use the prologue tensors
                     for g, a, b in glob_of(l2):
@@ -365,14 +383,11 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
             prev.append(il)
         seg = templates[keys[il]]
         if first[il]:
-            run(seg, seg.nodes, seg.first_counts, carried)
+            _run(ga, seg, seg.nodes, seg.first_counts, carried)
         else:
-            run(seg, seg.steady, seg.steady_counts, carried)
+            _run(ga, seg, seg.steady, seg.steady_counts, carried)
         carried = seg.out
         simulated += 1
         il += 1
-    run(epi, epi.nodes, epi.first_counts, carried)
+    _run(ga, epi, epi.nodes, epi.first_counts, carried)
     return AllocResult(ga.sizes(), ga.peak_lives, simulated)
-
-
-# --------------------------------------------------------------------------------------------------
