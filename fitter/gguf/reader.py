@@ -410,8 +410,8 @@ def _ggml_type(cur: _Cursor, traw: int, name: str, at: int) -> GGMLQuantizationT
 def read_header_from(src: ByteSource, shard: int = 0) -> GGUFHeader:
     """Parse one GGUF file's header from a byte source (one shard of a split model).
 
-    Over 80 lines: it follows gguf_init_from_file_impl (ggml/src/gguf.cpp) check by check, in its order,
-    so that each refusal can be matched to upstream's.
+    Over 80 lines: it reads the header in file order with the checks of gguf_init_from_reader
+    (ggml/src/gguf.cpp) where they fall, so that each refusal can be matched to upstream's.
     """
     cur = _Cursor(src)
     if cur.size == 0:
