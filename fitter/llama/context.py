@@ -27,24 +27,24 @@ graph_optimize (fusion alloc deps, concurrency reordering): unverified.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.ggml import backends
 from fitter.config import ContextParams
 from fitter.errors import UnsupportedModelError
+from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
 from fitter.ggml.backends.base import BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import Placement, split_graph
 from fitter.ggml.tensor import HOST, Context, Tensor
-from fitter.gguf.constants import GGMLQuantizationType
 from fitter.ggml.types import F16
+from fitter.gguf.constants import GGMLQuantizationType
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
-from fitter.llama.models import default_details, has_mtp_graph, model_of
 from fitter.llama.hparams import ModelSpec
+from fitter.llama.models import default_details, has_mtp_graph, model_of
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 _WEIGHT_OF = {

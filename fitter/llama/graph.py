@@ -20,9 +20,9 @@ from fitter.ggml.tensor import (
     transpose, unary, view, view_tensor, weight,
 )
 from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size
-from fitter.llama.kv_cache_iswa import swa_cells
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
+from fitter.llama.kv_cache_iswa import swa_cells
 
 
 @dataclass

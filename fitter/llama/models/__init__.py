@@ -12,7 +12,6 @@ from types import ModuleType
 
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ArchRules, ModelSpec
-
 from fitter.llama.models import deepseek2, gemma, gemma4, glm4moe, gpt_oss, llama, phi3, qwen35
 
 FAMILIES: tuple[ModuleType, ...] = (llama, phi3, gemma, gemma4, gpt_oss, qwen35, deepseek2, glm4moe)

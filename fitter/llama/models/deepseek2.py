@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import Tensor, add, cache, concat, cont, get_rows, inp, mm, mul, permute, repeat_4d, reshape, rope, view
+from fitter.ggml.tensor import (
+    Tensor, add, concat, cont, get_rows, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
+)
 from fitter.ggml.types import F32, row_size
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
 from fitter.llama.hparams import ArchRules, ModelSpec

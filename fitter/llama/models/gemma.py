@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from fitter.ggml.tensor import add, get_rows, mm, rope, scale, unary
-from fitter.llama.graph import GraphContext
 from fitter.gguf.constants import Keys
+from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
     Tensor, add, cont, get_rows, inp, mm, mul, permute, reshape, rms_norm, rope, scale, unary, view, weight,
 )
 from fitter.ggml.types import F32, I32, row_size
-from fitter.llama.graph import GraphContext
-from fitter.errors import GGUFError
 from fitter.gguf.constants import Keys
+from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec
 
 

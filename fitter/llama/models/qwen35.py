@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import Tensor, add, cache, concat, cont, cont_nd, cpy, get_rows, mm, mul, new_tensor, op_weight, repeat_4d, reshape, rms_norm, rope, scale, srcs, transpose, unary, view
-from fitter.ggml.types import F32, TSIZE, row_size
-from fitter.llama.graph import GraphContext, build_mtp
-from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.errors import GGUFError
+from fitter.ggml.tensor import (
+    Tensor, add, cache, concat, cont, cont_nd, cpy, get_rows, mm, mul, new_tensor, op_weight, repeat_4d, reshape,
+    rms_norm, rope, scale, srcs, transpose, unary, view,
+)
+from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.gguf.constants import Keys
-from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, Meta
+from fitter.llama.graph import GraphContext, build_mtp
+from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, LayerKind, Meta, ModelSpec
 
 
 def _gdn_recurrent(m: Meta, n_layer: int, n_layer_all: int) -> list[bool]:
