@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fitter.config import ContextParams, ggml_type
+from fitter.config import ContextParams
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
     FLAG_OUTPUT, Context, Tensor, add, argsort_top_k, cache, cast, clamp, concat, cont, cont_nd, cpy, div, dup,
@@ -19,7 +19,7 @@ from fitter.ggml.tensor import (
     norm, op_weight, pad, permute, reshape, rms_norm, scale, set_rows, soft_max, sqr, sqrt, srcs, sum_rows,
     transpose, unary, view, view_tensor, weight,
 )
-from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size
+from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cells
@@ -87,7 +87,7 @@ class GraphContext:
 
     def _kv(self, layers: list[int], size: int) -> KVCacheView:
         cp = self.cp
-        tk, tv = ggml_type(cp.type_k), ggml_type(cp.type_v)
+        tk, tv = type_of(cp.type_k), type_of(cp.type_v)
         # llama_kv_cache::llama_kv_cache: attn_rot_k / attn_rot_v (Hadamard rotation for quantized caches)
         hk = {self.spec.layers[il].n_embd_head_k for il in layers}
         hv = {self.spec.layers[il].n_embd_head_v for il in layers}
