@@ -222,7 +222,7 @@ def test_tensor_info_hook_for_weights():
 
 
 def test_dispatcher_on_compute_tensors():
-    """fitter.compute's _T: int types, nbytes() a method, view source in .vs, MUL_MAT_ID src (b, ids)."""
+    """fitter.ggml.tensor.Tensor: int types, nbytes() a method, view source in .vs, MUL_MAT_ID src (b, ids)."""
     from gguf import GGMLQuantizationType as T
 
     class _T(SimpleNamespace):

@@ -95,7 +95,7 @@ def _op(t: Any) -> str:
 
 
 def _view_src(t: Any) -> Any:
-    return getattr(t, "view_src", None) or getattr(t, "vs", None)  # fitter.compute's _T calls it vs
+    return getattr(t, "view_src", None) or getattr(t, "vs", None)  # fitter.ggml.tensor.Tensor calls it vs
 
 
 def _nbytes_of(t: Any) -> int:

@@ -95,7 +95,7 @@ def build_graph(c: GraphContext) -> Iterator:
     ai = c.build_attn_inp_kv_iswa()
     out_ids = c.build_inp_out_ids()
     inp_per_layer = _build_inp_per_layer(c, inpL) if ple else None
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
     while il is not None:
         l = sp.layers[il]
         hd, nh, nkv = l.n_embd_head_k, l.n_head, l.n_head_kv

@@ -35,7 +35,7 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv_iswa() if sp.is_swa_any else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
     while il is not None:
         l = sp.layers[il]
         inpSA = inpL

@@ -40,7 +40,7 @@ def build_graph(c: GraphContext) -> Iterator:
     out_ids = c.build_inp_out_ids()
     qk_norm = arch in ("qwen3", "qwen3moe")
     bias = c.d.has("attn_q.bias")
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
     while il is not None:
         l = sp.layers[il]
         inpSA = inpL

@@ -220,7 +220,7 @@ def build_graph(c: GraphContext) -> Iterator:
     rs, ai = c.build_inp_mem_hybrid()
     inp_pos = c.build_inp_pos(1 if c.arch == "qwen3next" else 4)
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see _simulate / _build_full
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
     while il is not None:
         l = sp.layers[il]
         inpSA = inpL
