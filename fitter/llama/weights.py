@@ -105,9 +105,10 @@ def weight_buffers(
     (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes."""
     n_layer_all = len(spec.layers)
     i_gpu_start = gpu_layer_start(n_layer_all, n_gpu_layers)
+    device = backends.get(backend)
 
     def on_gpu(where: int | str) -> bool:
-        if backend == Backend.CPU or where == "input":
+        if not device.is_gpu or where == "input":
             return False  # dev_input is always the CPU
         if where == "output":
             return n_layer_all >= i_gpu_start
@@ -144,7 +145,7 @@ def weight_buffers(
             # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
             align = impl.alignment
             if not gpu:
-                dev = backends.get(backend).host_buffer_name
+                dev = device.host_buffer_name
             ts = [t for s in shards for t in groups[(gpu, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
