@@ -73,7 +73,8 @@ def inspect(
 ) -> None:
     """Describe a model from its header: architecture, size, layer kinds, attention, vocab."""
     from fitter.bundled import resolve_model
-    from fitter.model_spec import LayerKind, load_model_spec
+    from fitter.llama.hparams import LayerKind
+    from fitter.llama.model import load_model_spec
 
     header, spec = load_model_spec(resolve_model(model), allow_unknown=True)
     if as_json:
@@ -257,7 +258,7 @@ def fit(
     from fitter.bundled import resolve_model
     from fitter.config import ConfigError
     from fitter.memory import predict
-    from fitter.model_spec import load_model_spec
+    from fitter.llama.model import load_model_spec
     from fitter.solver import prediction_for, recommend, solve
 
     be, fe = _backend(backend), _frontend(frontend)
@@ -465,7 +466,7 @@ def quants(
     """Every quant's file size and device total at these settings, from one header, before downloading."""
     from fitter.budget import available_bytes, parse_budget, parse_margin
     from fitter.bundled import resolve_model
-    from fitter.model_spec import load_model_spec
+    from fitter.llama.model import load_model_spec
     from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
@@ -644,7 +645,7 @@ def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
 
 def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
     from fitter.bundled import resolve_model
-    from fitter.model_spec import load_model_spec
+    from fitter.llama.model import load_model_spec
 
     arch = model
     if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:

@@ -2,7 +2,7 @@
 
 For every case (a model shape x a run config) this runs llama.cpp's dry run (`fitter.llama_run.measure`,
 no_alloc: nothing is allocated, so full-size header-only "sparse" GGUFs of real models work) and reads
-the exact compute bytes from `llama_get_memory_breakdown`, then asks `fitter.compute.compute_buffers`
+the exact compute bytes from `llama_get_memory_breakdown`, then asks `fitter.llama.context.compute_buffers`
 (CPU backend) for its prediction, and prints one row per case and a table of the worst error per
 architecture, plus the time a prediction takes.
 
@@ -27,11 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fitter import compute  # noqa: E402
+from fitter.llama import context as compute  # noqa: E402
+from fitter.llama.graph_details import graph_details  # noqa: E402
 from fitter.check import llama_params  # noqa: E402
 from fitter.config import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
 from fitter.llama_run import measure  # noqa: E402
-from fitter.model_spec import load_model_spec  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 from tests.synth import build  # noqa: E402
 
 MIB = 1 << 20
@@ -125,7 +126,7 @@ def one(path: str, cfg: RunConfig, use_details: bool) -> dict:
     if not run.ok:
         return {"skip": f"llama.cpp {run.status}: {run.message}"}
     ref = run.breakdown_total("compute")
-    details = compute.graph_details(header) if use_details else None
+    details = graph_details(header) if use_details else None
     compute._CACHE.clear()
     t0 = time.perf_counter()
     pred = compute.compute_buffers(spec, cp, "cpu", details=details)[0]

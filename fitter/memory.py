@@ -13,13 +13,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fitter.calibration import Applied, BufferChange, Calibration
-from fitter.compute import compute_buffers, graph_details
-from fitter.compute_backend import metal_fa_unsupported_reason, tensor_info_alloc_size
+from fitter.llama.context import compute_buffers
+from fitter.llama.graph_details import graph_details
+from fitter.ggml.backends import tensor_info_alloc_size
+from fitter.ggml.backends.metal import metal_fa_unsupported_reason
 from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
-from fitter.gguf_reader import GGUFHeader
-from fitter.kv_cache import memory_caches
-from fitter.model_spec import ModelSpec
-from fitter.weights import DEVICE_NAME, gpu_layer_start, weight_buffers
+from fitter.gguf.reader import GGUFHeader
+from fitter.llama.kv_cache import memory_caches
+from fitter.llama.hparams import ModelSpec
+from fitter.ggml.backends import DEVICE_NAME
+from fitter.llama.weights import gpu_layer_start, weight_buffers
 
 Owner = Literal["target", "draft", "mtp"]
 Kind = Literal["model", "kv", "rs", "output", "compute"]

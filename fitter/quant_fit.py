@@ -14,9 +14,10 @@ from dataclasses import replace as dc_replace
 from pydantic import BaseModel
 
 from fitter.config import Backend, ConfigError, Frontend, RunConfig, pad
-from fitter.gguf_reader import GGUFHeader, ShardInfo, TensorInfo, read_header
+from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.memory import predict
-from fitter.model_spec import ModelSpec, model_spec_from_header
+from fitter.llama.hparams import ModelSpec
+from fitter.llama.model import model_spec_from_header
 from fitter.quants import QuantPrediction, predict_all
 from fitter.solver import largest_context
 

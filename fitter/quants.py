@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from fitter.errors import GGFitError
-from fitter.gguf_constants import GGUFValueType
-from fitter.gguf_reader import GGUFHeader, SkippedArray, SkippedString
+from fitter.gguf.constants import GGUFValueType
+from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString
 
 GGUF_DEFAULT_ALIGNMENT = 32  # ggml/include/gguf.h; llama-quant.cpp writes with it whatever the input says
 
@@ -732,7 +732,7 @@ def _output_kv_bytes(header: GGUFHeader, imatrix_file: ImatrixFile | None) -> in
 
 def _check_header(header: GGUFHeader) -> None:
     if not header.shards:
-        raise QuantError("the header has no shard information (read it with fitter.gguf_reader.read_header)")
+        raise QuantError("the header has no shard information (read it with fitter.gguf.reader.read_header)")
     if header.shards[0].byte_order != "<":
         raise QuantError("big-endian GGUF: llama.cpp refuses to load it, so llama-quantize cannot quantize it")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, ConfigError, Frontend, RunConfig
-from fitter.gguf_reader import GGUFHeader
+from fitter.gguf.reader import GGUFHeader
 from fitter.memory import Prediction, predict
-from fitter.model_spec import ModelSpec
+from fitter.llama.hparams import ModelSpec
 
 UBATCHES = (256, 512, 1024, 2048, 4096)
 KV_PAIRS = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))

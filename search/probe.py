@@ -929,7 +929,7 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
     """
     from fitter.budget import parse_size  # noqa: PLC0415
     from fitter.bundled import resolve_model  # noqa: PLC0415
-    from fitter.gguf_reader import read_header  # noqa: PLC0415
+    from fitter.gguf.reader import read_header  # noqa: PLC0415
 
     config, opts, unknown = parse_server_args(server_args)
     if unknown and runner == "python":

@@ -749,7 +749,7 @@ class _Predictor:
         self._specs: dict[str, Any] = {}
 
     def spec(self, path: str):
-        from fitter.model_spec import load_model_spec
+        from fitter.llama.model import load_model_spec
 
         if path not in self._specs:
             self._specs[path] = load_model_spec(path)

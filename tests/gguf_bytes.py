@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-from fitter.gguf_reader import _SCALAR_FMT
+from fitter.gguf.reader import _SCALAR_FMT
 
 STRING = GGUFValueType.STRING
 ARRAY = GGUFValueType.ARRAY

@@ -25,11 +25,12 @@ from collections import defaultdict
 
 import pytest
 
-from fitter import compute
+from fitter.llama import context as compute
+from fitter.llama.graph_details import graph_details
 from fitter.check import llama_params
 from fitter.config import Frontend, RunConfig, resolve_context
 from fitter.llama_run import measure
-from fitter.model_spec import load_model_spec
+from fitter.llama.model import load_model_spec
 from tests.synth import build
 from tests.synth.shapes import build_shape
 
@@ -118,7 +119,7 @@ def _dry_run(path: str, cfg: RunConfig, *, details: bool = True):
     run = measure(path, llama_params(cp, cfg), mode="dry", log_level="info").raise_for_status()
     ref = run.breakdown_total("compute")
     assert ref is not None and ref > 0
-    pred = compute.compute_buffers(spec, cp, "cpu", details=compute.graph_details(header) if details else None)
+    pred = compute.compute_buffers(spec, cp, "cpu", details=graph_details(header) if details else None)
     assert [b.device for b in pred] == ["CPU"]
     return spec, cp, ref, pred[0]
 
@@ -171,7 +172,7 @@ def test_logits_term() -> None:
         pytest.skip("real Gemma 3 270M not present")
     header, spec = load_model_spec(GEMMA_270M)
     cp = resolve_context(spec, _cfg(4096, 512, "on"), Frontend.LIBRARY)
-    buf = compute.compute_buffers(spec, cp, details=compute.graph_details(header))[0]
+    buf = compute.compute_buffers(spec, cp, details=graph_details(header))[0]
     assert buf.terms["logits"] == spec.n_vocab * 512 * 4
     assert buf.peak_tensors[0] == ("result_output", spec.n_vocab * 512 * 4)
 
@@ -185,8 +186,8 @@ def test_simulation_equals_full_graph(shape: str, cfg: RunConfig) -> None:
     """The periodic skip over repeated layers gives the same buffer as allocating every node."""
     header, spec = load_model_spec(str(build_shape(shape)))
     cp = resolve_context(spec, cfg, Frontend.LIBRARY)
-    d = compute.graph_details(header)
-    r = compute._simulate(compute._Ctx(spec, cp, d), compute._Gallocr(32))
+    d = graph_details(header)
+    r = compute._simulate(compute.GraphContext(spec, cp, d), compute.Gallocr(32))
     assert r.layers_simulated < spec.n_layer
     assert r.size == compute._emulate_full(spec, cp, d)
 
@@ -194,7 +195,7 @@ def test_simulation_equals_full_graph(shape: str, cfg: RunConfig) -> None:
 def test_prediction_is_fast() -> None:
     header, spec = load_model_spec(str(build_shape("llama-8b")))
     cp = resolve_context(spec, _cfg(32768, 512, "on"), Frontend.LIBRARY)
-    d = compute.graph_details(header)
+    d = graph_details(header)
     times = []
     for _ in range(7):
         compute._CACHE.clear()
@@ -212,7 +213,7 @@ def test_gpu_backends_split_device_and_host(backend: str) -> None:
     """GPU backends: a device buffer and a host buffer holding the graph inputs (not checked against a GPU)."""
     header, spec = load_model_spec(str(build_shape("llama-8b")))
     cp = resolve_context(spec, _cfg(32768, 512, "on"), Frontend.LIBRARY)
-    d = compute.graph_details(header)
+    d = graph_details(header)
     bufs = compute.compute_buffers(spec, cp, backend, details=d)
     dev = {"cuda": "CUDA0", "metal": "MTL0"}[backend]
     assert [b.device for b in bufs] == [dev, "CUDA_Host" if backend == "cuda" else "CPU"]
@@ -263,7 +264,7 @@ def test_mtp_draft_context(arch: str, over: dict, cfg: RunConfig) -> None:
     header, spec = load_model_spec(path)
     cp = resolve_context(spec, cfg, Frontend.LIBRARY)
     ref = _mtp_dry_run(path, cp)
-    pred = compute.compute_buffers(spec, cp, details=compute.graph_details(header), mtp=True)[0]
+    pred = compute.compute_buffers(spec, cp, details=graph_details(header), mtp=True)[0]
     assert abs(pred.bytes / MIB - ref) < 0.0051, f"{arch} MTP: llama.cpp {ref} MiB, ggfit {pred.bytes / MIB:.4f} MiB"
 
 
@@ -416,7 +417,7 @@ def test_cuda_matches_recorded_dry_run(model: str, args: tuple, cuda0: float, ho
     cfg = RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=nb, flash_attn="on" if fa else "off", type_k=TN[tk], type_v=TN[tv],
                     n_parallel=ns, kv_unified=bool(uni), swa_full=bool(swa_full), n_gpu_layers=ngl)
     cp = resolve_context(spec, cfg, Frontend.LIBRARY)
-    bufs = {b.device: b.bytes / MIB for b in compute.compute_buffers(spec, cp, "cuda", ngl, details=compute.graph_details(header), mtp=mtp)}
+    bufs = {b.device: b.bytes / MIB for b in compute.compute_buffers(spec, cp, "cuda", ngl, details=graph_details(header), mtp=mtp)}
     assert abs(bufs["CUDA0"] - cuda0) < 0.0051, f"CUDA0: llama.cpp {cuda0} MiB, ggfit {bufs['CUDA0']:.4f} MiB"
     assert abs(bufs.get("CUDA_Host", 0.0) - host) < 0.0051, f"CUDA_Host: llama.cpp {host} MiB, ggfit {bufs.get('CUDA_Host', 0):.4f} MiB"
 

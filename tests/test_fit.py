@@ -12,7 +12,7 @@ import pytest
 
 from fitter.config import Backend, Frontend, RunConfig
 from fitter.memory import predict
-from fitter.model_spec import load_model_spec
+from fitter.llama.model import load_model_spec
 from fitter.solver import largest_context
 from tests.synth import build
 

@@ -19,7 +19,7 @@ import pytest
 from fitter.budget import DEFAULT_MARGIN_BYTES
 from fitter.config import Backend, Frontend, RunConfig
 from fitter.memory import predict
-from fitter.model_spec import load_model_spec
+from fitter.llama.model import load_model_spec
 from tests.synth.shapes import build_shape, q4_k_m_types
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

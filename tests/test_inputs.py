@@ -15,7 +15,7 @@ import cli
 from fitter.bundled import resolve_model
 from fitter.config import Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama_run import LlamaParams, measure
-from fitter.model_spec import load_model_spec
+from fitter.llama.model import load_model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fitter.llama_run import LlamaParams, measure
-from fitter.model_spec import LayerKind
+from fitter.llama.hparams import LayerKind
 from tests.synth import REGISTRY, build
 
 GEMMA = "gemma3-270m"

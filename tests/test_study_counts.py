@@ -144,7 +144,7 @@ def test_single_runs_say_there_is_no_spread():
 
 
 def test_same_run_fills_in_llama_server_defaults(gemma):
-    from fitter.model_spec import load_model_spec
+    from fitter.llama.model import load_model_spec
 
     spec = load_model_spec(gemma)[1]
     base = Candidate(model_path=gemma, config=RunConfig(n_ctx=2048))  # what `optimise` compares against

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fitter.gguf_reader import SkippedArray, read_header
+from fitter.gguf.reader import SkippedArray, read_header
 from tests.synth import REGISTRY, build
 from tests.synth.common import options
 from tests.synth.loadcheck import LlamaCppError, load_and_decode

@@ -35,7 +35,7 @@ from fitter.check import llama_params  # noqa: E402
 from fitter.config import Backend, Frontend, RunConfig  # noqa: E402
 from fitter.llama_run import measure  # noqa: E402
 from fitter.memory import predict  # noqa: E402
-from fitter.model_spec import load_model_spec  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 from tests.synth.shapes import SHAPES, build_shape, fill_weights, q4_k_m_types  # noqa: E402
 
 MiB = 2**20

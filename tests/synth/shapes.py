@@ -64,7 +64,7 @@ def build_shape(name: str, **overrides: Any) -> Path:
 def q4_k_m_types(name: str) -> dict[str, str]:
     """Per-tensor types of the shape quantized to Q4_K_M, as fitter.quants predicts llama-quantize
     would choose them from the F16 header (the header of a real Q4_K_M file of the model)."""
-    from fitter.gguf_reader import read_header
+    from fitter.gguf.reader import read_header
     from fitter.quants import predict_quant
 
     pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
@@ -81,7 +81,7 @@ def fill_weights(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     chunk from a random block of it (so rows, experts and tensors differ), a shorter one is random
     throughout; norms are 1.0. Writes at disk speed: seconds for a 20 GiB model, not the hours that
     quantizing real random floats would take."""
-    from fitter.gguf_reader import read_header
+    from fitter.gguf.reader import read_header
 
     path = Path(path)
     header = read_header(path)

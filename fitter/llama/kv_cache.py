@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fitter.gguf_constants import GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import ContextParams, ggml_row_size, ggml_type, pad
-from fitter.model_spec import LayerKind, ModelSpec
+from fitter.config import Backend, ContextParams, pad
+from fitter.ggml import backends
+from fitter.ggml.types import F32, row_size, type_of
+from fitter.llama.hparams import LayerKind, ModelSpec
+from fitter.llama.kv_cache_iswa import swa_cells
+from fitter.llama.models import rules_of
 
-HYBRID_ARCHS = {"qwen35", "qwen35moe", "qwen3next"}  # llm_arch_is_hybrid, among ggfit's architectures
-BUFFER_ALIGNMENT = 32  # TENSOR_ALIGNMENT of the CPU buffer type; CUDA and Metal use the same or smaller
+# TENSOR_ALIGNMENT of the CPU buffer type: what llama.cpp's KV / RS buffer sizes pad each tensor to here
+BUFFER_ALIGNMENT = backends.get(Backend.CPU).alignment
 
 
 class CacheBuffer(BaseModel):
@@ -47,17 +50,17 @@ def _kv_cache(
     # llama_kv_cache::llama_kv_cache
     n_stream = 1 if cp.kv_unified else cp.n_seq_max
     v_trans = not cp.flash_attn
-    tk, tv = ggml_type(cp.type_k), ggml_type(cp.type_v)
+    tk, tv = type_of(cp.type_k), type_of(cp.type_v)
     # [TAG_V_CACHE_VARIABLE]: without FA the V cache is padded to the widest layer of the whole model
     v_max = max(layer.n_embd_v_gqa for layer in spec.layers)
     k_total = v_total = buf = 0
     for il in layers:
         layer = spec.layers[il]
-        k = ggml_row_size(tk, layer.n_embd_k_gqa) * kv_size * n_stream
+        k = row_size(tk, layer.n_embd_k_gqa) * kv_size * n_stream
         k_total += k
         buf += pad(k, BUFFER_ALIGNMENT)
         if not spec.is_mla:
-            v = ggml_row_size(tv, v_max if v_trans else layer.n_embd_v_gqa) * kv_size * n_stream
+            v = row_size(tv, v_max if v_trans else layer.n_embd_v_gqa) * kv_size * n_stream
             v_total += v
             buf += pad(v, BUFFER_ALIGNMENT)
     return CacheBuffer(
@@ -79,9 +82,8 @@ def _recurrent(spec: ModelSpec, cp: ContextParams, layers: list[int]) -> CacheBu
     assert spec.ssm is not None
     mem_size = max(1, cp.n_seq_max)
     rows = mem_size * (1 + cp.n_rs_seq)
-    f32 = GGMLQuantizationType.F32
-    r = ggml_row_size(f32, spec.ssm.n_embd_r) * rows
-    s = ggml_row_size(f32, spec.ssm.n_embd_s) * rows
+    r = row_size(F32, spec.ssm.n_embd_r) * rows
+    s = row_size(F32, spec.ssm.n_embd_s) * rows
     return CacheBuffer(
         kind="rs",
         name="rs",
@@ -96,20 +98,14 @@ def _recurrent(spec: ModelSpec, cp: ContextParams, layers: list[int]) -> CacheBu
     )
 
 
-def swa_cells(spec: ModelSpec, cp: ContextParams) -> int:
-    """llama_kv_cache_iswa: the SWA cache's cell count (always padded to 256)."""
-    if cp.swa_full:
-        return cp.n_ctx_seq
-    return pad(min(cp.n_ctx_seq, spec.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
-
-
 def memory_caches(spec: ModelSpec, cp: ContextParams, *, mtp: bool = False) -> list[CacheBuffer]:
     """The caches of a context: the target's (mtp=False) or an MTP draft context's (mtp=True)."""
     n_layer = spec.n_layer
     all_layers = range(len(spec.layers))
     kv_size = cp.n_ctx_seq
 
-    if spec.architecture in HYBRID_ARCHS:
+    rules = rules_of(spec.architecture)
+    if rules is not None and rules.hybrid_memory:
         if mtp:
             # mtp_on_hybrid_qwen: a plain KV cache over the NextN layers only
             return [_kv_cache("kv", spec, cp, [il for il in all_layers if il >= n_layer], kv_size)]

@@ -16,10 +16,10 @@ import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fitter.gguf_constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
-from fitter.source import ByteSource, open_source
+from fitter.gguf.source import ByteSource, open_source
 
 GGML_MAX_DIMS = 4  # ggml.h
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses names of this length or longer
@@ -408,7 +408,11 @@ def _ggml_type(cur: _Cursor, traw: int, name: str, at: int) -> GGMLQuantizationT
 
 
 def read_header_from(src: ByteSource, shard: int = 0) -> GGUFHeader:
-    """Parse one GGUF file's header from a byte source (one shard of a split model)."""
+    """Parse one GGUF file's header from a byte source (one shard of a split model).
+
+    Over 80 lines: it reads the header in file order with the checks of gguf_init_from_reader
+    (ggml/src/gguf.cpp) where they fall, so that each refusal can be matched to upstream's.
+    """
     cur = _Cursor(src)
     if cur.size == 0:
         raise cur.fail("the file is empty (0 bytes), not a GGUF file", 0)

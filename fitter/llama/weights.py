@@ -13,17 +13,15 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from fitter.config import Backend, pad
-from fitter.gguf_reader import GGUFHeader, TensorInfo
-from fitter.model_spec import ModelSpec
+from fitter.ggml import backends
+from fitter.gguf.reader import GGUFHeader, TensorInfo
+from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
+from fitter.llama.models import rules_of
 
 # LLM_TENSOR_INFOS entries of kind LLM_TENSOR_LAYER_INPUT (src/llama-arch.cpp)
 INPUT_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
-DEVICE_NAME = {Backend.CPU: "CPU", Backend.CUDA: "CUDA0", Backend.METAL: "MTL0"}
-# ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr
-MAPS_HOST_MEMORY = {Backend.CPU: True, Backend.CUDA: False, Backend.METAL: True}
-ALIGNMENT = {Backend.CPU: 32, Backend.CUDA: 128, Backend.METAL: 32}  # each default buffer type's get_alignment
 
 
 class WeightBuffer(BaseModel):
@@ -47,9 +45,8 @@ def gpu_layer_start(n_layer_all: int, n_gpu_layers: int) -> int:
 
 # Tensors the architectures' load_tensors create once per layer: the first normally, the rest with
 # TENSOR_DUPLICATED (llama, mistral3, phi3: every trunk layer; gemma4: full-attention layers only).
+# (Which architectures tie the output, and where: ArchRules in fitter.llama.models.)
 PER_LAYER_GLOBALS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
-NO_TIED_OUTPUT = {"gpt-oss"}  # architectures whose load_tensors never duplicates token_embd as the output
-OUTPUT_BEFORE_TOK_EMBD = {"gemma4"}  # load_tensors creates the tied output before token_embd itself
 
 
 class TensorInstance(BaseModel):
@@ -70,6 +67,7 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
     duplicate gets its own memory in an allocating buffer (with mmap it shares the file's bytes).
     """
     names = {t.name for t in header.tensors}
+    rules = rules_of(spec.architecture) or GENERIC_RULES
     out: list[TensorInstance] = []
     for t in header.tensors:
         base = t.name.rsplit(".", 1)[0]
@@ -81,12 +79,12 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
             out.append(TensorInstance(tensor=t, where=il))
         elif base in INPUT_TENSORS:
             out.append(TensorInstance(tensor=t, where="input"))
-            if base == "token_embd" and "output.weight" not in names and spec.architecture not in NO_TIED_OUTPUT:
+            if base == "token_embd" and "output.weight" not in names and rules.tied_output:
                 out.append(TensorInstance(tensor=t, where="output", duplicated=True,
-                                          created_first=spec.architecture in OUTPUT_BEFORE_TOK_EMBD))
+                                          created_first=rules.output_before_tok_embd))
         elif base in PER_LAYER_GLOBALS:
             users = [lay.index for lay in spec.layers[: spec.n_layer]
-                     if spec.architecture != "gemma4" or lay.kind.value == "full"]
+                     if not rules.per_layer_globals_full_only or lay.kind == LayerKind.FULL]
             out.extend(TensorInstance(tensor=t, where=il, duplicated=i > 0) for i, il in enumerate(users))
         else:
             out.append(TensorInstance(tensor=t, where="output"))
@@ -107,9 +105,10 @@ def weight_buffers(
     (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes."""
     n_layer_all = len(spec.layers)
     i_gpu_start = gpu_layer_start(n_layer_all, n_gpu_layers)
+    device = backends.get(backend)
 
     def on_gpu(where: int | str) -> bool:
-        if backend == Backend.CPU or where == "input":
+        if not device.is_gpu or where == "input":
             return False  # dev_input is always the CPU
         if where == "output":
             return n_layer_all >= i_gpu_start
@@ -128,11 +127,12 @@ def weight_buffers(
     out: list[WeightBuffer] = []
     for gpu in (False, True):
         dev_backend = backend if gpu else Backend.CPU
-        dev = DEVICE_NAME[dev_backend]
+        impl = backends.get(dev_backend)
+        dev = impl.name
         shards = sorted(s for (g, s) in groups if g == gpu)
         if not shards:
             continue
-        if use_mmap and MAPS_HOST_MEMORY[dev_backend]:
+        if use_mmap and impl.maps_host_memory:
             # one buffer per file, spanning the file range of its tensors (get_mapping_range)
             for s in shards:
                 ts = list({t.name: t for t in groups[(gpu, s)]}.values())
@@ -143,9 +143,9 @@ def weight_buffers(
         else:
             # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment;
             # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
-            align = ALIGNMENT[dev_backend]
-            if not gpu and backend == Backend.CUDA:
-                dev = "CUDA_Host"
+            align = impl.alignment
+            if not gpu:
+                dev = device.host_buffer_name
             ts = [t for s in shards for t in groups[(gpu, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),

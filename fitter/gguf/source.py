@@ -68,7 +68,7 @@ class FileSource:
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:
+        except OSError:  # os.close at interpreter exit
             pass
 
 

@@ -1,0 +1,393 @@
+"""ggml-alloc.c: the dynamic allocator, the graph allocator, and the replay of repeated layers.
+
+DynAllocator is ggml_dyn_tallocr (best fit over free blocks, chunks for a maximum buffer size);
+Gallocr is ggml_gallocr (ggml_gallocr_allocate_node / free_node and the passes of
+ggml_gallocr_alloc_graph_impl, one dynamic allocator per buffer type). replay_segments runs the
+allocator over a graph cut into segments, skipping whole periods of repeated layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from fitter.ggml.graph import Segment
+from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
+
+SIZE_MAX = (1 << 64) - 1
+MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
+
+
+class DynAllocator:
+    """ggml_dyn_tallocr: per chunk, free blocks sorted by offset; best fit, the last block grows a chunk.
+
+    An address is chunk << 56 | offset. Backends without a maximum buffer size (CPU, CUDA) only ever
+    have one chunk; Metal splits a buffer into chunks of at most maxBufferLength.
+    """
+
+    __slots__ = ("align", "max_chunk", "chunks", "maxes")
+
+    def __init__(self, align: int, max_buffer_size: int = SIZE_MAX) -> None:
+        self.align = align
+        self.max_chunk = min(max_buffer_size, SIZE_MAX // 2)
+        self.chunks: list[list[list[int]]] = []  # free blocks [offset, size] per chunk
+        self.maxes: list[int] = []  # max_size per chunk
+
+    @property
+    def max_size(self) -> int:
+        return sum(self.maxes)
+
+    def _new_chunk(self, min_size: int) -> int:  # ggml_dyn_tallocr_new_chunk
+        size = max(min_size, self.max_chunk)
+        if len(self.chunks) == MAX_CHUNKS - 1:
+            size = SIZE_MAX // 2
+        self.chunks.append([[0, size]])
+        self.maxes.append(0)
+        return len(self.chunks) - 1
+
+    def alloc(self, size: int) -> int:  # ggml_dyn_tallocr_alloc
+        a = self.align
+        size = (size + a - 1) // a * a
+        chunks = self.chunks
+        best_c = best_b = -1
+        for c, blocks in enumerate(chunks):  # best fit among all blocks but the last of each chunk
+            best_fit = SIZE_MAX
+            for i in range(len(blocks) - 1):
+                bs = blocks[i][1]
+                if bs >= size and bs <= best_fit:
+                    best_c, best_b, best_fit = c, i, bs
+        if best_b == -1:  # the last block of some chunk: least growth, or the tightest fit
+            best_reuse = None
+            for c, blocks in enumerate(chunks):
+                if not blocks:
+                    continue
+                last = blocks[-1]
+                reuse = self.maxes[c] - last[0] - size
+                better_reuse = (best_reuse is None or best_reuse < 0) and (best_reuse is None or reuse > best_reuse)
+                better_fit = reuse >= 0 and best_reuse is not None and reuse < best_reuse
+                if last[1] >= size and (better_reuse or better_fit):
+                    best_c, best_b, best_reuse = c, len(blocks) - 1, reuse
+        if best_b == -1:
+            best_c = self._new_chunk(size)
+            best_b = 0
+        blocks = chunks[best_c]
+        b = blocks[best_b]
+        off = b[0]
+        b[0] += size
+        b[1] -= size
+        if b[1] == 0:
+            del blocks[best_b]
+        if off + size > self.maxes[best_c]:
+            self.maxes[best_c] = off + size
+        return best_c << 56 | off
+
+    def free(self, addr: int, size: int) -> None:  # ggml_dyn_tallocr_free_bytes
+        a = self.align
+        size = (size + a - 1) // a * a
+        blocks = self.chunks[addr >> 56]
+        off = addr & ((1 << 56) - 1)
+        n = len(blocks)
+        for i in range(n):
+            b = blocks[i]
+            if b[0] + b[1] == off:
+                b[1] += size
+                if i < n - 1 and b[0] + b[1] == blocks[i + 1][0]:
+                    b[1] += blocks[i + 1][1]
+                    del blocks[i + 1]
+                return
+            if off + size == b[0]:
+                b[0] = off
+                b[1] += size
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == b[0]:
+                    blocks[i - 1][1] += b[1]
+                    del blocks[i]
+                return
+        j = 0
+        while j < n and blocks[j][0] < off:
+            j += 1
+        blocks.insert(j, [off, size])
+
+    def state(self) -> tuple:
+        return tuple(tuple(map(tuple, blocks)) for blocks in self.chunks)
+
+
+def same_layout(a: Tensor, b: Tensor) -> bool:  # ggml_are_same_layout
+    return a.type == b.type and a.ne == b.ne and a.nb == b.nb
+
+
+class Gallocr:
+    """ggml_gallocr: allocate_node / free_node and the passes of ggml_gallocr_alloc_graph_impl.
+
+    One dynamic allocator per buffer type (`Tensor.be` picks it: 0 the device, 1 the host CPU when a GPU
+    backend is used), each with its alignment and its `get_alloc_size`.
+    """
+
+    def __init__(self, align: int | list[int], alloc_size: Callable[[Tensor], int] | list | None = None,
+                 trace: bool = False, max_buffer_size: int | list[int] = SIZE_MAX) -> None:
+        aligns = align if isinstance(align, list) else [align]
+        maxes = max_buffer_size if isinstance(max_buffer_size, list) else [max_buffer_size] * len(aligns)
+        sizes = alloc_size if isinstance(alloc_size, list) else [alloc_size or Tensor.nbytes] * len(aligns)
+        self.tallocs = [DynAllocator(a, m) for a, m in zip(aligns, maxes)]
+        self.talloc = self.tallocs[0]
+        self.aligns = aligns
+        self.alloc_sizes = [f or Tensor.nbytes for f in sizes]
+        self.trace = trace
+        self.live: dict[int, Tensor] = {}
+        self.peaks = [0] * len(aligns)
+        self.peak_lives: list[list[tuple[str, int]]] = [[] for _ in aligns]
+
+    def _allocate(self, t: Tensor) -> None:  # ggml_gallocr_allocate_node
+        if t.own or t.ext or t.vs is not None:
+            return
+        t.own = True
+        if t.inpl:
+            # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
+            # so the view branch of ggml_gallocr_allocate_node cannot fire.
+            for p in t.src:
+                if p is None or not p.own:
+                    continue
+                if p.flags & FLAG_OUTPUT:
+                    continue
+                if p.nc == 1 and p.nv == 0 and same_layout(t, p):
+                    t.addr = p.addr
+                    t.be = p.be  # hn->buffer_id = p_hn->buffer_id
+                    if not t.size:
+                        t.size = self.alloc_sizes[t.be](t)
+                    p.own = False
+                    self._handover(p, t)
+                    self._free_extra(t, p)
+                    return
+        be = t.be
+        if not t.size:
+            t.size = self.alloc_sizes[be](t)
+        talloc = self.tallocs[be]
+        t.addr = talloc.alloc(t.size)
+        if self.trace:
+            self.live[id(t)] = t
+            hw = talloc.max_size
+            if hw > self.peaks[be]:
+                self.peaks[be] = hw
+                self.peak_lives[be] = [(x.name, x.size) for x in self.live.values() if x.be == be]
+
+    def _handover(self, old: Tensor, new: Tensor) -> None:
+        if self.trace and self.live.pop(id(old), None) is not None:
+            self.live[id(new)] = new
+
+    def _free_extra(self, t: Tensor, parent: Tensor) -> None:  # ggml_gallocr_free_extra_space
+        a = self.aligns[parent.be]
+        ps = (parent.size + a - 1) // a * a
+        ns = (t.size + a - 1) // a * a
+        if ps > ns:
+            self.tallocs[parent.be].free(parent.addr + ns, ps - ns)
+
+    def _free(self, t: Tensor) -> None:  # ggml_gallocr_free_node
+        if t.flags & FLAG_OUTPUT:
+            return
+        self.tallocs[t.be].free(t.addr, t.size)
+        t.own = False
+        if self.trace:
+            self.live.pop(id(t), None)
+
+    def sizes(self) -> list[int]:
+        return [t.max_size for t in self.tallocs]
+
+    def run(self, nodes: list[Tensor], leafs: list[Tensor]) -> int:
+        """ggml_gallocr_alloc_graph_impl over a whole graph; returns the high-water mark."""
+        for leaf in leafs:
+            self._allocate(leaf)
+        for node in nodes:
+            vs = node.vs
+            if vs is not None and node.op != "NONE":
+                vs.nv += 1
+            if node.flags & FLAG_INPUT:
+                self._allocate(node)
+            for s in node.src:
+                if s is None:
+                    continue
+                s.nc += 1
+                if s.flags & FLAG_INPUT:
+                    self._allocate(s)
+        self.process(nodes)
+        return self.talloc.max_size
+
+    def process(self, nodes: list[Tensor]) -> None:
+        """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted)."""
+        allocate = self._allocate
+        for node in nodes:
+            src = node.src
+            for p in src:
+                if p is not None and not p.own:
+                    allocate(p)
+            allocate(node)
+            for p in src:
+                if p is None:
+                    continue
+                p.nc -= 1
+                if p.nc == 0 and p.nv == 0:
+                    vs = p.vs
+                    if vs is not None:
+                        vs.nv -= 1
+                        if vs.nv == 0 and vs.nc == 0 and vs.own:
+                            self._free(vs)
+                    elif p.own:
+                        self._free(p)
+
+
+@dataclass
+class AllocResult:
+    sizes: list[int]  # high-water mark per buffer (0: device or the only CPU buffer, 1: host)
+    peaks: list[list[tuple[str, int]]]  # per buffer: (tensor name, bytes) alive when its mark was last raised
+    layers_simulated: int
+
+    @property
+    def size(self) -> int:
+        return self.sizes[0]
+
+    @property
+    def peak(self) -> list[tuple[str, int]]:
+        return self.peaks[0]
+
+
+
+def state_key(ga: Gallocr, carried: Tensor) -> tuple:
+    # The high-water marks are left out: with a single chunk they never steer a decision (the last
+    # free block always fits), and a replayed period cannot raise them. Chunked allocators keep them.
+    key = [carried.addr, carried.size, carried.own, carried.be]
+    for t in ga.tallocs:
+        key.append(t.state())
+        if t.max_chunk < SIZE_MAX // 2:
+            key.append(tuple(t.maxes))
+    return tuple(key)
+
+
+def _first_instances(keys: list[tuple], n: int) -> list[bool]:
+    """Which layers run their template's first variant: a template's first instance also emits the
+    prologue tensors it reaches first (views of inputs, gemma4's per-layer projection); later ones do not."""
+    seen: set[tuple] = set()
+    first = [False] * n
+    for il in range(1, n):
+        if keys[il] not in seen:
+            seen.add(keys[il])
+            first[il] = True
+    return first
+
+
+def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
+                   glob_of: Callable[[int], list[tuple[Tensor, int, int]]]) -> tuple[dict[int, list], dict[int, set[int]]]:
+    """Total n_children / n_views of prologue tensors, and per layer the ones it uses for the last time."""
+    totals: dict[int, list] = {}
+    last: dict[int, int] = {}
+
+    def add(entries: list[tuple[Tensor, int, int]], il: int) -> None:
+        for t, a, b in entries:
+            e = totals.get(id(t))
+            if e is None:
+                totals[id(t)] = [t, a, b]
+            else:
+                e[1] += a
+                e[2] += b
+            last[id(t)] = il
+
+    add(pro.glob_first, -1)
+    add(seg0.glob_first, 0)
+    for il in range(1, n):
+        add(glob_of(il), il)
+    add(epi.glob_first, n)
+    finals: dict[int, set[int]] = {}
+    for tid, il in last.items():
+        finals.setdefault(il, set()).add(tid)
+    return totals, finals
+
+
+def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Tensor, int, int]],
+         carried: Tensor | None) -> None:
+    """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
+    if carried is not None:
+        own, addr, size, be = carried.own, carried.addr, carried.size, carried.be
+    for t in seg.locals:
+        t.own = False
+        t.nc = 0
+        t.nv = 0
+    if carried is not None:
+        p = seg.inp
+        p.own, p.addr, p.size, p.be = own, addr, size, be
+        ga._handover(carried, p)
+    for t, a, b in counts:
+        t.nc = a
+        t.nv = b
+    ga.process(variant)
+
+
+def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
+    """How many layers from il on repeat, in whole periods, a boundary j < il with the same state."""
+    best = 0
+    for j in prev:  # any earlier boundary with this state: the period is il - j
+        p = il - j
+        t = il
+        while t < n and sigs[t] == sigs[t - p]:
+            t += 1
+        best = max(best, (t - il) // p * p)
+    return best
+
+
+def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
+                    keys: list[tuple], epi: Segment) -> AllocResult:
+    """Allocate the prologue, the n layers (each the segment of its key) and the epilogue, in graph order.
+
+    Equivalent to `Gallocr.run` over the full graph: the allocator's state at a layer boundary (its
+    free blocks and where the residual stream lives) fully determines what follows, given the layers
+    still to come. When the state at the start of layer i equals the state at the start of layer
+    j < i and the layers after i repeat those after j (same sub-graph, and no prologue tensor used
+    for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
+    the replay jumps ahead by whole periods.
+    """
+    first = _first_instances(keys, n)
+
+    def glob_of(il: int) -> list[tuple[Tensor, int, int]]:
+        t = templates[keys[il]]
+        return t.glob_first if first[il] else t.glob_steady
+
+    totals, finals = _prologue_uses(n, pro, seg0, epi, glob_of)
+    sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
+
+    # ggml_gallocr_alloc_graph_impl: leafs first (in graph order), then the children/views counts
+    leafs = list(pro.leafs) + list(seg0.leafs)
+    for t in templates.values():
+        leafs += t.leafs
+    leafs += epi.leafs
+    for leaf in leafs:
+        ga._allocate(leaf)
+    for t, a, b in totals.values():
+        t.nc = a
+        t.nv = b
+
+    _run(ga, pro, pro.nodes, pro.first_counts, None)
+    _run(ga, seg0, seg0.nodes, seg0.first_counts, None)
+    carried = seg0.out
+    simulated = 1
+    hist: dict[tuple, list[int]] = {}
+    il = 1
+    while il < n:
+        if not first[il]:
+            prev = hist.setdefault(state_key(ga, carried), [])
+            best = _period(sigs, prev, il, n)
+            if best:
+                for l2 in range(il, il + best):  # the skipped layers still use the prologue tensors
+                    for g, a, b in glob_of(l2):
+                        g.nc -= a
+                        g.nv -= b
+                il += best  # the history stays valid: skipped boundaries replay recorded states
+                if il >= n:
+                    break
+                continue
+            prev.append(il)
+        seg = templates[keys[il]]
+        if first[il]:
+            _run(ga, seg, seg.nodes, seg.first_counts, carried)
+        else:
+            _run(ga, seg, seg.steady, seg.steady_counts, carried)
+        carried = seg.out
+        simulated += 1
+        il += 1
+    _run(ga, epi, epi.nodes, epi.first_counts, carried)
+    return AllocResult(ga.sizes(), ga.peak_lives, simulated)

@@ -1,0 +1,46 @@
+"""The backends: each one's buffer types, alloc sizes and op support (ggml-cpu, ggml-cuda, ggml-metal).
+
+One protocol, `BackendImpl` (fitter.ggml.backends.base: alignment, max size, get_alloc_size,
+supports_op and the reasons behind it, offload_op, graph_optimize, buffer names, whether weights map
+host memory), one module per backend, and this registry. Adding a backend: one module and one line
+in BACKENDS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fitter.config import Backend
+from fitter.ggml.backends.base import BackendError, BackendImpl
+from fitter.ggml.backends.cpu import CPUBackend
+from fitter.ggml.backends.cuda import CUDABackend
+from fitter.ggml.backends.metal import MetalBackend
+
+BACKENDS: dict[Backend, BackendImpl] = {
+    Backend.CPU: CPUBackend(),
+    Backend.CUDA: CUDABackend(),
+    Backend.METAL: MetalBackend(),
+}
+# the device's buffer name per backend ("CPU", "CUDA0", "MTL0")
+DEVICE_NAME: dict[Backend, str] = {k: b.name for k, b in BACKENDS.items()}
+
+
+def get(backend: Backend | str) -> BackendImpl:
+    """The backend named by a Backend or its value ("cpu", "cuda", "metal"; any case)."""
+    if isinstance(backend, Backend):
+        return BACKENDS[backend]
+    try:
+        return BACKENDS[Backend(str(backend).lower())]
+    except ValueError:
+        raise BackendError(f"backend '{backend}': use cpu, cuda or metal") from None
+
+
+def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:
+    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo.
+
+    Unaligned (the caller pads to the alignment): ggml_nbytes, plus MATRIX_ROW_PADDING on CUDA.
+    """
+    return get(backend).tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
+
+
+__all__ = ["BACKENDS", "DEVICE_NAME", "BackendError", "BackendImpl", "get", "tensor_info_alloc_size"]

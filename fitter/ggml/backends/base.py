@@ -1,0 +1,214 @@
+"""The buffer-type protocol every backend implements, and what backends share.
+
+A ggml backend's default buffer type answers get_alignment, get_max_size and get_alloc_size
+(ggml/src/ggml-backend.cpp ggml_backend_buft_*), its device answers supports_op and offload_op
+(ggml_backend_dev_supports_op / ggml_backend_dev_offload_op), and llama.cpp names its buffers after
+the device ("CUDA0", "MTL0") and the host buffer type next to it ("CUDA_Host", or the CPU's).
+`BackendImpl` is that protocol with the CPU's answers as defaults; fitter.ggml.backends.{cpu,cuda,metal}
+override what differs, and fitter.ggml.backends.get(backend) returns the one for a Backend.
+
+`FlashAttnShape` describes one GGML_OP_FLASH_ATTN_EXT node, the op whose alloc size and support
+differ most between backends; the alloc-size tables of each backend are in its module's docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fitter.config import Backend
+from fitter.errors import GGFitError
+from fitter.ggml.tensor import Tensor, nbytes_strided
+from fitter.ggml.types import nbytes, row_size, type_name
+
+SIZE_MAX = 2**64 - 1
+HOST_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's, and CUDA_Host's
+
+
+class BackendError(GGFitError):
+    """A backend name or a combination the chosen backend cannot run (the message says which)."""
+
+
+@dataclass(frozen=True)
+class FlashAttnShape:
+    """The shapes of one GGML_OP_FLASH_ATTN_EXT node as llm_graph_context::build_attn_mha builds it.
+
+    Q [d_k, n_q, n_head, n_stream] f32 (n_q: tokens per stream), K [d_k, n_kv, n_head_kv, n_stream]
+    and V [d_v, n_kv, n_head_kv, n_stream] views of the KV cache (llama_kv_cache::get_k / get_v,
+    permuted), mask [n_kv, n_q, 1, n_stream] f16 (build_attn_inp_kq_mask). k_row_bytes /
+    v_row_bytes are K's / V's stride between KV cells (nb[1] after the permute); None means a
+    KV-cache view: ggml_row_size(type, d * n_head_kv).
+    """
+
+    d_k: int
+    d_v: int
+    n_q: int
+    n_head: int
+    n_head_kv: int
+    n_kv: int
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_stream: int = 1
+    has_mask: bool = True
+    v_is_view_of_k: bool = False  # MLA: V is the first d_v elements of each K row
+    n_kv_max: int = 0  # ggml_flash_attn_ext_set_n_kv_max (op_params[4]); 0 except DSA top-k attention
+    max_bias: float = 0.0  # ALiBi
+    logit_softcap: float = 0.0
+    k_row_bytes: int | None = None
+    v_row_bytes: int | None = None
+
+    @property
+    def nb11(self) -> int:
+        return self.k_row_bytes if self.k_row_bytes is not None else row_size(self.type_k, self.d_k * self.n_head_kv)
+
+    @property
+    def nb21(self) -> int:
+        if self.v_row_bytes is not None:
+            return self.v_row_bytes
+        if self.v_is_view_of_k:
+            return self.nb11
+        return row_size(self.type_v, self.d_v * self.n_head_kv)
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def out_nbytes(self) -> int:
+        """ggml_nbytes of the output: f32 [d_v, n_head, n_q, n_stream] (ggml_flash_attn_ext)."""
+        return 4 * self.d_v * self.n_head * self.n_q * self.n_stream
+
+    @property
+    def mask_nbytes(self) -> int:
+        """The f16 mask input [n_kv, n_q, 1, n_stream]: built on the CPU, copied to the device."""
+        return 2 * self.n_kv * self.n_q * self.n_stream if self.has_mask else 0
+
+
+def _ne4(t: Any) -> tuple[int, int, int, int]:
+    ne = tuple(int(x) for x in t.ne)
+    return (ne + (1, 1, 1, 1))[:4]  # type: ignore[return-value]
+
+
+def _op(t: Any) -> str:
+    op = str(getattr(t, "op", "NONE") or "NONE").upper()
+    return op.removeprefix("GGML_OP_")
+
+
+def _view_src(t: Any) -> Any:
+    return getattr(t, "view_src", None) or getattr(t, "vs", None)  # fitter.ggml.tensor.Tensor calls it vs
+
+
+def _nbytes_of(t: Any) -> int:
+    n = getattr(t, "nbytes", None)
+    if callable(n):
+        n = n()
+    return int(n) if n else nbytes(t.type, _ne4(t))
+
+
+def flash_attn_shape_of(t: Any) -> FlashAttnShape:
+    """Build a FlashAttnShape from a FLASH_ATTN_EXT tensor-like (`.src` = [Q, K, V, mask, sinks])."""
+    q, k, v = t.src[0], t.src[1], t.src[2]
+    mask = t.src[3] if len(t.src) > 3 else None
+    qne, kne, vne = _ne4(q), _ne4(k), _ne4(v)
+    knb = getattr(k, "nb", None)
+    vnb = getattr(v, "nb", None)
+    v_src, k_src = _view_src(v), _view_src(k)
+    v_is_view_of_k = bool(getattr(t, "v_is_view_of_k", False)) or (
+        v_src is not None and (v_src is k or (v_src is k_src
+                                              and getattr(v, "view_offs", 0) == getattr(k, "view_offs", 0))))
+    params = list(getattr(t, "op_params", ()) or ())
+    return FlashAttnShape(
+        d_k=qne[0], d_v=vne[0], n_q=qne[1], n_head=qne[2], n_head_kv=kne[2], n_kv=kne[1],
+        type_k=type_name(k.type), type_v=type_name(v.type), n_stream=qne[3], has_mask=mask is not None,
+        v_is_view_of_k=v_is_view_of_k, n_kv_max=int(params[4]) if len(params) > 4 else 0,
+        k_row_bytes=int(knb[1]) if knb else None, v_row_bytes=int(vnb[1]) if vnb else None,
+    )
+
+
+class BackendImpl:
+    """One backend: its default buffer type, the host buffer type next to it, and its device's op rules.
+
+    The defaults are the CPU's (ggml_backend_cpu_buffer_type, ggml_backend_cpu_device_supports_op).
+    """
+
+    kind: Backend = Backend.CPU
+    name = "CPU"  # the device's buffer name in llama.cpp's logs ("CUDA0", "MTL0")
+    host_buffer_name = "CPU"  # the host buffer type used for inputs, outputs and CPU ops next to it
+    alignment = HOST_ALIGNMENT  # get_alignment of the default buffer type
+    host_alignment = HOST_ALIGNMENT
+    maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
+    is_gpu = False
+
+    def max_size(self, *, metal_max_buffer_length: int | None = None) -> int:
+        """get_max_size of the default buffer type (NULL -> SIZE_MAX: ggml-alloc never splits a buffer)."""
+        return SIZE_MAX
+
+    def alloc_size(self, t: Any) -> int:
+        """ggml_backend_buft_get_alloc_size for a tensor-like in the default buffer type (unaligned).
+
+        `t` needs `.op` (ggml op name, "FLASH_ATTN_EXT" or "GGML_OP_FLASH_ATTN_EXT"), `.type` (ggml type
+        name, enum or int value), `.ne`, and `.src` for the ops that look at their sources (ggml's own
+        order: FLASH_ATTN_EXT [q, k, v, mask, sinks], MUL_MAT_ID [as, b, ids], TOP_K [a]); optional
+        `.nbytes` (attribute or method; else computed for a contiguous tensor), `.nb`, `.op_params`,
+        `.view_src` / `.vs`. A MUL_MAT_ID whose weight is not in `.src` (fitter.ggml passes (b, ids))
+        must carry `.n_expert`. The CPU has no get_alloc_size: ggml_nbytes.
+        """
+        return _nbytes_of(t)
+
+    def tensor_alloc_size(self, t: Any, ne: tuple[int, ...], size: int | None = None) -> int:
+        """A weight's or cache's get_alloc_size (unaligned): ggml_nbytes (`size` when known)."""
+        return nbytes(t, ne) if size is None else size
+
+    def copy_size(self, t: Tensor) -> int:
+        """A split input copy in this backend's compute buffer (ggml_dup_tensor_layout keeps the strides)."""
+        return nbytes_strided(t)
+
+    def flash_attn_unsupported_reason(self, s: FlashAttnShape, *, has_bfloat: bool = True) -> str | None:
+        """Why the device cannot run this FLASH_ATTN_EXT node (None: it can).
+
+        What llama.cpp then does (src/llama-context.cpp): with -fa auto the probe in
+        llama_context::resolve_fused_ops sees the FA node on another device than its layer and turns
+        flash attention off (the non-FA graph, with its n_kv x n_q x n_head score matrix, is built);
+        with -fa on, or a quantized V cache (llama_init_from_model forces FA on), the node runs on the
+        CPU and the scheduler copies Q, K, V and the mask views into the CPU compute buffer.
+        """
+        return None
+
+    def gated_delta_net_unsupported_reason(self, head_v_dim: int) -> str | None:
+        """GGML_OP_GATED_DELTA_NET (qwen35, qwen35moe, qwen3next fused path; cparams.fused_gdn_ar/ch)."""
+        return None
+
+    def ssm_conv_unsupported_reason(self, conv_channels: int) -> str | None:
+        """GGML_OP_SSM_CONV; conv_channels is src[0]->ne[1] (d_inner + 2*n_group*d_state)."""
+        return None
+
+    def mul_mat_unsupported_reason(self, weight_type: str, *, mul_mat_id: bool = False,
+                                   prec_f32_src1: bool = False) -> str | None:
+        """GGML_OP_MUL_MAT / MUL_MAT_ID with f32 activations, by weight type."""
+        return None
+
+    def supports_op(self, t: Tensor) -> bool:
+        """ggml_backend_dev_supports_op for the ops whose support depends on shapes."""
+        op = t.op
+        if op == "FLASH_ATTN_EXT":
+            return self.flash_attn_unsupported_reason(flash_attn_shape_of(t)) is None
+        if op == "GATED_DELTA_NET":
+            return self.gated_delta_net_unsupported_reason(t.src[2].ne[0]) is None
+        if op == "SSM_CONV":
+            return self.ssm_conv_unsupported_reason(t.src[0].ne[1]) is None
+        return True
+
+    def op_batch_size(self, t: Tensor) -> int:  # get_op_batch_size (ggml-cuda.cu, ggml-metal.cpp)
+        op = t.op
+        if op == "MUL_MAT":
+            return t.ne[1]
+        if op == "MUL_MAT_ID":
+            return t.ne[2]
+        return t.ne[1] * t.ne[2] * t.ne[3]
+
+    def offload_op(self, t: Tensor) -> bool:
+        """ggml_backend_dev_offload_op: take an op whose weight is in host memory (op_offload_min_batch_size 32)."""
+        return self.is_gpu and self.op_batch_size(t) >= 32
+
+    def graph_optimize(self, segments: list) -> None:
+        """ggml_backend graph_optimize: nothing on the CPU."""

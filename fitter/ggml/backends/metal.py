@@ -1,0 +1,266 @@
+"""The Metal backend: ggml-metal's buffer types, alloc sizes and op support (Apple Silicon).
+
+Mirrors ggml/src/ggml-metal/ggml-metal.cpp and ggml-metal-device.m of the pinned llama.cpp
+0c1e57098bba: ggml_backend_metal_buffer_type_{shared,private,mapped} (alignment 32, max size the
+device's maxBufferLength, get_alloc_size below), ggml_metal_device_supports_op and the device's
+offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's graph_optimize (fusion
+alloc deps from ggml-metal-fusion.cpp, concurrency reordering from ggml-metal-common.cpp) is not
+modelled: Metal predictions are unverified.
+
+get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
+-------------------------------------------------------------------
+Notation: FLASH_ATTN_EXT has Q = src0 [Dk, n_q, n_head, n_stream] f32, K = src1 [Dk, n_kv, n_head_kv,
+n_stream], V = src2 [Dv, n_kv, n_head_kv, n_stream], mask = src3 [n_kv, n_q, 1, n_stream] f16;
+output [Dv, n_head, n_q, n_stream] f32. nb11 / nb21 are K's / V's stride between KV cells
+(for a KV-cache view: ggml_row_size(type, n_embd_k_gqa) / (type, n_embd_v_gqa)).
+
+=====================  =========================================================  ==========================================
+term                   formula                                                    source (ggml/src/...)
+=====================  =========================================================  ==========================================
+metal FA pad           64 * (nb11p*n_head_kv*ns + nb21p*n_head_kv*ns + 2*n_q*ns)  ggml-metal/ggml-metal-ops.cpp
+                       nb11p = 2*Dk, nb21p = 2*Dv (2*Dk if V is a view of K)      ggml_metal_op_flash_attn_ext_extra_pad
+                       when use_kv_f16, else nb11 / nb21; always reserved         (OP_FLASH_ATTN_EXT_NCPSG = 64)
+metal FA use_kv_f16    n_q >= 32 and K type in {q4_0,q4_1,q5_0,q5_1,q8_0}         ggml_metal_op_flash_attn_ext_use_kv_f16
+metal FA blk           pad32(ceil(n_kv/C) * ceil(n_q/Q) * 1 * ns) with a mask;     ggml_metal_op_flash_attn_ext_extra_blk
+                       vec (n_q < 20 and Dk % 32 == 0): Q=1, C=32; else Q=8, C=64
+metal FA tmp           4 * min(n_q, 32) * n_head * ns * 32 * (Dv + 2), always      ggml_metal_op_flash_attn_ext_extra_tmp
+metal FA kv_f16        pad16(2*Dk*n_kv*n_head_kv*ns) + pad16(2*Dv*n_kv*n_head_kv*ns) ggml_metal_op_flash_attn_ext_extra_kv_f16
+                       (V term omitted when V is a view of K, MLA); ALWAYS        (+ _kv_f16_k_size; PR #27390)
+                       reserved, whatever the K/V type and n_q
+metal FA idx           pad16(4 * pad(n_kv_max, 32) * n_q * 1 * ns) only with a     ggml_metal_op_flash_attn_ext_extra_idx
+                       sparse n_kv_max hint (op_params[4], DSA top-k paths) <=     (..._n_kv_max_sparse)
+                       4096, supported (Dk,Dv) pair and K type; else 0
+metal MUL_MAT_ID tpe   4 * n_expert                                               ggml_metal_op_mul_mat_id_extra_tpe
+metal MUL_MAT_ID ids   4 * n_expert * n_tokens (ids->ne[1])                       ggml_metal_op_mul_mat_id_extra_ids
+metal MUL_MAT_ID amax  8 + 4 * N_MM_NPART_AMAX = 1032                             ggml_metal_op_mul_mat_id_extra_amax
+metal ARGSORT, CUMSUM  2 * ggml_nbytes (replaces, not adds)                       ggml_backend_metal_buffer_type_get_alloc_size
+metal TOP_K            2 * 4 * ggml_nelements(src0) (replaces ggml_nbytes)        ggml_backend_metal_buffer_type_get_alloc_size
+=====================  =========================================================  ==========================================
+
+A Metal buffer occupies its size rounded up to the page size (16 KiB on Apple Silicon:
+ggml_metal_buffer_init / ggml_metal_buffer_map); llama.cpp logs the unrounded size, which is what is
+predicted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fitter.config import Backend, pad
+from fitter.ggml.backends.base import SIZE_MAX, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.tensor import Tensor
+from fitter.ggml.types import type_name
+
+# ggml-metal.cpp ggml_backend_metal_buffer_type_{shared,private,mapped}_get_alignment
+METAL_ALIGNMENT = 32
+# ggml-metal/ggml-metal-impl.h
+METAL_FA_NQPSG = 8  # OP_FLASH_ATTN_EXT_NQPSG
+METAL_FA_NCPSG = 64  # OP_FLASH_ATTN_EXT_NCPSG
+METAL_FA_VEC_NQPSG = 1  # OP_FLASH_ATTN_EXT_VEC_NQPSG
+METAL_FA_VEC_NCPSG = 32  # OP_FLASH_ATTN_EXT_VEC_NCPSG
+METAL_N_MM_NPART_AMAX = 256  # N_MM_NPART_AMAX
+
+
+def metal_fa_use_vec(s: FlashAttnShape) -> bool:
+    """ggml_metal_op_flash_attn_ext_use_vec: small batch and a head size multiple of 32."""
+    return s.n_q < 20 and s.d_k % 32 == 0
+
+
+def metal_fa_use_kv_f16(s: FlashAttnShape) -> bool:
+    """ggml_metal_op_flash_attn_ext_use_kv_f16: dequantize a quantized K/V to f16 first (>= 32 queries)."""
+    if s.n_q < 32:
+        return False
+    return type_name(s.type_k) in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
+def metal_fa_n_kv_max_sparse(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_n_kv_max_sparse: the sparse-index hint, or 0 when not usable."""
+    if s.n_kv_max <= 0 or not s.has_mask or s.n_kv_max > 4096:
+        return 0
+    pairs = {(32, 32), (64, 64), (96, 96), (96, 64), (128, 128), (192, 128), (192, 192), (256, 256),
+             (320, 256), (512, 512), (576, 512)}
+    if (s.d_k, s.d_v) not in pairs:
+        return 0
+    if type_name(s.type_k) not in ("f16", "bf16", "f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):
+        return 0
+    return s.n_kv_max
+
+
+def metal_fa_extra_pad(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_extra_pad: a 64-cell tail of K, V and mask (always reserved)."""
+    use_kv_f16 = metal_fa_use_kv_f16(s)
+    nb11, nb21 = s.nb11, s.nb21
+    if use_kv_f16:
+        nb11 = 2 * s.d_k  # sizeof(ggml_fp16_t)*ne10
+        nb21 = 2 * (s.d_k if s.v_is_view_of_k else s.d_v)
+    mask = 2 * s.n_q * 1 * s.n_stream if s.has_mask else 0  # ggml_type_size(F16)*ne31*ne32*ne33
+    # the non-vec kernel's OP_FLASH_ATTN_EXT_NCPSG (64) is always reserved
+    return METAL_FA_NCPSG * (nb11 * s.n_head_kv * s.n_stream + nb21 * s.n_head_kv * s.n_stream + mask)
+
+
+def metal_fa_extra_blk(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_extra_blk: one i8 per (query block, KV block) of the mask."""
+    if not s.has_mask:
+        return 0
+    vec = metal_fa_use_vec(s)
+    nqptg = METAL_FA_VEC_NQPSG if vec else METAL_FA_NQPSG
+    ncpsg = METAL_FA_VEC_NCPSG if vec else METAL_FA_NCPSG
+    ne1 = (s.n_q + nqptg - 1) // nqptg
+    ne0 = (s.n_kv + ncpsg - 1) // ncpsg
+    return pad(ne0 * ne1 * 1 * s.n_stream, 32)
+
+
+def metal_fa_extra_tmp(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_extra_tmp: f32 partials of 32 workgroups, <= 32 query rows (always)."""
+    nwg = 32
+    return 4 * (min(s.n_q, 32) * s.n_head * s.n_stream * nwg * (s.d_v + 2))
+
+
+def metal_fa_extra_kv_f16(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_extra_kv_f16: f16 copies of K and V, always reserved (PR #27390).
+
+    Reserved for every K/V type and batch size "to avoid graph reallocations", although the dequant
+    pass only runs when metal_fa_use_kv_f16 is true (and not on the sparse path).
+    """
+    k = pad(2 * s.d_k * s.n_kv * s.n_head_kv * s.n_stream, 16)  # ggml_metal_op_flash_attn_ext_kv_f16_k_size
+    if s.v_is_view_of_k:
+        return k
+    return k + pad(2 * s.d_v * s.n_kv * s.n_head_kv * s.n_stream, 16)
+
+
+def metal_fa_extra_idx(s: FlashAttnShape) -> int:
+    """ggml_metal_op_flash_attn_ext_extra_idx: sparse KV index lists (0 unless an n_kv_max hint is usable)."""
+    n_kv_max = metal_fa_n_kv_max_sparse(s)
+    if n_kv_max <= 0:
+        return 0
+    return pad(4 * pad(n_kv_max, METAL_FA_VEC_NCPSG) * s.n_q * 1 * s.n_stream, 16)
+
+
+def metal_fa_extras(s: FlashAttnShape) -> dict[str, int]:
+    """Each term ggml_backend_metal_buffer_type_get_alloc_size adds to a FLASH_ATTN_EXT output."""
+    return {
+        "pad": metal_fa_extra_pad(s),
+        "blk": metal_fa_extra_blk(s),
+        "tmp": metal_fa_extra_tmp(s),
+        "kv_f16": metal_fa_extra_kv_f16(s),
+        "idx": metal_fa_extra_idx(s),
+    }
+
+
+def metal_fa_alloc_size(s: FlashAttnShape) -> int:
+    """ggml_backend_metal_buffer_type_get_alloc_size of a FLASH_ATTN_EXT node."""
+    return s.out_nbytes + sum(metal_fa_extras(s).values())
+
+
+def metal_mul_mat_id_extras(n_expert: int, n_tokens: int) -> dict[str, int]:
+    """ggml_metal_op_mul_mat_id_extra_{tpe,ids,amax}: routing scratch after every MUL_MAT_ID output.
+
+    n_expert = src0->ne[2] (experts in the weight), n_tokens = src2->ne[1] (ids [n_expert_used, n_tokens]).
+    Always added by ggml_backend_metal_buffer_type_get_alloc_size, whichever kernel runs.
+    """
+    return {
+        "tpe": 4 * n_expert,
+        "ids": 4 * n_expert * n_tokens,
+        "amax": 8 + METAL_N_MM_NPART_AMAX * 4,
+    }
+
+
+def mul_mat_id_nbytes(n_out: int, n_expert_used: int, n_tokens: int) -> int:
+    """ggml_mul_mat_id output: f32 [as->ne[1], ids->ne[0], b->ne[2]]."""
+    return 4 * n_out * n_expert_used * n_tokens
+
+
+def metal_mul_mat_id_alloc_size(n_out: int, n_expert_used: int, n_tokens: int, n_expert: int) -> int:
+    return mul_mat_id_nbytes(n_out, n_expert_used, n_tokens) + sum(metal_mul_mat_id_extras(n_expert, n_tokens).values())
+
+
+def metal_top_k_alloc_size(src_nelements: int) -> int:
+    """TOP_K: 2*sizeof(int32_t)*ggml_nelements(src0), instead of ggml_nbytes of the [k, ...] output."""
+    return 2 * 4 * src_nelements
+
+
+METAL_FA_HEAD_SIZES = (32, 40, 48, 64, 72, 80, 96, 112, 128, 192, 256, 320, 512, 576)
+
+
+def metal_fa_unsupported_reason(d_k: int, d_v: int, type_k: str, type_v: str, *,
+                                has_bfloat: bool = True, has_simdgroup_mm: bool = True) -> str | None:
+    """ggml_metal_device_supports_op, case GGML_OP_FLASH_ATTN_EXT (ggml-metal-device.m).
+
+    Apple7+ GPUs (M1 and later) have simdgroup mm; bfloat needs MTLGPUFamilyMetal3 (has_bfloat).
+    """
+    if d_k not in METAL_FA_HEAD_SIZES:
+        return f"no Metal flash-attention kernel for head size {d_k}"
+    if d_k == 72 and d_v != 72:
+        return "head size 72 needs V head size 72"
+    if d_k < d_v:
+        return f"K head size {d_k} < V head size {d_v}"
+    tk, tv = type_name(type_k), type_name(type_v)
+    if tk != tv:
+        return f"K ({tk}) and V ({tv}) cache types differ; Metal flash attention needs one type"
+    if tk not in ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "bf16"):
+        return f"{tk} K/V has no Metal flash-attention kernel"
+    if tk == "bf16" and not has_bfloat:
+        return "bf16 K/V needs a GPU with bfloat (MTLGPUFamilyMetal3)"
+    if not has_simdgroup_mm:
+        return "flash attention needs simdgroup matrix multiply (Apple7 / M1 or later)"
+    return None
+
+
+class MetalBackend(BackendImpl):
+    """The Metal device (MTL0); its host buffers are the CPU's."""
+
+    kind = Backend.METAL
+    name = "MTL0"
+    host_buffer_name = "CPU"
+    alignment = METAL_ALIGNMENT
+    maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
+    is_gpu = True
+
+    def max_size(self, *, metal_max_buffer_length: int | None = None) -> int:
+        """get_max_size is the device's maxBufferLength (ggml_metal_device_init: props.max_buffer_size),
+        known only on the Mac; without it SIZE_MAX (ggml-alloc then never splits a buffer into chunks)."""
+        return metal_max_buffer_length or SIZE_MAX
+
+    def alloc_size(self, t: Any) -> int:
+        """ggml_backend_metal_buffer_type_get_alloc_size."""
+        op = _op(t)
+        size = _nbytes_of(t)
+        if op == "MUL_MAT_ID":
+            n_expert = getattr(t, "n_expert", None)
+            if n_expert is None:
+                if len(t.src) < 3:
+                    raise ValueError("MUL_MAT_ID without its weight in src needs .n_expert")
+                n_expert = _ne4(t.src[0])[2]
+            n_tokens = _ne4(t.src[-1])[1]  # ids [n_expert_used, n_tokens] is the last source
+            return size + sum(metal_mul_mat_id_extras(n_expert, n_tokens).values())
+        if op == "FLASH_ATTN_EXT":
+            s = flash_attn_shape_of(t)
+            return size + sum(metal_fa_extras(s).values())
+        if op in ("CUMSUM", "ARGSORT"):
+            return 2 * size
+        if op == "TOP_K":
+            sne = _ne4(t.src[0])
+            return metal_top_k_alloc_size(sne[0] * sne[1] * sne[2] * sne[3])
+        return size
+
+    def flash_attn_unsupported_reason(self, s: FlashAttnShape, *, has_bfloat: bool = True) -> str | None:
+        return metal_fa_unsupported_reason(s.d_k, s.d_v, s.type_k, s.type_v, has_bfloat=has_bfloat)
+
+    def gated_delta_net_unsupported_reason(self, head_v_dim: int) -> str | None:
+        # ggml_metal_device_supports_op: has_simdgroup_reduction && src[2]->ne[0] (V head size) % 32 == 0
+        if head_v_dim % 32:
+            return f"Metal gated delta net needs a V head size multiple of 32, got {head_v_dim}"
+        return None
+
+    def mul_mat_unsupported_reason(self, weight_type: str, *, mul_mat_id: bool = False,
+                                   prec_f32_src1: bool = False) -> str | None:
+        # ggml_metal_supports_mul_mat_op refuses NVFP4 and TQ1_0 weights
+        wt = str(weight_type).lower()
+        if wt in ("nvfp4", "tq1_0"):
+            return f"Metal has no matmul kernel for {wt} weights"
+        return None
+
+    def offload_op(self, t: Tensor) -> bool:  # ggml_backend_metal_device_offload_op: matmuls only
+        if t.op not in ("MUL_MAT", "MUL_MAT_ID"):
+            return False
+        return super().offload_op(t)

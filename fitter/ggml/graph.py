@@ -1,0 +1,85 @@
+"""The graph: ggml_cgraph (ggml_build_forward_expand) and the segments the simulator cuts it into.
+
+Mirrors ggml/src/ggml.c ggml_build_forward_expand / ggml_visit_parents. A Segment is ggfit's own:
+the nodes one layer (or the prologue / epilogue) adds to the graph, so that a layer repeated N
+times is built once and replayed (fitter.ggml.alloc.replay_segments).
+"""
+
+from __future__ import annotations
+
+from fitter.ggml.tensor import Tensor
+
+
+class Graph:
+    def __init__(self) -> None:
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+
+    def expand(self, t: Tensor) -> None:
+        """ggml_build_forward_expand: depth-first over src[0..], post-order, each tensor once."""
+        if t.vis:
+            return
+        t.vis = True
+        stack = [(t, 0)]
+        nodes, leafs = self.nodes, self.leafs
+        while stack:
+            node, i = stack[-1]
+            src = node.src
+            if i < len(src):
+                stack[-1] = (node, i + 1)
+                s = src[i]
+                if s is not None and not s.vis:
+                    s.vis = True
+                    stack.append((s, 0))
+                continue
+            stack.pop()
+            if node.op == "NONE":
+                if not node.ext:
+                    leafs.append(node)
+            else:
+                nodes.append(node)
+
+
+class Segment:
+    """The nodes one layer (or the prologue / epilogue) adds to the graph, ready to be re-allocated."""
+
+    __slots__ = ("nodes", "steady", "leafs", "inp", "out", "created", "locals", "first_counts", "steady_counts",
+                 "glob_first", "glob_steady", "dev")
+
+    def __init__(self, nodes: list[Tensor], leafs: list[Tensor], created: list[Tensor], inp: Tensor | None, out: Tensor | None, dev: int = 0):
+        self.nodes = nodes
+        self.leafs = leafs
+        self.created = created
+        self.inp = inp
+        self.out = out
+        self.dev = dev
+
+    def finalize(self) -> None:
+        nodes = self.nodes
+        self.steady = [n for n in nodes if not n.glob]  # prologue tensors are emitted once, at their first use
+        local = {id(t): t for t in self.created if not t.glob and not t.ext}
+        for n in nodes:  # scheduler copies are created after the segment
+            if not n.glob and not n.ext:
+                local[id(n)] = n
+        if self.inp is not None:
+            local[id(self.inp)] = self.inp
+        self.locals = list(local.values())
+        self.first_counts, self.glob_first = self._counts(nodes)
+        self.steady_counts, self.glob_steady = self._counts(self.steady)
+
+    @staticmethod
+    def _counts(nodes: list[Tensor]) -> tuple[list[tuple[Tensor, int, int]], list[tuple[Tensor, int, int]]]:
+        """n_children / n_views these nodes add, split into (segment-local, prologue-global) tensors."""
+        nc: dict[int, list] = {}
+        for node in nodes:
+            vs = node.vs
+            if vs is not None and node.op != "NONE" and not vs.ext:
+                e = nc.setdefault(id(vs), [vs, 0, 0])
+                e[2] += 1
+            for t in node.src:
+                if t is not None and not t.ext:
+                    e = nc.setdefault(id(t), [t, 0, 0])
+                    e[1] += 1
+        local = [(t, a, b) for t, a, b in nc.values() if not t.glob]
+        glob = [(t, a, b) for t, a, b in nc.values() if t.glob]
+        return local, glob

@@ -1,0 +1,207 @@
+"""ggml-backend.cpp's scheduler: which backend runs each op, where the graph splits, which inputs are copied.
+
+ggml_backend_sched_split_graph for one GPU plus the CPU, one function per pass as upstream has
+them: pass 1 (pre-allocated tensors, inputs, ops with weights: ggml_backend_sched_backend_id_from_cur),
+pass 2 (expand the assignments up and down), pass 3 (upgrade unassigned ops to the backend with the
+most inputs), pass 4 (views follow their source, sources their consumer) and pass 5 (splits and
+the copies of their inputs). It runs over the segments of fitter.ggml.graph, each distinct layer once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from fitter.ggml.graph import Segment
+from fitter.ggml.tensor import FLAG_INPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
+
+GPU = 0  # backend index of the GPU (the highest-priority backend)
+
+
+@dataclass
+class Placement:
+    """Which backend runs each op: a port of ggml_backend_sched_split_graph for a GPU plus the CPU.
+
+    Backend 0 is the GPU, 1 the CPU (the lowest-priority backend, whose buffer type is the host one).
+    Weights, KV caches and recurrent states live on their layer's device (`layer_dev`; the token
+    embeddings always on the CPU). `supports(node)` says whether the GPU runs an op, `offload(node)`
+    whether it takes an op whose weight is in host memory (ggml_backend_dev_offload_op, op_offload).
+    `graph_optimize` is the backend's (CUDA's keeps some tensors alive longer around fusible patterns:
+    fitter.ggml.backends.cuda_fusion; Metal's, which also reorders nodes, is not modelled).
+    """
+
+    layer_dev: list[int]
+    dev_in: int  # the prologue's weights (layer 0's device)
+    dev_out: int  # the output layer
+    supports: Callable[[Tensor], bool]
+    offload: Callable[[Tensor], bool]
+    graph_optimize: Callable[[list[Segment]], None]  # the backend's graph_optimize (alloc deps of fusions)
+
+    def sup(self, b: int, node: Tensor) -> bool:  # ggml_backend_supports_op
+        return b == HOST or self.supports(node)
+
+
+def _be_of(t: Tensor) -> int:
+    if t.be == -1 and t.vs is not None:
+        return t.vs.be
+    return t.be
+
+
+def _backend_id_from_cur(pl: Placement, t: Tensor) -> int:  # ggml_backend_sched_backend_id_from_cur
+    vs = t.vs
+    if vs is not None and vs.ext:  # a view of a pre-allocated tensor (KV cache, state) stays with it
+        return vs.be if pl.sup(vs.be, t) else -1
+    if t.flags & FLAG_INPUT:
+        return HOST
+    if t.op not in ("ROPE", "FLASH_ATTN_EXT"):
+        for src in t.src:
+            if src is not None and src.w == IS_WEIGHT:
+                b = src.be
+                if b == HOST and pl.sup(GPU, t) and pl.offload(t):
+                    return GPU  # "1.off"
+                return b if pl.sup(b, t) else -1
+    return -1
+
+
+def _pass1_assign(seq: list[Segment], nodes: list[Tensor], pl: Placement) -> None:
+    """Pass 1: pre-allocated inputs, graph inputs, ops with weights."""
+    for seg in seq:
+        for leaf in seg.leafs:
+            leaf.be = HOST if leaf.flags & FLAG_INPUT else -1
+    for node in nodes:
+        node.be = _backend_id_from_cur(pl, node)
+
+
+def _expand(pl: Placement, order: Iterable[Tensor], gpu_only: bool) -> None:
+    cur = -1
+    for node in order:
+        if node.op in VIEW_OPS:
+            continue
+        if node.be != -1:
+            cur = -1 if (gpu_only and node.be == HOST) else node.be
+        elif cur != -1 and pl.sup(cur, node):
+            node.be = cur
+
+
+def _pass2_expand(nodes: list[Tensor], pl: Placement) -> None:
+    """Pass 2: expand the GPU assignments down and up over unassigned ops, then any backend."""
+    _expand(pl, nodes, True)
+    _expand(pl, reversed(nodes), True)
+    _expand(pl, nodes, False)
+    _expand(pl, reversed(nodes), False)
+
+
+def _placeholders(seq: list[Segment], src_of: dict[int, Segment]) -> None:
+    """Placeholders stand for the previous layer's output: its backend."""
+    for seg in seq:
+        if seg.inp is not None:
+            seg.inp.be = src_of[id(seg)].out.be
+
+
+def _pass3_upgrade(nodes: list[Tensor], pl: Placement) -> None:
+    """Pass 3: an op left unassigned goes to the backend with the most usable inputs."""
+    for node in nodes:
+        if node.op in VIEW_OPS or node.be != -1:
+            continue
+        best = -1
+        for b in (GPU, HOST):
+            if not pl.sup(b, node):
+                continue
+            n = sum(1 for src in node.src if src is not None and _be_of(src) != -1 and _be_of(src) == b)
+            if n > best:
+                best = n
+                node.be = b
+
+
+def _pass4_views_and_sources(nodes: list[Tensor], pl: Placement) -> None:
+    """Pass 4: views follow their source; unassigned sources follow their consumer."""
+    for node in nodes:
+        if node.vs is not None and node.be == -1:
+            node.be = node.vs.be
+        for src in node.src:
+            if src is not None and src.be == -1:
+                src.be = src.vs.be if src.vs is not None else node.be
+        if node.be == -1:
+            node.be = GPU if pl.sup(GPU, node) else HOST
+
+
+def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> None:
+    """Pass 5: splits and the copies of their inputs (inserted before each split's first node)."""
+    copies: dict[tuple[int, int], Tensor] = {}
+    cur = -1
+    n_inputs = 0
+    pending: list[Tensor] = []
+    start: tuple[Segment, int] | None = None
+    inserts: list[tuple[Segment, int, list[Tensor]]] = []
+    sid = 0
+    for seg in seq:
+        for i, node in enumerate(seg.nodes):
+            node.sid = sid
+            if node.op in VIEW_OPS:
+                continue
+            need_new = False
+            if node.be == cur and n_inputs > 0:
+                # a weight on another backend starts a new split, so that its copy can be freed early
+                need_new = any(src is not None and src.w == IS_WEIGHT and src.be != cur for src in node.src)
+            if node.be != cur or need_new:
+                if pending:
+                    inserts.append((start[0], start[1], pending))
+                sid += 1
+                node.sid = sid
+                cur = node.be
+                n_inputs = 0
+                pending = []
+                start = (seg, i)
+            srcs = None
+            for j, src in enumerate(node.src):
+                if src is None or src is node:
+                    continue
+                sb = _be_of(src)
+                if sb == cur:
+                    continue
+                cp = copies.get((id(src), cur))
+                if cp is None:
+                    dep, cp = _input_copy(src, cur, sb, copy_size)
+                    copies[(id(src), cur)] = cp
+                    pending += [dep, cp]
+                    n_inputs += 1
+                if srcs is None:
+                    srcs = list(node.src)
+                srcs[j] = cp
+            if srcs is not None:
+                node.src = tuple(srcs)
+    if pending:
+        inserts.append((start[0], start[1], pending))
+    for seg, at, new in reversed(inserts):
+        seg.nodes[at:at] = new
+
+
+def _input_copy(src: Tensor, cur: int, sb: int, copy_size: Callable[[Tensor], int]) -> tuple[Tensor, Tensor]:
+    """A split input's copy into backend `cur` (ggml_dup_tensor_layout) and a node that keeps `src` alive until it."""
+    cp = Tensor("NONE", src.type, list(src.ne), list(src.nb), (), None, src.name + "#copy")
+    cp.be = cur
+    cp.glob = src.glob
+    cp.size = copy_size(cp) if cur == GPU else nbytes_strided(cp)
+    dep = Tensor("NONE", src.type, list(src.ne), list(src.nb), (src,), src.vs or src, src.name + "#dep")
+    dep.be = sb
+    dep.glob = src.glob
+    return dep, cp
+
+
+def split_graph(seq: list[Segment], pl: Placement, copy_size: Callable[[Tensor], int], src_of: dict[int, Segment]) -> None:
+    """ggml_backend_sched_split_graph passes 1-5 over the segments (each distinct layer once, in order):
+    assign every node a backend, split where it changes, copy foreign sources into the split's backend."""
+    nodes: list[Tensor] = []
+    for seg in seq:
+        for leaf in seg.leafs:
+            leaf.be = -1
+        for node in seg.nodes:
+            node.be = -1
+        nodes += seg.nodes
+    _pass1_assign(seq, nodes, pl)
+    _pass2_expand(nodes, pl)
+    _placeholders(seq, src_of)
+    _pass3_upgrade(nodes, pl)
+    _pass4_views_and_sources(nodes, pl)
+    _placeholders(seq, src_of)
+    _pass5_splits(seq, copy_size)

@@ -1,0 +1,384 @@
+"""ggml tensors, the ggml_context and the op constructors, as far as the graph allocator can see them.
+
+Mirrors ggml/src/ggml.c: ggml_new_tensor_impl (shapes, contiguous strides, view sources),
+ggml_view_* / ggml_reshape_* / ggml_permute / ggml_transpose, ggml_is_contiguous_*, and one
+constructor per op the graph builders use (ggml_add, ggml_mul_mat, ggml_flash_attn_ext, ...),
+each taking the context first as ggml does. Only what shapes, ownership and placement need is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from fitter.ggml.types import BLCK, F16, F32, I32, TSIZE
+
+# ggml ops whose result may take over a dying parent's memory (ggml-alloc.c ggml_op_can_inplace)
+INPLACE_OPS = frozenset(
+    (
+        "FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV",
+        "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM", "RMS_NORM_BACK",
+        "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK",
+    )
+)
+
+FLAG_INPUT = 1  # ggml_set_input
+FLAG_OUTPUT = 2  # ggml_set_output
+IS_WEIGHT = 2  # Tensor.w of a weight tensor (a model tensor in a WEIGHTS buffer)
+HOST = 1  # backend / buffer index of the CPU next to a GPU (the lowest-priority backend)
+
+
+class Tensor:
+    """A ggml_tensor as far as the graph allocator can see it."""
+
+    __slots__ = ("op", "type", "ne", "nb", "src", "vs", "flags", "name", "ext", "vis", "inpl", "nc", "nv", "own", "addr",
+                 "size", "glob", "be", "w", "n_expert", "uop", "sid")
+
+    def __init__(self, op: str, type_: int, ne: list[int], nb: list[int], src: tuple, vs: "Tensor | None", name: str, ext: bool = False):
+        self.op = op
+        self.type = type_
+        self.ne = ne
+        self.nb = nb
+        self.src = src
+        self.vs = vs  # view_src (always the base tensor, as ggml_new_tensor_impl resolves it)
+        self.flags = 0
+        self.name = name
+        self.ext = ext  # lives in a buffer the graph allocator does not own (weights, KV / RS caches)
+        self.vis = False
+        self.inpl = op in INPLACE_OPS
+        # allocator state (ggml-alloc.c struct hash_node)
+        self.nc = 0  # n_children
+        self.nv = 0  # n_views
+        self.own = False  # allocated by the graph allocator and not yet freed
+        self.addr = 0
+        self.size = 0
+        self.glob = False  # created by an architecture's prologue (inputs, masks, ...): shared by all layers
+        self.be = 0  # buffer / backend: 0 the device (or the only CPU buffer), 1 the host CPU
+        self.w = -1  # IS_WEIGHT for model weights
+        self.n_expert = 0
+        self.uop = ""  # UNARY: which (only the MoE gating ones are named: "sigmoid", "softplus")
+        self.sid = -1  # the scheduler split the node belongs to (GPU backends)
+
+    def nbytes(self) -> int:  # ggml_nbytes for the contiguous tensors the allocator places
+        ne = self.ne
+        return TSIZE[self.type] * ne[0] // BLCK[self.type] * ne[1] * ne[2] * ne[3]
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"<{self.name} {self.op} t{self.type} {self.ne}>"
+
+
+class Context:
+    """A ggml_context: where the op constructors below create their tensors.
+
+    Besides what ggml keeps there, it carries the simulator's state while a segment is built (once
+    module globals): `track` collects every tensor created (None: nothing is collected), `dev` is the
+    backend of the layer being built (0 the device, HOST the CPU next to it), where its weights and
+    caches live, `layer` the layer being built (None: prologue / epilogue). With `weights` set, ops
+    that read a model weight get it as a source (the GPU scheduler needs to see where weights are;
+    the CPU path leaves them out of the graph), typed by `wtype(name)` (name: the op's base name,
+    e.g. "ffn_up").
+    """
+
+    __slots__ = ("track", "dev", "layer", "weights", "wtype")
+
+    def __init__(self) -> None:
+        self.track: list[Tensor] | None = None
+        self.dev = 0
+        self.layer: int | None = None
+        self.weights = False
+        self.wtype: Callable[[str], int] = _default_wtype
+
+    def add(self, t: Tensor) -> Tensor:
+        if self.track is not None:
+            self.track.append(t)
+        return t
+
+
+def _default_wtype(name: str) -> int:
+    return F16
+
+
+def contig_nb(type_: int, ne: list[int]) -> list[int]:  # ggml_new_tensor_impl strides
+    nb0 = TSIZE[type_]
+    nb1 = nb0 * (ne[0] // BLCK[type_])
+    nb2 = nb1 * ne[1]
+    return [nb0, nb1, nb2, nb2 * ne[2]]
+
+
+def new_tensor(ctx: Context, op: str, type_: int, ne: Iterable[int], src: tuple, name: str = "") -> Tensor:  # ggml_new_tensor
+    ne = list(ne) + [1] * (4 - len(list(ne)))
+    return ctx.add(Tensor(op, type_, ne, contig_nb(type_, ne), src, None, name))
+
+
+def view_of(ctx: Context, a: Tensor, op: str, ne: list[int], nb: list[int], src: tuple, name: str) -> Tensor:
+    return ctx.add(Tensor(op, a.type, ne, nb, src, a.vs if a.vs is not None else a, name))
+
+
+def is_contiguous_mn(t: Tensor, m: int, n: int = 4) -> bool:  # ggml_is_contiguous_m_n
+    nxt = TSIZE[t.type]
+    if t.ne[0] != BLCK[t.type] and t.nb[0] != nxt:
+        return False
+    nxt *= t.ne[0] // BLCK[t.type]
+    for i in range(1, n):
+        if i > m:
+            if t.ne[i] != 1 and t.nb[i] != nxt:
+                return False
+            nxt *= t.ne[i]
+        else:
+            nxt = t.ne[i] * t.nb[i]
+    return True
+
+
+def is_contiguous(t: Tensor) -> bool:
+    return is_contiguous_mn(t, 0)
+
+
+def nelements(t: Tensor) -> int:
+    return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+
+
+# --- op constructors (ggml.c), only what shapes and ownership need ---------------------------------
+
+
+def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32) -> Tensor:
+    ne = list(ne) + [1] * (4 - len(list(ne)))
+    t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
+    t.w = IS_WEIGHT
+    t.be = HOST if host else ctx.dev
+    return t
+
+
+def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -> Tensor | None:
+    """The weight an op reads, when the scheduler needs to see it (see Context.weights)."""
+    if not ctx.weights:
+        return None
+    base = name.split("-", 1)[0]
+    t = F32 if small else ctx.wtype(base)
+    ne = list(ne)
+    if BLCK[t] > 1 and ne[0] % BLCK[t]:
+        t = F16
+    return weight(ctx, ne, base, type_=t)
+
+
+def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
+    ne = list(ne) + [1] * (4 - len(list(ne)))
+    t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
+    t.be = ctx.dev  # a layer's KV / recurrent state lives on that layer's device
+    return t
+
+
+def inp(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:  # ggml_new_tensor + ggml_set_input
+    t = new_tensor(ctx, "NONE", type_, ne, (), name)
+    t.flags |= FLAG_INPUT
+    return t
+
+
+def dup(ctx: Context, op: str, a: Tensor, src: tuple, name: str = "") -> Tensor:  # ggml_dup_tensor + op
+    return ctx.add(Tensor(op, a.type, list(a.ne), contig_nb(a.type, a.ne), src, None, name))
+
+
+def view_tensor(ctx: Context, a: Tensor, op: str, src: tuple, name: str = "") -> Tensor:  # ggml_view_tensor
+    return view_of(ctx, a, op, list(a.ne), list(a.nb), src, name)
+
+
+def mul_mat(ctx: Context, a: Tensor | None, b: Tensor, name: str = "") -> Tensor:
+    # a = None stands for a weight whose only relevant dim is ne1 (pass via mm())
+    return new_tensor(ctx, "MUL_MAT", F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), (a, b), name)
+
+
+def mm(ctx: Context, rows: int, b: Tensor, name: str = "", wne: Iterable[int] | None = None) -> Tensor:
+    """ggml_mul_mat(W, b) for a weight W with ne1 = rows (wne: W's shape when it is not [b.ne0, rows])."""
+    w = op_weight(ctx, wne or (b.ne[0], rows), name)
+    return new_tensor(ctx, "MUL_MAT", F32, (rows, b.ne[1], b.ne[2], b.ne[3]), (w, b) if w is not None else (b,), name)
+
+
+def mul_mat_id(ctx: Context, rows: int, b: Tensor, ids: Tensor, name: str = "", n_expert: int = 0) -> Tensor:  # ggml_mul_mat_id(as, b, ids)
+    w = op_weight(ctx, (b.ne[0], rows, n_expert), name)
+    t = new_tensor(ctx, "MUL_MAT_ID", F32, (rows, ids.ne[0], b.ne[2], 1), (w, b, ids) if w is not None else (b, ids), name)
+    t.n_expert = n_expert
+    return t
+
+
+def srcs(*src: Tensor | None) -> tuple:
+    return tuple(x for x in src if x is not None)
+
+
+def add(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (bias)
+    if b is None:
+        b = op_weight(ctx, (a.ne[0],), "bias", small=True)
+    return dup(ctx, "ADD", a, (a, b) if b is not None else (a,), name)
+
+
+def mul(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (norm, scale)
+    if b is None:
+        b = op_weight(ctx, (a.ne[0],), "norm", small=True)
+    return dup(ctx, "MUL", a, (a, b) if b is not None else (a,), name)
+
+
+def div(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "DIV", a, (a, b), name)
+
+
+def sub(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "SUB", a, (a, b), name)
+
+
+def scale(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "SCALE", a, (a,), name)
+
+
+def clamp(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "CLAMP", a, (a,), name)
+
+
+def unary(ctx: Context, a: Tensor, name: str = "", uop: str = "") -> Tensor:  # ggml_silu / gelu / tanh / sigmoid / exp / softplus / neg ...
+    t = dup(ctx, "UNARY", a, (a,), name)
+    t.uop = uop
+    return t
+
+
+def sqr(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "SQR", a, (a,), name)
+
+
+def sqrt(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "SQRT", a, (a,), name)
+
+
+def rms_norm(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "RMS_NORM", a, (a,), name)
+
+
+def norm(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "NORM", a, (a,), name)
+
+
+def rope(ctx: Context, a: Tensor, pos: Tensor, factors: Tensor | None = None, name: str = "") -> Tensor:
+    return dup(ctx, "ROPE", a, (a, pos, factors) if factors is not None else (a, pos), name)
+
+
+def soft_max(ctx: Context, a: Tensor, mask: Tensor | None = None, sinks: Tensor | None = None, name: str = "") -> Tensor:  # soft_max_ext (+ add_sinks)
+    return dup(ctx, "SOFT_MAX", a, srcs(a, mask, sinks), name)
+
+
+def cont(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "CONT", a, (a,), name)
+
+
+def cont_nd(ctx: Context, a: Tensor, ne: Iterable[int], name: str = "") -> Tensor:  # ggml_cont_2d/3d/4d
+    return new_tensor(ctx, "CONT", a.type, ne, (a,), name)
+
+
+def cast(ctx: Context, a: Tensor, type_: int, name: str = "") -> Tensor:  # ggml_cast (src[1] = itself)
+    t = new_tensor(ctx, "CPY", type_, a.ne, (a,), name)
+    t.src = (a, t)
+    return t
+
+
+def cpy(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:  # ggml_cpy: a view of b
+    return view_tensor(ctx, b, "CPY", (a, b), name)
+
+
+def reshape(ctx: Context, a: Tensor, ne: Iterable[int], name: str = "") -> Tensor:  # ggml_reshape_Nd
+    ne = list(ne) + [1] * (4 - len(list(ne)))
+    return view_of(ctx, a, "RESHAPE", ne, contig_nb(a.type, ne), (a,), name)
+
+
+def view(ctx: Context, a: Tensor, ne: Iterable[int], nbs: Iterable[int] = (), name: str = "") -> Tensor:  # ggml_view_1d..4d
+    ne = list(ne)
+    nd = len(ne)
+    nbs = list(nbs)
+    full = ne + [1] * (4 - nd)
+    nb = contig_nb(a.type, full)
+    for i, v in enumerate(nbs):
+        nb[i + 1] = v
+    if nd == 2:
+        nb[2] = nb[1] * full[1]
+        nb[3] = nb[2]
+    elif nd == 3:
+        nb[3] = nb[2] * full[2]
+    return view_of(ctx, a, "VIEW", full, nb, (a,), name)
+
+
+def permute(ctx: Context, a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int, name: str = "") -> Tensor:
+    ne = [0] * 4
+    nb = [0] * 4
+    for src_i, dst_i in enumerate((ax0, ax1, ax2, ax3)):
+        ne[dst_i] = a.ne[src_i]
+        nb[dst_i] = a.nb[src_i]
+    return view_of(ctx, a, "PERMUTE", ne, nb, (a,), name)
+
+
+def transpose(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    ne = [a.ne[1], a.ne[0], a.ne[2], a.ne[3]]
+    nb = [a.nb[1], a.nb[0], a.nb[2], a.nb[3]]
+    return view_of(ctx, a, "TRANSPOSE", ne, nb, (a,), name)
+
+
+def get_rows(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return new_tensor(ctx, "GET_ROWS", I32 if a.type == I32 else F32, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]), (a, b), name)
+
+
+def set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor, name: str = "") -> Tensor:  # a view of a; src = (b, c, a)
+    return view_tensor(ctx, a, "SET_ROWS", (b, c, a), name)
+
+
+def glu_split(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:  # ggml_swiglu_split / geglu_split / swiglu_oai
+    return new_tensor(ctx, "GLU", a.type, a.ne, (a, b), name)
+
+
+def glu(ctx: Context, a: Tensor, name: str = "") -> Tensor:  # fused ggml_swiglu(a): half of ne0
+    return new_tensor(ctx, "GLU", a.type, (a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]), (a,), name)
+
+
+def argsort(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return new_tensor(ctx, "ARGSORT", I32, a.ne, (a,), name)
+
+
+def argsort_top_k(ctx: Context, a: Tensor, k: int, name: str = "") -> Tensor:
+    r = argsort(ctx, a, name)
+    return view(ctx, r, (k, r.ne[1], r.ne[2], r.ne[3]), (r.nb[1], r.nb[2], r.nb[3]), name)
+
+
+def sum_rows(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return new_tensor(ctx, "SUM_ROWS", a.type, (1, a.ne[1], a.ne[2], a.ne[3]), (a,), name)
+
+
+def concat(ctx: Context, a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return new_tensor(ctx, "CONCAT", a.type, ne, (a, b), name)
+
+
+def pad(ctx: Context, a: Tensor, p0: int, p1: int = 0, p2: int = 0, p3: int = 0, name: str = "") -> Tensor:
+    return new_tensor(ctx, "PAD", a.type, (a.ne[0] + p0, a.ne[1] + p1, a.ne[2] + p2, a.ne[3] + p3), (a,), name)
+
+
+def fill(ctx: Context, a: Tensor, name: str = "") -> Tensor:
+    return dup(ctx, "FILL", a, (a,), name)
+
+
+def repeat_4d(ctx: Context, a: Tensor, ne: Iterable[int], name: str = "") -> Tensor:
+    return new_tensor(ctx, "REPEAT", a.type, ne, (a,), name)
+
+
+def flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None = None, name: str = "") -> Tensor:
+    src = (q, k, v, mask) if sinks is None else (q, k, v, mask, sinks)
+    return new_tensor(ctx, "FLASH_ATTN_EXT", F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]), src, name)
+
+
+VIEW_OPS = frozenset(("RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"))  # ggml_is_view_op
+
+
+def nbytes_strided(t: Tensor) -> int:  # ggml_nbytes of a possibly non-contiguous tensor
+    ne, nb = t.ne, t.nb
+    if min(ne) <= 0:
+        return 0
+    if BLCK[t.type] == 1:
+        n = TSIZE[t.type]
+        for i in range(4):
+            n += (ne[i] - 1) * nb[i]
+        return n
+    n = ne[0] * nb[0] // BLCK[t.type]
+    for i in range(1, 4):
+        n += (ne[i] - 1) * nb[i]
+    return n

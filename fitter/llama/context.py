@@ -1,0 +1,368 @@
+"""The compute buffers llama.cpp reserves, to the byte: llama_context::sched_reserve + graph_reserve.
+
+llama.cpp sizes its compute buffers by building the worst-case graph (`llama_context::sched_reserve`
+-> `graph_reserve`: n_tokens = min(n_ctx, n_ubatch) rounded up to a multiple of n_seq_max, n_seqs =
+n_seq_max, n_outputs = min(n_tokens, n_outputs_max), attention over the whole KV cache), letting the
+scheduler assign every op a backend and split the graph (`ggml_backend_sched_split_graph`), and
+running ggml's graph allocator over it without allocating (`ggml_gallocr_reserve_n_size`): best fit
+in graph order, in-place reuse of a dying parent, a tensor freed after its last use. Each buffer is
+that allocator's high-water mark.
+
+Here, from ModelSpec + ContextParams (+ GraphDetails, the few header facts ModelSpec lacks): the
+architecture's graph builder (fitter.llama.models, over fitter.llama.graph's shared builders and
+fitter.ggml's miniature ggml) is run one segment per distinct layer; for GPU backends the scheduler
+(fitter.ggml.sched) and CUDA's graph_optimize alloc deps (fitter.ggml.backends.cuda_fusion) place
+and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer. Once the
+allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
+cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
+memoized on (spec, context, backend).
+
+Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): byte-exact on the
+CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
+262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
+recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
+uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) but not Metal's
+graph_optimize (fusion alloc deps, concurrency reordering): unverified.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from fitter.config import ContextParams
+from fitter.errors import UnsupportedModelError
+from fitter.ggml import backends
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
+from fitter.ggml.backends.base import BackendImpl
+from fitter.ggml.graph import Graph, Segment
+from fitter.ggml.sched import Placement, split_graph
+from fitter.ggml.tensor import HOST, Context, Tensor
+from fitter.ggml.types import F16
+from fitter.gguf.constants import GGMLQuantizationType
+from fitter.llama.graph import GraphContext
+from fitter.llama.graph_details import GraphDetails
+from fitter.llama.hparams import ModelSpec
+from fitter.llama.models import default_details, has_mtp_graph, model_of
+
+# what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
+_WEIGHT_OF = {
+    "Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "wqkv": "attn_qkv", "attn_out": "attn_output",
+    "ffn_up": "ffn_up", "ffn_gate": "ffn_gate", "ffn_out": "ffn_down", "ffn_moe_logits": "ffn_gate_inp",
+    "ffn_moe_up": "ffn_up_exps", "ffn_moe_gate": "ffn_gate_exps", "ffn_moe_down": "ffn_down_exps",
+    "ffn_moe_gate_up": "ffn_gate_up_exps", "result_output": "output", "q_a": "attn_q_a", "q": "attn_q_b",
+    "kv_cmpr_pe": "attn_kv_a_mqa", "q_nope_absorbed": "attn_k_b", "kv": "attn_kv_b", "fattn_mla": "attn_v_b",
+    "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
+    "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
+    "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
+}
+
+
+def _build_full(spec: ModelSpec, cp: ContextParams, details: GraphDetails | None = None) -> GraphContext:
+    """The whole graph, layer after layer, exactly as llama_model::build_graph emits it."""
+    c = GraphContext(spec, cp, details or default_details(spec))
+    gen = model_of(spec.architecture).build_graph(c)
+    x = next(gen)
+    for il in range(spec.n_layer):
+        x = gen.send((il, x))
+    try:
+        gen.send((None, x))
+    except StopIteration:
+        pass
+    return c
+
+
+def _emulate_full(spec: ModelSpec, cp: ContextParams, details: GraphDetails | None = None, align: int = 32):
+    """Reference path: build every node, allocate the whole graph (slow for deep models)."""
+    c = _build_full(spec, cp, details)
+    ga = Gallocr(align)
+    return ga.run(c.g.nodes, c.g.leafs)
+
+
+def _layer_keys(c: GraphContext) -> list[tuple]:
+    """A key per layer: layers with equal keys build identical sub-graphs (up to weights and names)."""
+    sp = c.spec
+    n = sp.n_layer
+    n_all = len(sp.layers)
+    partial = [(k, v) for k, v in c.d.layer_tensors.items() if len(v) != n_all]
+    keys = []
+    for il in range(n):
+        l = sp.layers[il]
+        keys.append((
+            il == n - 1, il < sp.n_layer_dense_lead, l.kind, l.has_kv, l.n_head, l.n_head_kv, l.n_embd_head_k,
+            l.n_embd_head_v, l.n_ff, l.n_ff_exp, l.n_expert_used, tuple(k for k, v in partial if il in v),
+        ))
+    return keys
+
+
+def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None) -> None:
+    """Let ops read their weights (the scheduler places ops by them), typed as the header says."""
+    lt, gt, dflt = c.d.layer_types, c.d.global_types, _default_weight_type(c.spec)
+
+    def wtype(name: str) -> int:
+        suffix = _WEIGHT_OF.get(name, name)
+        il = ctx.layer if layer_only is None else layer_only
+        if il is None:
+            return gt.get(suffix, dflt)
+        return lt.get(suffix, {}).get(il, dflt)
+
+    ctx.weights = True
+    ctx.wtype = wtype
+
+
+def _begin_segment(c: GraphContext, dev: int, layer: int | None) -> None:
+    ctx = c.ctx0
+    ctx.track = []
+    ctx.dev = dev
+    ctx.layer = layer
+    c.g = Graph()
+
+
+def _end_build(ctx: Context) -> None:
+    ctx.track = None
+    ctx.dev = 0
+    ctx.layer = None
+    ctx.weights = False
+
+
+def _placeholder(ctx: Context, like: Tensor) -> Tensor:
+    """Stands for the previous layer's output at the start of a template segment."""
+    t = ctx.add(Tensor("NONE", like.type, list(like.ne), list(like.nb), (), None, "inpL"))
+    t.vis = True
+    return t
+
+
+def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], int]) -> list[tuple]:
+    keys = _layer_keys(c)
+    if not pl:
+        return keys
+    # a layer's sub-graph also depends on where it, its neighbours and (if offloaded) its weights are
+    n = c.spec.n_layer
+    lt = c.d.layer_types
+
+    def wkey(il: int) -> tuple:
+        if dev(il) != HOST:
+            return ()
+        return tuple(sorted((k, v[il]) for k, v in lt.items() if il in v))
+
+    return [k + (dev(il), dev(il - 1) if il else pl.dev_in, dev(il + 1) if il + 1 < n else pl.dev_out, wkey(il))
+            for il, k in enumerate(keys)]
+
+
+def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
+              copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+    """Build one segment per distinct layer, then allocate layer after layer, jumping over repeats
+    (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the full graph)."""
+    sp = c.spec
+    n = sp.n_layer
+    ctx = c.ctx0
+    gen = model_of(sp.architecture).build_graph(c)
+    dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
+    if pl:
+        _track_weights(c, ctx)
+    try:
+        _begin_segment(c, pl.dev_in if pl else 0, None)
+        x0 = next(gen)
+        c.g.expand(x0)
+        for t in ctx.track:
+            t.glob = True
+        pro = Segment(c.g.nodes, c.g.leafs, [], None, None, ctx.dev)
+
+        def build(il: int | None, x: Tensor, placeholder: Tensor | None) -> Segment:
+            _begin_segment(c, dev(il) if il is not None else (pl.dev_out if pl else 0), il)
+            out = None
+            try:
+                out = gen.send((il, x))
+                c.g.expand(out)
+            except StopIteration:
+                pass
+            return Segment(c.g.nodes, c.g.leafs, ctx.track, placeholder, out, ctx.dev)
+
+        keys = _segment_keys(c, pl, dev)
+        seg0 = build(0, x0, None)
+        templates: dict[tuple, Segment] = {}
+        order = [pro, seg0]
+        prev_of: dict[tuple, int] = {}
+        for il in range(1, n):
+            if keys[il] not in templates:
+                ph = _placeholder(ctx, seg0.out)
+                templates[keys[il]] = build(il, ph, ph)
+                order.append(templates[keys[il]])
+                prev_of[keys[il]] = il - 1
+        last_seg = templates[keys[n - 1]] if n > 1 else seg0
+        ph = _placeholder(ctx, last_seg.out)  # the epilogue reads the last layer's output
+        epi = build(None, ph, ph)
+        order.append(epi)
+    finally:
+        _end_build(ctx)
+    if pl:
+        # a placeholder sits where the previous layer's output was computed
+        src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
+        src_of[id(epi)] = last_seg
+        split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
+        pl.graph_optimize(order)
+    for seg in order:
+        seg.finalize()
+    return replay_segments(n, ga, pro, seg0, templates, keys, epi)
+
+
+def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
+                  copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+    """The MTP draft graph: one NextN block, built and allocated whole."""
+    sp = c.spec
+    il = sp.n_layer
+    ctx = c.ctx0
+    dev = pl.layer_dev[il] if pl else 0
+    if pl:
+        _track_weights(c, ctx, layer_only=il)
+    try:
+        _begin_segment(c, dev, il)
+        model_of(sp.architecture).build_graph_mtp(c)
+        seg = Segment(c.g.nodes, c.g.leafs, ctx.track, None, None, dev)
+    finally:
+        _end_build(ctx)
+    if pl:
+        split_graph([seg], pl, copy_size or Tensor.nbytes, {})
+        pl.graph_optimize([seg])
+    ga.run(seg.nodes, seg.leafs)
+    return AllocResult(ga.sizes(), ga.peak_lives, 1)
+
+
+def _default_weight_type(spec: ModelSpec) -> int:
+    """The ggml type of most of the model's bytes (for weights whose type the header did not give)."""
+    for name in spec.bytes_by_type:
+        try:
+            return int(GGMLQuantizationType[name])
+        except KeyError:
+            continue
+    return F16
+
+
+class ComputeBuffer(BaseModel):
+    """One `sched_reserve: <buffer> compute buffer size = X MiB` line of llama.cpp."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device: str  # llama.cpp's buffer type name: CPU, CUDA0, CUDA_Host, MTL0 ...
+    bytes: int  # the buffer size llama.cpp reserves (the graph allocator's high-water mark)
+    terms: dict[str, int]  # what was alive when the high-water mark was set, by kind, + "fragmentation"
+    peak_tensors: list[tuple[str, int]] = []  # the largest tensors alive at that moment (name, bytes)
+
+
+# what each tensor name (as llama.cpp's graph callback names them, more or less) is, for the terms
+_TERM_PREFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("logits", ("result_output",)),
+    ("output_norm", ("result_norm",)),
+    ("kq_mask", ("attn_inp_kq_mask",)),
+    ("inputs", ("inp_", "attn_inp_", "out_ids", "rs_s_copy", "embd", "token_embd", "per_layer_token_embd")),
+    ("kq_scores", ("kq-", "kq_")),
+    ("v_transposed", ("v_cont",)),
+    ("attention", ("fattn", "kqv", "Qcur", "Kcur", "Vcur", "q-", "q_", "k_", "kv", "wqkv", "attn_out", "gate", "q")),
+    ("moe", ("ffn_moe", "group_scores", "shared_gate")),
+    ("ffn", ("ffn_out", "ffn_up", "ffn_gate", "ffn_silu", "ffn_gelu", "ffn_relu", "ffn_sqr", "ffn_swiglu", "ffn_geglu", "ffn_reglu")),
+    ("recurrent", ("gdn", "conv_", "ssm_", "qkv_mixed", "z", "beta", "alpha", "mixed_", "rs_states", "state")),
+    ("per_layer_embd", ("per_layer", "ple_")),
+)
+
+
+def _term(name: str) -> str:
+    base = name.split("#", 1)[0]
+    for term, prefixes in _TERM_PREFIXES:
+        if base.startswith(prefixes):
+            return term
+    return "residual" if base else "other"
+
+
+def _terms(peak: list[tuple[str, int]], total: int, align: int) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    terms: dict[str, int] = {}
+    used = 0
+    for name, size in peak:
+        size = (size + align - 1) // align * align
+        used += size
+        k = _term(name)
+        terms[k] = terms.get(k, 0) + size
+    if total > used:
+        terms["fragmentation"] = total - used
+    terms = dict(sorted(terms.items(), key=lambda kv: -kv[1]))
+    top = sorted(((n or "(unnamed)", s) for n, s in peak), key=lambda x: -x[1])[:8]
+    return terms, top
+
+
+_CACHE: dict[tuple, tuple] = {}
+_CACHE_MAX = 512
+
+
+def _cp_key(cp: ContextParams) -> tuple:
+    return (cp.n_ctx, cp.n_ctx_seq, cp.n_seq_max, cp.n_batch, cp.n_ubatch, cp.n_outputs_max, cp.kv_unified,
+            cp.swa_full, cp.flash_attn, cp.type_k, cp.type_v, cp.n_rs_seq, cp.embeddings)
+
+
+def compute_buffers(
+    spec: ModelSpec,
+    cp: ContextParams,
+    backend: str = "cpu",
+    n_gpu_layers: int = -1,
+    *,
+    details: GraphDetails | None = None,
+    metal_max_buffer_length: int | None = None,
+    mtp: bool = False,
+) -> list[ComputeBuffer]:
+    """The compute buffers llama.cpp reserves for this model and context (llama_context::sched_reserve).
+
+    backend "cpu": one CPU buffer, exact. "cuda" / "metal": the device buffer, then the host buffer
+    that holds the graph inputs and the CPU-side ops (token embeddings); see `Placement` for what
+    is and is not modelled there. Pass `details=graph_details(header)` for the exact graph of a file;
+    without it the architecture's usual tensors are assumed (`default_details`). `mtp=True`: the
+    draft context of native MTP speculative decoding (its graph is the NextN block alone).
+    """
+    if model_of(spec.architecture) is None:
+        raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
+    if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
+        raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
+    impl = backends.get(backend)
+    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is spec and hit[1] is details:
+        return hit[2]
+    d = details or default_details(spec)
+    c = GraphContext(spec, cp, d)
+    c.mtp = mtp
+    if impl.is_gpu:
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length)
+    else:
+        ga = Gallocr(impl.alignment, trace=True)
+        r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
+        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
+        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (spec, details, out)
+    return out
+
+
+def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
+                 metal_max_buffer_length: int | None) -> list[ComputeBuffer]:
+    """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
+    sp = c.spec
+    n_all = len(sp.layers)
+    n_gpu = n_all + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_all + 1)
+    i_gpu_start = max(n_all + 1 - n_gpu, 0)  # llama_model::load_tensors
+    layer_dev = [0 if il >= i_gpu_start else 1 for il in range(n_all)]
+
+    def dev_size(t: Tensor) -> int:
+        if t.op == "NONE":  # a split input copy
+            return impl.copy_size(t)
+        return impl.alloc_size(t)
+
+    pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
+                   impl.offload_op, graph_optimize=impl.graph_optimize)
+    ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
+                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
+    r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
+    out = []
+    for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):
+        if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
+            terms, top = _terms(r.peaks[i], r.sizes[i], align)
+            out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))
+    return out

@@ -1,0 +1,597 @@
+"""llm_graph_context: the shared graph builders of src/llama-graph.cpp and the KV-cache views they use.
+
+Mirrors src/llama-graph.cpp (build_inp_*, build_attn_inp_*, build_norm, build_ffn, build_moe_ffn,
+build_attn, build_attn_mha, build_rs) and the graph helpers of src/llama-kv-cache.cpp (cpy_k, cpy_v,
+get_k, get_v, the Hadamard rotation inputs). Each architecture's graph is a function of a
+GraphContext in fitter.llama.models; the context owns the ggml_context (`ctx0`) and the graph (`g`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fitter.config import ContextParams
+from fitter.ggml.graph import Graph
+from fitter.ggml.tensor import (
+    FLAG_OUTPUT, Context, Tensor, add, argsort_top_k, cache, cast, clamp, concat, cont, cont_nd, cpy, div, dup,
+    fill, flash_attn_ext, get_rows, glu, glu_split, inp, is_contiguous, mm, mul, mul_mat, mul_mat_id, nelements,
+    norm, op_weight, pad, permute, reshape, rms_norm, scale, set_rows, soft_max, sqr, sqrt, srcs, sum_rows,
+    transpose, unary, view, view_tensor, weight,
+)
+from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
+from fitter.llama.graph_details import GraphDetails
+from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
+from fitter.llama.kv_cache_iswa import swa_cells
+
+
+@dataclass
+class KVCacheView:
+    """A llama_kv_cache as the reserve graph sees it (llama_kv_cache_context built by init_full)."""
+
+    size: int  # cells per stream; n_kv = size in the reserve (llama_kv_cache_context: n_kv = get_size())
+    n_stream: int
+    type_k: int
+    type_v: int
+    v_trans: bool
+    rot_k: int  # Hadamard rotation size of attn_inp_k_rot (0 = none; llama_kv_cache::build_input_k_rot)
+    rot_v: int
+    layers: list[int] = field(default_factory=list)  # the layers with their own K/V tensors
+    share: dict[int, int] = field(default_factory=dict)  # layer -> the layer whose K/V it reuses
+    tensors: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)  # created on first use
+
+
+class GraphContext:
+    """llm_graph_context: shared builders; each architecture's graph is a function in fitter.llama.models."""
+
+    def __init__(self, spec: ModelSpec, cp: ContextParams, details: GraphDetails):
+        self.spec = spec
+        self.cp = cp
+        self.d = details
+        self.arch = spec.architecture
+        self.fa = cp.flash_attn
+        n_seqs = cp.n_seq_max
+        n_tokens = min(cp.n_ctx, cp.n_ubatch)  # llama_context::sched_reserve
+        self.n_outputs = min(n_tokens, cp.n_outputs_max)
+        if n_tokens % n_seqs:  # llama_context::graph_reserve
+            n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
+        self.n_tokens = n_tokens
+        self.n_seqs = n_seqs
+        self.n_stream = 1 if cp.kv_unified else n_seqs
+        self.g = Graph()
+        self.v_gqa_max = max((l.n_embd_v_gqa for l in spec.layers), default=0)
+        self.n_embd = spec.n_embd
+        self.mtp = False  # the MTP draft context's graph (graph_mtp)
+        self.ctx0 = Context()  # ggml_context of the graph being built (and the simulator's state)
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    def build_inp_embd(self, n_embd_inp: int | None = None) -> Tensor:  # llm_graph_context::build_inp_embd
+        ctx0 = self.ctx0
+        n_embd_inp = n_embd_inp or self.n_embd
+        tokens = inp(ctx0, I32, (self.n_tokens,), "inp_tokens")
+        embd = inp(ctx0, F32, (n_embd_inp, self.n_tokens), "inp_embd")
+        cur = get_rows(ctx0, weight(ctx0, (n_embd_inp, self.spec.n_vocab), "token_embd", host=True), tokens, "embd")
+        # ggml_build_forward_select: both alternatives enter the graph, the unused one as a leaf
+        self.g.expand(cur)
+        self.g.expand(embd)
+        return cur
+
+    def build_inp_pos(self, n_pos_per_embd: int = 1) -> Tensor:
+        ctx0 = self.ctx0
+        return inp(ctx0, I32, (self.n_tokens * n_pos_per_embd,), "inp_pos")
+
+    def build_inp_out_ids(self) -> Tensor:
+        ctx0 = self.ctx0
+        return inp(ctx0, I32, (self.n_outputs,), "out_ids")
+
+    def _kv(self, layers: list[int], size: int) -> KVCacheView:
+        cp = self.cp
+        tk, tv = type_of(cp.type_k), type_of(cp.type_v)
+        # llama_kv_cache::llama_kv_cache: attn_rot_k / attn_rot_v (Hadamard rotation for quantized caches)
+        hk = {self.spec.layers[il].n_embd_head_k for il in layers}
+        hv = {self.spec.layers[il].n_embd_head_v for il in layers}
+        head_k_all = hk.pop() if len(hk) == 1 else (-1 if hk else 0)
+        head_v_all = hv.pop() if len(hv) == 1 else (-1 if hv else 0)
+        if self.spec.is_mla:
+            head_v_all = 0  # MLA caches have no V
+        # hparams.n_embd_head_k() / n_embd_head_v(): the default argument is layer 0
+        full_k = self.spec.layers[0].n_embd_head_k
+        full_v = self.spec.layers[0].n_embd_head_v
+        rot_k = rot_v = 0
+        if head_k_all > 0 and BLCK[tk] > 1 and full_k % 64 == 0:
+            n = 64
+            while head_k_all % n == 0:
+                n *= 2
+            rot_k = n // 2
+        if head_v_all > 0 and BLCK[tv] > 1 and full_v % 64 == 0 and not self.spec.is_mla:
+            rot_v = 64
+        return KVCacheView(size, self.n_stream, tk, tv, not self.fa, rot_k, rot_v, list(layers))
+
+    def kv_tensors(self, kv: KVCacheView, il: int) -> tuple[Tensor, Tensor | None]:
+        """The layer's K and V cache tensors (llama_kv_cache::layers[map_layer_ids[il]])."""
+        ctx0 = self.ctx0
+        il = kv.share.get(il, il)
+        t = kv.tensors.get(il)
+        if t is None:
+            l = self.spec.layers[il]
+            k = cache(ctx0, kv.type_k, (l.n_embd_k_gqa, kv.size, kv.n_stream), f"cache_k_l{il}")
+            v = None
+            if not self.spec.is_mla:
+                v = cache(ctx0, kv.type_v, ((self.v_gqa_max if kv.v_trans else l.n_embd_v_gqa), kv.size, kv.n_stream), f"cache_v_l{il}")
+            t = kv.tensors[il] = (k, v)
+        return t
+
+    def _kq_mask(self, kv: KVCacheView) -> Tensor:  # build_attn_inp_kq_mask
+        ctx0 = self.ctx0
+        return inp(ctx0, F16 if self.fa else F32, (kv.size, self.n_tokens // self.n_stream, 1, self.n_stream), "attn_inp_kq_mask")
+
+    def _attn_inputs(self, kv: KVCacheView, with_v: bool = True) -> dict:
+        ctx0 = self.ctx0
+        d = {"kv": kv, "k_idxs": inp(ctx0, I64, (self.n_tokens,), "attn_inp_k_idxs")}
+        if with_v:
+            n = self.n_tokens * self.v_gqa_max if kv.v_trans else self.n_tokens
+            d["v_idxs"] = inp(ctx0, I64, (n,), "attn_inp_v_idxs")
+        d["mask"] = self._kq_mask(kv)
+        d["k_rot"] = inp(ctx0, F32, (kv.rot_k, kv.rot_k), "attn_inp_k_rot") if kv.rot_k else None
+        d["v_rot"] = inp(ctx0, F32, (kv.rot_v, kv.rot_v), "attn_inp_v_rot") if (kv.rot_v and with_v) else None
+        return d
+
+    def build_attn_inp_kv(self, layers: list[int] | None = None) -> dict:  # build_attn_inp_kv
+        if layers is None:
+            layers = [l.index for l in self.spec.layers[: self.spec.n_layer] if l.has_kv]
+        return self._attn_inputs(self._kv(layers, self.cp.n_ctx_seq))
+
+    def build_inp_mem_hybrid(self) -> tuple[dict, dict]:  # build_inp_mem_hybrid: (recurrent, attention)
+        ctx0 = self.ctx0
+        sp = self.spec
+        n_rs = max(1, self.cp.n_seq_max)  # llama_memory_recurrent_context (full): n_rs = mem size
+        s_copy = inp(ctx0, I32, (n_rs,), "rs_s_copy")
+        rs = {
+            "s_copy_main": view(ctx0, s_copy, (self.n_seqs,), (), "s_copy_main"),
+            "s_copy_extra": view(ctx0, s_copy, (n_rs - self.n_seqs,), (), "s_copy_extra"),
+            "n_rs": n_rs,
+            "rows": n_rs * (1 + self.cp.n_rs_seq),
+        }
+        attn_layers = [l.index for l in sp.layers[: sp.n_layer] if l.kind != LayerKind.RECURRENT]
+        return rs, self.build_attn_inp_kv(attn_layers)
+
+    def build_rs(self, rs: dict, s: Tensor, state_size: int) -> Tensor:  # llm_graph_context::build_rs
+        ctx0 = self.ctx0
+        g = self.g
+        states = reshape(ctx0, s, (state_size, s.ne[1]))
+        state_zero = view(ctx0, states, (state_size,), (), "state_zero")
+        g.expand(view_tensor(ctx0, state_zero, "SCALE", (state_zero,), "state_zero (scaled)"))  # ggml_scale_inplace
+        out = get_rows(ctx0, states, rs["s_copy_main"], "rs_states")
+        g.expand(out)
+        extra = get_rows(ctx0, states, rs["s_copy_extra"], "rs_states_extra")
+        dst = view(ctx0, s, (state_size, rs["n_rs"] - self.n_seqs), (s.nb[1],), "rs_extra_dst")
+        g.expand(cpy(ctx0, extra, dst))
+        return out
+
+    def build_attn_inp_k(self) -> dict:  # build_attn_inp_k (MLA: K cache only, no rotation inputs)
+        return self._attn_k_inputs([l.index for l in self.spec.layers[: self.spec.n_layer] if l.has_kv])
+
+    def _attn_k_inputs(self, layers: list[int]) -> dict:
+        ctx0 = self.ctx0
+        kv = self._kv(layers, self.cp.n_ctx_seq)
+        return {"kv": kv, "k_idxs": inp(ctx0, I64, (self.n_tokens,), "attn_inp_k_idxs"), "mask": self._kq_mask(kv), "k_only": True}
+
+    def build_attn_inp_kv_iswa(self) -> dict:  # build_attn_inp_kv_iswa
+        sp = self.spec
+        trunk = [l for l in sp.layers[: sp.n_layer] if l.has_kv]
+        base = self._kv([l.index for l in trunk if l.kind != LayerKind.SWA], self.cp.n_ctx_seq)
+        swa = self._kv([l.index for l in trunk if l.kind == LayerKind.SWA], swa_cells(sp, self.cp))
+        # llama_model::create_memory (gemma3n / gemma4): layers past n_layer_kv_from_start reuse the KV
+        # of the last layer of their kind that has one
+        for l in sp.layers[: sp.n_layer]:
+            if not l.has_kv:
+                kv = swa if l.kind == LayerKind.SWA else base
+                srcs = [il for il in kv.layers if il < l.index]
+                if srcs:
+                    kv.share[l.index] = max(srcs)
+        b = self._attn_inputs(base)
+        s = self._attn_inputs(swa)
+        # creation order: k_idxs, v_idxs, mask (base) then (swa), then the rotations
+        return {"iswa": True, "base": b, "swa": s}
+
+    # ---- shared layer builders ---------------------------------------------------------------
+
+    def build_norm(self, cur: Tensor, with_weight: bool = True, bias: bool = False, kind: str = "rms", name: str = "norm") -> Tensor:
+        ctx0 = self.ctx0
+        cur = rms_norm(ctx0, cur, name) if kind == "rms" else norm(ctx0, cur, name)
+        if with_weight:
+            cur = mul(ctx0, cur, None, name + "op_weight")
+        if bias:
+            cur = add(ctx0, cur, None, name + "_b")
+        return cur
+
+    def build_qkv(self, layer: LayerSpec, cur: Tensor, bias: bool = False, fused: bool = False,
+                  head_q: int | None = None, n_head_q: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        ctx0 = self.ctx0
+        hq = head_q or layer.n_embd_head_k
+        nq = n_head_q or layer.n_head
+        hk, nk = layer.n_embd_head_k, layer.n_head_kv
+        hv = layer.n_embd_head_v
+        n_tokens = cur.ne[1]
+        if fused:  # layer.wqkv
+            qkv = mm(ctx0, hq * nq + hk * nk + hv * nk, cur, "wqkv")
+            if bias:
+                qkv = add(ctx0, qkv, None, "wqkv_b")
+            rs = lambda n: row_size(qkv.type, n)
+            q = view(ctx0, qkv, (hq, nq, n_tokens), (rs(hq), qkv.nb[1]), "Qcur")
+            k = view(ctx0, qkv, (hk, nk, n_tokens), (rs(hk), qkv.nb[1]), "Kcur")
+            v = view(ctx0, qkv, (hv, nk, n_tokens), (rs(hv), qkv.nb[1]), "Vcur")
+            return q, k, v
+        q = mm(ctx0, hq * nq, cur, "Qcur")
+        if bias:
+            q = add(ctx0, q, None, "Qcur")
+        k = mm(ctx0, hk * nk, cur, "Kcur")
+        if bias:
+            k = add(ctx0, k, None, "Kcur")
+        v = mm(ctx0, hv * nk, cur, "Vcur")
+        if bias:
+            v = add(ctx0, v, None, "Vcur")
+        q = reshape(ctx0, q, (hq, nq, n_tokens), "Qcur")
+        k = reshape(ctx0, k, (hk, nk, n_tokens), "Kcur")
+        v = reshape(ctx0, v, (hv, nk, n_tokens), "Vcur")
+        return q, k, v
+
+    def build_ffn(self, cur: Tensor, n_ff: int, *, up: bool = True, gate: str | None = "par", act: str = "silu",
+                  up_rows: int | None = None, down: int | None = None, il: int = -1) -> Tensor:
+        """llm_graph_context::build_ffn. gate: 'par', 'seq' or None; act: silu, gelu, relu, relu_sqr, swiglu, geglu."""
+        ctx0 = self.ctx0
+        tmp = mm(ctx0, up_rows or n_ff, cur, "ffn_up") if up else cur
+        if gate == "seq":
+            cur = mm(ctx0, n_ff, tmp, "ffn_gate")
+        elif gate == "par":
+            cur = mm(ctx0, n_ff, cur, "ffn_gate")
+        else:
+            cur = tmp
+        par = gate == "par"
+        if act in ("silu", "gelu", "relu"):
+            if par:
+                cur = glu_split(ctx0, cur, tmp, f"ffn_{act}glu")
+                par = False
+            else:
+                cur = unary(ctx0, cur, f"ffn_{act}")
+        elif act == "relu_sqr":
+            cur = sqr(ctx0, unary(ctx0, cur, "ffn_relu"), "ffn_sqr")
+        elif act in ("swiglu", "geglu", "reglu"):
+            cur = glu(ctx0, cur, "ffn_" + act)
+        elif act == "swiglu_oai":
+            cur = glu_split(ctx0, cur, tmp, "ffn_swiglu_oai")
+            par = False
+        if par:
+            cur = mul(ctx0, cur, tmp, "ffn_gate_par")
+        return mm(ctx0, down or self.n_embd, cur, "ffn_out")
+
+    def build_moe_ffn(self, cur: Tensor, l: LayerSpec, il: int, *, gating: int = 1, probs_b: bool = False,
+                      norm_w: bool = True, w_scale: float = 0.0, gate_inp_b: bool = False, exps_b: bool = False,
+                      act: str = "silu", gate_up: bool = False, has_gate: bool = True, probs_in: Tensor | None = None) -> Tensor:
+        """llm_graph_context::build_moe_ffn. gating: 1 softmax, 2 sigmoid, 3 softmax_weight, 4 sqrt_softplus.
+
+        Over 80 lines: it follows upstream's function node for node (the node order is what the
+        allocator sees), so it is kept whole to be read side by side with llama-graph.cpp.
+        """
+        ctx0 = self.ctx0
+        g = self.g
+        n_embd, n_tokens = cur.ne[0], cur.ne[1]
+        n_expert = self.spec.n_expert
+        n_used = l.n_expert_used or self.spec.n_expert_used
+        n_ff = l.n_ff_exp
+        logits = mm(ctx0, n_expert, cur, f"ffn_moe_logits-{il}") if probs_in is None else probs_in
+        if gate_inp_b:
+            logits = add(ctx0, logits, None, f"ffn_moe_logits_biased-{il}")
+        if gating == 2:
+            probs = unary(ctx0, logits, f"ffn_moe_probs-{il}", "sigmoid")
+        elif gating == 3:
+            probs = logits
+        elif gating == 4:
+            probs = sqrt(ctx0, unary(ctx0, logits, "", "softplus"), f"ffn_moe_probs-{il}")
+        else:
+            probs = soft_max(ctx0, logits, None, None, f"ffn_moe_probs-{il}")
+        selection = probs
+        if probs_b:
+            selection = add(ctx0, probs, None, f"ffn_moe_probs_biased-{il}")
+        n_groups = self.d.n_expert_groups
+        if n_groups > 1 and n_tokens > 0:
+            per = n_expert // n_groups
+            groups = reshape(ctx0, selection, (per, n_groups, n_tokens))
+            scores = argsort_top_k(ctx0, groups, 2, f"group_scores-{il}")
+            scores = get_rows(ctx0, reshape(ctx0, groups, (1, groups.ne[0], groups.ne[1], groups.ne[2])), scores)
+            scores = sum_rows(ctx0, reshape(ctx0, scores, (scores.ne[1], scores.ne[2], scores.ne[3])))
+            scores = reshape(ctx0, scores, (scores.ne[1], scores.ne[2]))
+            expert_groups = argsort_top_k(ctx0, scores, self.d.n_group_used, f"ffn_moe_group_topk-{il}")
+            selection = get_rows(ctx0, groups, expert_groups)
+            selection = set_rows(ctx0, fill(ctx0, groups), selection, expert_groups)
+            selection = reshape(ctx0, selection, (n_expert, n_tokens))
+        selected = argsort_top_k(ctx0, selection, n_used, f"ffn_moe_topk-{il}")
+        probs = reshape(ctx0, probs, (1, n_expert, n_tokens))
+        weights = get_rows(ctx0, probs, selected, f"ffn_moe_weights-{il}")
+        if gating == 3:
+            weights = reshape(ctx0, weights, (n_used, n_tokens))
+            weights = soft_max(ctx0, weights, None, None, f"ffn_moe_weights_softmax-{il}")
+            weights = reshape(ctx0, weights, (1, n_used, n_tokens))
+        if norm_w:
+            weights = reshape(ctx0, weights, (n_used, n_tokens))
+            wsum = sum_rows(ctx0, weights, f"ffn_moe_weights_sum-{il}")
+            wsum = clamp(ctx0, wsum)
+            weights = div(ctx0, weights, wsum, f"ffn_moe_weights_norm-{il}")
+            weights = reshape(ctx0, weights, (1, n_used, n_tokens))
+        if w_scale != 0.0 and w_scale != 1.0:
+            weights = scale(ctx0, weights, f"ffn_moe_weights_scaled-{il}")
+        g.expand(weights)
+        cur = reshape(ctx0, cur, (n_embd, 1, n_tokens))
+        if gate_up:
+            gu = mul_mat_id(ctx0, 2 * n_ff, cur, selected, f"ffn_moe_gate_up-{il}", n_expert)
+            if exps_b:
+                gu = dup(ctx0, "ADD_ID", gu, srcs(gu, op_weight(ctx0, (gu.ne[0], n_expert), "bias", True), selected))
+            cur = view(ctx0, gu, (n_ff, gu.ne[1], gu.ne[2]), (gu.nb[1], gu.nb[2]), f"ffn_moe_gate-{il}")
+            up = view(ctx0, gu, (n_ff, gu.ne[1], gu.ne[2]), (gu.nb[1], gu.nb[2]), f"ffn_moe_up-{il}")
+        else:
+            up = mul_mat_id(ctx0, n_ff, cur, selected, f"ffn_moe_up-{il}", n_expert)
+            if exps_b:
+                up = dup(ctx0, "ADD_ID", up, srcs(up, op_weight(ctx0, (up.ne[0], n_expert), "bias", True), selected), f"ffn_moe_up_biased-{il}")
+            if has_gate:
+                cur = mul_mat_id(ctx0, n_ff, cur, selected, f"ffn_moe_gate-{il}", n_expert)
+            else:
+                cur = up
+            if exps_b:
+                cur = dup(ctx0, "ADD_ID", cur, srcs(cur, op_weight(ctx0, (cur.ne[0], n_expert), "bias", True), selected), f"ffn_moe_gate_biased-{il}")
+        if act == "swiglu_oai" or has_gate or gate_up:
+            cur = glu_split(ctx0, cur, up, f"ffn_moe_{act}-{il}")
+        else:
+            cur = unary(ctx0, cur, f"ffn_moe_{act}-{il}")
+        experts = mul_mat_id(ctx0, n_embd, cur, selected, f"ffn_moe_down-{il}", n_expert)
+        if exps_b:
+            experts = dup(ctx0, "ADD_ID", experts, srcs(experts, op_weight(ctx0, (experts.ne[0], n_expert), "bias", True), selected), f"ffn_moe_down_biased-{il}")
+        experts = mul(ctx0, experts, weights, f"ffn_moe_weighted-{il}")
+        g.expand(experts)
+        views = []
+        for i in range(n_used):
+            v = view(ctx0, experts, (n_embd, n_tokens), (experts.nb[2],), f"ffn_moe_view-{il}")
+            g.expand(v)
+            views.append(v)
+        moe_out = views[0]
+        for i in range(1, n_used):
+            moe_out = add(ctx0, moe_out, views[i], f"ffn_moe_out-{il}")
+            g.expand(moe_out)
+        if n_used == 1:
+            moe_out = cont(ctx0, moe_out, f"ffn_moe_out-{il}")
+        return moe_out
+
+    def moe_args(self, il: int) -> dict:
+        """The build_moe_ffn arguments most architectures pass (softmax gating, normalized weights)."""
+        d = self.d
+        return dict(gating=1, norm_w=True, w_scale=d.expert_weights_scale,
+                    gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il))
+
+    def moe_args_selected(self, il: int, default_gating: int) -> dict:
+        """build_moe_ffn arguments from the header's gating function, selection bias and weight norm
+        (glm4moe, deepseek2); default_gating stands in when the header has no expert_gating_func."""
+        d = self.d
+        gating = d.expert_gating_func or default_gating
+        return dict(gating=gating, probs_b=d.has("exp_probs_b.bias", il), norm_w=d.expert_weights_norm,
+                    w_scale=d.expert_weights_scale, gate_up=d.has("ffn_gate_up_exps", il) and not d.has("ffn_up_exps", il))
+
+    def hadamard(self, cur: Tensor, rot: Tensor) -> Tensor:  # llama_mul_mat_hadamard
+        ctx0 = self.ctx0
+        n = rot.ne[0]
+        if not is_contiguous(cur):
+            res = cont_nd(ctx0, cur, (n, nelements(cur) // n))
+        else:
+            res = reshape(ctx0, cur, (n, nelements(cur) // n))
+        res = mul_mat(ctx0, rot, res)
+        return reshape(ctx0, res, cur.ne)
+
+    def cpy_k(self, kv: KVCacheView, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:  # llama_kv_cache::cpy_k
+        ctx0 = self.ctx0
+        k = self.kv_tensors(kv, il)[0]
+        n_embd_gqa = k_cur.ne[0] * k_cur.ne[1]
+        n_tokens = k_cur.ne[2]
+        k_cur = view(ctx0, k_cur, (n_embd_gqa, n_tokens), (k_cur.nb[2],), "k_cur")
+        if k.ne[2] > 1:
+            k = reshape(ctx0, k, (n_embd_gqa, kv.size * k.ne[2]))
+        return set_rows(ctx0, k, k_cur, k_idxs, f"cache_k_l{il} (view)")
+
+    def cpy_v(self, kv: KVCacheView, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:  # llama_kv_cache::cpy_v
+        ctx0 = self.ctx0
+        v = self.kv_tensors(kv, il)[1]
+        n_embd_gqa = v_cur.ne[0] * v_cur.ne[1]
+        n_tokens = v_cur.ne[2]
+        if not kv.v_trans:
+            v_cur = view(ctx0, v_cur, (n_embd_gqa, n_tokens), (v_cur.nb[2],), "v_cur")
+            if v.ne[2] > 1:
+                v = reshape(ctx0, v, (n_embd_gqa, kv.size * v.ne[2]))
+            return set_rows(ctx0, v, v_cur, v_idxs, f"cache_v_l{il} (view)")
+        if row_size(v_cur.type, n_embd_gqa) == v_cur.nb[2]:
+            v_cur = reshape(ctx0, v_cur, (n_embd_gqa, n_tokens))
+        else:
+            v_cur = cont_nd(ctx0, v_cur, (n_embd_gqa, n_tokens))
+        if n_embd_gqa < v.ne[0]:  # [TAG_V_CACHE_VARIABLE]
+            v_cur = pad(ctx0, v_cur, v.ne[0] - n_embd_gqa)
+        v_view = reshape(ctx0, v, (1, nelements(v)))
+        v_cur = reshape(ctx0, v_cur, (1, nelements(v_cur)))
+        return set_rows(ctx0, v_view, v_cur, v_idxs, f"cache_v_l{il} (view)")
+
+    def get_k(self, kv: KVCacheView, il: int) -> Tensor:  # llama_kv_cache::get_k
+        ctx0 = self.ctx0
+        k = self.kv_tensors(kv, il)[0]
+        l = self.spec.layers[il]
+        rs = lambda n: row_size(k.type, n)
+        return view(ctx0, k, (l.n_embd_head_k, l.n_head_kv, kv.size, kv.n_stream),
+                    (rs(l.n_embd_head_k), rs(k.ne[0]), rs(k.ne[0] * kv.size)), "k")
+
+    def get_v(self, kv: KVCacheView, il: int) -> Tensor:  # llama_kv_cache::get_v
+        ctx0 = self.ctx0
+        v = self.kv_tensors(kv, il)[1]
+        l = self.spec.layers[il]
+        rs = lambda n: row_size(v.type, n)
+        if not kv.v_trans:
+            return view(ctx0, v, (l.n_embd_head_v, l.n_head_kv, kv.size, kv.n_stream),
+                        (rs(l.n_embd_head_v), rs(v.ne[0]), rs(v.ne[0] * kv.size)), "v")
+        return view(ctx0, v, (kv.size, l.n_head_kv, l.n_embd_head_v, kv.n_stream),
+                    (rs(kv.size * l.n_embd_head_v), rs(kv.size), rs(kv.size * v.ne[0])), "v")
+
+    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, kq_b: Tensor | None = None, sinks: bool = False,
+                       v_mla: int = 0, softcap: bool = False, il: int = -1) -> Tensor:  # build_attn_mha
+        ctx0 = self.ctx0
+        v_trans = v.nb[1] > v.nb[2]
+        n_stream = k.ne[3]
+        q = view(ctx0, q, (q.ne[0], q.ne[1], q.ne[2] // n_stream, n_stream), (q.nb[1], q.nb[2], q.nb[2] * (q.ne[2] // n_stream)), "q")
+        q = permute(ctx0, q, 0, 2, 1, 3)
+        k = permute(ctx0, k, 0, 2, 1, 3)
+        v = permute(ctx0, v, 0, 2, 1, 3)
+        if self.fa and kq_b is None:
+            if v_trans:
+                v = transpose(ctx0, v)
+            if k.type == F32:
+                k = cast(ctx0, k, F16)
+            if v.type == F32:
+                v = cast(ctx0, v, F16)
+            cur = flash_attn_ext(ctx0, q, k, v, mask, op_weight(ctx0, (q.ne[2],), "attn_sinks", True) if sinks else None, f"fattn-{il}")
+            if v_mla:
+                cur = permute(ctx0, cur, 0, 2, 1, 3)
+                cur = mm(ctx0, v_mla, cur, f"fattn_mla-{il}")
+                cur = permute(ctx0, cur, 0, 2, 1, 3)
+                cur = cont(ctx0, cur)
+            cur = reshape(ctx0, cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]))
+        else:
+            kq = mul_mat(ctx0, k, q, f"kq-{il}")
+            if softcap:
+                kq = scale(ctx0, kq, f"kq_scaled_1-{il}")
+                kq = unary(ctx0, kq, f"kq_tanh-{il}")
+                kq = scale(ctx0, kq, f"kq_scaled_2-{il}")
+            if kq_b is not None:
+                kq = add(ctx0, kq, kq_b, f"kq_plus_kq_b-{il}")
+            kq = soft_max(ctx0, kq, mask, op_weight(ctx0, (kq.ne[2],), "attn_sinks", True) if sinks else None, f"kq_soft_max-{il}")
+            if not v_trans:
+                v = cont(ctx0, transpose(ctx0, v), f"v_cont-{il}")
+            kqv = mul_mat(ctx0, v, kq, f"kqv-{il}")
+            if v_mla:
+                kqv = mm(ctx0, v_mla, kqv, f"kqv_mla-{il}")
+            cur = permute(ctx0, kqv, 0, 2, 1, 3)
+            cur = cont_nd(ctx0, cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]), f"kqv_out-{il}")
+        self.g.expand(cur)
+        return cur
+
+    def build_attn(self, ai: dict, q: Tensor, k: Tensor | None, v: Tensor | None, il: int, *, wo: int | None = None,
+                   wo_b: bool = False, sinks: bool = False, softcap: bool = False, v_mla: int = 0) -> Tensor:
+        """llm_graph_context::build_attn for llm_graph_input_attn_kv / _kv_iswa (K+V caches)."""
+        ctx0 = self.ctx0
+        g = self.g
+        if ai.get("k_only"):  # build_attn(llm_graph_input_attn_k *): the cached K doubles as V
+            kv = ai["kv"]
+            g.expand(q)
+            g.expand(v)
+            g.expand(k)
+            g.expand(self.cpy_k(kv, k, ai["k_idxs"], il))
+            kk = self.get_k(kv, il)
+            vv = view(ctx0, kk, (v.ne[0], kk.ne[1], kk.ne[2], kk.ne[3]), (kk.nb[1], kk.nb[2], kk.nb[3]), "v")
+            cur = self.build_attn_mha(q, kk, vv, ai["mask"], v_mla=v_mla, il=il)
+            return mm(ctx0, wo if wo is not None else self.n_embd, cur, f"attn_out-{il}")
+        iswa = ai.get("iswa", False)
+        if iswa:
+            ai = ai["swa"] if self.spec.layers[il].kind == LayerKind.SWA else ai["base"]
+        kv: KVCacheView = ai["kv"]
+        k_rot, v_rot = ai["k_rot"], ai["v_rot"]
+        if k_rot is not None:
+            q = self.hadamard(q, k_rot)
+            if k is not None:
+                k = self.hadamard(k, k_rot)
+        if v_rot is not None and v is not None:
+            v = self.hadamard(v, v_rot)
+        if iswa:
+            g.expand(q)
+            if k is not None:
+                g.expand(k)
+            if v is not None:
+                g.expand(v)
+        else:
+            g.expand(q)
+            g.expand(v)
+            g.expand(k)
+        if k is not None:
+            g.expand(self.cpy_k(kv, k, ai["k_idxs"], il))
+        if v is not None:
+            g.expand(self.cpy_v(kv, v, ai["v_idxs"], il))
+        kk = self.get_k(kv, il)
+        vv = self.get_v(kv, il)
+        cur = self.build_attn_mha(q, kk, vv, ai["mask"], sinks=sinks, softcap=softcap, v_mla=v_mla, il=il)
+        if v_rot is not None:
+            cur = self.hadamard(cur, v_rot)
+        if wo == 0:  # no output projection inside build_attn (the caller applies it)
+            return cur
+        cur = mm(ctx0, wo if wo is not None else self.n_embd, cur, f"attn_out-{il}")
+        if wo_b:
+            cur = add(ctx0, cur, None, f"attn_out_b-{il}")
+        return cur
+
+    def finish(self, *outputs: Tensor) -> None:
+        for t in outputs:
+            if t is not None:
+                t.flags |= FLAG_OUTPUT
+        self.g.expand(outputs[-1])
+
+
+def build_shared_expert(c: GraphContext, cur: Tensor, il: int) -> Tensor:
+    """build_ffn over the shared expert (glm4moe, deepseek2: n_ff_exp * n_expert_shared wide)."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    n_ff = sp.layers[il].n_ff_exp * sp.n_expert_shared
+    if n_ff == 0:  # build_ffn with no weights: silu(cur)
+        return unary(ctx0, cur, f"ffn_silu-{il}")
+    return c.build_ffn(cur, n_ff, il=il)
+
+
+def build_routed_and_shared(c: GraphContext, cur: Tensor, il: int, default_gating: int) -> Tensor:
+    """The MoE FFN of glm4moe and deepseek2 (graph and MTP): routed experts plus the shared expert."""
+    ctx0 = c.ctx0
+    routed = c.build_moe_ffn(cur, c.spec.layers[il], il, **c.moe_args_selected(il, default_gating))
+    return add(ctx0, routed, build_shared_expert(c, cur, il), f"ffn_out-{il}")
+
+
+def build_mtp(c: GraphContext, layer: Callable[..., Tensor], *, n_pos_per_embd: int = 1, k_only: bool = False,
+              gather_out: bool = True) -> None:
+    """The draft graph of an MTP context (LLM_GRAPH_TYPE_DECODER_MTP): one NextN block after the trunk.
+
+    The part graph_mtp of src/models/{qwen35,qwen35moe,qwen3next,glm4-moe,deepseek2}.cpp share: the
+    token embedding and the trunk's hidden state, normed, concatenated and projected (eh_proj), then
+    `layer(c, cur, inpSA, inp_pos, ai, out_ids, il)` (the family's NextN layer), the output norm and
+    the logits. Not a generator: the whole graph is one segment.
+    """
+    ctx0 = c.ctx0
+    sp = c.spec
+    n_tokens = c.n_tokens
+    il = sp.n_layer
+    tokens = inp(ctx0, I32, (n_tokens,), "inp_tokens")
+    tok = get_rows(ctx0, weight(ctx0, (c.n_embd, sp.n_vocab), "token_embd", host=True), tokens, "mtp_tok_embd")
+    h = inp(ctx0, F32, (c.n_embd, n_tokens), "mtp_h_input")
+    inp_pos = c.build_inp_pos(n_pos_per_embd)
+    out_ids = c.build_inp_out_ids()
+    layers = [x.index for x in sp.layers if x.index >= sp.n_layer]
+    if k_only:
+        ai = c._attn_k_inputs(layers)
+    else:
+        ai = c.build_attn_inp_kv(layers)
+    h_norm = c.build_norm(h, name=f"mtp_hnorm-{il}")
+    e_norm = c.build_norm(tok, name=f"mtp_enorm-{il}")
+    cur = concat(ctx0, e_norm, h_norm, 0, f"mtp_concat-{il}")
+    cur = mm(ctx0, c.n_embd, cur, f"mtp_eh_proj-{il}")
+    inpSA = cur
+    cur = c.build_norm(cur, name=f"mtp_attn_norm-{il}")
+    cur = layer(c, cur, inpSA, inp_pos, ai, out_ids, il)
+    h_out = c.build_norm(cur, name="result_norm")
+    cur = get_rows(ctx0, h_out, out_ids) if gather_out else h_out
+    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    c.finish(h_out, logits)
+
+
+def build_mtp_moe_tail(c: GraphContext, cur: Tensor, inpSA: Tensor, il: int, default_gating: int) -> Tensor:
+    """The NextN layer of glm4moe and deepseek2 after its attention: residual, norm, routed + shared experts."""
+    ctx0 = c.ctx0
+    ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
+    cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
+    cur = build_routed_and_shared(c, cur, il, default_gating)
+    return add(ctx0, cur, ffn_inp, f"l_out-{il}")

@@ -1,0 +1,90 @@
+"""The few GGUF facts beyond ModelSpec that change a graph's shape: hparams and tensor presence.
+
+What llama_model::load_hparams reads besides ModelSpec (f_attn_temp_scale, expert gating, MLA ranks,
+rope sections, softcapping ...) and which optional tensors load_tensors finds (biases, Q/K norms,
+shared experts ...), from a GGUF header, or the usual values of an architecture without one.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+
+class GraphDetails(BaseModel):
+    """Hparams and tensor presence that change llama.cpp's graph but are not in ModelSpec.
+
+    `graph_details(header)` reads them from a GGUF header; without one, `compute_buffers` uses
+    `fitter.llama.models.default_details(spec)`: the values of the released models of each architecture. The tensors
+    they add are small ([n_expert, n_tokens] router scratch, biases applied in place), so a wrong
+    default moves the prediction by well under a MiB in practice.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    layer_tensors: dict[str, frozenset[int]] = {}  # "attn_q.bias" -> layers that have blk.N.attn_q.bias.*
+    global_tensors: frozenset[str] = frozenset()  # "output.bias", "rope_freqs.weight", ...
+    final_logit_softcapping: float = 0.0
+    attn_temperature_scale: float = 0.0  # f_attn_temp_scale (mistral3, deepseek2): adds inp_attn_scale
+    expert_gating_func: int = 0  # LLAMA_EXPERT_GATING_FUNC_TYPE_*: 0 none (arch default), 1 softmax, 2 sigmoid, 3 softmax_weight
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    n_lora_q: int = 0
+    n_rot: int = 0
+    mrope: bool = False  # rope.dimension_sections present (glm4moe: ggml_rope_multi, 4 positions per token)
+    n_embd_per_layer: int = 0  # gemma4 per-layer embeddings (embedding_length_per_layer_input)
+    layer_types: dict[str, dict[int, int]] = {}  # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
+    global_types: dict[str, int] = {}  # "output" -> ggml type
+
+    def has(self, suffix: str, il: int | None = None) -> bool:
+        layers = self.layer_tensors.get(suffix)
+        if layers is None:
+            return False
+        return il is None or il in layers
+
+
+def graph_details(header) -> GraphDetails:
+    """GraphDetails from a fitter.gguf.reader.GGUFHeader."""
+    md = header.metadata
+    arch = md.get("general.architecture", "")
+
+    def key(k: str, default=0):
+        v = md.get(f"{arch}.{k}", default)
+        return default if v is None or isinstance(v, (list, dict)) else v
+
+    layer_tensors: dict[str, set[int]] = {}
+    layer_types: dict[str, dict[int, int]] = {}
+    global_types: dict[str, int] = {}
+    glob: set[str] = set()
+    for t in header.tensors:
+        name = t.name
+        if name.startswith("blk."):
+            _, il, rest = name.split(".", 2)
+            suffix = rest.rsplit(".", 1)[0] if rest.endswith((".weight", ".bias", ".scale")) else rest
+            kind = rest[len(suffix) + 1:] if rest != suffix else ""
+            full = f"{suffix}.{kind}" if kind == "bias" else suffix
+            layer_tensors.setdefault(full, set()).add(int(il))
+            if kind == "weight":
+                layer_types.setdefault(suffix, {})[int(il)] = int(t.ggml_type)
+        else:
+            glob.add(name)
+            global_types[name.rsplit(".", 1)[0]] = int(t.ggml_type)
+    return GraphDetails(
+        layer_tensors={k: frozenset(v) for k, v in layer_tensors.items()},
+        global_tensors=frozenset(glob),
+        final_logit_softcapping=float(key("final_logit_softcapping", 0.0) or 0.0),
+        attn_temperature_scale=float(key("attention.temperature_scale", 0.0) or 0.0),
+        expert_gating_func=int(key("expert_gating_func", 0) or 0),
+        expert_weights_norm=bool(key("expert_weights_norm", False)),
+        expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0),
+        n_expert_groups=int(key("expert_group_count", 0) or 0),
+        n_group_used=int(key("expert_group_used_count", 0) or 0),
+        n_lora_q=int(key("attention.q_lora_rank", 0) or 0),
+        n_rot=int(key("rope.dimension_count", 0) or 0),
+        mrope=f"{arch}.rope.dimension_sections" in md,
+        n_embd_per_layer=int(key("embedding_length_per_layer_input", 0) or 0) if "per_layer_token_embd.weight" in glob else 0,
+        layer_types=layer_types,
+        global_types=global_types,
+    )

@@ -1,0 +1,72 @@
+"""glm4moe: src/models/glm4-moe.cpp (graph and graph_mtp)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fitter.ggml.tensor import Tensor, add, get_rows, mm, rope
+from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
+from fitter.llama.hparams import ArchRules, ModelSpec
+
+
+# LLAMA_EXPERT_GATING_FUNC_TYPE without the key: sigmoid (glm4-moe.cpp load_arch_hparams)
+_GATING = 2
+ARCHS = {"glm4moe": ArchRules()}
+
+
+
+def _glm4moe_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il: int) -> Tensor:
+    """The attention block of glm4-moe.cpp's graph and its MTP layer (optional Q/K norms, NeoX RoPE)."""
+    ctx0 = c.ctx0
+    d = c.d
+    q, k, v = c.build_qkv(c.spec.layers[il], cur, bias=d.has("attn_q.bias", il))
+    if d.has("attn_q_norm", il):
+        q = c.build_norm(q, name=f"Qcur_normed-{il}")
+    if d.has("attn_k_norm", il):
+        k = c.build_norm(k, name=f"Kcur_normed-{il}")
+    q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
+    k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+    return c.build_attn(ai, q, k, v, il)
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    lt = {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every, "exp_probs_b.bias": moe_layers}
+    return lt, dict(expert_gating_func=2, expert_weights_norm=True, expert_weights_scale=2.5)
+
+
+def build_graph(c: GraphContext) -> Iterator:
+    """glm4moe: src/models/glm4-moe.cpp (leading dense layers, routed + shared experts)."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    d = c.d
+    inpL = c.build_inp_embd()
+    inp_pos = c.build_inp_pos(4 if d.mrope else 1)
+    ai = c.build_attn_inp_kv()
+    out_ids = c.build_inp_out_ids()
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
+    while il is not None:
+        l = sp.layers[il]
+        inpSA = inpL
+        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
+        cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
+        if il == sp.n_layer - 1:
+            cur = get_rows(ctx0, cur, out_ids)
+            inpSA = get_rows(ctx0, inpSA, out_ids)
+        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
+        cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
+        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
+        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+    cur = c.build_norm(inpL, name="result_norm")
+    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    c.finish(cur, logits)
+
+
+def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai: dict, out_ids: Tensor, il: int) -> Tensor:
+    cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
+    return build_mtp_moe_tail(c, cur, inpSA, il, _GATING)
+
+
+def build_graph_mtp(c: GraphContext) -> None:
+    """graph_mtp of src/models/glm4-moe.cpp."""
+    build_mtp(c, _mtp_layer, n_pos_per_embd=4 if c.d.mrope else 1)

@@ -1,0 +1,72 @@
+"""llama, mistral3, qwen2, qwen3, qwen3moe: src/models/{llama,mistral3,qwen2,qwen3,qwen3moe}.cpp."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fitter.ggml.tensor import add, get_rows, inp, mm, mul, rope
+from fitter.ggml.types import F32
+from fitter.llama.graph import GraphContext
+from fitter.llama.hparams import ArchRules, ModelSpec
+
+
+ARCHS = {"llama": ArchRules(), "mistral3": ArchRules(), "qwen2": ArchRules(), "qwen3": ArchRules(), "qwen3moe": ArchRules()}
+
+
+
+def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozenset[int]) -> tuple[dict, dict]:
+    """The GraphDetails of released models (layer tensors, keyword fields) without a header."""
+    arch = spec.architecture
+    lt: dict[str, frozenset[int]] = {}
+    kw: dict = {}
+    if arch == "qwen2":
+        lt |= {"attn_q.bias": every, "attn_k.bias": every, "attn_v.bias": every}
+    if arch in ("qwen3", "qwen3moe"):
+        lt |= {"attn_q_norm": every, "attn_k_norm": every}
+    if arch == "mistral3":
+        kw["attn_temperature_scale"] = 0.1
+    return lt, kw
+
+
+def build_graph(c: GraphContext) -> Iterator:
+    """llama, mistral3, qwen2, qwen3 (and their MoE FFN branch): src/models/{llama,mistral3,qwen2,qwen3}.cpp."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    arch = c.arch
+    inpL = c.build_inp_embd()
+    inp_pos = c.build_inp_pos()
+    attn_scale = inp(ctx0, F32, (1, 1, c.n_tokens), "inp_attn_scale") if c.d.attn_temperature_scale else None
+    ai = c.build_attn_inp_kv()
+    out_ids = c.build_inp_out_ids()
+    qk_norm = arch in ("qwen3", "qwen3moe")
+    bias = c.d.has("attn_q.bias")
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
+    while il is not None:
+        l = sp.layers[il]
+        inpSA = inpL
+        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
+        q, k, v = c.build_qkv(l, cur, bias=bias)
+        if qk_norm:
+            q = c.build_norm(q, name=f"Qcur_normed-{il}")
+            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
+            k = c.build_norm(k, name=f"Kcur_normed-{il}")
+            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        else:
+            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
+            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        if attn_scale is not None:
+            q = mul(ctx0, q, attn_scale, f"Qcur_scaled-{il}")
+        cur = c.build_attn(ai, q, k, v, il)
+        if il == sp.n_layer - 1:
+            cur = get_rows(ctx0, cur, out_ids)
+            inpSA = get_rows(ctx0, inpSA, out_ids)
+        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
+        cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
+        if sp.n_expert > 0 and l.n_ff_exp > 0:
+            cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
+        else:
+            cur = c.build_ffn(cur, l.n_ff, il=il)
+        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+    cur = c.build_norm(inpL, name="result_norm")
+    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    c.finish(cur, logits)

@@ -1,0 +1,47 @@
+"""phi3: src/models/phi3.cpp."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fitter.ggml.tensor import add, get_rows, mm, rope, scale
+from fitter.llama.graph import GraphContext
+from fitter.llama.hparams import ArchRules
+
+
+ARCHS = {"phi3": ArchRules()}  # llama_model_phi3: a sliding window in the file is ignored (SWA disabled)
+
+
+
+def build_graph(c: GraphContext) -> Iterator:
+    """phi3 (llama.cpp disables its sliding window): src/models/phi3.cpp."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    inpL = c.build_inp_embd()
+    inp_pos = c.build_inp_pos()
+    ai = c.build_attn_inp_kv()
+    out_ids = c.build_inp_out_ids()
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
+    while il is not None:
+        l = sp.layers[il]
+        residual = inpL
+        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
+        q, k, v = c.build_qkv(l, cur, fused=True)
+        q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
+        k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        q = scale(ctx0, q, f"Qcur_scaled-{il}")
+        cur = c.build_attn(ai, q, k, v, il)
+        if il == sp.n_layer - 1:
+            cur = get_rows(ctx0, cur, out_ids)
+            residual = get_rows(ctx0, residual, out_ids)
+        cur = add(ctx0, cur, residual, f"ffn_inp-{il}")
+        residual = cur
+        cur = c.build_norm(cur, name=f"ffn_norm-{il}")
+        if sp.n_expert > 0 and l.n_ff_exp > 0:
+            cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
+        else:
+            cur = c.build_ffn(cur, l.n_ff, gate=None, act="swiglu", up_rows=2 * l.n_ff, il=il)
+        il, inpL = yield add(ctx0, residual, cur, f"l_out-{il}")
+    cur = c.build_norm(inpL, name="result_norm")
+    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    c.finish(cur, logits)
