@@ -228,6 +228,8 @@ SUBPROCESS = [
     (("probe", M, "--kind", "poetry"), "--kind poetry"),
     (("report", "nosuchstudy"), "no study"),
     (("inspect", "{text}"), "{text}"),
+    (("calibrate", "no-such-model.gguf"), "no such file"),  # nothing left to close at exit (FileSource.__del__)
+    (("fit", "/proc", *B), "is a directory"),
 ]
 
 

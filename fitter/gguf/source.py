@@ -35,6 +35,7 @@ class FileSource:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.name = os.fspath(path)
+        self._fd = -1  # close() and __del__ see no descriptor until one is open
         try:
             self._fd = os.open(self.name, os.O_RDONLY)
         except FileNotFoundError:
@@ -47,7 +48,7 @@ class FileSource:
             raise SourceError(f"{self.name!r}: not a usable path ({e})") from None
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode):
-            os.close(self._fd)
+            self.close()
             if stat.S_ISDIR(st.st_mode):  # Linux opens a directory O_RDONLY without complaint
                 raise SourceError(f"{self.name}: is a directory, not a GGUF file")
             raise SourceError(f"{self.name}: not a regular file")
