@@ -365,7 +365,7 @@ def test_ctrl_c_stops_everything(runner, moe, gemma, request):
             "from fitter.config import RunConfig; from search.probe import run_probe; "
             "from search.workload import Workload\ntry:\n    " + call +
             "\nexcept KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parent.parent),
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parents[2]),
                          stdout=subprocess.PIPE, text=True)
     kids: list[int] = []
     deadline = time.time() + 30
