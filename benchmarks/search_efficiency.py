@@ -118,7 +118,7 @@ def main() -> None:
         status, meas, grid_s = saved["status"], saved["meas"], saved["grid_seconds"]
         print(f"grid and noise probes read from {cache} (measured {saved.get('when')})")
     else:
-        for i, (p, c, total) in enumerate(grid):
+        for i, (_p, c, total) in enumerate(grid):
             r = run_probe(model, c.config, d.workload, budget_bytes=BUDGET, threads=c.threads)
             k = c.key()
             status[k] = r.status
