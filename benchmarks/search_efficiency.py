@@ -40,7 +40,7 @@ from search.space import Candidate, SearchSpace  # noqa: E402
 from search.study import _Predictor, load_study, run_study  # noqa: E402
 
 MiB = 2**20
-BUDGET, MARGIN = 512 * MiB, 160 * MiB  # 352 MiB for the prediction; see tests/test_study.py for why the margin
+BUDGET, MARGIN = 512 * MiB, 160 * MiB  # 352 MiB for the prediction; see tests/search/test_study.py for why the margin
 
 STUDY = """
 name = "efficiency"

@@ -76,7 +76,7 @@ def test_inspect_agrees_with_llama_cpp(name: str) -> None:
     attn = [lay for lay in trunk if lay["kind"] != LayerKind.RECURRENT.value and lay["has_kv"]]
     assert sum(c.layers for c in run.report.kv_caches) == len(attn)
     # (the recurrent-state size line prints the model's layer count, not the recurrent layers: its
-    # bytes are checked in tests/test_memory_exact.py)
+    # bytes are checked in tests/llama/test_memory_exact.py)
     assert bool(run.report.recurrent) == any(lay["kind"] == LayerKind.RECURRENT.value for lay in trunk)
     assert ours["has_mtp"] == (hp.n_layer_all is not None and hp.n_layer_all > hp.n_layer)
 
