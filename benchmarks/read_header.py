@@ -177,13 +177,13 @@ def main() -> int:
     ok = True
     for label, path in files:
         h = read_header(path)  # warm the page cache
-        ours, ours_cpu = median_time(lambda: read_header(path), args.repeat)
-        ours_peak = peak_heap(lambda: read_header(path))
+        ours, ours_cpu = median_time(lambda path=path: read_header(path), args.repeat)
+        ours_peak = peak_heap(lambda path=path: read_header(path))
         if args.no_gguf_reader:
             theirs, theirs_peak, ratio = float("nan"), float("nan"), float("nan")
         else:
-            theirs, _ = median_time(lambda: gguf_reader_read(path), args.gguf_repeat)
-            theirs_peak = peak_heap(lambda: gguf_reader_read(path))
+            theirs, _ = median_time(lambda path=path: gguf_reader_read(path), args.gguf_repeat)
+            theirs_peak = peak_heap(lambda path=path: gguf_reader_read(path))
             ratio = theirs / ours
         print(f"{label:36} {fmt_bytes(h.header_size):>10} {len(h.tensors):7d} {fmt_time(ours):>11} {fmt_time(ours_cpu):>11} "
               f"{fmt_time(theirs) if theirs == theirs else '-':>11} {f'{ratio:.0f}x' if ratio == ratio else '-':>7} "

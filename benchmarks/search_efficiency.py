@@ -40,7 +40,7 @@ from search.space import Candidate, SearchSpace  # noqa: E402
 from search.study import _Predictor, load_study, run_study  # noqa: E402
 
 MiB = 2**20
-BUDGET, MARGIN = 512 * MiB, 160 * MiB  # 352 MiB for the prediction; see tests/test_study.py for why the margin
+BUDGET, MARGIN = 512 * MiB, 160 * MiB  # 352 MiB for the prediction; see tests/search/test_study.py for why the margin
 
 STUDY = """
 name = "efficiency"
@@ -118,7 +118,7 @@ def main() -> None:
         status, meas, grid_s = saved["status"], saved["meas"], saved["grid_seconds"]
         print(f"grid and noise probes read from {cache} (measured {saved.get('when')})")
     else:
-        for i, (p, c, total) in enumerate(grid):
+        for i, (_p, c, total) in enumerate(grid):
             r = run_probe(model, c.config, d.workload, budget_bytes=BUDGET, threads=c.threads)
             k = c.key()
             status[k] = r.status

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from typing import Iterator
+
 import pytest
+
+from tests.http_server import CountingServer
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +21,41 @@ def gemma() -> str:
         return resolve_model("gemma3-270m")
     except SourceError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def moe() -> str:
+    """A synthetic qwen3moe GGUF (tests/synth), small enough to decode on one thread."""
+    from tests.synth import build
+
+    return str(build("qwen3moe"))
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    """The pinned llama-server: $GGFIT_LLAMA_SERVER, or built once into ggfit's cache (search.build_server)."""
+    env = os.environ.get("GGFIT_LLAMA_SERVER")
+    if env:
+        return env
+    from search.build_server import BuildError, _usable, build_llama_server, server_binary
+
+    if os.environ.get("GGFIT_NO_SERVER_BUILD") and not _usable(server_binary()):
+        pytest.skip("GGFIT_NO_SERVER_BUILD is set and no cached llama-server exists (python -m search.build_server)")
+
+    try:
+        return str(build_llama_server(log=lambda m: print(m)))
+    except BuildError as e:
+        pytest.skip(f"cannot build llama-server: {e}")
+
+
+@pytest.fixture
+def server() -> Iterator[CountingServer]:
+    """A counting HTTP server on 127.0.0.1 (tests/http_server.py); tests put files in `server.files`."""
+    srv = CountingServer({})
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()

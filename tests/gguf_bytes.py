@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
 from fitter.gguf.reader import _SCALAR_FMT
 
 STRING = GGUFValueType.STRING

@@ -155,7 +155,7 @@ def phase_dry(out: Path, shapes: list[str], workers: int) -> None:
         return job, run, time.time() - t
 
     with ThreadPoolExecutor(workers) as pool:
-        for (shape, path, cfg, pred), run, wall in pool.map(one, jobs):
+        for (shape, _path, cfg, pred), run, wall in pool.map(one, jobs):
             measured = [r.model_dump() for r in run.breakdown or []]
             diff = compare(pred, measured)
             log.add({"shape": shape, "config": cfg.model_dump(exclude_defaults=True), "status": run.status,
@@ -243,7 +243,7 @@ def over_by(header, spec, target: int) -> tuple[RunConfig, int]:
             lo, hi = 256, spec.n_ctx_train
             base = RunConfig(n_ubatch=ub, n_batch=max(2048, ub), type_k=kv, type_v=kv, flash_attn="on")
 
-            def total(c: int) -> int:
+            def total(c: int, base: RunConfig = base) -> int:
                 return predict(header, spec, base.model_copy(update={"n_ctx": c}), Backend.CUDA,
                                Frontend.SERVER).total_device_bytes
 

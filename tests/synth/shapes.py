@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gguf import GGML_QUANT_SIZES
 
 from tests.synth.common import ONES_PATTERNS, WEIGHT_STD, _encode, build, ggml_type_of

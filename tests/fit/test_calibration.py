@@ -17,7 +17,7 @@ from fitter import calibration
 from fitter.build import LLAMA_CPP_COMMIT
 from fitter.calibration import Calibration, CalibrationError, Correction
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 

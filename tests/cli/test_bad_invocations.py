@@ -19,7 +19,7 @@ import pytest
 import cli
 from tests.gguf_bytes import minimal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M = "gemma3-270m"  # the bundled real model: a good file, so that the error is the option's
 B = ("--budget", "2GiB")
 

@@ -16,7 +16,7 @@ from fitter.llama.model import load_model_spec
 from fitter.solver import largest_context
 from tests.synth import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAC_BUDGET = 25559 * 2**20  # a 32 GB Mac's recommendedMaxWorkingSetSize
 
 

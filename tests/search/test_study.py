@@ -32,7 +32,7 @@ from search.study import (
 )
 from search.workload import Workload
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 # The test version of the named prefill study: a space where the budget below rules out large contexts with an f16

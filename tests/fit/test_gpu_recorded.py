@@ -22,7 +22,7 @@ from fitter.memory import predict
 from fitter.llama.model import load_model_spec
 from tests.synth.shapes import build_shape, q4_k_m_types
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 DRY = json.loads((RESULTS / "gpu-memory-h200.json").read_text())["rows"]
 LOAD = json.loads((RESULTS / "gpu-load-h200.json").read_text())["rows"]
 BUDGET = json.loads((RESULTS / "gpu-budget-h200.json").read_text())

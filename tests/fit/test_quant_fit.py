@@ -14,9 +14,9 @@ from fitter.llama.model import load_model_spec
 from fitter.quant_fit import best_fit, evaluate
 from fitter.quants import predict_quant
 from tests.synth.shapes import build_shape, q4_k_m_types
-from tests.test_reader_http import CountingServer, server  # noqa: F401  (the fixture)
+from tests.http_server import CountingServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAC = 25559 * 2**20
 MiB = 2**20
 

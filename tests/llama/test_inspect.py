@@ -19,7 +19,7 @@ GEMMA = "gemma3-270m"
 def inspect_json(model: str) -> dict:
     out = subprocess.run(
         [sys.executable, "cli.py", "inspect", model, "--json"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120,
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=120,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -76,14 +76,14 @@ def test_inspect_agrees_with_llama_cpp(name: str) -> None:
     attn = [lay for lay in trunk if lay["kind"] != LayerKind.RECURRENT.value and lay["has_kv"]]
     assert sum(c.layers for c in run.report.kv_caches) == len(attn)
     # (the recurrent-state size line prints the model's layer count, not the recurrent layers: its
-    # bytes are checked in tests/test_memory_exact.py)
+    # bytes are checked in tests/llama/test_memory_exact.py)
     assert bool(run.report.recurrent) == any(lay["kind"] == LayerKind.RECURRENT.value for lay in trunk)
     assert ours["has_mtp"] == (hp.n_layer_all is not None and hp.n_layer_all > hp.n_layer)
 
 
 def test_inspect_human_output_on_bundled_model() -> None:
     out = subprocess.run([sys.executable, "cli.py", "inspect", GEMMA], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[1], timeout=120)
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert out.returncode == 0, out.stderr
     assert "gemma3" in out.stdout
     assert "SSSSSFSSSSSFSSSSSF" in out.stdout  # llama.cpp's gemma3 pattern: every 6th layer full attention
@@ -101,7 +101,7 @@ def test_inspect_human_output_on_bundled_model() -> None:
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     out = subprocess.run([sys.executable, "cli.py", *args], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[1], timeout=60)
+                         cwd=Path(__file__).resolve().parents[2], timeout=60)
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr

@@ -17,7 +17,7 @@ from fitter.config import Backend, ConfigError, Frontend, RunConfig, resolve_con
 from fitter.llama_run import LlamaParams, measure
 from fitter.llama.model import load_model_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ggfit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

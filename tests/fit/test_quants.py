@@ -322,7 +322,7 @@ def test_quants_best_fit_is_not_f32(gemma: str) -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     args = [sys.executable, "cli.py", "quants", "gemma3-270m", "--budget", "64GiB", "--backend", "cpu", "-c", "4096"]
     out = subprocess.run([*args, "--json"], capture_output=True, text=True, cwd=root, timeout=300)
     assert out.returncode == 0, out.stderr

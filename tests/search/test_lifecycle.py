@@ -8,7 +8,7 @@
   wait does not count against its --timeout.
 - A probe reports its stages (load, prefill, decode) while its child runs, not after.
 
-The server-runner cases need the pinned llama-server (the `llama_server` fixture of tests/test_probe.py builds it, or
+The server-runner cases need the pinned llama-server (the `llama_server` fixture of tests/conftest.py builds it, or
 skips under GGFIT_NO_SERVER_BUILD=1 when it is not cached).
 """
 
@@ -30,11 +30,10 @@ from fitter.progress import Progress
 from search.probe import LOCK_WAIT_STAGE, run_probe
 from search.workload import Workload
 from tests.procs import group_alive
-from tests.test_probe import llama_server, moe  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ONE = Workload(prompt_tokens=16, gen_tokens=4, repeats=1, warmup=0)
 LINGER_S = 2.0  # what the issue allows a child after ggfit is gone
 

@@ -34,33 +34,10 @@ from tests.procs import group_alive as _group_alive  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def moe() -> str:
-    from tests.synth import build
-
-    return str(build("qwen3moe"))
-
-
-@pytest.fixture(scope="session")
 def dense_bpe() -> str:
     from tests.synth import build
 
     return str(build("qwen3"))  # same synthetic GPT-2 style vocabulary as qwen3moe, not Gemma's
-
-
-@pytest.fixture(scope="session")
-def llama_server() -> str:
-    env = os.environ.get("GGFIT_LLAMA_SERVER")
-    if env:
-        return env
-    from search.build_server import BuildError, _usable, build_llama_server, server_binary
-
-    if os.environ.get("GGFIT_NO_SERVER_BUILD") and not _usable(server_binary()):
-        pytest.skip("GGFIT_NO_SERVER_BUILD is set and no cached llama-server exists (python -m search.build_server)")
-
-    try:
-        return str(build_llama_server(log=lambda m: print(m)))
-    except BuildError as e:
-        pytest.skip(f"cannot build llama-server: {e}")
 
 
 # --- workloads and argument parsing (no llama.cpp) ---------------------------------------------------------
@@ -365,7 +342,7 @@ def test_ctrl_c_stops_everything(runner, moe, gemma, request):
             "from fitter.config import RunConfig; from search.probe import run_probe; "
             "from search.workload import Workload\ntry:\n    " + call +
             "\nexcept KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parent.parent),
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parents[2]),
                          stdout=subprocess.PIPE, text=True)
     kids: list[int] = []
     deadline = time.time() + 30

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
