@@ -32,8 +32,10 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from search.space import StudyError
-from search.study import (DIRECTIONS, MiB, _fmt, _info, _redact, count_trials, default_storage_url, model_misses,
-                          open_storage, pick_best, PickDef)
+from fitter.budget import MiB
+from search.study.define import DIRECTIONS, PickDef
+from search.study.results import _fmt, _info, count_trials, model_misses, pick_best
+from search.study.storage import _redact, default_storage_url, open_storage
 
 # one colour per status, no two alike (a colour-blind-safe base: Okabe-Ito, then greys for the unprobed)
 STATUS_COLOURS = {"ok": "#009e73", "oom": "#d55e00", "crash": "#cc79a7", "timeout": "#e69f00", "error": "#f0e442",

@@ -28,7 +28,7 @@ from fitter.errors import GGFitError
 from fitter.progress import Progress
 from search.space import SearchSpace, SpaceDef, StudyError
 from search.study import (
-    LengthDistribution, PromptLengths, _Predictor, load_study, named_studies, run_study, study_name,
+    LengthDistribution, PromptLengths, Predictor, load_study, named_studies, run_study, study_name,
 )
 from search.workload import Workload
 
@@ -237,7 +237,7 @@ def test_prefill_study_gemma(tmp_path, gemma):
     lines: list[str] = []
 
     # the budget really rules out part of the space (before any probe)
-    pred = _Predictor(Backend.CPU, Frontend.SERVER)
+    pred = Predictor(Backend.CPU, Frontend.SERVER)
     sp = SearchSpace(d.space, models=[gemma], n_ctx_train=32768, ctx_need=72)
     over = []
     for p in sp.grid():
@@ -553,7 +553,7 @@ def test_trials_goal_counts_probes_running_in_other_workers(tmp_path, gemma):
     trial is not probed (it says so) and the study stops, instead of overshooting to N + 1."""
     import optuna
 
-    from search.study import _worker
+    from search.study.storage import _worker
 
     d = load_study(_write(tmp_path, TINY_RESUME))
     url = f"sqlite:///{tmp_path / 'goal.db'}"
