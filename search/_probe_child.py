@@ -1,7 +1,7 @@
 """Child process of `search.probe` (python runner): load, prefill a real prompt, decode N tokens, exit.
 
 Run as `python -m search._probe_child` with the JSON request on stdin. Only the standard library,
-llama_cpp and the child helpers of `fitter._llama_child` (standard library only) are imported, so a
+llama_cpp and the child helpers of `fitter.oracle._llama_child` (standard library only) are imported, so a
 native abort, a segfault or an allocation failure kills nothing but this process.
 
 Protocol
@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any
 
-from fitter._llama_child import _DEBUG, _INFO, _apply, _build_info, _emit, _ggml_base, _ggml_type_name, _Log
+from fitter.oracle._llama_child import _DEBUG, _INFO, _apply, _build_info, _emit, _ggml_base, _ggml_type_name, _Log
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5

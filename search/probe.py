@@ -74,10 +74,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.config import RunConfig
+from fitter.llama.cparams import RunConfig
 from fitter.errors import GGFitError
-from fitter.llama_log import parse_log
-from fitter.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort, sigterm_cleanup
+from fitter.oracle.llama_log import parse_log
+from fitter.oracle.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort, sigterm_cleanup
 from fitter.progress import Progress
 from search.server import (
     BUDGET_ENV, HTTPFailure, LlamaServer, Proc, find_llama_server, free_port, parse_build,
@@ -898,7 +898,7 @@ def parse_server_args(args: list[str]) -> tuple[RunConfig, dict[str, Any], list[
             fields[field] = v
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from fitter.config import config_error  # noqa: PLC0415
+    from fitter.llama.cparams import config_error  # noqa: PLC0415
 
     if opts.get("threads") is not None and opts["threads"] < 1:
         raise ProbeError(f"-t {opts['threads']}: use 1 or more threads")
@@ -927,7 +927,7 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
 
     Exit code 0 for ok, 1 for any other status (the text says which), 2 is left to GGFitError (bad input).
     """
-    from fitter.budget import parse_size  # noqa: PLC0415
+    from fitter.fit.budget import parse_size  # noqa: PLC0415
     from fitter.bundled import resolve_model  # noqa: PLC0415
     from fitter.gguf.reader import read_header  # noqa: PLC0415
 

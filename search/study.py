@@ -5,7 +5,7 @@
 
 The study is plain Optuna: an RDB storage, a TPE sampler, an objective. What ggfit adds is inside the objective:
 
-1. The trial's parameters (search/space.py) become a `RunConfig`; `fitter.memory.predict` sizes it. A config llama.cpp
+1. The trial's parameters (search/space.py) become a `RunConfig`; `fitter.fit.memory.predict` sizes it. A config llama.cpp
    would refuse (a quantized V cache without flash attention ...) is labelled ``invalid``; one predicted over the
    budget minus the margin is labelled ``skipped``. Neither is probed.
 2. A config that fits is probed (`search.probe.run_probe`, in its own process, under the budget where the OS can
@@ -70,8 +70,8 @@ from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fitter.budget import MiB, Budget, available_bytes, parse_budget, parse_margin
-from fitter.config import Backend, ConfigError, Frontend, RunConfig
+from fitter.fit.budget import MiB, Budget, available_bytes, parse_budget, parse_margin
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.progress import Progress
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, Spread, run_probe
 from search.space import Candidate, SearchSpace, SpaceDef, StudyError
@@ -756,7 +756,7 @@ class _Predictor:
         return self._specs[path]
 
     def predict(self, cand: Candidate):
-        from fitter.memory import predict
+        from fitter.fit.memory import predict
 
         header, spec = self.spec(cand.model_path)
         draft = self.spec(cand.config.draft_model) if cand.config.spec_type == "draft-simple" else None
@@ -1283,10 +1283,10 @@ def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurem
 
 def same_run(a: Candidate, b: Candidate, spec, frontend: Frontend = Frontend.SERVER) -> bool:
     """Whether two candidates are the same llama.cpp run: the context llama.cpp builds (llama_context's cparams after
-    llama-server's defaults, as `fitter.config.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
+    llama-server's defaults, as `fitter.llama.cparams.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
     = on ...), the model side (-ngl, mmap, repack), the thread count run_probe passes (-t, default os.cpu_count())
     and the drafter."""
-    from fitter.config import resolve_context
+    from fitter.llama.cparams import resolve_context
 
     threads = os.cpu_count() or 1  # run_probe's default
 

@@ -10,7 +10,7 @@ import fitter
 def test_every_public_name_resolves():
     for name in fitter.__all__:
         assert getattr(fitter, name) is not None, name
-    assert isinstance(fitter.calibration, types.ModuleType)
+    assert isinstance(fitter.fit.calibration, types.ModuleType)
     from fitter import RunConfig, predict  # noqa: F401
 
 
