@@ -15,8 +15,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # errors, build, bundled models, progress
     "GGFitError": ("fitter.errors", "GGFitError"),
     "LLAMA_CPP_COMMIT": ("fitter.build", "LLAMA_CPP_COMMIT"),
-    "PINNED_COMMIT": ("fitter.oracle.llama_run", "PINNED_COMMIT"),
-    "PINNED_LLAMA_CPP_PYTHON": ("fitter.oracle.llama_run", "PINNED_LLAMA_CPP_PYTHON"),
+    "PINNED_COMMIT": ("fitter.build", "PINNED_COMMIT"),
+    "PINNED_LLAMA_CPP_PYTHON": ("fitter.build", "PINNED_LLAMA_CPP_PYTHON"),
     "build_label": ("fitter.build", "build_label"),
     "resolve_model": ("fitter.bundled", "resolve_model"),
     "Progress": ("fitter.progress", "Progress"),
@@ -101,7 +101,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.oracle._llama_child import _apply as apply_fields, _build_info as build_info, _emit as emit_event
     from fitter.oracle._llama_child import _ggml_base as load_ggml_base, _ggml_type_name as lib_type_name
     from fitter.fit.budget import MiB, Budget, available_bytes, parse_budget, parse_margin, parse_size
-    from fitter.build import LLAMA_CPP_COMMIT, build_label
+    from fitter.build import LLAMA_CPP_COMMIT, PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, build_label
     from fitter.bundled import resolve_model
     from fitter.oracle.check import dry_run_check
     from fitter.llama.cparams import KV_CACHE_TYPES, Backend, ConfigError, Frontend, RunConfig, config_error, resolve_context
@@ -110,7 +110,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
     from fitter.oracle.llama_log import parse_log
-    from fitter.oracle.llama_run import FLASH_ATTN, GGML_TYPES, PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, LlamaBuild
+    from fitter.oracle.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild
     from fitter.oracle.llama_run import _REPO_ROOT as REPO_ROOT, _check_model_path as check_model_path
     from fitter.oracle.llama_run import _child_env as child_env, _short_abort as short_abort
     from fitter.oracle.llama_run import child_events, child_preexec, signal_name, sigterm_cleanup, watchdog_for

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from fitter.errors import GGFitError
-from fitter.oracle.llama_run import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON
+from fitter.build import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON
 
 SDIST = f"llama_cpp_python-{PINNED_LLAMA_CPP_PYTHON}"
 KNOWN_UNPACKED = (Path("/tmp/lcp") / SDIST,)

@@ -49,11 +49,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fitter.build import PINNED_COMMIT
 from fitter.errors import GGFitError, SourceError
 from fitter.oracle.llama_log import LlamaReport, parse_log
 
-PINNED_COMMIT = "0c1e57098bba"  # llama.cpp vendored by llama-cpp-python 0.3.36
-PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 
 # enum ggml_type (ggml/include/ggml.h of the pinned build), spelled as ggml_type_name() prints them
 GGML_TYPES: dict[str, int] = {
@@ -66,7 +65,6 @@ GGML_TYPES: dict[str, int] = {
 _GGML_TYPES_LOWER = {k.lower(): k for k in GGML_TYPES}
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
-LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # llama_load_mode_from_str
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 
 Status = Literal["ok", "error", "crash", "timeout"]
