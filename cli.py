@@ -155,7 +155,7 @@ def _detect_backend() -> str:
 
 def _backend(name: str | None):
     """--backend, or this machine's own when not given."""
-    from fitter.config import Backend, ConfigError
+    from fitter.llama.cparams import Backend, ConfigError
 
     try:
         return Backend(name or _detect_backend())
@@ -164,7 +164,7 @@ def _backend(name: str | None):
 
 
 def _frontend(name: str):
-    from fitter.config import ConfigError, Frontend
+    from fitter.llama.cparams import ConfigError, Frontend
 
     try:
         return Frontend(name)
@@ -176,7 +176,7 @@ def _run_config(**fields):
     """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
     from pydantic import ValidationError
 
-    from fitter.config import RunConfig, config_error
+    from fitter.llama.cparams import RunConfig, config_error
 
     try:
         return RunConfig(**fields)
@@ -253,13 +253,13 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-    from fitter.budget import available_bytes, parse_budget, parse_margin
+    from fitter.fit.budget import available_bytes, parse_budget, parse_margin
     from fitter.build import build_label
     from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
-    from fitter.memory import predict
+    from fitter.llama.cparams import ConfigError
+    from fitter.fit.memory import predict
     from fitter.llama.model import load_model_spec
-    from fitter.solver import prediction_for, recommend, solve
+    from fitter.fit.solver import prediction_for, recommend, solve
 
     be, fe = _backend(backend), _frontend(frontend)
     if flash_attn not in ("on", "off", "auto"):
@@ -304,7 +304,7 @@ def fit(
 
     measured = None
     if check:
-        from fitter.check import dry_run_check
+        from fitter.oracle.check import dry_run_check
 
         measured = dry_run_check(path, pred, cfg)
 
@@ -391,8 +391,8 @@ def _print_solutions(solutions) -> None:
 
 
 def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
-    from fitter.config import ConfigError
-    from fitter.solver import largest_context
+    from fitter.llama.cparams import ConfigError
+    from fitter.fit.solver import largest_context
 
     available = budget_bytes - margin_bytes
     cp = pred.context
@@ -464,10 +464,10 @@ def quants(
     as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
-    from fitter.budget import available_bytes, parse_budget, parse_margin
+    from fitter.fit.budget import available_bytes, parse_budget, parse_margin
     from fitter.bundled import resolve_model
     from fitter.llama.model import load_model_spec
-    from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
+    from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
@@ -479,7 +479,7 @@ def quants(
     header, spec = load_model_spec(resolve_model(model))
     draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
     if n_ctx:
-        from fitter.config import resolve_context
+        from fitter.llama.cparams import resolve_context
 
         _warn_ctx_train(resolve_context(spec, cfg, fe), spec)
     cands = evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
@@ -527,7 +527,7 @@ def optimise(
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
+    from fitter.llama.cparams import ConfigError
     from fitter.progress import Progress
     from search.study import StudyInterrupted, run_study
 
@@ -573,9 +573,9 @@ def calibrate(
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them."""
-    from fitter import calibration
+    from fitter import calibrate, calibration
     from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
+    from fitter.llama.cparams import ConfigError
     from fitter.progress import Progress
 
     if list_ or clear:
@@ -591,7 +591,7 @@ def calibrate(
     be = _backend(backend)
     path = resolve_model(model)
     with Progress("calibrate", json_output=as_json) as progress:
-        cal, rows = calibration.calibrate(path, be, progress=progress)
+        cal, rows = calibrate(path, be, progress=progress)
     where = calibration.save(cal)
     if as_json:
         print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,
@@ -623,7 +623,7 @@ def _calibration_lines(cal) -> list[str]:
 
 
 def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
-    from fitter.config import ConfigError
+    from fitter.llama.cparams import ConfigError
 
     if model is not None:
         raise ConfigError(f"--list takes no MODEL (got {model})")
@@ -680,7 +680,7 @@ def probe(
     as_json: AsJson = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
-    from fitter.config import ConfigError
+    from fitter.llama.cparams import ConfigError
     from search.probe import probe_cli
     from search.workload import Workload
 

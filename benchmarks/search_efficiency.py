@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.bundled import resolve_model  # noqa: E402
-from fitter.config import Backend, ConfigError, Frontend  # noqa: E402
+from fitter.llama.cparams import Backend, ConfigError, Frontend  # noqa: E402
 from search.probe import ProbeResult, run_probe  # noqa: E402
 from search.space import Candidate, SearchSpace  # noqa: E402
 from search.study import Predictor, load_study, run_study  # noqa: E402

@@ -1,7 +1,7 @@
 """Child process of `search.probe` (python runner): load, prefill a real prompt, decode N tokens, exit.
 
 Run as `python -m search._probe_child` with the JSON request on stdin. Only the standard library,
-llama_cpp and the child helpers of `fitter._llama_child` (standard library only) are imported, so a
+llama_cpp and the child helpers of `fitter.oracle._llama_child` (standard library only) are imported, so a
 native abort, a segfault or an allocation failure kills nothing but this process.
 
 Protocol
@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any
 
-from fitter._llama_child import _DEBUG, _INFO, _apply, _build_info, _emit, _ggml_base, _ggml_type_name, _Log
+from fitter import GGML_LOG_DEBUG, GGML_LOG_INFO, apply_fields, build_info, ChildLog, emit_event, lib_type_name, load_ggml_base
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
@@ -87,7 +87,7 @@ def _stage_hooks(req: dict[str, Any], ggml: ctypes.CDLL | None):
 
     def hook(stage: str) -> None:
         if test.get("hang") == stage:
-            _emit({"event": "hang", "stage": stage})
+            emit_event({"event": "hang", "stage": stage})
             while True:
                 time.sleep(3600)
         if test.get("abort") == stage and ggml is not None:
@@ -256,20 +256,20 @@ def _top_p(l: Any, ctx: Any, idx: int, n_vocab: int, k: int = 10) -> tuple[int, 
 def main() -> int:
     raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
     req = json.loads(raw)
-    _emit({"event": "start", "pid": os.getpid()})
+    emit_event({"event": "start", "pid": os.getpid()})
     t_start = time.perf_counter()
 
     import llama_cpp as l  # noqa: PLC0415
 
-    log = _Log(_DEBUG if req.get("log_level", "info") == "debug" else _INFO)
+    log = ChildLog(GGML_LOG_DEBUG if req.get("log_level", "info") == "debug" else GGML_LOG_INFO)
     cb = l.llama_log_callback(log)
     l.llama_log_set(cb, ctypes.c_void_p(0))
-    ggml = _ggml_base(l)
-    _emit({"event": "build", **_build_info(l, ggml), "gpu_offload": bool(l.llama_supports_gpu_offload())})
+    ggml = load_ggml_base(l)
+    emit_event({"event": "build", **build_info(l, ggml), "gpu_offload": bool(l.llama_supports_gpu_offload())})
     hook = _stage_hooks(req, ggml)
 
     def done(status: str, message: str | None = None, **extra: Any) -> int:
-        _emit({"event": "done", "status": status, "message": message, "errors": log.errors,
+        emit_event({"event": "done", "status": status, "message": message, "errors": log.errors,
                "warnings": log.warnings, "proc": _proc_status(), **extra})
         return 0
 
@@ -279,13 +279,13 @@ def main() -> int:
     if budget is not None:
         st = _proc_status()
         if l.llama_supports_gpu_offload():
-            _emit({"event": "limit", "enforced": False, "reason": "GPU build: RLIMIT_AS would break the GPU driver"})
+            emit_event({"event": "limit", "enforced": False, "reason": "GPU build: RLIMIT_AS would break the GPU driver"})
         elif "VmSize" not in st:
-            _emit({"event": "limit", "enforced": False, "reason": "no /proc/self/status (not Linux)"})
+            emit_event({"event": "limit", "enforced": False, "reason": "no /proc/self/status (not Linux)"})
         else:
             limit = st["VmSize"] + int(budget)
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-            _emit({"event": "limit", "enforced": True, "baseline": st["VmSize"], "limit": limit, "budget": int(budget)})
+            emit_event({"event": "limit", "enforced": True, "baseline": st["VmSize"], "limit": limit, "budget": int(budget)})
 
     def model_params(fields: dict[str, Any]) -> Any:
         mp = l.llama_model_default_params()
@@ -293,7 +293,7 @@ def main() -> int:
         lm = fields.pop("load_mode", None)
         if lm is not None:
             mp.load_mode = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}[lm]
-        _apply(mp, fields)
+        apply_fields(mp, fields)
         return mp
 
     def context_params(fields: dict[str, Any]) -> Any | str:
@@ -302,11 +302,11 @@ def main() -> int:
         for key in ("type_k", "type_v"):
             if key in fields:
                 name, type_id = fields[key]
-                have = _ggml_type_name(ggml, type_id)
+                have = lib_type_name(ggml, type_id)
                 if have is not None and have.lower() != name.lower():
                     return f"ggml type id {type_id} is {have!r} in this build, not {name!r}"
                 fields[key] = type_id
-        _apply(cp, fields)
+        apply_fields(cp, fields)
         cp.no_perf = False  # llama_perf_context needs the counters
         return cp
 
@@ -319,7 +319,7 @@ def main() -> int:
         return done("error", log.errors[0] if log.errors else "llama_model_load_from_file returned NULL", timings=timings)
     vocab = l.llama_model_get_vocab(model)
     n_vocab = l.llama_vocab_n_tokens(vocab)
-    _emit({"event": "model", "size": l.llama_model_size(model), "n_params": l.llama_model_n_params(model),
+    emit_event({"event": "model", "size": l.llama_model_size(model), "n_params": l.llama_model_n_params(model),
            "n_vocab": n_vocab, "n_ctx_train": l.llama_model_n_ctx_train(model)})
 
     cp = context_params(req.get("context", {}))
@@ -333,11 +333,11 @@ def main() -> int:
         return done("error", log.errors[0] if log.errors else "llama_init_from_model returned NULL", timings=timings)
     pool = _attach_threadpool(l, ctx, int(req.get("context", {}).get("n_threads") or os.cpu_count() or 1))
     if isinstance(pool, str):
-        _emit({"event": "threadpool", "attached": False, "reason": pool})
+        emit_event({"event": "threadpool", "attached": False, "reason": pool})
         pool = None
     n_ctx = l.llama_n_ctx(ctx)
     n_batch = l.llama_n_batch(ctx)
-    _emit({"event": "context", "n_ctx": n_ctx, "n_ctx_seq": l.llama_n_ctx_seq(ctx), "n_batch": n_batch,
+    emit_event({"event": "context", "n_ctx": n_ctx, "n_ctx_seq": l.llama_n_ctx_seq(ctx), "n_batch": n_batch,
            "n_ubatch": l.llama_n_ubatch(ctx), "n_seq_max": l.llama_n_seq_max(ctx)})
 
     # --- speculative decoding: an external draft model, draft-then-verify (greedy) -------------------------
@@ -368,7 +368,7 @@ def main() -> int:
             # as llama-server: common_speculative_init throws, the draft context and model are freed
             speculation = "off"
             spec_message = f"{reason}; the target and draft vocabs are not compatible (speculation off)"
-            _emit({"event": "draft", "speculation": "off", "message": spec_message})
+            emit_event({"event": "draft", "speculation": "off", "message": spec_message})
             l.llama_free(dctx)
             l.llama_model_free(dmodel)
             dctx = dmodel = None
@@ -379,13 +379,13 @@ def main() -> int:
             if tgt_rm == "no":
                 speculation = "off"
                 spec_message = "speculative decoding not supported by this context"
-                _emit({"event": "draft", "speculation": "off", "message": spec_message})
+                emit_event({"event": "draft", "speculation": "off", "message": spec_message})
                 l.llama_free(dctx)
                 l.llama_model_free(dmodel)
                 dctx = dmodel = None
             else:
                 speculation = "on"
-                _emit({"event": "draft", "speculation": "on", "seq_rm": {"target": tgt_rm, "draft": dft_rm},
+                emit_event({"event": "draft", "speculation": "on", "seq_rm": {"target": tgt_rm, "draft": dft_rm},
                        "n_vocab": l.llama_vocab_n_tokens(l.llama_model_get_vocab(dmodel))})
 
     hook("prompt")
@@ -433,7 +433,7 @@ def main() -> int:
             return done("error", f"prompt {i} gave only {len(toks)} tokens, {n_prompt} wanted", timings=timings)
 
         # prefill
-        _emit({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
+        emit_event({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
         p0 = perf.snap()
         t0 = time.perf_counter()
         err = prefill(ctx, batch, toks)
@@ -449,7 +449,7 @@ def main() -> int:
                                "prefill_n": pre["n_p_eval"] + pre["n_eval"]}
         if i == 0:
             hook("decode")
-        _emit({"event": "phase", "index": i, "phase": "decode", "tokens": n_gen})
+        emit_event({"event": "phase", "index": i, "phase": "decode", "tokens": n_gen})
         generated = [tok]
         n_past = len(toks)
         t1 = time.perf_counter()
@@ -460,7 +460,7 @@ def main() -> int:
             now = time.perf_counter()
             if now >= next_tick:
                 next_tick = now + 1.0
-                _emit({"event": "decoded", "index": i, "generated": len(generated), "tokens": n_gen})
+                emit_event({"event": "decoded", "index": i, "generated": len(generated), "tokens": n_gen})
 
         if speculation != "on":
             while len(generated) < n_gen:
@@ -559,7 +559,7 @@ def main() -> int:
                        draft_ms=ddec["t_p_eval_ms"] + ddec["t_eval_ms"], draft_n=n_drafted, draft_n_accepted=n_accepted)
         run["decode_wall_ms"] = (time.perf_counter() - t1) * 1e3
         run["generated_tokens"] = len(generated)
-        _emit({"event": "run", "index": i, **run})
+        emit_event({"event": "run", "index": i, **run})
         runs.append(run)
 
     hook("free")

@@ -64,9 +64,9 @@ import os
 import re
 from typing import Any, Literal
 
-from fitter.config import RunConfig
-from fitter.llama_run import _check_model_path, sigterm_cleanup
-from fitter.progress import Progress
+from fitter import RunConfig
+from fitter import check_model_path, sigterm_cleanup
+from fitter import Progress
 from search.probe_lock import LOCK_WAIT_STAGE, host_probe_lock
 from search.probe_result import (DEFAULT_TIMEOUT, ProbeError, ProbeResult, Runner, RunSample, Spread, Status,
                                  oom_lines)
@@ -123,7 +123,7 @@ def run_probe(
         raise ProbeError(f"timeout must be positive, not {timeout}")
     if budget_bytes is not None and budget_bytes <= 0:
         raise ProbeError(f"budget must be positive, not {budget_bytes}")
-    path = _check_model_path(model_path)
+    path = check_model_path(model_path)
     threads = threads or os.cpu_count() or 1
     extra_bufts = use_extra_bufts or not config.no_repack
     if runner == "python":
@@ -246,7 +246,7 @@ def parse_server_args(args: list[str]) -> tuple[RunConfig, dict[str, Any], list[
             fields[field] = v
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from fitter.config import config_error  # noqa: PLC0415
+    from fitter import config_error  # noqa: PLC0415
 
     if opts.get("threads") is not None and opts["threads"] < 1:
         raise ProbeError(f"-t {opts['threads']}: use 1 or more threads")
@@ -275,9 +275,9 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
 
     Exit code 0 for ok, 1 for any other status (the text says which), 2 is left to GGFitError (bad input).
     """
-    from fitter.budget import parse_size  # noqa: PLC0415
-    from fitter.bundled import resolve_model  # noqa: PLC0415
-    from fitter.gguf.reader import read_header  # noqa: PLC0415
+    from fitter import parse_size  # noqa: PLC0415
+    from fitter import resolve_model  # noqa: PLC0415
+    from fitter import read_header  # noqa: PLC0415
 
     config, opts, unknown = parse_server_args(server_args)
     if unknown and runner == "python":

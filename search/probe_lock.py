@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fitter.progress import Progress
+from fitter import Progress
 
 # --- one probe at a time per host -------------------------------------------------------------------------
 

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.config import RunConfig
-from fitter.errors import GGFitError
-from fitter.llama_log import parse_log
-from fitter.llama_run import LlamaBuild, _short_abort
+from fitter import RunConfig
+from fitter import GGFitError
+from fitter import parse_log
+from fitter import LlamaBuild, short_abort
 from search.workload import Workload
 
 Status = Literal["ok", "oom", "crash", "timeout", "error"]
@@ -58,7 +58,7 @@ def _abort_lines(log: str) -> list[str]:
     rep = parse_log(log)
     out = []
     if rep.abort:
-        out.append(_short_abort(rep.abort))
+        out.append(short_abort(rep.abort))
     for ln in log.splitlines():
         s = ln.strip()
         if s.startswith("terminate called") or s.startswith("what():") or "Illegal instruction" in s:
@@ -197,8 +197,8 @@ def _classify_death(res: ProbeResult, log: str, errors: list[str] | None = None)
     oom = oom_lines(log)
     aborts = _abort_lines(log)
     if oom:
-        res.status, res.message = "oom", f"{res.signal}: {_short_abort(oom[0])}"
-        res.evidence = list(dict.fromkeys(_short_abort(x) for x in oom + aborts))
+        res.status, res.message = "oom", f"{res.signal}: {short_abort(oom[0])}"
+        res.evidence = list(dict.fromkeys(short_abort(x) for x in oom + aborts))
     elif res.signal == "SIGKILL":
         res.status = "oom"
         res.message = "SIGKILL that ggfit did not send: most likely the kernel's out-of-memory killer"

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from search.space import StudyError
-from fitter.budget import MiB
+from fitter import MiB
 from search.study.define import DIRECTIONS, PickDef
 from search.study.results import _fmt, _info, count_trials, model_misses, pick_best
 from search.study.storage import _redact, default_storage_url, open_storage

@@ -10,10 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter.config import RunConfig
-from fitter.llama_run import (FLASH_ATTN, GGML_TYPES, _REPO_ROOT, LlamaBuild, _check_model_path, _child_env,
-                              child_events, signal_name)
-from fitter.progress import Progress
+from fitter import RunConfig
+from fitter import FLASH_ATTN, GGML_TYPES, REPO_ROOT, check_model_path, child_env, child_events, LlamaBuild, signal_name
+from fitter import Progress
 from search.probe_result import (SPEC_DEFAULT_N_MIN, SPEC_DEFAULT_P_MIN, ProbeError, ProbeResult, RunSample,
                                  _classify_death, _finish, _prompt_label, _rates, oom_lines)
 from search.server import BUDGET_ENV, Proc
@@ -74,7 +73,7 @@ def _speculation(config: RunConfig, model: dict[str, Any], context: dict[str, An
                 n_outputs_max=context["n_seq_max"], n_outputs_max_per_seq=1, n_rs_seq=0, embeddings=False)
     return {
         "type": config.spec_type,
-        "draft_model": _check_model_path(config.draft_model) if config.draft_model else None,
+        "draft_model": check_model_path(config.draft_model) if config.draft_model else None,
         "draft_model_params": dict(model, n_gpu_layers=-1, load_mtp=False),
         "draft_context": dctx,
         "n_max": config.draft_n_max,
@@ -88,7 +87,7 @@ def _run_child(cmd: list[str], request: dict[str, Any], *, budget: bool, timeout
     """Run the child to its end (or kill it at the timeout); nothing of its process group survives. (proc, timed out)"""
     if progress is not None:
         progress.stage("starting the child")
-    proc = Proc(cmd, env=_child_env(BUDGET_ENV if budget else None), cwd=_REPO_ROOT,
+    proc = Proc(cmd, env=child_env(BUDGET_ENV if budget else None), cwd=REPO_ROOT,
                 stdin=json.dumps(request).encode(),
                 on_stdout_line=_child_progress(progress, workload) if progress is not None else None)
     timed_out = False

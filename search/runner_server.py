@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter.config import RunConfig
-from fitter.llama_run import LlamaBuild, _check_model_path, signal_name
-from fitter.progress import Progress
+from fitter import RunConfig
+from fitter import check_model_path, LlamaBuild, signal_name
+from fitter import Progress
 from search.probe_result import (_ERROR_LINE, _SPEC_OFF, ProbeError, ProbeResult, RunSample, _classify_death, _finish,
                                  _prompt_label, _rates, oom_lines)
 from search.server import (HTTPFailure, LlamaServer, find_llama_server, free_port, parse_build, server_as_allowance,
@@ -144,7 +144,7 @@ def server_probe(model_path: str, config: RunConfig, workload: Workload, *, budg
     binary = find_llama_server(llama_server)
     if config.spec_type == "draft-simple" and not config.draft_model:
         raise ProbeError("--spec-type draft-simple needs a draft model (-md)")
-    draft = _check_model_path(config.draft_model) if config.draft_model else None
+    draft = check_model_path(config.draft_model) if config.draft_model else None
     cfg = config.model_copy(update={"draft_model": draft}) if draft else config
     command = functools.partial(_command, binary, model_path, cfg, threads=threads, use_extra_bufts=use_extra_bufts,
                                 n_min=draft_n_min, p_min=draft_p_min, extra_args=extra_args)

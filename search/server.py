@@ -28,9 +28,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fitter.config import RunConfig
-from fitter.errors import GGFitError
-from fitter.llama_run import child_preexec, watchdog_for
+from fitter import RunConfig
+from fitter import GGFitError
+from fitter import child_preexec, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to

@@ -2,7 +2,7 @@
 
 A study file's ``[space]`` table (`SpaceDef`) names the settings and their bounds; `SearchSpace` binds it to the
 model files, draft files, runner and workload of one run and turns an Optuna trial into a `Candidate`: a `RunConfig`
-plus the probe options that are not RunConfig fields (threads, draft p_min), ready for `fitter.memory.predict` and
+plus the probe options that are not RunConfig fields (threads, draft p_min), ready for `fitter.fit.memory.predict` and
 `search.probe.run_probe`.
 
 Parameters (Optuna names; each one is only suggested when the study gives it more than one value):
@@ -32,8 +32,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fitter.config import KV_CACHE_TYPES, RunConfig
-from fitter.errors import GGFitError
+from fitter import KV_CACHE_TYPES, RunConfig
+from fitter import GGFitError
 
 CTX_STEP = 256
 

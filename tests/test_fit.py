@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import Backend, Frontend, RunConfig
-from fitter.memory import predict
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.fit.memory import predict
 from fitter.llama.model import load_model_spec
-from fitter.solver import largest_context
+from fitter.fit.solver import largest_context
 from tests.synth import build
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import RunConfig
+from fitter.llama.cparams import RunConfig
 from fitter.errors import SourceError
 from search.probe import ProbeError, parse_server_args, run_probe
 from search.workload import Workload, corpus
@@ -362,7 +362,7 @@ def test_ctrl_c_stops_everything(runner, moe, gemma, request):
     # a process started in the background by a non-interactive shell inherits SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from fitter.config import RunConfig; from search.probe import run_probe; "
+            "from fitter.llama.cparams import RunConfig; from search.probe import run_probe; "
             "from search.workload import Workload\ntry:\n    " + call +
             "\nexcept KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parent.parent),

@@ -1,4 +1,4 @@
-"""fitter.quants against the pinned llama.cpp's llama_model_quantize: file bytes and every tensor's type.
+"""fitter.fit.quants against the pinned llama.cpp's llama_model_quantize: file bytes and every tensor's type.
 
 A representative subset (the full matrix is benchmarks/quants_matrix.py): small synthetic F16 models
 whose rows are multiples of 256 (K-quants apply) and others whose rows are not (n_embd 320:
@@ -17,7 +17,7 @@ import pytest
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
 from fitter.gguf.reader import read_header
-from fitter.quants import (
+from fitter.fit.quants import (
     FTYPES,
     QUANT_FTYPES,
     ImatrixFile,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import Backend, ConfigError, Frontend
+from fitter.llama.cparams import Backend, ConfigError, Frontend
 from fitter.errors import GGFitError
 from fitter.progress import Progress
 from search.space import SearchSpace, SpaceDef, StudyError

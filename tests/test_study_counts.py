@@ -16,7 +16,7 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from fitter.config import RunConfig  # noqa: E402
+from fitter.llama.cparams import RunConfig  # noqa: E402
 from search.probe import Spread  # noqa: E402
 from search.space import Candidate  # noqa: E402
 from search.study import COUNT_PARTS, Measurement, compare_verdict, count_trials, load_study, same_run  # noqa: E402
@@ -160,7 +160,7 @@ def test_same_run_fills_in_llama_server_defaults(gemma):
 
 def test_best_config_that_is_the_defaults_is_not_compared_with_itself(gemma):
     """The seed trial (llama.cpp's defaults) won: say so, with its measured spread, and probe nothing more."""
-    from fitter.config import Backend, Frontend
+    from fitter import Backend, Frontend
     from search.study import Predictor, compare_with_defaults
     from search.study.objective import Prober
 

@@ -31,7 +31,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import ContextParams
+from fitter.llama.cparams import ContextParams
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fitter.config import ContextParams
+from fitter.llama.cparams import ContextParams
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
     FLAG_OUTPUT, Context, Tensor, add, argsort_top_k, cache, cast, clamp, concat, cont, cont_nd, cpy, div, dup,

@@ -10,9 +10,9 @@ import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
-from fitter.budget import MiB
-from fitter.config import ConfigError, Frontend, RunConfig, resolve_context
-from fitter.progress import Progress
+from fitter import MiB
+from fitter import ConfigError, Frontend, resolve_context, RunConfig
+from fitter import Progress
 from search.probe import ProbeResult, Spread
 from search.space import Candidate
 from search.study.define import DIRECTIONS, UNITS, ServedShare, StudyDef

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fitter.config import RunConfig
+from fitter import RunConfig
 from search.space import Candidate, SpaceDef, StudyError
 from search.workload import Workload
 

@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from fitter.budget import MiB
-from fitter.config import Backend, ConfigError, Frontend
-from fitter.llama.model import load_model_spec
-from fitter.memory import predict
-from fitter.progress import Progress
+from fitter import MiB
+from fitter import Backend, ConfigError, Frontend
+from fitter import load_model_spec
+from fitter import predict
+from fitter import Progress
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef

@@ -11,10 +11,10 @@ from typing import Any, Callable, Literal, Sequence
 
 import optuna
 
-from fitter.budget import MiB, Budget, available_bytes, parse_budget, parse_margin
-from fitter.bundled import resolve_model
-from fitter.config import Backend, Frontend
-from fitter.progress import Progress
+from fitter import available_bytes, Budget, MiB, parse_budget, parse_margin
+from fitter import resolve_model
+from fitter import Backend, Frontend
+from fitter import Progress
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.space import SearchSpace, StudyError
 from search.study.compare import compare_with_defaults

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from fitter.config import Backend
+from fitter import Backend
 from search.space import StudyError
 from search.study.define import StudyDef
 

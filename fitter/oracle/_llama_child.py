@@ -1,6 +1,6 @@
-"""Child process of `fitter.llama_run`: load a model and create a context with llama.cpp, then exit.
+"""Child process of `fitter.oracle.llama_run`: load a model and create a context with llama.cpp, then exit.
 
-Run as `python -m fitter._llama_child '<json>'` (or with the JSON request on stdin). Only the
+Run as `python -m fitter.oracle._llama_child '<json>'` (or with the JSON request on stdin). Only the
 standard library and llama_cpp are imported here, so a native abort kills nothing but this process.
 
 Protocol

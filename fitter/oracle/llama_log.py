@@ -1,6 +1,6 @@
 """Pure parsing of llama.cpp's log text into a `LlamaReport`.
 
-Works on any log of the reference build (0c1e57098bba): the one `fitter.llama_run` captures from its
+Works on any log of the reference build (0c1e57098bba): the one `fitter.oracle.llama_run` captures from its
 child, or a llama-server / llama-cli log pasted by a user. Lines are matched by their stable suffix
 (`... KV buffer size = X MiB`), never by the exact function prefix, and a line may carry the
 leftovers of llama.cpp's progress dots in front of it.
@@ -10,7 +10,7 @@ is only known to 0.01 MiB: `bytes = round(MiB * 2**20)` is off by up to 0.005 Mi
 (`PRINT_TOLERANCE_BYTES`). Finer figures:
   - after a real load, freeing the context logs at DEBUG `~llama_context: CPU compute buffer size is
     514.5020 MiB, matches expectation of ...` (`%8.4f`, to ~52 bytes): `LlamaReport.compute_checks`;
-  - exact bytes are not in the log at all; `fitter.llama_run` gets them from the C API
+  - exact bytes are not in the log at all; `fitter.oracle.llama_run` gets them from the C API
     (`llama_model_size`, `llama_get_memory_breakdown`).
 
 Dry runs (`no_alloc`). With `no_alloc = 1` llama.cpp gives model weights and the KV cache a dummy

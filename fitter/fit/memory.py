@@ -12,12 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.calibration import Applied, BufferChange, Calibration
+from fitter.fit.calibration import Applied, BufferChange, Calibration, store_path
+from fitter.fit.calibration import load as load_calibration
 from fitter.llama.context import compute_buffers
 from fitter.llama.graph_details import graph_details
 from fitter.ggml.backends import tensor_info_alloc_size
 from fitter.ggml.backends.metal import metal_fa_unsupported_reason
-from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
+from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.hparams import ModelSpec
@@ -177,8 +178,6 @@ def predict(
     draft_cp = None
     if use_mtp:
         if not spec.has_mtp:
-            from fitter.config import ConfigError
-
             raise ConfigError(f"--spec-type draft-mtp: {spec.architecture} model has no NextN/MTP layers")
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
         draft_cp = _draft_context(spec, config, frontend, mtp=True)
@@ -229,8 +228,6 @@ _CAL_CACHE: dict[tuple[str, str], Calibration | None] = {}
 
 
 def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
-    from fitter.calibration import store_path
-
     return Applied(architecture=cal.architecture, backend=cal.backend, llama_cpp=cal.llama_cpp,
                    stored=str(store_path()), identity=cal.identity, changed=changed)
 
@@ -238,7 +235,5 @@ def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
 def _calibration(arch: str, backend: Backend) -> Calibration | None:
     key = (arch, backend.value)
     if key not in _CAL_CACHE:
-        from fitter import calibration
-
-        _CAL_CACHE[key] = calibration.load(arch, backend.value)
+        _CAL_CACHE[key] = load_calibration(arch, backend.value)
     return _CAL_CACHE[key]
