@@ -365,7 +365,6 @@ def _server_devices(binary: str, _mtime: int, timeout: float) -> list[str] | Non
 
 
 _VERSION = re.compile(r"build (\d+), commit ([0-9a-f]+|unknown)\)")
-_BUILT = re.compile(r"built with (.+)")
 
 
 def parse_build(version_text: str | None, log: str = "") -> dict[str, str | None]:

@@ -238,7 +238,6 @@ class SearchSpace:
         has_mtp: bool = False,
         runner: str = "python",
         ctx_choices: Sequence[int] | None = None,
-        notes: list[str] | None = None,
     ):
         self.defn = space
         self.models = [str(m) for m in models]
@@ -246,7 +245,7 @@ class SearchSpace:
         self.ctx_need = _round_ctx(ctx_need)
         self._need_text = f"{ctx_need} tokens the workload needs (prompt + generated tokens)"
         self.fixed = dict(fixed or {})
-        self.notes = notes if notes is not None else []
+        self.notes: list[str] = []  # what the space leaves out or allows that the user may not expect
         self.dims: dict[str, list[Any] | IntRange | FloatRange] = {}  # name -> choices or range (searched only)
         self.consts: dict[str, Any] = {}  # name -> the single value
 
@@ -256,7 +255,22 @@ class SearchSpace:
         self._model_by_label = dict(zip(labels, self.models))
         self._put("quant", labels)
 
-        # n_ctx
+        self._ctx_dim(space, ctx_choices)
+        self._put("n_ubatch", self._ints(space.n_ubatch, "n_ubatch"))
+        self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
+        if space.threads is not None:
+            self._put("threads", self._ints(space.threads, "threads"))
+        if space.type_v == "same":
+            self._put("kv_type", list(dict.fromkeys(space.type_k)))
+        else:
+            self._put("type_k", list(dict.fromkeys(space.type_k)))
+            self._put("type_v", list(dict.fromkeys(space.type_v)))
+        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
+
+        self._draft_dim(space, drafts, has_mtp, runner)
+
+    def _ctx_dim(self, space: SpaceDef, ctx_choices: Sequence[int] | None) -> None:
+        """n_ctx: the study's values or range, or the contexts the prompt lengths need, never below the workload's."""
         if space.n_ctx is None:
             ctxs = sorted({_round_ctx(c) for c in (ctx_choices or [self.ctx_need])})
             self._put("n_ctx", ctxs)
@@ -269,7 +283,7 @@ class SearchSpace:
             self._put("n_ctx", ctxs)
         else:
             r = space.n_ctx
-            high = n_ctx_train if r.high in ("train", "auto") else r.high
+            high = self.n_ctx_train if r.high in ("train", "auto") else r.high
             low = max(_round_ctx(r.low), self.ctx_need)
             if _round_ctx(high) < low:
                 raise StudyError(f"n_ctx: the range ends ({high}) below the {self._need_text}")
@@ -280,21 +294,11 @@ class SearchSpace:
         if max(ctx_values) < self.ctx_need:
             raise StudyError(f"n_ctx: every context in the space ({', '.join(map(str, ctx_values))}) is below the "
                              f"{self._need_text}")
-        if max(ctx_values) > n_ctx_train:
-            self.notes.append(f"n_ctx above the model's training context ({n_ctx_train}) is in the space")
+        if max(ctx_values) > self.n_ctx_train:
+            self.notes.append(f"n_ctx above the model's training context ({self.n_ctx_train}) is in the space")
 
-        self._put("n_ubatch", self._ints(space.n_ubatch, "n_ubatch"))
-        self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
-        if space.threads is not None:
-            self._put("threads", self._ints(space.threads, "threads"))
-        if space.type_v == "same":
-            self._put("kv_type", list(dict.fromkeys(space.type_k)))
-        else:
-            self._put("type_k", list(dict.fromkeys(space.type_k)))
-            self._put("type_v", list(dict.fromkeys(space.type_v)))
-        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
-
-        # speculative decoding
+    def _draft_dim(self, space: SpaceDef, drafts: Sequence[str], has_mtp: bool, runner: str) -> None:
+        """Speculative decoding: the drafters this run can try (draft files, the model's MTP head, none)."""
         self._drafts = {_label(d): str(d) for d in drafts}
         kinds: list[str] = ["none"]
         if space.draft is not None:

@@ -196,8 +196,8 @@ def test_space_refuses_what_cannot_run(gemma, qwen3_draft):
     with pytest.raises(StudyError, match="no drafter is left"):
         SearchSpace(spec.space.model_copy(update={"draft": spec.space.draft.model_copy(update={"kinds": ["model"]})}),
                     models=[gemma], n_ctx_train=32768, ctx_need=512)
-    notes: list[str] = []
-    sp = SearchSpace(spec.space, models=[gemma], n_ctx_train=32768, ctx_need=512, drafts=[qwen3_draft], notes=notes)
+    sp = SearchSpace(spec.space, models=[gemma], n_ctx_train=32768, ctx_need=512, drafts=[qwen3_draft])
+    notes = sp.notes
     assert sp.dims["draft"] == ["none", Path(qwen3_draft).name]
     assert any("mtp" in n for n in notes)
 

@@ -122,7 +122,8 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
     ctx_choices = _ctx_choices(d, dist, spec0.n_ctx_train, ctx_need, notes)
     space = SearchSpace(d.space, models=models, n_ctx_train=spec0.n_ctx_train, ctx_need=ctx_need, fixed=d.fixed,
                         drafts=drafts_l, has_mtp=bool(getattr(spec0, "has_mtp", False)), runner=runner,
-                        ctx_choices=ctx_choices, notes=notes)
+                        ctx_choices=ctx_choices)
+    notes += space.notes
     return _Plan(d=d, models=models, drafts=drafts_l, budget=b, margin_bytes=margin_bytes, avail=avail,
                  trials_goal=trials_goal, cap=max(d.total_cap, trials_goal), predictor=predictor, space=space,
                  share=ServedShare(dist, d.workload.gen_tokens), notes=notes)
