@@ -193,24 +193,9 @@ def _warn_ctx_train(cp, spec) -> None:
 
 def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
     """llama-server flags for a resolved context, one item per flag."""
-    flags = [f"-m {model}", f"-c {cp.n_ctx}", f"-b {cp.n_batch}", f"-ub {cp.n_ubatch}",
-             f"-ctk {cp.type_k}", f"-ctv {cp.type_v}", f"-fa {'on' if cp.flash_attn else 'off'}",
-             f"-np {cp.n_seq_max}", "--kv-unified" if cp.kv_unified else "--no-kv-unified"]
-    if cp.swa_full:
-        flags.append("--swa-full")
-    if cfg.n_gpu_layers >= 0:
-        flags.append(f"-ngl {cfg.n_gpu_layers}")
-    if cfg.no_mmap:
-        flags.append("--no-mmap")
-    if cfg.no_repack:
-        flags.append("--no-repack")
-    if draft_path:
-        flags += [f"--model-draft {draft_path}", f"--spec-draft-type-k {cfg.draft_type_k}",
-                  f"--spec-draft-type-v {cfg.draft_type_v}", f"--spec-draft-n-max {cfg.draft_n_max}"]
-    elif cfg.spec_type == "draft-mtp":
-        flags += ["--spec-type draft-mtp", f"--spec-draft-type-k {cfg.draft_type_k}",
-                  f"--spec-draft-type-v {cfg.draft_type_v}", f"--spec-draft-n-max {cfg.draft_n_max}"]
-    return flags
+    from fitter import served_config
+
+    return [" ".join(g) for g in served_config(cp, cfg, draft_path).to_server_args(model)]
 
 
 def _print_breakdown(pred, available: int) -> None:

@@ -32,6 +32,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "config_error": ("fitter.llama.cparams", "config_error"),
     "resolve_context": ("fitter.llama.cparams", "resolve_context"),
     "KV_CACHE_TYPES": ("fitter.llama.cparams", "KV_CACHE_TYPES"),
+    "SERVER_FLAGS": ("fitter.llama.cparams", "SERVER_FLAGS"),
+    "ServerArgs": ("fitter.llama.cparams", "ServerArgs"),
+    "served_config": ("fitter.llama.cparams", "served_config"),
     # the prediction, solver, budget, quants
     "predict": ("fitter.fit.memory", "predict"),
     "solve": ("fitter.fit.solver", "solve"),
@@ -104,7 +107,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.build import LLAMA_CPP_COMMIT, PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, build_label
     from fitter.bundled import resolve_model
     from fitter.oracle.check import dry_run_check
-    from fitter.llama.cparams import KV_CACHE_TYPES, Backend, ConfigError, Frontend, RunConfig, config_error, resolve_context
+    from fitter.llama.cparams import KV_CACHE_TYPES, SERVER_FLAGS, Backend, ConfigError, Frontend, RunConfig, ServerArgs
+    from fitter.llama.cparams import config_error, resolve_context, served_config
     from fitter.errors import GGFitError
     from fitter.gguf.reader import read_header
     from fitter.llama.hparams import LayerKind

@@ -64,7 +64,7 @@ import os
 import re
 from typing import Any, Literal
 
-from fitter import RunConfig
+from fitter import SERVER_FLAGS, RunConfig
 from fitter import check_model_path, sigterm_cleanup
 from fitter import Progress
 from search.probe_lock import LOCK_WAIT_STAGE, host_probe_lock
@@ -75,7 +75,7 @@ from search.runner_server import server_probe
 from search.workload import Workload
 
 __all__ = ["DEFAULT_TIMEOUT", "LOCK_WAIT_STAGE", "ProbeError", "ProbeResult", "RunSample", "Runner", "Spread", "Status",
-           "oom_lines", "parse_server_args", "probe_cli", "resolve_server_defaults", "run_probe"]
+           "oom_lines", "probe_cli", "resolve_server_defaults", "run_probe"]
 
 
 # --- public API -------------------------------------------------------------------------------------------
@@ -152,120 +152,7 @@ def run_probe(
     return res
 
 
-# --- for the CLI: llama-server flags -> RunConfig -------------------------------------------------------------
-
-# flag -> (RunConfig field or probe option, kind); aliases as common/arg.cpp spells them in the pinned build
-_FLAGS: dict[str, tuple[str, str]] = {}
-for _names, _field, _kind in (
-    (("-c", "--ctx-size"), "n_ctx", "int"),
-    (("-b", "--batch-size"), "n_batch", "int"),
-    (("-ub", "--ubatch-size"), "n_ubatch", "int"),
-    (("-ctk", "--cache-type-k"), "type_k", "str"),
-    (("-ctv", "--cache-type-v"), "type_v", "str"),
-    (("-fa", "--flash-attn"), "flash_attn", "str"),
-    (("-np", "--parallel"), "n_parallel", "int"),
-    (("-kvu", "--kv-unified"), "kv_unified", "true"),
-    (("-no-kvu", "--no-kv-unified"), "kv_unified", "false"),
-    (("--swa-full",), "swa_full", "true"),
-    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "n_gpu_layers", "ngl"),
-    (("--no-mmap",), "no_mmap", "true"),
-    (("--mmap",), "no_mmap", "false"),
-    (("-nr", "--no-repack"), "no_repack", "true"),
-    (("--repack",), "no_repack", "false"),
-    (("--embedding", "--embeddings"), "embeddings", "true"),
-    (("--spec-type",), "spec_type", "str"),
-    (("-md", "--model-draft", "--spec-draft-model"), "draft_model", "str"),
-    (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"), "draft_type_k", "str"),
-    (("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"), "draft_type_v", "str"),
-    (("--spec-draft-n-max",), "draft_n_max", "int"),  # --draft / --draft-max / --draft-min are removed in the pinned build
-    (("--spec-draft-n-min",), "@draft_n_min", "int"),
-    (("--draft-p-min", "--spec-draft-p-min"), "@draft_p_min", "float"),
-    (("-t", "--threads"), "@threads", "int"),
-):
-    for _n in _names:
-        _FLAGS[_n] = (_field, _kind)
-
-
-def parse_server_args(args: list[str]) -> tuple[RunConfig, dict[str, Any], list[str]]:
-    """Split llama-server flags into (RunConfig, run_probe keyword options, flags ggfit does not know).
-
-    `-lm none` / `--load-mode none` is --no-mmap. `-fa` takes on/off/auto. Unknown flags (with their value when
-    the next word is not a flag) are returned as is: the server runner passes them to llama-server, which
-    accepts or refuses them itself. Raises ProbeError for a known flag with a bad value.
-    """
-    fields: dict[str, Any] = {}
-    opts: dict[str, Any] = {}
-    unknown: list[str] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        name, eq, inline = a.partition("=") if a.startswith("--") else (a, "", "")
-        if name in ("-lm", "--load-mode"):
-            val = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-            i += 1 if eq else 2
-            if val is None:
-                raise ProbeError(f"{name} needs a value")
-            if val not in ("none", "auto", "mmap"):
-                unknown += [name, val]
-            else:
-                fields["no_mmap"] = val == "none"
-            continue
-        if name not in _FLAGS:
-            unknown.append(a)
-            if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
-                unknown.append(args[i + 1])
-                i += 1
-            i += 1
-            continue
-        field, kind = _FLAGS[name]
-        if kind in ("true", "false"):
-            fields[field] = kind == "true"
-            i += 1
-            continue
-        if eq:
-            val, i = inline, i + 1
-        elif i + 1 < len(args):
-            val, i = args[i + 1], i + 2
-        else:
-            raise ProbeError(f"{name} needs a value")
-        try:
-            if kind == "int":
-                v: Any = int(val)
-            elif kind == "float":
-                v = float(val)
-            elif kind == "ngl":
-                v = {"all": -1, "auto": -1}.get(val, None)
-                v = int(val) if v is None else v
-            else:
-                v = val
-        except ValueError:
-            raise ProbeError(f"{name}: invalid value {val!r}") from None
-        if field.startswith("@"):
-            opts[field[1:]] = v
-        else:
-            fields[field] = v
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from fitter import config_error  # noqa: PLC0415
-
-    if opts.get("threads") is not None and opts["threads"] < 1:
-        raise ProbeError(f"-t {opts['threads']}: use 1 or more threads")
-    if opts.get("draft_n_min") is not None and opts["draft_n_min"] < 0:
-        raise ProbeError(f"--spec-draft-n-min {opts['draft_n_min']}: use 0 or more")
-    if opts.get("draft_p_min") is not None and not 0 <= opts["draft_p_min"] <= 1:
-        raise ProbeError(f"--spec-draft-p-min {opts['draft_p_min']}: use a probability from 0 to 1")
-    try:
-        config = RunConfig(**fields)
-    except ValidationError as e:
-        raise ProbeError(str(config_error(e))) from None
-    # llama_context::llama_context -> output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max, which
-    # llama-server (server_output_limits) and the python runner cap at -b: -b must hold a token of every slot
-    n_seq = 4 if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
-    if config.n_batch is not None and config.n_batch < n_seq:
-        raise ProbeError(f"-b {config.n_batch}: llama.cpp needs n_batch >= n_seq_max ({n_seq}, -np "
-                         f"{config.n_parallel if config.n_parallel is not None else 'auto'}), else it aborts in "
-                         f"output_reserve (GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
-    return config, opts, unknown
+# --- for the CLI (llama-server flags -> RunConfig: RunConfig.from_server_args) ----------------------------------
 
 
 def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", budget: str | None = None,
@@ -279,11 +166,11 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
     from fitter import resolve_model  # noqa: PLC0415
     from fitter import read_header  # noqa: PLC0415
 
-    config, opts, unknown = parse_server_args(server_args)
+    config, opts, unknown = RunConfig.from_server_args(server_args)
     if unknown and runner == "python":
         shown = " ".join(unknown[:2]) if len(unknown) > 1 and not unknown[1].startswith("-") else unknown[0]
         raise ProbeError(f"{shown}: not a llama-server flag the python runner takes (it takes "
-                         f"{', '.join(n for n in _FLAGS if n.startswith('-') and not n.startswith('--'))} and their long "
+                         f"{', '.join(n for n in SERVER_FLAGS if n.startswith('-') and not n.startswith('--'))} and their long "
                          "names); use --runner server to hand it to llama-server")
     budget_bytes = None
     if budget is not None:

@@ -99,7 +99,7 @@ def test_a_draft_left_out_is_said_with_the_flags_that_keep_it() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["fits"] and any(b["owner"] == "draft" for b in data["buffers"])
-    assert "--model-draft" in " ".join(data["flags"])
+    assert f"-md {draft}" in data["flags"] and ["--spec-type draft-simple"] == [f for f in data["flags"] if "spec-type" in f]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 
 from fitter.llama.cparams import RunConfig
 from fitter.errors import SourceError
-from search.probe import ProbeError, parse_server_args, run_probe
+from search.probe import ProbeError, run_probe
 from search.workload import Workload, corpus
 
 pytestmark = pytest.mark.slow
@@ -77,22 +77,6 @@ def test_workload_prompts_are_distinct_real_text():
     # very long prompts wrap around the corpus and stay distinct
     long = Workload(prompt_tokens=100_000, repeats=2, warmup=0).prompts()
     assert len(long[0]) >= 800_000 and long[0][:500] != long[1][:500]
-
-
-def test_parse_server_args():
-    cfg, opts, unknown = parse_server_args(
-        ["-c", "4096", "-ub", "256", "-ctk", "q8_0", "-fa", "on", "-np", "1", "--kv-unified", "-lm", "none",
-         "--spec-type", "draft-simple", "-md", "/x.gguf", "--spec-draft-n-max", "5", "--draft-p-min", "0.5",
-         "-t", "2", "--no-such-flag", "7", "--metrics"])
-    assert (cfg.n_ctx, cfg.n_ubatch, cfg.type_k, cfg.flash_attn, cfg.n_parallel, cfg.kv_unified, cfg.no_mmap) == (
-        4096, 256, "q8_0", "on", 1, True, True)
-    assert (cfg.spec_type, cfg.draft_model, cfg.draft_n_max) == ("draft-simple", "/x.gguf", 5)
-    assert opts == {"draft_p_min": 0.5, "threads": 2}
-    assert unknown == ["--no-such-flag", "7", "--metrics"]
-    with pytest.raises(ProbeError, match="^-ctk q4_K: unsupported cache type"):
-        parse_server_args(["-ctk", "q4_K"])
-    with pytest.raises(ProbeError, match="-c"):
-        parse_server_args(["-c", "many"])
 
 
 @needs_llama

@@ -10,7 +10,7 @@ library's (`llama_context_default_params`). The two differ in ways that move hun
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal, NamedTuple, Sequence
 
 from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -141,6 +141,163 @@ class RunConfig(BaseModel):
             raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
         return v
 
+    def to_server_args(self, model: str | None = None, *, draft_model: str | None = None,
+                       extra: Sequence[Sequence[str]] = ()) -> list[list[str]]:
+        """llama-server's flags for this config, one group per flag ([flag] or [flag, value]): every field that is
+        set (None is the front end's default and writes nothing), in the words of the pinned build's common/arg.cpp.
+        `model`/`draft_model` are the paths to write for -m/-md (draft_model defaults to the config's own);
+        `extra` groups go last. RunConfig.from_server_args reads them back into this very config."""
+        out: list[list[str]] = [["-m", model]] if model else []
+        for field, flag in _VALUE_FLAGS:
+            v = getattr(self, field)
+            if v is not None and v != _FIELD_DEFAULTS[field]:
+                out.append([flag, str(v)])
+        if self.kv_unified is not None:
+            out.append(["--kv-unified" if self.kv_unified else "--no-kv-unified"])
+        if self.swa_full:
+            out.append(["--swa-full"])
+        if self.n_gpu_layers != -1:
+            out.append(["-ngl", str(self.n_gpu_layers)])
+        if self.no_mmap:
+            out.append(["-lm", "none"])  # arg.cpp of the pinned build: -lm/--load-mode (it has no --no-mmap)
+        if self.embeddings:
+            out.append(["--embeddings"])
+        out += self._draft_args(draft_model or self.draft_model)
+        out.append(["--no-repack"] if self.no_repack else ["--repack"])
+        return out + [list(g) for g in extra]
+
+    def _draft_args(self, draft: str | None) -> list[list[str]]:
+        out: list[list[str]] = [["--spec-type", self.spec_type]] if self.spec_type != "none" else []
+        if self.spec_type != "none" or self.draft_n_max != 3:
+            out.append(["--spec-draft-n-max", str(self.draft_n_max)])
+        if draft:
+            out.append(["-md", draft])
+        for field, flag in (("draft_type_k", "-ctkd"), ("draft_type_v", "-ctvd")):
+            if getattr(self, field) != "f16":
+                out.append([flag, getattr(self, field)])
+        return out
+
+    @classmethod
+    def from_server_args(cls, args: Sequence[str]) -> ServerArgs:
+        """llama-server flags as (RunConfig, the probe's options that are not RunConfig fields, flags ggfit does not
+        know). `-lm none` is no_mmap. Unknown flags (with their value when the next word is not a flag) are returned
+        as they are: llama-server accepts or refuses them itself. A known flag with a bad value raises ConfigError."""
+        fields: dict[str, Any] = {}
+        opts: dict[str, Any] = {}
+        unknown: list[str] = []
+        i = 0
+        while i < len(args):
+            a = args[i]
+            name, eq, inline = a.partition("=") if a.startswith("--") else (a, "", "")
+            entry = SERVER_FLAGS.get(name)
+            if entry is None or (entry[1] == "load_mode" and _value(args, i, name, eq, inline)[0] not in _LOAD_MODES):
+                unknown.append(a)
+                if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    unknown.append(args[i + 1])
+                    i += 1
+                i += 1
+                continue
+            field, kind = entry
+            if kind in ("true", "false"):
+                fields[field] = kind == "true"
+                i += 1
+                continue
+            val, i = _value(args, i, name, eq, inline)
+            v = _convert(name, kind, val)
+            if field.startswith("@"):
+                opts[field[1:]] = v
+            else:
+                fields[field] = v
+        return ServerArgs(_checked(fields, opts), opts, unknown)
+
+
+class ServerArgs(NamedTuple):
+    config: RunConfig
+    options: dict[str, Any]  # threads, draft_p_min, draft_n_min: the probe's, not RunConfig fields
+    unknown: list[str]
+
+
+# RunConfig fields written as `flag value` when set and not llama-server's own default
+_VALUE_FLAGS = (("n_ctx", "-c"), ("n_batch", "-b"), ("n_ubatch", "-ub"), ("type_k", "-ctk"), ("type_v", "-ctv"),
+                ("flash_attn", "-fa"), ("n_parallel", "-np"))
+_FIELD_DEFAULTS = {f: RunConfig.model_fields[f].default for f, _ in _VALUE_FLAGS}
+_LOAD_MODES = {"none": True, "auto": False, "mmap": False}  # -lm MODE -> no_mmap (mlock, dio: not modelled)
+
+# llama-server flag (every spelling common/arg.cpp of the pinned build has) -> (RunConfig field, or @option of the
+# probe; how its value reads)
+_FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("-c", "--ctx-size"), "n_ctx", "int"),
+    (("-b", "--batch-size"), "n_batch", "int"),
+    (("-ub", "--ubatch-size"), "n_ubatch", "int"),
+    (("-ctk", "--cache-type-k"), "type_k", "str"),
+    (("-ctv", "--cache-type-v"), "type_v", "str"),
+    (("-fa", "--flash-attn"), "flash_attn", "str"),
+    (("-np", "--parallel"), "n_parallel", "int"),
+    (("-kvu", "--kv-unified"), "kv_unified", "true"),
+    (("-no-kvu", "--no-kv-unified"), "kv_unified", "false"),
+    (("--swa-full",), "swa_full", "true"),
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "n_gpu_layers", "ngl"),
+    (("-lm", "--load-mode"), "no_mmap", "load_mode"),
+    (("-nr", "--no-repack"), "no_repack", "true"),
+    (("--repack",), "no_repack", "false"),
+    (("--embedding", "--embeddings"), "embeddings", "true"),
+    (("--spec-type",), "spec_type", "str"),
+    (("-md", "--model-draft", "--spec-draft-model"), "draft_model", "str"),
+    (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"), "draft_type_k", "str"),
+    (("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"), "draft_type_v", "str"),
+    (("--spec-draft-n-max",), "draft_n_max", "int"),  # --draft / --draft-max / --draft-min are removed in the pinned build
+    (("--spec-draft-n-min",), "@draft_n_min", "int"),
+    (("--draft-p-min", "--spec-draft-p-min"), "@draft_p_min", "float"),
+    (("-t", "--threads"), "@threads", "int"),
+)
+SERVER_FLAGS: dict[str, tuple[str, str]] = {n: (field, kind) for names, field, kind in _FLAG_TABLE for n in names}
+
+
+def _value(args: Sequence[str], i: int, name: str, eq: str, inline: str) -> tuple[str, int]:
+    """The value of the flag at args[i] (`--flag=value` or `flag value`) and the index after it."""
+    if eq:
+        return inline, i + 1
+    if i + 1 < len(args):
+        return args[i + 1], i + 2
+    raise ConfigError(f"{name} needs a value")
+
+
+def _convert(name: str, kind: str, val: str) -> Any:
+    try:
+        if kind == "int":
+            return int(val)
+        if kind == "float":
+            return float(val)
+        if kind == "ngl":  # common/arg.cpp -ngl: auto, all or a number; ggfit's -1 offloads every layer
+            return -1 if val in ("all", "auto") else int(val)
+        if kind == "load_mode":
+            return _LOAD_MODES[val]
+    except ValueError:
+        raise ConfigError(f"{name}: invalid value {val!r}") from None
+    return val
+
+
+def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
+    """The RunConfig of parsed flags, refused as llama.cpp refuses it (one line naming the flag)."""
+    if opts.get("threads") is not None and opts["threads"] < 1:
+        raise ConfigError(f"-t {opts['threads']}: use 1 or more threads")
+    if opts.get("draft_n_min") is not None and opts["draft_n_min"] < 0:
+        raise ConfigError(f"--spec-draft-n-min {opts['draft_n_min']}: use 0 or more")
+    if opts.get("draft_p_min") is not None and not 0 <= opts["draft_p_min"] <= 1:
+        raise ConfigError(f"--spec-draft-p-min {opts['draft_p_min']}: use a probability from 0 to 1")
+    try:
+        config = RunConfig(**fields)
+    except ValidationError as e:
+        raise config_error(e) from None
+    # llama_context::llama_context -> output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max, which
+    # llama-server (server_output_limits) and the python runner cap at -b: -b must hold a token of every slot
+    n_seq = 4 if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
+    if config.n_batch is not None and config.n_batch < n_seq:
+        raise ConfigError(f"-b {config.n_batch}: llama.cpp needs n_batch >= n_seq_max ({n_seq}, -np "
+                          f"{config.n_parallel if config.n_parallel is not None else 'auto'}), else it aborts in "
+                          f"output_reserve (GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+    return config
+
 
 def config_error(e: ValidationError) -> ConfigError:
     """One line naming the flag as the user typed it (not the pydantic field) for a RunConfig that failed."""
@@ -179,6 +336,20 @@ class ContextParams(BaseModel):
     offload_kqv: bool
     embeddings: bool
     defaults_applied: dict[str, str]
+
+
+def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
+    """The config that gives llama-server the resolved context `cp` with every value explicit (what `fit` prints to
+    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to. Without `draft_model`
+    the external draft is dropped (a solution without it); a native MTP head stays."""
+    update: dict[str, Any] = {
+        "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k, "type_v": cp.type_v,
+        "flash_attn": "on" if cp.flash_attn else "off", "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
+        "swa_full": cp.swa_full, "draft_model": draft_model,
+    }
+    if draft_model is None and config.spec_type == "draft-simple":
+        update["spec_type"] = "none"
+    return config.model_copy(update=update)
 
 
 def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
