@@ -145,61 +145,35 @@ class Candidate(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)  # the Optuna parameters it came from
 
     def flags(self, *, model_label: str | None = None, binary: str = "llama-server") -> list[list[str]]:
-        """llama-server's argv as (flag, value) groups, one per line; only flags that differ from llama-server's
-        defaults, plus ``-fit off`` (what ggfit measured: no automatic fitting) and ``--no-repack`` (the probe's)."""
+        """llama-server's argv as (flag, value) groups, one per line (RunConfig.to_server_args): only flags that
+        differ from llama-server's defaults, the probe's threads and draft p_min, ``--repack``/``--no-repack`` (the
+        probe's) and ``-fit off`` (what ggfit measured: no automatic fitting)."""
         c = self.config
-        out: list[list[str]] = [[binary], ["-m", model_label or self.model_path]]
-        if c.n_ctx is not None:
-            out.append(["-c", str(c.n_ctx)])
-        if c.n_batch is not None:
-            out.append(["-b", str(c.n_batch)])
-        if c.n_ubatch is not None:
-            out.append(["-ub", str(c.n_ubatch)])
-        if c.type_k != "f16":
-            out.append(["-ctk", c.type_k])
-        if c.type_v != "f16":
-            out.append(["-ctv", c.type_v])
-        if c.flash_attn != "auto":
-            out.append(["-fa", c.flash_attn])
-        if c.n_parallel is not None:
-            out.append(["-np", str(c.n_parallel)])
-        if c.kv_unified is not None:
-            out.append(["--kv-unified" if c.kv_unified else "--no-kv-unified"])
-        if c.swa_full:
-            out.append(["--swa-full"])
-        if c.n_gpu_layers != -1:
-            out.append(["-ngl", str(c.n_gpu_layers)])
-        if c.no_mmap:
-            out.append(["-lm", "none"])
+        extra: list[list[str]] = []
         if self.threads:
-            out += [["-t", str(self.threads)], ["-tb", str(self.threads)]]
-        if c.spec_type != "none":
-            out += [["--spec-type", c.spec_type], ["--spec-draft-n-max", str(c.draft_n_max)]]
-            if c.draft_model:
-                out.append(["-md", c.draft_model])
-            if c.draft_type_k != "f16":
-                out.append(["-ctkd", c.draft_type_k])
-            if c.draft_type_v != "f16":
-                out.append(["-ctvd", c.draft_type_v])
-            if self.draft_p_min is not None:
-                out.append(["--spec-draft-p-min", f"{self.draft_p_min:g}"])
-        out += [["--no-repack"] if c.no_repack else ["--repack"], ["-fit", "off"]]
-        return out
+            extra += [["-t", str(self.threads)], ["-tb", str(self.threads)]]
+        if c.spec_type != "none" and self.draft_p_min is not None:
+            extra.append(["--spec-draft-p-min", f"{self.draft_p_min:g}"])
+        return [[binary], *c.to_server_args(model_label or self.model_path, extra=extra), ["-fit", "off"]]
 
     def command(self, **kw) -> str:
         """The llama-server command, one flag a line (shell continuation lines)."""
         lines = [" ".join(_quote(x) for x in g) for g in self.flags(**kw)]
         return " \\\n  ".join(lines)
 
-    def short(self) -> str:
-        """One line: the searched flags only."""
-        return " ".join(" ".join(g) for g in self.flags(model_label="M")[2:-2])
+    def short(self, model_label: str | None = None) -> str:
+        """One line: the searched flags only (with ``-m model_label`` first when given)."""
+        groups = self.flags(model_label=model_label or "M")[1 if model_label else 2:]
+        return " ".join(" ".join(g) for g in groups if g[0] not in _NOT_SEARCHED)
 
     def key(self) -> str:
         """Identity of the run (two proposals with the same key are the same llama.cpp run)."""
         payload = {"model": self.model_path, "config": self.config.model_dump(mode="json"), "threads": self.threads,
                    "p_min": self.draft_p_min}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_NOT_SEARCHED = ("--repack", "--no-repack", "-fit")  # what every probe passes (the probe's choices, not the space's)
 
 
 def _quote(s: str) -> str:

@@ -116,7 +116,7 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
     """Probe llama.cpp's defaults (-m MODEL -c <best's context>) and the best config, alternating, and compare them
     with their measured spreads. When the best config is the defaults' own run, say so: nothing to compare."""
     base = Candidate(model_path=model0, config=RunConfig(n_ctx=best.config.n_ctx), threads=None)
-    base_flags = " ".join(" ".join(g) for g in base.flags(model_label=Path(model0).name)[1:-2]) + " (llama-server defaults)"
+    base_flags = base.short(model_label=Path(model0).name) + " (llama-server defaults)"
     if same_run(best, base, predictor.spec(model0)[1], predictor.frontend):
         mine = _trial_measurement(best_t, best.short())
         result.best_measured = mine
