@@ -383,43 +383,11 @@ def _print_solutions(solutions) -> None:
 
 
 def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
-
     available = budget_bytes - margin_bytes
-    cp = pred.context
     over = pred.total_device_bytes - available
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    with_draft = draft is not None or cfg.spec_type == "draft-mtp"
-    options = []
-    s = fitter.largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=cp.type_k, type_v=cp.type_v,
-                        with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-    options.append(f"-c {s.n_ctx}" if s.fits else "no context fits with these settings")
-    # a quantized V cache needs flash attention: suggest both together when it is off
-    fa_cfg = cfg if cp.flash_attn else cfg.model_copy(update={"flash_attn": "on"})
-    fa_flag = "" if cp.flash_attn else "-fa on "
-    for tk, tv in (("q8_0", "q8_0"), ("q4_0", "q4_0")):
-        if (tk, tv) != (cp.type_k, cp.type_v):
-            try:
-                s = fitter.largest_context(header, spec, fa_cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=tk, type_v=tv,
-                                    with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-            except fitter.ConfigError:
-                continue  # llama.cpp refuses this pair for the model (block size, MLA)
-            if s.n_ctx >= cp.n_ctx:
-                options.append(f"{fa_flag}-ctk {tk} -ctv {tv} (fits at -c {cp.n_ctx})")
-                break
-    for ub in (1024, 512, 256):
-        if ub < cp.n_ubatch:
-            s = fitter.largest_context(header, spec, cfg, be, fe, available, n_ubatch=ub, type_k=cp.type_k, type_v=cp.type_v,
-                                with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-            if s.n_ctx >= cp.n_ctx:
-                options.append(f"-ub {ub} (fits at -c {cp.n_ctx})")
-                break
-    if with_draft:
-        s = fitter.largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=cp.type_k, type_v=cp.type_v,
-                            with_draft=False, draft=None, ctx_max=cp.n_ctx)
-        if s.n_ctx >= cp.n_ctx:
-            options.append("drop the draft model (fits at -c {cp.n_ctx})".format(cp=cp))
-    for o in options:
-        print(f"  {o}")
+    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred):
+        print(f"  {alt.line}")
 
 
 def _print_check(measured: dict) -> None:

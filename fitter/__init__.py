@@ -41,6 +41,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "recommend": ("fitter.fit.solver", "recommend"),
     "prediction_for": ("fitter.fit.solver", "prediction_for"),
     "largest_context": ("fitter.fit.solver", "largest_context"),
+    "Alternative": ("fitter.fit.solver", "Alternative"),
+    "what_to_change": ("fitter.fit.solver", "what_to_change"),
     "MiB": ("fitter.fit.budget", "MiB"),
     "Budget": ("fitter.fit.budget", "Budget"),
     "available_bytes": ("fitter.fit.budget", "available_bytes"),
@@ -120,4 +122,4 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.oracle.llama_run import child_events, child_preexec, signal_name, sigterm_cleanup, watchdog_for
     from fitter.fit.memory import predict
     from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
-    from fitter.fit.solver import largest_context, prediction_for, recommend, solve
+    from fitter.fit.solver import Alternative, largest_context, prediction_for, recommend, solve, what_to_change
