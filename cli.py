@@ -8,8 +8,9 @@ import re
 import shutil
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -257,7 +258,6 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-
     be, fe = _backend(backend), _frontend(frontend)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
@@ -271,103 +271,145 @@ def fit(
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
     )
-
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
-
-    solutions = []
-    rec = None
-    if n_ctx is None:
-        kv_pairs = ((cfg.type_k, cfg.type_v),) if (type_k or type_v) else None
-        # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
-        ubs = (min(n_ubatch, spec.n_ctx_train),) if n_ubatch else None
-        kwargs = {}
-        if kv_pairs:
-            kwargs["kv_pairs"] = kv_pairs
-        if ubs:
-            kwargs["ubatches"] = ubs
-        solutions = fitter.solve(header, spec, cfg, be, fe, bud.bytes, margin_bytes, draft=draft, **kwargs)
-        rec = fitter.recommend(solutions, spec.n_ctx_train)
-        pred = fitter.prediction_for(header, spec, cfg, be, fe, rec, draft) if rec else fitter.predict(
-            header, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, draft)
-    else:
-        pred = fitter.predict(header, spec, cfg, be, fe, draft)
-    _warn_ctx_train(pred.context, spec)
-    total = pred.total_device_bytes
-    fits = total <= available
-
-    measured = None
+    r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
+                available=available, draft=draft, model_draft=model_draft)
+    r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+    _warn_ctx_train(r.pred.context, spec)
     if check:
-
-        measured = fitter.dry_run_check(path, pred, cfg)
-
+        r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
-        out = {
-            "backend": be.value,
-            "frontend": fe.value,
-            "llama_cpp": fitter.build_label(),
-            "budget_bytes": bud.bytes,
-            "budget_source": bud.source,
-            "margin_bytes": margin_bytes,
-            "config": pred.context.model_dump(mode="json"),
-            "buffers": [b.model_dump(mode="json") for b in pred.buffers],
-            "total_device_bytes": total,
-            "fits": fits,
-            "headroom_bytes": available - total,
-            "solutions": [s.model_dump(mode="json") for s in solutions],
-            "recommended": rec.model_dump(mode="json") if rec else None,
-            "flags": _flags(path, pred.context, cfg, model_draft if (rec is None or rec.draft) else None) if fits else None,
-            "calibration": [a.model_dump(mode="json") for a in pred.calibration],
-        }
-        if measured is not None:
-            out["check"] = measured
-        print(json.dumps(out, indent=2))
+        print(json.dumps(r.as_json(), indent=2))
         return
+    _print_fit(r, asked={"-b": n_batch, "-ub": n_ubatch})
 
-    print(f"model    {path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
-    print(f"backend  {be.value}, {fe.value} defaults, {fitter.build_label()}")
-    note = f" [{bud.note}]" if bud.note else ""
-    print(f"budget   {_mib(bud.bytes)} ({bud.source}){note}, margin {_mib(margin_bytes)} -> {_mib(available)} available")
+
+@dataclass
+class _FitRun:
+    """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
+
+    path: str
+    header: Any
+    spec: Any
+    cfg: Any
+    be: Any
+    fe: Any
+    bud: Any
+    margin_bytes: int
+    available: int
+    draft: Any
+    model_draft: str | None
+    solutions: list = field(default_factory=list)
+    rec: Any = None
+    pred: Any = None
+    measured: dict | None = None
+
+    def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
+        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
+        h, spec, cfg, be, fe = self.header, self.spec, self.cfg, self.be, self.fe
+        if not solve_ctx:
+            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft)
+            return
+        kwargs: dict[str, Any] = {}
+        if kv_given:
+            kwargs["kv_pairs"] = ((cfg.type_k, cfg.type_v),)
+        if n_ubatch:
+            # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
+            kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
+        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft, **kwargs)
+        self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
+        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft) if self.rec else
+                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft))
+
+    @property
+    def fits(self) -> bool:
+        return self.pred.total_device_bytes <= self.available
+
+    def flags(self) -> list[str]:
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return _flags(self.path, self.pred.context, self.cfg, draft)
+
+    def as_json(self) -> dict[str, Any]:
+        total = self.pred.total_device_bytes
+        out = {
+            "backend": self.be.value,
+            "frontend": self.fe.value,
+            "llama_cpp": fitter.build_label(),
+            "budget_bytes": self.bud.bytes,
+            "budget_source": self.bud.source,
+            "margin_bytes": self.margin_bytes,
+            "config": self.pred.context.model_dump(mode="json"),
+            "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
+            "total_device_bytes": total,
+            "fits": self.fits,
+            "headroom_bytes": self.available - total,
+            "solutions": [s.model_dump(mode="json") for s in self.solutions],
+            "recommended": self.rec.model_dump(mode="json") if self.rec else None,
+            "flags": self.flags() if self.fits else None,
+            "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
+        }
+        if self.measured is not None:
+            out["check"] = self.measured
+        return out
+
+
+def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
+    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change.
+    Exit code 1 when nothing fits."""
+    spec, pred = r.spec, r.pred
+    print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
+    print(f"backend  {r.be.value}, {r.fe.value} defaults, {fitter.build_label()}")
+    note = f" [{r.bud.note}]" if r.bud.note else ""
+    print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)} -> {_mib(r.available)} available")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    capped = [f"{flag} {asked} -> {got}" for flag, asked, got in (("-b", n_batch, pred.context.n_batch),
-                                                                   ("-ub", n_ubatch, pred.context.n_ubatch))
-              if asked is not None and asked != got]
+    got = {"-b": pred.context.n_batch, "-ub": pred.context.n_ubatch}
+    capped = [f"{flag} {v} -> {got[flag]}" for flag, v in asked.items() if v is not None and v != got[flag]]
     if capped:
         print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
-    if solutions:
-        print()
-        _print_solutions(solutions)
-        if rec is None:
-            print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
-                  f"{_mib(pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
-            raise typer.Exit(1)
-        # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
-        print(f"\nrecommended: -c {rec.n_ctx} -ub {pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
-              + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
-        if draft is not None and not rec.draft:
-            keep = fitter.recommend([s for s in solutions if s.draft], spec.n_ctx_train)
-            print("the draft is left out: " + (
-                f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
-                f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
+    if r.solutions:
+        _print_recommendation(r)
     print()
-    _print_breakdown(pred, available)
+    _print_breakdown(pred, r.available)
+    _print_calibration(pred)
+    if r.measured is not None:
+        print()
+        _print_check(r.measured)
+    if r.fits:
+        print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
+    else:
+        print()
+        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred)
+        raise typer.Exit(1)
+
+
+def _print_recommendation(r: _FitRun) -> None:
+    spec, rec = r.spec, r.rec
+    print()
+    _print_solutions(r.solutions)
+    if rec is None:
+        print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
+              f"{_mib(r.pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
+        raise typer.Exit(1)
+    # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
+    print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
+          + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
+    if r.draft is not None and not rec.draft:
+        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
+        print("the draft is left out: " + (
+            f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
+            f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
+
+
+def _print_calibration(pred) -> None:
     for a in pred.calibration:
         changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
                             f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
         print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
               + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
-    if measured is not None:
-        print()
-        _print_check(measured)
-    if fits:
-        print("\nllama-server \\\n  " + " \\\n  ".join(_flags(path, pred.context, cfg, model_draft if (rec is None or rec.draft) else None)))
-    else:
-        print()
-        _what_to_change(header, spec, cfg, be, fe, bud.bytes, margin_bytes, draft, pred)
-        raise typer.Exit(1)
 
 
 def _print_solutions(solutions) -> None:
