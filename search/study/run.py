@@ -16,7 +16,7 @@ from fitter import resolve_model
 from fitter import Backend, Frontend
 from fitter import Progress
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
-from search.space import SearchSpace, StudyError
+from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
 from search.study.objective import Objective, Predictor, Prober, TrialLines, _Unneeded, quiet_trial_failures
@@ -129,6 +129,15 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
                  share=ServedShare(dist, d.workload.gen_tokens), notes=notes)
 
 
+def _storage(storage: str | Any | None) -> tuple[Any, str]:
+    """(the storage, its URL for messages): an optuna storage object as it is (benchmarks: in memory), else the
+    RDB storage of the URL (default: ggfit's SQLite file)."""
+    if storage is not None and not isinstance(storage, str):
+        return storage, type(storage).__name__
+    url = storage or default_storage_url()
+    return open_storage(url), url
+
+
 def _open_study(p: _Plan, sname: str, st, url: str, seed: int | None, backend: Backend, runner: str) -> optuna.Study:
     """Create or load the study (its sampler seeded past the trials it has), and record what it runs on."""
     d = p.d
@@ -166,6 +175,16 @@ def _enqueue_defaults(study: optuna.Study, p: _Plan) -> None:
                                   "quant": Path(p.models[0]).name, "n_ctx": 0})
     if seed_point:
         study.enqueue_trial(seed_point, skip_if_exists=True)
+
+
+def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> None:
+    if retried:
+        say(f"[ggfit] trials {', '.join(map(str, retried))} were cut short (their process died or was "
+            f"interrupted): retried first")
+    say(f"[ggfit] study {sname} in {_redact(url)}: {p.trials_goal} probes, budget {p.budget.bytes / MiB:,.0f} MiB "
+        f"- margin {p.margin_bytes / MiB:,.0f} MiB = {p.avail / MiB:,.0f} MiB; {len(p.space.dims)} searched parameters")
+    for n in p.notes:
+        say(f"[ggfit] note: {n}")
 
 
 def _optimise(study: optuna.Study, p: _Plan, objective: Objective, say: _Say, finished0: int) -> None:
@@ -225,11 +244,7 @@ def run_study(
     d, say = p.d, _Say(progress, live)
     sname = name or study_name(d, p.models, budget_bytes=p.budget.bytes, margin_bytes=p.margin_bytes, backend=backend,
                                runner=runner, drafts=p.drafts)
-    if storage is not None and not isinstance(storage, str):  # an optuna storage object (benchmarks: in memory)
-        st, url = storage, type(storage).__name__
-    else:
-        url = storage or default_storage_url()
-        st = open_storage(url)
+    st, url = _storage(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prober = Prober(probe, d.workload, runner, p.budget.bytes if backend == Backend.CPU else None, timeout, llama_server)
 
@@ -239,17 +254,10 @@ def run_study(
         warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
         study = _open_study(p, sname, st, url, seed, backend, runner)
         retried = recover_stale(study)
-        if retried:
-            say(f"[ggfit] trials {', '.join(map(str, retried))} were cut short (their process died or was "
-                f"interrupted): retried first")
         c0 = count_trials(study.get_trials(deepcopy=False))
         if enqueue_defaults and c0.total == 0:
             _enqueue_defaults(study, p)
-        say(f"[ggfit] study {sname} in {_redact(url)}: {p.trials_goal} probes, budget {p.budget.bytes / MiB:,.0f} MiB "
-            f"- margin {p.margin_bytes / MiB:,.0f} MiB = {p.avail / MiB:,.0f} MiB; {len(p.space.dims)} searched "
-            f"parameters")
-        for n in p.notes:
-            say(f"[ggfit] note: {n}")
+        _announce(say, p, sname, url, retried)
         finished0 = c0.total - c0.running
         if c0.probes < p.trials_goal and finished0 < p.cap:
             objective = Objective(study, p.space, p.predictor, d, avail=p.avail, trials_goal=p.trials_goal,
@@ -261,13 +269,19 @@ def run_study(
     result = _summarise(study, d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried)
     best_t, _ = pick_best(study.get_trials(deepcopy=False), d.objectives, d.pick)
     if best_t is not None:
-        cand = p.space.candidate(best_t.params)
-        result.command = cand.command()
-        result.config = {"model": cand.model_path, **cand.config.model_dump(mode="json", exclude_defaults=True),
-                         "threads": cand.threads, "draft_p_min": cand.draft_p_min,
-                         "predicted_bytes": best_t.user_attrs.get("predicted_bytes")}
-        result.served_share = p.share(cand)
+        cand = _best(result, p, best_t)
         if compare_defaults:
             compare_with_defaults(result, study, best_t, cand, d, p.models[0], p.predictor, p.avail, prober,
                                   confirm_rounds, p.share, say, live)
     return result
+
+
+def _best(result: StudyResult, p: _Plan, best_t) -> Candidate:
+    """The best trial's config into the result: the llama-server command and the JSON."""
+    cand = p.space.candidate(best_t.params)
+    result.command = cand.command()
+    result.config = {"model": cand.model_path, **cand.config.model_dump(mode="json", exclude_defaults=True),
+                     "threads": cand.threads, "draft_p_min": cand.draft_p_min,
+                     "predicted_bytes": best_t.user_attrs.get("predicted_bytes")}
+    result.served_share = p.share(cand)
+    return cand
