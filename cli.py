@@ -38,7 +38,7 @@ def _root() -> None:
 
 
 class BackendName(str, Enum):
-    """fitter's Backend values (tests/test_bad_invocations.py checks they agree), without importing it for --help."""
+    """fitter's Backend values (tests/test_bad_invocations.py checks they agree), without importing fitter for --help."""
 
     metal = "metal"
     cuda = "cuda"
@@ -46,6 +46,8 @@ class BackendName(str, Enum):
 
 
 class FrontendName(str, Enum):
+    """fitter's Frontend values: whose defaults apply."""
+
     server = "server"
     library = "library"
 
@@ -664,7 +666,7 @@ def probe(
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
     from search.probe import probe_cli  # the probe machinery: only for this command
-    from search.workload import Workload
+    from search.workload import Workload  # pydantic: not for --help
 
     if not (0 < timeout < float("inf")):
         raise fitter.ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")

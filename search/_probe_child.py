@@ -43,7 +43,16 @@ import sys
 import time
 from typing import Any
 
-from fitter import GGML_LOG_DEBUG, GGML_LOG_INFO, apply_fields, build_info, ChildLog, emit_event, lib_type_name, load_ggml_base
+from fitter import (
+    GGML_LOG_DEBUG,
+    GGML_LOG_INFO,
+    ChildLog,
+    apply_fields,
+    build_info,
+    emit_event,
+    lib_type_name,
+    load_ggml_base,
+)
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5

@@ -64,12 +64,19 @@ import os
 import re
 from typing import Any, Literal
 
-from fitter import SERVER_FLAGS, RunConfig
-from fitter import check_model_path, sigterm_cleanup
-from fitter import Progress
+from fitter import (
+    SERVER_FLAGS,
+    Progress,
+    RunConfig,
+    check_model_path,
+    parse_size,
+    read_header,
+    resolve_model,
+    sigterm_cleanup,
+)
+from search.errors import ProbeError
 from search.probe_lock import LOCK_WAIT_STAGE, host_probe_lock
-from search.probe_result import (DEFAULT_TIMEOUT, ProbeError, ProbeResult, Runner, RunSample, Spread, Status,
-                                 oom_lines)
+from search.probe_result import DEFAULT_TIMEOUT, ProbeResult, Runner, RunSample, Spread, Status, oom_lines
 from search.runner_python import python_probe, resolve_server_defaults
 from search.runner_server import server_probe
 from search.workload import Workload
@@ -162,10 +169,6 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
 
     Exit code 0 for ok, 1 for any other status (the text says which), 2 is left to GGFitError (bad input).
     """
-    from fitter import parse_size  # noqa: PLC0415
-    from fitter import resolve_model  # noqa: PLC0415
-    from fitter import read_header  # noqa: PLC0415
-
     config, opts, unknown = RunConfig.from_server_args(server_args)
     if unknown and runner == "python":
         shown = " ".join(unknown[:2]) if len(unknown) > 1 and not unknown[1].startswith("-") else unknown[0]

@@ -8,10 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter import RunConfig
-from fitter import GGFitError
-from fitter import parse_log
-from fitter import LlamaBuild, short_abort
+from fitter import LlamaBuild, RunConfig, parse_log, short_abort
 from search.workload import Workload
 
 Status = Literal["ok", "oom", "crash", "timeout", "error"]
@@ -21,10 +18,6 @@ Speculation = Literal["none", "on", "off"]
 DEFAULT_TIMEOUT = 300.0
 SPEC_DEFAULT_N_MIN = 0  # common_params_speculative_draft defaults (common/common.h)
 SPEC_DEFAULT_P_MIN = 0.0
-
-
-class ProbeError(GGFitError):
-    """The probe could not be attempted (bad arguments, no llama-server); llama.cpp's own failures are statuses."""
 
 
 # --- classification ---------------------------------------------------------------------------------------

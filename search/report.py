@@ -22,6 +22,7 @@ The storage can also be watched live: ``pip install optuna-dashboard`` then ``op
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -29,10 +30,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import optuna
 from pydantic import BaseModel, Field
 
-from search.space import StudyError
 from fitter import MiB
+from search.space import StudyError
 from search.study.define import DIRECTIONS, PickDef
 from search.study.results import _fmt, _info, count_trials, model_misses, pick_best
 from search.study.storage import _redact, default_storage_url, open_storage
@@ -65,8 +67,6 @@ class StudyReport(BaseModel):
 
 def load(study: Any, storage: str | None = None):
     """An optuna.Study from a Study or a name in `storage` (StudyError when there is no such study)."""
-    import optuna
-
     if isinstance(study, optuna.Study):
         return study
     url = storage or default_storage_url()
@@ -168,8 +168,6 @@ def _trial_dtick(study) -> int:
 
 
 def _n_complete(study) -> int:
-    import optuna
-
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
@@ -194,7 +192,7 @@ def _memory_points(study):
 
 
 def _memory_plotly(study):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # plotly, matplotlib: the optional [plots] extra
 
     pts, budget, avail = _memory_points(study)
     fig = go.Figure()
@@ -215,7 +213,7 @@ def _memory_plotly(study):
 
 
 def _memory_matplotlib(study):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the optional [plots] extra
 
     pts, budget, avail = _memory_points(study)
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -236,13 +234,13 @@ def _memory_matplotlib(study):
 
 
 def _integer_xticks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # the optional [plots] extra
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _history_plotly(study, metric: str, **kw):
-    import optuna.visualization as vis
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
 
     fig = vis.plot_optimization_history(study, target_name=metric, **kw)
     fig.update_layout(xaxis_title="trial (number)", yaxis_title=axis_title(metric))
@@ -251,7 +249,7 @@ def _history_plotly(study, metric: str, **kw):
 
 
 def _history_matplotlib(study, metric: str, **kw):
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     ax = vmat.plot_optimization_history(study, target_name=metric, **kw)
     ax.set_xlabel("trial (number)")
@@ -264,7 +262,7 @@ IMPORTANCE_AXIS = "importance for {m} (optuna's default evaluator, normalised: t
 
 
 def _importances_plotly(study, metric: str, **kw):
-    import optuna.visualization as vis
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
 
     fig = vis.plot_param_importances(study, target_name=metric, **kw)
     fig.update_layout(xaxis_title=IMPORTANCE_AXIS.format(m=metric), yaxis_title="searched parameter")
@@ -276,7 +274,7 @@ def _importances_plotly(study, metric: str, **kw):
 
 
 def _importances_matplotlib(study, metric: str, **kw):
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     ax = vmat.plot_param_importances(study, target_name=metric, **kw)
     ax.set_xlabel(IMPORTANCE_AXIS.format(m=metric))
@@ -291,8 +289,8 @@ def _importances_matplotlib(study, metric: str, **kw):
 
 def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     """(file stem, plotly figure factory, matplotlib axes factory) for every plot this study supports."""
-    import optuna.visualization as vis
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     objectives = _objectives(study)
     out: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = []
@@ -316,9 +314,6 @@ def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
 
 def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
     """Write every plot as HTML (plotly) and PNG (matplotlib) into `out`. Returns (files, notes)."""
-    import importlib.util
-
-    import optuna
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -333,10 +328,10 @@ def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
     if not (have_plotly or have_mpl):
         return files, notes
     if have_mpl:
-        import matplotlib
+        import matplotlib  # the optional [plots] extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # the optional [plots] extra
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -399,8 +394,6 @@ def _sqlite_file(url: str) -> Path | None:
 def _check_inputs(study: Any, storage: str | None, out: str | Path | None) -> None:
     """Refuse, before anything is opened or written, a SQLite storage that does not exist (reading it would create
     an empty database, and its directory) and an --out that is not a directory that can be made."""
-    import optuna
-
     if out is not None:
         o = Path(out)
         if o.exists() and not o.is_dir():

@@ -10,11 +10,30 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter import RunConfig
-from fitter import FLASH_ATTN, GGML_TYPES, REPO_ROOT, check_model_path, child_env, child_events, LlamaBuild, signal_name
-from fitter import Progress
-from search.probe_result import (SPEC_DEFAULT_N_MIN, SPEC_DEFAULT_P_MIN, ProbeError, ProbeResult, RunSample,
-                                 _classify_death, _finish, _prompt_label, _rates, oom_lines)
+from fitter import (
+    FLASH_ATTN,
+    GGML_TYPES,
+    REPO_ROOT,
+    LlamaBuild,
+    Progress,
+    RunConfig,
+    check_model_path,
+    child_env,
+    child_events,
+    signal_name,
+)
+from search.errors import ProbeError
+from search.probe_result import (
+    SPEC_DEFAULT_N_MIN,
+    SPEC_DEFAULT_P_MIN,
+    ProbeResult,
+    RunSample,
+    _classify_death,
+    _finish,
+    _prompt_label,
+    _rates,
+    oom_lines,
+)
 from search.server import BUDGET_ENV, Proc
 from search.workload import Workload
 

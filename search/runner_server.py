@@ -10,13 +10,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter import RunConfig
-from fitter import check_model_path, LlamaBuild, signal_name
-from fitter import Progress
-from search.probe_result import (_ERROR_LINE, _SPEC_OFF, ProbeError, ProbeResult, RunSample, _classify_death, _finish,
-                                 _prompt_label, _rates, oom_lines)
-from search.server import (HTTPFailure, LlamaServer, find_llama_server, free_port, parse_build, server_as_allowance,
-                           server_command, server_devices, server_version, split_log_line)
+from fitter import LlamaBuild, Progress, RunConfig, check_model_path, signal_name
+from search import probe_result as pr
+from search.errors import ProbeError
+from search.probe_result import ProbeResult, RunSample
+from search.server import (
+    HTTPFailure,
+    LlamaServer,
+    find_llama_server,
+    free_port,
+    parse_build,
+    server_as_allowance,
+    server_command,
+    server_devices,
+    server_version,
+    split_log_line,
+)
 from search.workload import Workload
 
 Failure = tuple[str, str, list[str]]  # (status, message, evidence)
@@ -65,7 +74,7 @@ def _serve(srv: LlamaServer, workload: Workload, deadline: float, step: Callable
     """The workload's prompts, one request each, measured into `samples`. (failure, timed out)"""
     n_prompts = workload.warmup + workload.repeats
     for i, text in enumerate(workload.prompts()):
-        label = _prompt_label(i, workload.warmup)
+        label = pr._prompt_label(i, workload.warmup)
         step(i, n_prompts, f"{label}: prefill {workload.prompt_tokens} + decode {workload.gen_tokens} tokens")
         try:
             tok = srv.request("POST", "/tokenize", {"content": text, "add_special": True}, deadline - time.perf_counter())
@@ -84,7 +93,7 @@ def _serve(srv: LlamaServer, workload: Workload, deadline: float, step: Callable
                 return ("error", f"HTTP {e.status}: {e.message}" if e.status else e.message, [e.message]), False
             return None, False
         samples.append(_server_sample(r, i < workload.warmup))
-        step(i + 1, n_prompts, f"{label}: {_rates(samples[-1])}")
+        step(i + 1, n_prompts, f"{label}: {pr._rates(samples[-1])}")
     return None, False
 
 
@@ -98,7 +107,7 @@ def _read_server(res: ProbeResult, srv: LlamaServer, binary: str, config: RunCon
     res.exit_code = rc
     res.peak_rss_bytes = srv.proc.peak_rss_bytes
     res.build = LlamaBuild(**parse_build(server_version(binary), srv.log))
-    spec_off = [text for _, text in parsed if _SPEC_OFF.search(text)]
+    spec_off = [text for _, text in parsed if pr._SPEC_OFF.search(text)]
     if config.spec_type != "none":
         res.speculation = "off" if spec_off else "on"
         if spec_off:  # the server's own verdict first ("failed to initialize speculative decoding context: <why>")
@@ -115,17 +124,17 @@ def _classify(res: ProbeResult, parsed: list[tuple[str | None, str]], *, timed_o
         res.status, res.message = "timeout", f"killed after {timeout:g} s while {stage}"
         res.evidence = clean.splitlines()[-3:]
     elif res.signal is not None:
-        _classify_death(res, clean)
+        pr._classify_death(res, clean)
     elif stopped_by_us:
         res.status = "ok"
-        spec_off = [text for _, text in parsed if _SPEC_OFF.search(text)]
+        spec_off = [text for _, text in parsed if pr._SPEC_OFF.search(text)]
         if spec_off:
             res.evidence = spec_off
-    elif oom := oom_lines(clean):
+    elif oom := pr.oom_lines(clean):
         res.status, res.message, res.evidence = "oom", oom[-1], oom
     else:
         errs = [t for lv, t in parsed if lv == "E" and "exiting due to" not in t]
-        errs += [t for lv, t in parsed if lv is None and _ERROR_LINE.search(t)]
+        errs += [t for lv, t in parsed if lv is None and pr._ERROR_LINE.search(t)]
         if failure is not None:
             res.status, res.message = failure[0], failure[1]
             res.evidence = failure[2] + errs[:3]
@@ -184,7 +193,7 @@ def server_probe(model_path: str, config: RunConfig, workload: Workload, *, budg
     stopped_by_us = t_ready is not None and not timed_out and failure is None and len(samples) == workload.runs
     _classify(res, parsed, timed_out=timed_out, timeout=timeout, t_ready=t_ready, failure=failure,
               n_samples=len(samples), stopped_by_us=stopped_by_us)
-    return _finish(res, samples)
+    return pr._finish(res, samples)
 
 
 def _command(binary: str, model_path: str, cfg: RunConfig, port: int, **kw: Any) -> list[str]:

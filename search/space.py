@@ -24,16 +24,17 @@ Settings every trial shares go in the study file's ``[fixed]`` table (any RunCon
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fitter import KV_CACHE_TYPES, RunConfig
-from fitter import GGFitError
+from fitter import KV_CACHE_TYPES, GGFitError, RunConfig
 
 CTX_STEP = 256
 
@@ -177,8 +178,6 @@ _NOT_SEARCHED = ("--repack", "--no-repack", "-fit")  # what every probe passes (
 
 
 def _quote(s: str) -> str:
-    import shlex
-
     return shlex.quote(s)
 
 
@@ -393,8 +392,6 @@ class SearchSpace:
     # -- enumeration (benchmarks, the defaults seed)
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the searched parameters (ranges must be small: each integer of a range is a point)."""
-        import itertools
-
         def values(spec):
             if isinstance(spec, list):
                 return spec

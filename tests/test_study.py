@@ -23,14 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from fitter.llama.cparams import Backend, ConfigError, Frontend
 from fitter.errors import GGFitError
+from fitter.llama.cparams import Backend, ConfigError, Frontend
 from fitter.progress import Progress
 from search.space import SearchSpace, SpaceDef, StudyError
 from search.study import (
-    LengthDistribution, PromptLengths, Predictor, load_study, named_studies, run_study, study_name,
+    LengthDistribution,
+    Predictor,
+    PromptLengths,
+    load_study,
+    named_studies,
+    run_study,
+    study_name,
 )
-from search.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 2**20

@@ -56,11 +56,28 @@ with llama.cpp's defaults), run.py (`run_study`: setup, optimisation, summary).
 
 from search.space import StudyError
 from search.study.compare import compare_verdict, compare_with_defaults, same_run
-from search.study.define import (DIRECTIONS, UNITS, LengthDistribution, PickDef, PromptLengths, StudyDef, load_study,
-                                 named_studies)
+from search.study.define import (
+                                 DIRECTIONS,
+                                 UNITS,
+                                 LengthDistribution,
+                                 PickDef,
+                                 PromptLengths,
+                                 StudyDef,
+                                 load_study,
+                                 named_studies,
+)
 from search.study.objective import Objective, Predictor
-from search.study.results import (COUNT_PARTS, Measurement, StudyResult, TrialCounts, TrialInfo, count_trials,
-                                  model_misses, pick_best, trial_part)
+from search.study.results import (
+                                 COUNT_PARTS,
+                                 Measurement,
+                                 StudyResult,
+                                 TrialCounts,
+                                 TrialInfo,
+                                 count_trials,
+                                 model_misses,
+                                 pick_best,
+                                 trial_part,
+)
 from search.study.run import run_study
 from search.study.storage import StudyInterrupted, default_storage_url, open_storage, study_name
 

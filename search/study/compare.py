@@ -10,9 +10,9 @@ import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
-from fitter import MiB
-from fitter import ConfigError, Frontend, resolve_context, RunConfig
-from fitter import Progress
+from sqlalchemy.exc import SQLAlchemyError
+
+from fitter import ConfigError, Frontend, MiB, Progress, RunConfig, resolve_context
 from search.probe import ProbeResult, Spread
 from search.space import Candidate
 from search.study.define import DIRECTIONS, UNITS, ServedShare, StudyDef
@@ -183,7 +183,8 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
 
 
 def _save_final(study, result: StudyResult) -> None:
-    with contextlib.suppress(Exception):
+    """The comparison into the study's user attrs, for `ggfit report` (a storage that fails now loses only that)."""
+    with contextlib.suppress(SQLAlchemyError):
         study.set_user_attr("final", {"baseline": result.baseline.model_dump(mode="json") if result.baseline else None,
                                       "best": result.best_measured.model_dump(mode="json") if result.best_measured else None,
                                       "ratio": result.ratio, "outcome": result.outcome, "verdict": result.verdict,

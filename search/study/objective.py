@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import MiB
-from fitter import Backend, ConfigError, Frontend
-from fitter import load_model_spec
-from fitter import predict
-from fitter import Progress
+from fitter import Backend, ConfigError, Frontend, MiB, Progress, load_model_spec, predict
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef
@@ -105,7 +103,8 @@ class Objective:
         try:
             return self._run(trial)
         except KeyboardInterrupt:
-            with contextlib.suppress(Exception):  # Optuna fails it next; attrs can only change before that
+            # Optuna fails it next; attrs can only change before that (and a dying storage may refuse them)
+            with contextlib.suppress(UpdateFinishedTrialError, SQLAlchemyError):
                 trial.set_user_attr("status", "interrupted")
                 trial.set_user_attr("reason", "interrupted (Ctrl-C) mid-trial; run again")
             raise

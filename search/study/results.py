@@ -237,7 +237,7 @@ def pick_best(trials, objectives: Sequence[str], pick: PickDef) -> tuple[Any | N
         return best, front
     cand = [t for t in pool if t in front] or pool
     scale = {}
-    for m, d in zip(objectives, dirs):
+    for m in objectives:
         vals = [abs(val(t, m)) for t in done] or [1.0]
         scale[m] = max(vals) or 1.0
     weights = {m: pick.weights.get(m, 1.0 if not pick.weights else 0.0) for m in objectives}

@@ -11,18 +11,24 @@ from typing import Any, Callable, Literal, Sequence
 
 import optuna
 
-from fitter import available_bytes, Budget, MiB, parse_budget, parse_margin
-from fitter import resolve_model
-from fitter import Backend, Frontend
-from fitter import Progress
+from fitter import Backend, Budget, Frontend, MiB, Progress, available_bytes, parse_budget, parse_margin, resolve_model
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
 from search.study.objective import Objective, Predictor, Prober, TrialLines, _Unneeded, quiet_trial_failures
 from search.study.results import StudyResult, _summarise, count_trials, pick_best
-from search.study.storage import (StudyInterrupted, _interrupted, _redact, _worker, default_storage_url, device_id,
-                                  open_storage, recover_stale, study_name)
+from search.study.storage import (
+    StudyInterrupted,
+    _interrupted,
+    _redact,
+    _worker,
+    default_storage_url,
+    device_id,
+    open_storage,
+    recover_stale,
+    study_name,
+)
 from search.workload import Workload
 
 

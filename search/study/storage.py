@@ -10,10 +10,18 @@ import os
 import platform
 import re
 import socket
+import subprocess
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import is_heartbeat_enabled
+from optuna.trial import TrialState, create_trial
+from sqlalchemy.exc import SQLAlchemyError
 
 from fitter import Backend
 from search.space import StudyError
@@ -37,9 +45,6 @@ def _redact(url: str) -> str:
 
 def open_storage(url: str | None = None, *, heartbeat: bool = True):
     """An optuna RDBStorage with heartbeats and stale-trial retries. A plain path means a SQLite file."""
-    import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
     url = url or default_storage_url()
     if "://" not in url:
         url = f"sqlite:///{Path(url).expanduser().resolve()}"
@@ -64,7 +69,7 @@ def open_storage(url: str | None = None, *, heartbeat: bool = True):
             for attempt in range(5):
                 try:
                     return RDBStorage(url, engine_kwargs=engine_kwargs, **kw)
-                except Exception as e:  # two workers creating the schema of a new database at once: one loses
+                except SQLAlchemyError as e:  # two workers creating the schema of a new database at once: one loses
                     if attempt == 4 or not re.search(r"duplicate key|already exists|UniqueViolation", str(e)):
                         raise
                     time.sleep(0.5 + attempt)
@@ -72,7 +77,7 @@ def open_storage(url: str | None = None, *, heartbeat: bool = True):
             # SQLAlchemy 2.1 reads postgresql:// with psycopg 3 (postgresql+psycopg2:// for psycopg2)
             hint = " (pip install 'psycopg[binary]')" if url.startswith("postgresql") else ""
             raise StudyError(f"--storage {_redact(url)}: the database driver for this URL is not installed{hint}") from None
-        except Exception as e:  # sqlalchemy: bad URL, server down, no such database ...
+        except (SQLAlchemyError, ValueError, RuntimeError) as e:  # bad URL, server down, no such database, old schema
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise StudyError(f"--storage {_redact(url)}: {first}") from None
 
@@ -80,8 +85,6 @@ def open_storage(url: str | None = None, *, heartbeat: bool = True):
 def device_id(backend: Backend) -> str:
     """The kind of machine, as stable across identical machines (no hostname): results only mix within a kind."""
     if backend == Backend.CUDA:
-        import subprocess
-
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=10).stdout.strip()
@@ -153,9 +156,6 @@ def recover_stale(study) -> list[int]:
     (SIGKILL, power cut) is failed as ``stale``; a trial Optuna failed on Ctrl-C (or on an exception) that was not
     queued again then (a second Ctrl-C) is queued now. Each gets a queued copy (`_retry`) that the next ``ask``
     runs first. Other hosts' trials are left to the heartbeat. Returns the trial numbers queued again."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     storage = study._storage
     host = socket.gethostname()
     trials = study.get_trials(deepcopy=False)
@@ -198,8 +198,6 @@ def _rerun_numbers(trials) -> set[int]:
 def _retry(study, t, max_retry: int | None = None) -> bool:
     """Queue a copy of `t` (same parameters; WAITING, so the next ``ask`` of any worker runs it first), as optuna's
     RetryFailedTrialCallback does, but without `t`'s user attrs: the dead run's status and numbers are not the copy's."""
-    from optuna.trial import TrialState, create_trial
-
     history = [*(t.system_attrs.get("retry_history") or []), t.number]
     if max_retry is not None and len(history) > max_retry:
         return False
@@ -227,9 +225,6 @@ def _interrupted(study, trial_id: int | None) -> int | None:
     """After Ctrl-C: the trial that was running is failed (Optuna has usually done it; the objective labelled it
     ``interrupted``) and queued again, so resuming loses nothing. Returns its number, or None when no trial was cut
     short."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     if trial_id is None:
         return None
     storage = study._storage
@@ -247,10 +242,8 @@ def _interrupted(study, trial_id: int | None) -> int | None:
 def _probing_elsewhere(study, trials, me: int) -> int:
     """Probes other live workers are running now (RUNNING trials marked ``probing``; heartbeat-stale ones and dead
     local workers' are not counted)."""
-    from optuna.trial import TrialState
-
     stale: set[int] = set()
-    with contextlib.suppress(Exception):  # RDBStorage with heartbeats only
+    if is_heartbeat_enabled(study._storage):  # RDBStorage with heartbeats only
         stale = set(study._storage._get_stale_trial_ids(study._study_id))
     host = socket.gethostname()
     n = 0
