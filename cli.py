@@ -18,8 +18,8 @@ import fitter
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
-_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-_NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
+_UsageError: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_NoArgsIsHelp: Any = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
 
 app = typer.Typer(
     add_completion=False,

@@ -293,9 +293,21 @@ class _Child:
         self.hook = _stage_hooks(req, ggml)
         self.timings: dict[str, float] = {}
         self.runs: list[dict[str, Any]] = []
-        self.model = self.ctx = self.dmodel = self.dctx = self.pool = None
-        self.speculation, self.spec_message = "none", None
+        # llama.cpp's objects (ctypes pointers), set by load / load_draft / run_prompts
+        self.model: Any = None
+        self.ctx: Any = None
+        self.dmodel: Any = None
+        self.dctx: Any = None
+        self.pool: Any = None
+        self.vocab: Any = None
+        self.n_vocab = self.n_ctx = self.n_batch = 0
+        self.speculation: str = "none"
+        self.spec_message: str | None = None
         self.tgt_rm = self.dft_rm = "no"
+        self.perf: Any = None
+        self.dperf: Any = None  # the draft context's counters (speculation on)
+        self.batch: Any = None
+        self.dbatch: Any = None
 
     def done(self, status: str, message: str | None = None, **extra: Any) -> int:
         emit_event({"event": "done", "status": status, "message": message, "errors": self.log.errors,
@@ -364,8 +376,8 @@ class _Child:
         pool = _attach_threadpool(l, self.ctx, int(req.get("context", {}).get("n_threads") or os.cpu_count() or 1))
         if isinstance(pool, str):
             emit_event({"event": "threadpool", "attached": False, "reason": pool})
-            pool = None
-        self.pool = pool
+        else:
+            self.pool = pool
         self.n_ctx, self.n_batch = l.llama_n_ctx(self.ctx), l.llama_n_batch(self.ctx)
         emit_event({"event": "context", "n_ctx": self.n_ctx, "n_ctx_seq": l.llama_n_ctx_seq(self.ctx),
                     "n_batch": self.n_batch, "n_ubatch": l.llama_n_ubatch(self.ctx), "n_seq_max": l.llama_n_seq_max(self.ctx)})

@@ -190,9 +190,9 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
         res = run_probe(path, config, workload, runner=runner, budget_bytes=budget_bytes, timeout=timeout,
                         llama_server=llama_server, extra_args=unknown or None, progress=progress, **opts)
     invalid = re.compile(r"invalid argument: (\S+)")  # common_params_parse_ex: a flag llama-server does not have
-    bad = next((m for m in [res.message or "", *res.evidence] if m and invalid.search(m)), None)
+    bad = next((hit for m in [res.message or "", *res.evidence] if m and (hit := invalid.search(m))), None)
     if not res.ok and bad:
-        raise ProbeError(f"{invalid.search(bad).group(1)}: llama-server has no such option")
+        raise ProbeError(f"{bad.group(1)}: llama-server has no such option")
     if as_json:
         return (0 if res.ok else 1), res.model_dump_json(indent=2, exclude={"log"})
     lines = [res.summary()]

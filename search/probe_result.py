@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,7 +71,7 @@ class Spread(BaseModel):
     n: int
 
     @classmethod
-    def of(cls, values: list[float]) -> Spread | None:
+    def of(cls, values: Sequence[float | None]) -> Spread | None:
         vals = [v for v in values if v is not None]
         if not vals:
             return None
@@ -151,7 +151,7 @@ class ProbeResult(BaseModel):
         if self.status != "ok":
             return f"{self.status}: {self.message or ''}"
         parts = [f"ok: prefill {self.prefill_tps:.1f} tok/s, decode {self.decode_tps:.1f} tok/s, "
-                 f"TTFT {self.ttft_s * 1e3:.0f} ms ({self.prompt_tokens} prompt + {self.generated_tokens} generated tokens"
+                 f"TTFT {(self.ttft_s or 0.0) * 1e3:.0f} ms ({self.prompt_tokens} prompt + {self.generated_tokens} generated tokens"
                  f", median of {len([r for r in self.runs if not r.warmup])})"]
         if self.peak_rss_bytes:
             parts.append(f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB")

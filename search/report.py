@@ -22,6 +22,7 @@ The storage can also be watched live: ``pip install optuna-dashboard`` then ``op
 from __future__ import annotations
 
 import csv
+import functools
 import importlib.util
 import json
 import math
@@ -300,10 +301,10 @@ def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
         kw: dict[str, Any] = {}
         if multi:
             kw["target"] = (lambda t, i=i: t.values[i])
-        out.append((f"history{suffix}", lambda m=m, kw=kw: _history_plotly(study, m, **kw),
-                    lambda m=m, kw=kw: _history_matplotlib(study, m, **kw)))
-        out.append((f"importances{suffix}", lambda m=m, kw=kw: _importances_plotly(study, m, **kw),
-                    lambda m=m, kw=kw: _importances_matplotlib(study, m, **kw)))
+        out.append((f"history{suffix}", functools.partial(_history_plotly, study, m, **kw),
+                    functools.partial(_history_matplotlib, study, m, **kw)))
+        out.append((f"importances{suffix}", functools.partial(_importances_plotly, study, m, **kw),
+                    functools.partial(_importances_matplotlib, study, m, **kw)))
     if len(objectives) in (2, 3):
         names = [axis_title(m) for m in objectives]
         out.append(("pareto", lambda: vis.plot_pareto_front(study, target_names=names),

@@ -125,7 +125,7 @@ def _read_events(res: ProbeResult, proc: Proc) -> tuple[dict[str, dict[str, Any]
     """The child's events (by name) and measured runs; fills the result's process facts, build, limit, timings."""
     events: dict[str, dict[str, Any]] = {}
     runs: list[dict[str, Any]] = []
-    for ev in child_events(proc.out):
+    for ev in child_events(bytes(proc.out)):
         events[ev["event"]] = ev
         if ev["event"] == "run":
             runs.append(ev)
@@ -143,7 +143,7 @@ def _read_events(res: ProbeResult, proc: Proc) -> tuple[dict[str, dict[str, Any]
     if "draft" in events:
         res.speculation = events["draft"]["speculation"]
         res.speculation_message = events["draft"].get("message")
-        if res.speculation == "off":
+        if res.speculation == "off" and res.speculation_message:
             res.evidence.append(res.speculation_message)
     samples = [_python_sample(r) for r in runs]
     t = res.timings

@@ -13,7 +13,7 @@ from typing import Any
 from fitter import LlamaBuild, Progress, RunConfig, check_model_path, signal_name
 from search import probe_result as pr
 from search.errors import ProbeError
-from search.probe_result import ProbeResult, RunSample
+from search.probe_result import ProbeResult, RunSample, Status
 from search.server import (
     HTTPFailure,
     LlamaServer,
@@ -28,7 +28,7 @@ from search.server import (
 )
 from search.workload import Workload
 
-Failure = tuple[str, str, list[str]]  # (status, message, evidence)
+Failure = tuple[Status, str, list[str]]  # (status, message, evidence)
 
 
 def _address_space_limit(binary: str, config: RunConfig, budget_bytes: int | None, threads: int) -> dict[str, Any]:

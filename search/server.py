@@ -119,6 +119,7 @@ class Proc:
         for t in self._threads:
             t.start()
         if stdin is not None:
+            assert self.popen.stdin is not None  # Popen(stdin=PIPE)
             try:
                 self.popen.stdin.write(stdin)
                 self.popen.stdin.close()

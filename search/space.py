@@ -93,10 +93,10 @@ class DraftSpace(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kinds: list[DraftKind] = Field(default_factory=lambda: ["none", "model", "mtp"], min_length=1)
+    kinds: list[DraftKind] = Field(["none", "model", "mtp"], min_length=1)
     n_max: IntSpec = Field(default_factory=lambda: IntRange(low=1, high=8))
     p_min: list[float] | FloatRange = Field(default_factory=lambda: FloatRange(low=0.0, high=0.9, step=0.1))
-    kv_type: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+    kv_type: list[KvType] = Field(["f16"], min_length=1)
 
 
 class SpaceDef(BaseModel):
@@ -108,9 +108,9 @@ class SpaceDef(BaseModel):
     n_ubatch: IntSpec = Field(default_factory=lambda: [512])
     n_batch_factor: list[int] = Field(default_factory=lambda: [1])
     threads: IntSpec | None = None  # None: run_probe's default (os.cpu_count())
-    type_k: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+    type_k: list[KvType] = Field(["f16"], min_length=1)
     type_v: list[KvType] | Literal["same"] = "same"
-    flash_attn: list[Literal["on", "off", "auto"]] = Field(default_factory=lambda: ["auto"], min_length=1)
+    flash_attn: list[Literal["on", "off", "auto"]] = Field(["auto"], min_length=1)
     draft: DraftSpace | None = None
 
     @field_validator("n_batch_factor")
@@ -256,14 +256,14 @@ class SearchSpace:
             self._put("n_ctx", ctxs)
         else:
             r = space.n_ctx
-            high = self.n_ctx_train if r.high in ("train", "auto") else r.high
+            high = r.high if isinstance(r.high, int) else self.n_ctx_train  # "train" (or "auto"): the model's
             low = max(_round_ctx(r.low), self.ctx_need)
             if _round_ctx(high) < low:
                 raise StudyError(f"n_ctx: the range ends ({high}) below the {self._need_text}")
             self._put("n_ctx", IntRange(low=low, high=_round_ctx(high), log=r.log,
                                         step=1 if r.log else max(CTX_STEP, _round_ctx(r.step))))
         ctx = self.dims.get("n_ctx", [self.consts.get("n_ctx")])
-        ctx_values = ctx if isinstance(ctx, list) else [ctx.low, ctx.high]
+        ctx_values = ctx if isinstance(ctx, list) else [ctx.low, ctx.high if isinstance(ctx.high, int) else self.n_ctx_train]
         if max(ctx_values) < self.ctx_need:
             raise StudyError(f"n_ctx: every context in the space ({', '.join(map(str, ctx_values))}) is below the "
                              f"{self._need_text}")
@@ -429,6 +429,7 @@ class SearchSpace:
                 else:
                     out[name] = spec[0]
             elif isinstance(spec, IntRange):
+                assert isinstance(spec.high, int)  # _ints resolved "auto"
                 v = spec.low if want is None else min(max(int(want), spec.low), spec.high)
                 out[name] = spec.low + (v - spec.low) // spec.step * spec.step
             else:

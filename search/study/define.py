@@ -228,4 +228,5 @@ class ServedShare:
     def __call__(self, cand: Candidate) -> float | None:
         if self.dist is None:
             return None
+        assert cand.config.n_ctx is not None  # the space always sets the context
         return self.dist.share(int(cand.config.n_ctx) - self.gen_tokens)

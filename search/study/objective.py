@@ -39,7 +39,8 @@ class Predictor:
 
     def predict(self, cand: Candidate):
         header, spec = self.spec(cand.model_path)
-        draft = self.spec(cand.config.draft_model) if cand.config.spec_type == "draft-simple" else None
+        dm = cand.config.draft_model
+        draft = self.spec(dm) if cand.config.spec_type == "draft-simple" and dm else None
         return predict(header, spec, cand.config, self.backend, self.frontend, draft)
 
 

@@ -236,11 +236,12 @@ def pick_best(trials, objectives: Sequence[str], pick: PickDef) -> tuple[Any | N
         best = (max if dirs[0] == "maximize" else min)(pool, key=lambda t: val(t, m))
         return best, front
     cand = [t for t in pool if t in front] or pool
-    scale = {}
+    scale: dict[str, float] = {}
     for m in objectives:
         vals = [abs(val(t, m)) for t in done] or [1.0]
         scale[m] = max(vals) or 1.0
-    weights = {m: pick.weights.get(m, 1.0 if not pick.weights else 0.0) for m in objectives}
+    given: dict[str, float] = {str(k): w for k, w in pick.weights.items()}
+    weights = {m: given.get(m, 1.0 if not given else 0.0) for m in objectives}
 
     def score(t):
         s = 0.0
@@ -270,8 +271,9 @@ def _summarise(study, d: StudyDef, url: str, budget_bytes: int, margin_bytes: in
 def _spreads(results: Sequence[ProbeResult]) -> dict[str, Spread]:
     """Median and range of each timed metric over every measured run (warm-ups excluded) of the ok probes."""
     runs = [r for x in results if x.ok for r in x.runs if not r.warmup]
-    vals = {"prefill_tps": [r.prefill_tps for r in runs], "decode_tps": [r.decode_tps for r in runs],
-            "ttft_s": [r.ttft_ms / 1e3 for r in runs]}
+    vals: dict[str, list[float | None]] = {"prefill_tps": [r.prefill_tps for r in runs],
+                                           "decode_tps": [r.decode_tps for r in runs],
+                                           "ttft_s": [r.ttft_ms / 1e3 for r in runs]}
     return {k: sp for k, v in vals.items() if (sp := Spread.of(v)) is not None}
 
 

@@ -158,10 +158,11 @@ def _open_study(p: _Plan, sname: str, st, url: str, seed: int | None, backend: B
     else:
         sampler = optuna.samplers.TPESampler(seed=sseed, n_startup_trials=d.sampler.n_startup_trials,
                                              multivariate=True, group=p.space.conditional)
-    study = optuna.create_study(study_name=sname, storage=st, sampler=sampler, directions=d.directions,
+    directions = [optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else optuna.study.StudyDirection.MINIMIZE
+                  for x in d.directions]
+    study = optuna.create_study(study_name=sname, storage=st, sampler=sampler, directions=directions,
                                 load_if_exists=True)
-    if study.directions != [optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else
-                            optuna.study.StudyDirection.MINIMIZE for x in d.directions]:
+    if study.directions != directions:
         raise StudyError(f"study {sname} exists in {_redact(url)} with other objectives; pass another name")
     if not study.user_attrs.get("ggfit"):
         study.set_metric_names(list(d.objectives))
