@@ -18,7 +18,7 @@ from fitter.llama.context import compute_buffers
 from fitter.llama.graph_details import graph_details
 from fitter.ggml.backends import tensor_info_alloc_size
 from fitter.ggml.backends.metal import metal_fa_unsupported_reason
-from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
+from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.hparams import ModelSpec
@@ -205,7 +205,7 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
     made llama_init_from_model force it on. The CPU runs every FA node; CUDA's rules are not mirrored here."""
     if config.flash_attn != "auto" or backend != Backend.METAL:
         return config, None
-    if ggml_type(config.type_v).name not in ("F32", "F16", "BF16"):
+    if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
     for layer in spec.layers[: spec.n_layer]:
         if layer.kind.value == "recurrent" or not layer.has_kv:

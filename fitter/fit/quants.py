@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 from fitter.errors import GGFitError
 from fitter.gguf.constants import GGUFValueType
+from fitter.ggml.types import BLCK, TSIZE, TYPE_TRAITS
 from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString
 
 GGUF_DEFAULT_ALIGNMENT = 32  # ggml/include/gguf.h; llama-quant.cpp writes with it whatever the input says
@@ -38,19 +39,9 @@ class QuantRefused(QuantError):
 
 
 # ---------------------------------------------------------------------------------------------
-# ggml types: (name, block size, type size) of ggml.c's type_traits, by ggml_type id (ggml.h)
+# ggml types, named as llama-quantize prints them (upper case); the table is fitter.ggml.types'
 
-_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
-}
-T = {name: tid for tid, (name, _, _) in _TYPES.items()}  # type name -> ggml_type id
+T = {name.upper(): tid for tid, (name, _, _) in TYPE_TRAITS.items()}  # type name -> ggml_type id
 F32, F16, BF16 = T["F32"], T["F16"], T["BF16"]
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = T["Q4_0"], T["Q4_1"], T["Q5_0"], T["Q5_1"], T["Q8_0"]
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = T["Q2_K"], T["Q3_K"], T["Q4_K"], T["Q5_K"], T["Q6_K"]
@@ -61,17 +52,12 @@ _NOT_QUANTIZED = {F32, F16, BF16, T["I8"], T["I16"], T["I32"], T["I64"], T["F64"
 
 
 def type_name(tid: int) -> str:
-    return _TYPES[tid][0] if tid in _TYPES else f"type{tid}"
-
-
-def _blck(tid: int) -> int:
-    return _TYPES[tid][1]
+    return TYPE_TRAITS[tid][0].upper() if tid in TYPE_TRAITS else f"type{tid}"
 
 
 def row_bytes(tid: int, ne0: int) -> int:
     """ggml_row_size."""
-    name, block, size = _TYPES[tid]
-    return size * (ne0 // block)
+    return TSIZE[tid] * (ne0 // BLCK[tid])
 
 
 def tensor_bytes(tid: int, shape: tuple[int, ...]) -> int:
@@ -463,7 +449,7 @@ def _get_type_impl(qs: _State, new_type: int, name: str, shape: tuple[int, ...],
             new_type = qs.output_tensor_type
         elif ftype == "MXFP4_MOE":
             new_type = Q8_0
-        elif arch == "falcon" or nx % _blck(new_type) != 0:
+        elif arch == "falcon" or nx % BLCK[new_type] != 0:
             new_type = Q8_0
         elif ftype in _OUTPUT_Q5K_FAMILY:
             new_type = Q5_K
@@ -616,7 +602,7 @@ _FALLBACK = {
 
 def _fallback(qs: _State, ne0: int, target: int) -> int:
     """tensor_type_fallback: a row length that is not a multiple of the block size demotes the type."""
-    qk = _blck(target)
+    qk = BLCK[target]
     if ne0 % qk == 0:
         return target
     qs.n_fallback += 1
@@ -627,7 +613,7 @@ def _fallback(qs: _State, ne0: int, target: int) -> int:
     else:
         raise QuantRefused(f"llama-quantize fails: no tensor type fallback is defined for type {type_name(target)} "
                            f"(a row of {ne0} is not a multiple of {qk})")
-    if ne0 % _blck(ret) != 0:
+    if ne0 % BLCK[ret] != 0:
         ret = F16  # "must use F16 due to unusual shape"
     return ret
 
@@ -765,10 +751,10 @@ def _predict(header: GGUFHeader, ftype: str, model: _Model, has_imatrix: bool,
             new = in_type  # copied as it is
         else:
             new, wanted = _get_type(qs, opts, t.name, shape, default, ftype)  # type: ignore[arg-type]
-            if new not in _NOT_QUANTIZED and shape[0] % _blck(new) != 0:
+            if new not in _NOT_QUANTIZED and shape[0] % BLCK[new] != 0:
                 # gguf_set_tensor_type: GGML_ASSERT "tensor row size not divisible by block size of new type"
                 raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
-                                   f"of the {type_name(new)} block size {_blck(new)} (an explicit type skips the "
+                                   f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
                                    "fallback)")
         req = quantizable and requires_imatrix(t.name, new, ftype)
         if req:
