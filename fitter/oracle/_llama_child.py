@@ -34,6 +34,10 @@ from typing import Any
 _DEBUG, _INFO, _WARN, _ERROR, _CONT = 1, 2, 3, 4, 5
 
 
+# what asking a llama.cpp build for something it lacks raises: a missing symbol, a NULL string, bad bytes
+_FFI_FAILURES = (AttributeError, OSError, UnicodeDecodeError, ctypes.ArgumentError)
+
+
 def _emit(obj: dict[str, Any]) -> None:
     os.write(1, (json.dumps(obj) + "\n").encode())
 
@@ -86,11 +90,11 @@ def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
     info: dict[str, Any] = {"llama_cpp_python": getattr(llama_cpp, "__version__", None)}
     try:
         info["llama_version"] = llama_cpp.llama_version().decode()
-    except Exception:
+    except _FFI_FAILURES:
         info["llama_version"] = None
     try:
         info["system_info"] = llama_cpp.llama_print_system_info().decode().strip()
-    except Exception:
+    except _FFI_FAILURES:
         info["system_info"] = None
     for sym in ("ggml_commit", "ggml_version"):
         val = None
@@ -100,7 +104,7 @@ def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
             f.argtypes = []
             try:
                 val = f().decode()
-            except Exception:
+            except _FFI_FAILURES:
                 val = None
         info[sym] = val
     return info

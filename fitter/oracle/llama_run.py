@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fitter.build import PINNED_COMMIT
 from fitter.ggml.types import GGML_TYPES
@@ -130,8 +130,6 @@ class LlamaParams(BaseModel):
     @classmethod
     def make(cls, **kw: Any) -> LlamaParams:
         """Like the constructor, but a bad value is a LlamaRunError with one line (not a pydantic ValidationError)."""
-        from pydantic import ValidationError
-
         try:
             return cls(**kw)
         except ValidationError as e:
