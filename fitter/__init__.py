@@ -59,7 +59,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "dry_run_check": ("fitter.oracle.check", "dry_run_check"),
     "parse_log": ("fitter.oracle.llama_log", "parse_log"),
     "FLASH_ATTN": ("fitter.oracle.llama_run", "FLASH_ATTN"),
-    "GGML_TYPES": ("fitter.oracle.llama_run", "GGML_TYPES"),
+    "GGML_TYPES": ("fitter.ggml.types", "GGML_TYPES"),
     "LlamaBuild": ("fitter.oracle.llama_run", "LlamaBuild"),
     "REPO_ROOT": ("fitter.oracle.llama_run", "_REPO_ROOT"),
     "check_model_path": ("fitter.oracle.llama_run", "_check_model_path"),
@@ -116,7 +116,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
     from fitter.oracle.llama_log import parse_log
-    from fitter.oracle.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild
+    from fitter.ggml.types import GGML_TYPES
+    from fitter.oracle.llama_run import FLASH_ATTN, LlamaBuild
     from fitter.oracle.llama_run import _REPO_ROOT as REPO_ROOT, _check_model_path as check_model_path
     from fitter.oracle.llama_run import _child_env as child_env, _short_abort as short_abort
     from fitter.oracle.llama_run import child_events, child_preexec, signal_name, sigterm_cleanup, watchdog_for

@@ -12,10 +12,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal, NamedTuple, Sequence
 
-from fitter.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.errors import GGFitError
+from fitter.ggml.types import BLCK, GGML_TYPES
 from fitter.llama.hparams import ModelSpec
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
@@ -31,7 +31,6 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max",
 }
-RS_ROLLBACK_ARCHS = {"qwen35", "qwen35moe"}  # llm_arch_supports_rs_rollback, among ggfit's architectures
 
 
 class ConfigError(GGFitError):
@@ -50,19 +49,6 @@ class Backend(str, Enum):
 
 
 SpecType = Literal["none", "draft-simple", "draft-mtp"]
-
-
-def ggml_type(name: str) -> GGMLQuantizationType:
-    try:
-        return GGMLQuantizationType[name.upper()]
-    except KeyError:
-        raise ConfigError(f"unknown ggml type '{name}'") from None
-
-
-def ggml_row_size(t: GGMLQuantizationType, ne: int) -> int:
-    """ggml_row_size: bytes of `ne` elements of type t (ne must be a multiple of the block size)."""
-    block, size = GGML_QUANT_SIZES[t]
-    return size * ne // block
 
 
 def pad(x: int, n: int) -> int:
@@ -352,20 +338,28 @@ def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None)
     return config.model_copy(update=update)
 
 
-def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
-    """Mirror llama_context::llama_context's cparams, after the front end's defaults."""
-    applied: dict[str, str] = {}
+class _Defaults(NamedTuple):
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_parallel: int
+    kv_unified: bool
+    swa_full: bool
 
-    def default(name: str, value, why: str):
+
+def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str, str]) -> _Defaults:
+    """The config with the front end's defaults filled in: common/common.h common_params (+ tools/server/server.cpp)
+    vs llama_context_default_params (src/llama-context.cpp); each default applied is noted in `applied`."""
+
+    def default(name: str, value: Any, why: str) -> Any:
         applied[name] = f"{value} ({why})"
         return value
 
-    server = frontend == Frontend.SERVER
-    # common/common.h common_params vs llama_context_default_params (src/llama-context.cpp)
     n_ctx = config.n_ctx if config.n_ctx is not None else default("n_ctx", 0, "training context")
-    if server:
-        n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, "llama-server default")
-        n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, "llama-server default")
+    why = "llama-server default" if frontend == Frontend.SERVER else "library default"
+    n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, why)
+    n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, why)
+    if frontend == Frontend.SERVER:
         n_parallel = config.n_parallel if config.n_parallel is not None else -1
         kv_unified = config.kv_unified if config.kv_unified is not None else False
         if n_parallel < 0:
@@ -374,57 +368,36 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
             kv_unified = True
             applied["n_parallel"] = "4 (llama-server -np auto)"
             applied["kv_unified"] = "true (llama-server -np auto)"
-        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", False, "llama-server default")
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", False, why)
     else:
-        n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, "library default")
-        n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, "library default")
-        n_parallel = config.n_parallel if config.n_parallel is not None else default("n_parallel", 1, "library default")
+        n_parallel = config.n_parallel if config.n_parallel is not None else default("n_parallel", 1, why)
         if n_parallel < 1:
             raise ConfigError(f"-np {n_parallel}: the library needs at least one sequence")
-        kv_unified = config.kv_unified if config.kv_unified is not None else default("kv_unified", False, "library default")
-        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", True, "library default")
+        kv_unified = config.kv_unified if config.kv_unified is not None else default("kv_unified", False, why)
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", True, why)
     if n_parallel == 0:
         raise ConfigError("-np 0: invalid value for n_parallel")
+    return _Defaults(n_ctx, n_batch, n_ubatch, n_parallel, kv_unified, swa_full)
 
-    n_seq_max = max(1, n_parallel)
-    if n_seq_max > LLAMA_MAX_SEQ:
-        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
 
-    n_ctx = n_ctx or spec.n_ctx_train
-    # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
-    n_batch = min(n_ctx, n_batch)
-    n_ubatch = min(n_batch, n_ubatch)
-    # llama_context::llama_context reserves outputs for one token per sequence, output_reserve(n_seq_max), which
-    # asserts n_seq_max <= cparams.n_outputs_max; that is at most n_batch (server_output_limits caps it at n_batch,
-    # the library's is n_batch itself): n_batch must hold a token of every sequence.
-    if n_batch < n_seq_max:
-        slots = f"-np {n_parallel}" + (" (auto)" if config.n_parallel is None or config.n_parallel < 0 else "")
-        why = (f"llama.cpp needs n_batch >= n_seq_max ({n_seq_max}, {slots}), else it aborts in output_reserve "
-               f"(GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
-        if config.n_batch is not None and config.n_batch < n_seq_max:
-            raise ConfigError(f"-b {config.n_batch}: {why}; use -b {n_seq_max} or more, or fewer slots")
-        raise ConfigError(f"-c {config.n_ctx}: llama.cpp caps n_batch at n_ctx ({n_batch}), and {why}; "
-                          f"use -c {n_seq_max} or more (llama.cpp rounds n_ctx up to 256 anyway), or fewer slots")
+def _check_batch_holds_slots(config: RunConfig, n_batch: int, n_seq_max: int, n_parallel: int) -> None:
+    """llama_context::llama_context reserves outputs for one token per sequence, output_reserve(n_seq_max), which
+    asserts n_seq_max <= cparams.n_outputs_max; that is at most n_batch (server_output_limits caps it at n_batch,
+    the library's is n_batch itself): n_batch must hold a token of every sequence."""
+    if n_batch >= n_seq_max:
+        return
+    slots = f"-np {n_parallel}" + (" (auto)" if config.n_parallel is None or config.n_parallel < 0 else "")
+    why = (f"llama.cpp needs n_batch >= n_seq_max ({n_seq_max}, {slots}), else it aborts in output_reserve "
+           f"(GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+    if config.n_batch is not None and config.n_batch < n_seq_max:
+        raise ConfigError(f"-b {config.n_batch}: {why}; use -b {n_seq_max} or more, or fewer slots")
+    raise ConfigError(f"-c {config.n_ctx}: llama.cpp caps n_batch at n_ctx ({n_batch}), and {why}; "
+                      f"use -c {n_seq_max} or more (llama.cpp rounds n_ctx up to 256 anyway), or fewer slots")
 
-    # n_outputs_max: the server caps outputs per batch by slots x (1 + draft tokens)
-    # (server_output_limits / common_speculative_get_output_limits); the library reserves n_batch.
-    n_draft = config.draft_n_max if config.spec_type != "none" else 0
-    if server and not config.embeddings:
-        n_outputs_max = max(1, min(n_batch, n_parallel * (1 + n_draft)))
-    else:
-        n_outputs_max = n_batch
 
-    n_ctx = pad(n_ctx, 256)
-    if kv_unified:
-        n_ctx_seq = n_ctx
-    else:
-        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
-        if n_ctx_seq == 0:
-            raise ConfigError("n_ctx_seq == 0")
-        n_ctx = n_ctx_seq * n_seq_max
-
-    type_k, type_v = ggml_type(config.type_k), ggml_type(config.type_v)
-    quant_v = GGML_QUANT_SIZES[type_v][0] > 1
+def _check_cache_types(spec: ModelSpec, config: RunConfig) -> bool:
+    """flash_attn as llama_init_from_model resolves it, after refusing the K/V cache types llama.cpp refuses."""
+    quant_v = BLCK[GGML_TYPES[config.type_v]] > 1
     # llama_init_from_model: quantized V needs flash attention; auto is switched on for it
     if config.flash_attn == "off" and quant_v:
         raise ConfigError(f"-ctv {config.type_v} with -fa off: llama.cpp refuses a quantized V cache without flash attention")
@@ -432,36 +405,57 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     if spec.is_mla and config.type_k != config.type_v:
         raise ConfigError(f"{spec.architecture} (MLA) does not support different K ({config.type_k}) and V ({config.type_v}) cache types")
     if flash_attn:
-        for t, name, attr in ((type_k, "K", "n_embd_head_k"), (type_v, "V", "n_embd_head_v")):
-            block = GGML_QUANT_SIZES[t][0]
+        for tname, name, attr in ((config.type_k, "K", "n_embd_head_k"), (config.type_v, "V", "n_embd_head_v")):
+            block = BLCK[GGML_TYPES[tname]]
             if block > 1:
                 for layer in spec.layers[: spec.n_layer]:
                     if layer.kind.value != "recurrent" and getattr(layer, attr) % block:
                         raise ConfigError(
-                            f"{name} cache type {t.name.lower()} with block size {block} does not divide "
+                            f"{name} cache type {tname} with block size {block} does not divide "
                             f"{attr}={getattr(layer, attr)}"
                         )
+    return flash_attn
 
+
+def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
+    """Mirror llama_context::llama_context's cparams, after the front end's defaults."""
+    applied: dict[str, str] = {}
+    d = _front_end_defaults(config, frontend, applied)
+    n_seq_max = max(1, d.n_parallel)
+    if n_seq_max > LLAMA_MAX_SEQ:
+        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
+
+    n_ctx = d.n_ctx or spec.n_ctx_train
+    # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
+    n_batch = min(n_ctx, d.n_batch)
+    n_ubatch = min(n_batch, d.n_ubatch)
+    _check_batch_holds_slots(config, n_batch, n_seq_max, d.n_parallel)
+
+    # n_outputs_max: the server caps outputs per batch by slots x (1 + draft tokens)
+    # (server_output_limits / common_speculative_get_output_limits); the library reserves n_batch.
+    n_draft = config.draft_n_max if config.spec_type != "none" else 0
+    if frontend == Frontend.SERVER and not config.embeddings:
+        n_outputs_max = max(1, min(n_batch, d.n_parallel * (1 + n_draft)))
+    else:
+        n_outputs_max = n_batch
+
+    n_ctx = pad(n_ctx, 256)
+    if d.kv_unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+        if n_ctx_seq == 0:
+            raise ConfigError("n_ctx_seq == 0")
+        n_ctx = n_ctx_seq * n_seq_max
+
+    flash_attn = _check_cache_types(spec, config)
     # common_params_speculative::need_n_rs_seq: MTP keeps draft.n_max recurrent snapshots per sequence
     # (clamped to 0 for architectures without recurrent rollback: llm_arch_supports_rs_rollback)
-    supports_rollback = spec.architecture in RS_ROLLBACK_ARCHS
-    n_rs_seq = config.draft_n_max if config.spec_type == "draft-mtp" and supports_rollback and not mtp else 0
+    n_rs_seq = config.draft_n_max if config.spec_type == "draft-mtp" and spec.supports_rs_rollback and not mtp else 0
 
     return ContextParams(
-        frontend=frontend,
-        n_ctx=n_ctx,
-        n_ctx_seq=n_ctx_seq,
-        n_seq_max=n_seq_max,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        n_outputs_max=n_outputs_max,
-        kv_unified=kv_unified,
-        swa_full=swa_full,
-        flash_attn=flash_attn,
-        type_k=config.type_k,
-        type_v=config.type_v,
-        n_rs_seq=n_rs_seq,
-        offload_kqv=True,
-        embeddings=config.embeddings,
-        defaults_applied=applied,
+        frontend=frontend, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max, n_batch=n_batch,
+        n_ubatch=n_ubatch, n_outputs_max=n_outputs_max, kv_unified=d.kv_unified, swa_full=d.swa_full,
+        flash_attn=flash_attn, type_k=config.type_k, type_v=config.type_v, n_rs_seq=n_rs_seq, offload_kqv=True,
+        embeddings=config.embeddings, defaults_applied=applied,
     )

@@ -12,12 +12,19 @@ import sys
 from typing import Any
 
 from fitter.build import LLAMA_CPP_COMMIT
-from fitter.fit.calibration import MIN_POINTS, Calibration, CalibrationError, Correction, fit_line
+from fitter.fit.calibration import (
+    MIN_POINTS,
+    Calibration,
+    CalibrationError,
+    Correction,
+    fit_line,
+)
 from fitter.fit.memory import Prediction, predict
+from fitter.ggml import backends
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
-from fitter.oracle.llama_run import LlamaRun, _REPO_ROOT, _child_env, measure
+from fitter.oracle.llama_run import _REPO_ROOT, LlamaRun, _child_env, measure
 from fitter.progress import Progress
 
 GRID = [  # (n_ctx, n_ubatch, flash_attn)
@@ -48,7 +55,6 @@ for i in range(g.ggml_backend_dev_count()):
     devs.append({"name": g.ggml_backend_dev_name(d).decode(), "reg": g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)).decode()})
 print(json.dumps({"devices": devs}))
 """
-_REGISTRY = {Backend.CPU: "CPU", Backend.CUDA: "CUDA", Backend.METAL: "MTL"}
 
 
 @functools.cache  # this process only, and only an answer llama.cpp gave (a raised error is not cached)
@@ -73,10 +79,10 @@ def local_devices(timeout: float = 60.0) -> list[dict[str, str]]:
 def require_backend(backend: Backend) -> None:
     """Refuse a backend the local llama.cpp has no device for: its dry runs would measure something else."""
     devs = local_devices()
-    if not any(d["reg"] == _REGISTRY[backend] for d in devs):
-        have = [b.value for b in Backend if any(d["reg"] == _REGISTRY[b] for d in devs)]
+    if not any(d["reg"] == backends.get(backend).registry for d in devs):
+        have = [b.value for b in Backend if any(d["reg"] == backends.get(b).registry for d in devs)]
         raise CalibrationError(
-            f"--backend {backend.value}: the local llama.cpp has no {_REGISTRY[backend]} device "
+            f"--backend {backend.value}: the local llama.cpp has no {backends.get(backend).registry} device "
             f"(it has: {', '.join(d['name'] for d in devs) or 'none'}); calibrate here with --backend {' or '.join(have) or 'cpu'}"
         )
 

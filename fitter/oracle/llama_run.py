@@ -47,21 +47,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fitter.build import PINNED_COMMIT
+from fitter.ggml.types import GGML_TYPES
 from fitter.errors import GGFitError, SourceError
 from fitter.oracle.llama_log import LlamaReport, parse_log
 
 
-# enum ggml_type (ggml/include/ggml.h of the pinned build), spelled as ggml_type_name() prints them
-GGML_TYPES: dict[str, int] = {
-    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q8_1": 9,
-    "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14, "q8_K": 15,
-    "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18, "iq1_s": 19, "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22,
-    "iq4_xs": 23, "i8": 24, "i16": 25, "i32": 26, "i64": 27, "f64": 28, "iq1_m": 29, "bf16": 30,
-    "tq1_0": 34, "tq2_0": 35, "mxfp4": 39, "nvfp4": 40, "q1_0": 41, "q2_0": 42,
-}
 _GGML_TYPES_LOWER = {k.lower(): k for k in GGML_TYPES}
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
@@ -137,8 +130,6 @@ class LlamaParams(BaseModel):
     @classmethod
     def make(cls, **kw: Any) -> LlamaParams:
         """Like the constructor, but a bad value is a LlamaRunError with one line (not a pydantic ValidationError)."""
-        from pydantic import ValidationError
-
         try:
             return cls(**kw)
         except ValidationError as e:

@@ -229,6 +229,7 @@ class CUDABackend(BackendImpl):
     kind = Backend.CUDA
     name = "CUDA0"
     host_buffer_name = "CUDA_Host"
+    registry = "CUDA"  # ggml_backend_reg_name
     alignment = CUDA_ALIGNMENT
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True

@@ -212,6 +212,7 @@ class MetalBackend(BackendImpl):
     kind = Backend.METAL
     name = "MTL0"
     host_buffer_name = "CPU"
+    registry = "MTL"  # ggml_backend_reg_name (ggml-metal.cpp GGML_METAL_NAME)
     alignment = METAL_ALIGNMENT
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True
