@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import platform
+import re
+import shutil
 import sys
-from typing import Annotated, Optional
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Annotated, Any, Optional
 
 import typer
 
-from fitter.errors import GGFitError
+import fitter
+from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
-_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-_NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
+_UsageError: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_NoArgsIsHelp: Any = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
 
 app = typer.Typer(
     add_completion=False,
@@ -30,6 +37,37 @@ def _root() -> None:
     """Fit llama.cpp models to a memory budget, from GGUF metadata alone."""
 
 
+class BackendName(str, Enum):
+    """fitter's Backend values (tests/test_bad_invocations.py checks they agree), without importing fitter for --help."""
+
+    metal = "metal"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class FrontendName(str, Enum):
+    """fitter's Frontend values: whose defaults apply."""
+
+    server = "server"
+    library = "library"
+
+
+class FlashAttnMode(str, Enum):
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+class RunnerName(str, Enum):
+    python = "python"
+    server = "server"
+
+
+class PromptKind(str, Enum):
+    prose = "prose"
+    code = "code"
+
+
 MODEL_HELP = "A GGUF path, an http(s) URL (read by Range requests), or a bundled model name (gemma3-270m)."
 SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559MiB, 24GiB, 26800MB)"
 
@@ -37,14 +75,14 @@ SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559M
 # meaning, common/arg.cpp) and ggfit's own budget/backend options.
 BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit).")]
 MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default 1024MiB, like llama.cpp's --fit-target).")]
-BackendOpt = Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="metal, cuda or cpu (default: this machine's).")]
-FrontendOpt = Annotated[str, typer.Option("--frontend", metavar="NAME", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
+BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
+FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
 Ctx = Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="N", help="n_ctx: context size in tokens, 0 = the model's training context (fit: omit to solve for the largest that fits).")]
 Batch = Annotated[Optional[int], typer.Option("-b", "--batch-size", metavar="N", help="n_batch: logical maximum batch size (default 2048; llama.cpp caps it at n_ctx).")]
 UBatch = Annotated[Optional[int], typer.Option("-ub", "--ubatch-size", metavar="N", help="n_ubatch: physical maximum batch size (default 512; llama.cpp caps it at n_batch).")]
 CacheK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", metavar="TYPE", help="KV cache type for K: f32, f16 (default), bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.")]
 CacheV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", metavar="TYPE", help="KV cache type for V (same types as -ctk; quantized V needs flash attention).")]
-FlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", metavar="on|off|auto", help="Flash attention: on, off or auto.")]
+FlashAttn = Annotated[FlashAttnMode, typer.Option("-fa", "--flash-attn", help="Flash attention.")]
 Parallel = Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", help="n_seq_max: server slots, 1..256, or -1 = auto (llama-server: 4 slots with a unified KV cache).")]
 KVUnified = Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="One KV buffer shared by all slots (default: on with -np auto).")]
 SwaFull = Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full", help="Full-size sliding-window KV cache (llama-server default: off).")]
@@ -57,7 +95,7 @@ DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", 
 DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
 DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
-RunnerOpt = Annotated[str, typer.Option("--runner", metavar="python|server", help="python (llama-cpp-python in a child process) or server (llama-server).")]
+RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process) or server (llama-server).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="Path of the llama-server binary for the server runner (default: ggfit's pinned build, then PATH).")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
@@ -72,11 +110,8 @@ def inspect(
     as_json: AsJson = False,
 ) -> None:
     """Describe a model from its header: architecture, size, layer kinds, attention, vocab."""
-    from fitter.bundled import resolve_model
-    from fitter.llama.hparams import LayerKind
-    from fitter.llama.model import load_model_spec
 
-    header, spec = load_model_spec(resolve_model(model), allow_unknown=True)
+    header, spec = fitter.load_model_spec(fitter.resolve_model(model), allow_unknown=True)
     if as_json:
         out = spec.model_dump(mode="json")
         out["layer_kinds"] = spec.layer_kind_counts()
@@ -104,13 +139,13 @@ def inspect(
         parts.append(f"{kinds['swa']} sliding window ({spec.n_swa} tokens)")
     if kinds.get("recurrent"):
         parts.append(f"{kinds['recurrent']} recurrent")
-    no_kv = sum(1 for layer in trunk if not layer.has_kv and layer.kind != LayerKind.RECURRENT)
+    no_kv = sum(1 for layer in trunk if not layer.has_kv and layer.kind != fitter.LayerKind.RECURRENT)
     if no_kv:
         parts.append(f"{no_kv} reuse another layer's KV")
     rows.append(("layers", f"{spec.n_layer}: " + ", ".join(parts)))
     pattern = "".join({"full": "F", "swa": "S", "recurrent": "R"}[layer.kind.value] for layer in trunk)
     rows.append(("layer pattern", pattern + "  (F full, S sliding window, R recurrent)"))
-    attn = [layer for layer in trunk if layer.kind != LayerKind.RECURRENT]
+    attn = [layer for layer in trunk if layer.kind != fitter.LayerKind.RECURRENT]
     if attn:
         def _span(values: list[int]) -> str:
             lo, hi = min(values), max(values)
@@ -143,9 +178,6 @@ def inspect(
 
 
 def _detect_backend() -> str:
-    import platform
-    import shutil
-
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return "metal"
     if shutil.which("nvidia-smi"):
@@ -153,35 +185,26 @@ def _detect_backend() -> str:
     return "cpu"
 
 
-def _backend(name: str | None):
+def _backend(name: BackendName | None):
     """--backend, or this machine's own when not given."""
-    from fitter.config import Backend, ConfigError
 
-    try:
-        return Backend(name or _detect_backend())
-    except ValueError:
-        raise ConfigError(f"--backend {name}: use metal, cuda or cpu") from None
+    return fitter.Backend(name.value if name else _detect_backend())
 
 
-def _frontend(name: str):
-    from fitter.config import ConfigError, Frontend
+def _frontend(name: FrontendName):
 
-    try:
-        return Frontend(name)
-    except ValueError:
-        raise ConfigError(f"--frontend {name}: use server or library") from None
+    return fitter.Frontend(name.value)
 
 
 def _run_config(**fields):
     """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # pydantic loads with fitter's RunConfig, not for --help
 
-    from fitter.config import RunConfig, config_error
 
     try:
-        return RunConfig(**fields)
+        return fitter.RunConfig(**fields)
     except ValidationError as e:
-        raise config_error(e) from None
+        raise fitter.config_error(e) from None
 
 
 def _warn_ctx_train(cp, spec) -> None:
@@ -193,24 +216,8 @@ def _warn_ctx_train(cp, spec) -> None:
 
 def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
     """llama-server flags for a resolved context, one item per flag."""
-    flags = [f"-m {model}", f"-c {cp.n_ctx}", f"-b {cp.n_batch}", f"-ub {cp.n_ubatch}",
-             f"-ctk {cp.type_k}", f"-ctv {cp.type_v}", f"-fa {'on' if cp.flash_attn else 'off'}",
-             f"-np {cp.n_seq_max}", "--kv-unified" if cp.kv_unified else "--no-kv-unified"]
-    if cp.swa_full:
-        flags.append("--swa-full")
-    if cfg.n_gpu_layers >= 0:
-        flags.append(f"-ngl {cfg.n_gpu_layers}")
-    if cfg.no_mmap:
-        flags.append("--no-mmap")
-    if cfg.no_repack:
-        flags.append("--no-repack")
-    if draft_path:
-        flags += [f"--model-draft {draft_path}", f"--spec-draft-type-k {cfg.draft_type_k}",
-                  f"--spec-draft-type-v {cfg.draft_type_v}", f"--spec-draft-n-max {cfg.draft_n_max}"]
-    elif cfg.spec_type == "draft-mtp":
-        flags += ["--spec-type draft-mtp", f"--spec-draft-type-k {cfg.draft_type_k}",
-                  f"--spec-draft-type-v {cfg.draft_type_v}", f"--spec-draft-n-max {cfg.draft_n_max}"]
-    return flags
+
+    return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
 
 
 def _print_breakdown(pred, available: int) -> None:
@@ -231,13 +238,13 @@ def fit(
     budget: BudgetOpt = "auto",
     margin: MarginOpt = None,
     backend: BackendOpt = None,
-    frontend: FrontendOpt = "server",
+    frontend: FrontendOpt = FrontendName.server,
     n_ctx: Ctx = None,
     n_batch: Batch = None,
     n_ubatch: UBatch = None,
     type_k: CacheK = None,
     type_v: CacheV = None,
-    flash_attn: FlashAttn = "auto",
+    flash_attn: FlashAttn = FlashAttnMode.auto,
     n_parallel: Parallel = None,
     kv_unified: KVUnified = None,
     swa_full: SwaFull = None,
@@ -253,132 +260,161 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
-    from fitter.budget import available_bytes, parse_budget, parse_margin
-    from fitter.build import build_label
-    from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
-    from fitter.memory import predict
-    from fitter.llama.model import load_model_spec
-    from fitter.solver import prediction_for, recommend, solve
-
     be, fe = _backend(backend), _frontend(frontend)
-    if flash_attn not in ("on", "off", "auto"):
-        raise ConfigError(f"-fa {flash_attn}: use on, off or auto")
     if spec_type not in (None, "draft-simple", "draft-mtp"):
-        raise ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
-    bud = parse_budget(budget, be.value)
-    margin_bytes = parse_margin(margin)
-    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
+        raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
+    bud = fitter.parse_budget(budget, be.value)
+    margin_bytes = fitter.parse_margin(margin)
+    available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
-        flash_attn=flash_attn, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
+        flash_attn=flash_attn.value, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
         n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
     )
-
-    path = resolve_model(model)
-    header, spec = load_model_spec(path)
-    draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
-
-    solutions = []
-    rec = None
-    if n_ctx is None:
-        kv_pairs = ((cfg.type_k, cfg.type_v),) if (type_k or type_v) else None
-        # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
-        ubs = (min(n_ubatch, spec.n_ctx_train),) if n_ubatch else None
-        kwargs = {}
-        if kv_pairs:
-            kwargs["kv_pairs"] = kv_pairs
-        if ubs:
-            kwargs["ubatches"] = ubs
-        solutions = solve(header, spec, cfg, be, fe, bud.bytes, margin_bytes, draft=draft, **kwargs)
-        rec = recommend(solutions, spec.n_ctx_train)
-        pred = prediction_for(header, spec, cfg, be, fe, rec, draft) if rec else predict(
-            header, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, draft)
-    else:
-        pred = predict(header, spec, cfg, be, fe, draft)
-    _warn_ctx_train(pred.context, spec)
-    total = pred.total_device_bytes
-    fits = total <= available
-
-    measured = None
+    path = fitter.resolve_model(model)
+    header, spec = fitter.load_model_spec(path)
+    draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
+    r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
+                available=available, draft=draft, model_draft=model_draft)
+    r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+    _warn_ctx_train(r.pred.context, spec)
     if check:
-        from fitter.check import dry_run_check
-
-        measured = dry_run_check(path, pred, cfg)
-
+        r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
-        out = {
-            "backend": be.value,
-            "frontend": fe.value,
-            "llama_cpp": build_label(),
-            "budget_bytes": bud.bytes,
-            "budget_source": bud.source,
-            "margin_bytes": margin_bytes,
-            "config": pred.context.model_dump(mode="json"),
-            "buffers": [b.model_dump(mode="json") for b in pred.buffers],
-            "total_device_bytes": total,
-            "fits": fits,
-            "headroom_bytes": available - total,
-            "solutions": [s.model_dump(mode="json") for s in solutions],
-            "recommended": rec.model_dump(mode="json") if rec else None,
-            "flags": _flags(path, pred.context, cfg, model_draft if (rec is None or rec.draft) else None) if fits else None,
-            "calibration": [a.model_dump(mode="json") for a in pred.calibration],
-        }
-        if measured is not None:
-            out["check"] = measured
-        print(json.dumps(out, indent=2))
+        print(json.dumps(r.as_json(), indent=2))
         return
+    _print_fit(r, asked={"-b": n_batch, "-ub": n_ubatch})
 
-    print(f"model    {path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
-    print(f"backend  {be.value}, {fe.value} defaults, {build_label()}")
-    note = f" [{bud.note}]" if bud.note else ""
-    print(f"budget   {_mib(bud.bytes)} ({bud.source}){note}, margin {_mib(margin_bytes)} -> {_mib(available)} available")
+
+@dataclass
+class _FitRun:
+    """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
+
+    path: str
+    header: Any
+    spec: Any
+    cfg: Any
+    be: Any
+    fe: Any
+    bud: Any
+    margin_bytes: int
+    available: int
+    draft: Any
+    model_draft: str | None
+    solutions: list = field(default_factory=list)
+    rec: Any = None
+    pred: Any = None
+    measured: dict | None = None
+
+    def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
+        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
+        h, spec, cfg, be, fe = self.header, self.spec, self.cfg, self.be, self.fe
+        if not solve_ctx:
+            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft)
+            return
+        kwargs: dict[str, Any] = {}
+        if kv_given:
+            kwargs["kv_pairs"] = ((cfg.type_k, cfg.type_v),)
+        if n_ubatch:
+            # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
+            kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
+        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft, **kwargs)
+        self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
+        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft) if self.rec else
+                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft))
+
+    @property
+    def fits(self) -> bool:
+        return self.pred.total_device_bytes <= self.available
+
+    def flags(self) -> list[str]:
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return _flags(self.path, self.pred.context, self.cfg, draft)
+
+    def as_json(self) -> dict[str, Any]:
+        total = self.pred.total_device_bytes
+        out = {
+            "backend": self.be.value,
+            "frontend": self.fe.value,
+            "llama_cpp": fitter.build_label(),
+            "budget_bytes": self.bud.bytes,
+            "budget_source": self.bud.source,
+            "margin_bytes": self.margin_bytes,
+            "config": self.pred.context.model_dump(mode="json"),
+            "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
+            "total_device_bytes": total,
+            "fits": self.fits,
+            "headroom_bytes": self.available - total,
+            "solutions": [s.model_dump(mode="json") for s in self.solutions],
+            "recommended": self.rec.model_dump(mode="json") if self.rec else None,
+            "flags": self.flags() if self.fits else None,
+            "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
+        }
+        if self.measured is not None:
+            out["check"] = self.measured
+        return out
+
+
+def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
+    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change.
+    Exit code 1 when nothing fits."""
+    spec, pred = r.spec, r.pred
+    print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
+    print(f"backend  {r.be.value}, {r.fe.value} defaults, {fitter.build_label()}")
+    note = f" [{r.bud.note}]" if r.bud.note else ""
+    print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)} -> {_mib(r.available)} available")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    capped = [f"{flag} {asked} -> {got}" for flag, asked, got in (("-b", n_batch, pred.context.n_batch),
-                                                                   ("-ub", n_ubatch, pred.context.n_ubatch))
-              if asked is not None and asked != got]
+    got = {"-b": pred.context.n_batch, "-ub": pred.context.n_ubatch}
+    capped = [f"{flag} {v} -> {got[flag]}" for flag, v in asked.items() if v is not None and v != got[flag]]
     if capped:
         print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
-    if solutions:
-        print()
-        _print_solutions(solutions)
-        if rec is None:
-            print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
-                  f"{_mib(pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
-            raise typer.Exit(1)
-        # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
-        print(f"\nrecommended: -c {rec.n_ctx} -ub {pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
-              + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
-        if draft is not None and not rec.draft:
-            keep = recommend([s for s in solutions if s.draft], spec.n_ctx_train)
-            print("the draft is left out: " + (
-                f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
-                f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
+    if r.solutions:
+        _print_recommendation(r)
     print()
-    _print_breakdown(pred, available)
+    _print_breakdown(pred, r.available)
+    _print_calibration(pred)
+    if r.measured is not None:
+        print()
+        _print_check(r.measured)
+    if r.fits:
+        print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
+    else:
+        print()
+        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred)
+        raise typer.Exit(1)
+
+
+def _print_recommendation(r: _FitRun) -> None:
+    spec, rec = r.spec, r.rec
+    print()
+    _print_solutions(r.solutions)
+    if rec is None:
+        print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
+              f"{_mib(r.pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
+        raise typer.Exit(1)
+    # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
+    print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
+          + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
+    if r.draft is not None and not rec.draft:
+        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
+        print("the draft is left out: " + (
+            f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
+            f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
+
+
+def _print_calibration(pred) -> None:
     for a in pred.calibration:
         changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
                             f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
         print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
               + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
-    if measured is not None:
-        print()
-        _print_check(measured)
-    if fits:
-        print("\nllama-server \\\n  " + " \\\n  ".join(_flags(path, pred.context, cfg, model_draft if (rec is None or rec.draft) else None)))
-    else:
-        print()
-        _what_to_change(header, spec, cfg, be, fe, bud.bytes, margin_bytes, draft, pred)
-        raise typer.Exit(1)
 
 
 def _print_solutions(solutions) -> None:
-    from collections import defaultdict
-
     table: dict[tuple, dict[int, int]] = defaultdict(dict)
     ubs: list[int] = sorted({s.n_ubatch for s in solutions})
     for s in solutions:
@@ -391,45 +427,11 @@ def _print_solutions(solutions) -> None:
 
 
 def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
-    from fitter.config import ConfigError
-    from fitter.solver import largest_context
-
     available = budget_bytes - margin_bytes
-    cp = pred.context
     over = pred.total_device_bytes - available
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    with_draft = draft is not None or cfg.spec_type == "draft-mtp"
-    options = []
-    s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=cp.type_k, type_v=cp.type_v,
-                        with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-    options.append(f"-c {s.n_ctx}" if s.fits else "no context fits with these settings")
-    # a quantized V cache needs flash attention: suggest both together when it is off
-    fa_cfg = cfg if cp.flash_attn else cfg.model_copy(update={"flash_attn": "on"})
-    fa_flag = "" if cp.flash_attn else "-fa on "
-    for tk, tv in (("q8_0", "q8_0"), ("q4_0", "q4_0")):
-        if (tk, tv) != (cp.type_k, cp.type_v):
-            try:
-                s = largest_context(header, spec, fa_cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=tk, type_v=tv,
-                                    with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-            except ConfigError:
-                continue  # llama.cpp refuses this pair for the model (block size, MLA)
-            if s.n_ctx >= cp.n_ctx:
-                options.append(f"{fa_flag}-ctk {tk} -ctv {tv} (fits at -c {cp.n_ctx})")
-                break
-    for ub in (1024, 512, 256):
-        if ub < cp.n_ubatch:
-            s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=ub, type_k=cp.type_k, type_v=cp.type_v,
-                                with_draft=with_draft, draft=draft, ctx_max=cp.n_ctx)
-            if s.n_ctx >= cp.n_ctx:
-                options.append(f"-ub {ub} (fits at -c {cp.n_ctx})")
-                break
-    if with_draft:
-        s = largest_context(header, spec, cfg, be, fe, available, n_ubatch=cp.n_ubatch, type_k=cp.type_k, type_v=cp.type_v,
-                            with_draft=False, draft=None, ctx_max=cp.n_ctx)
-        if s.n_ctx >= cp.n_ctx:
-            options.append("drop the draft model (fits at -c {cp.n_ctx})".format(cp=cp))
-    for o in options:
-        print(f"  {o}")
+    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred):
+        print(f"  {alt.line}")
 
 
 def _print_check(measured: dict) -> None:
@@ -450,13 +452,13 @@ def quants(
     budget: BudgetOpt = "auto",
     margin: MarginOpt = None,
     backend: BackendOpt = None,
-    frontend: FrontendOpt = "server",
+    frontend: FrontendOpt = FrontendName.server,
     n_ctx: Ctx = None,
     n_batch: Batch = None,
     n_ubatch: UBatch = None,
     type_k: CacheK = None,
     type_v: CacheV = None,
-    flash_attn: FlashAttn = "auto",
+    flash_attn: FlashAttn = FlashAttnMode.auto,
     n_parallel: Parallel = None,
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
@@ -464,32 +466,27 @@ def quants(
     as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
-    from fitter.budget import available_bytes, parse_budget, parse_margin
-    from fitter.bundled import resolve_model
-    from fitter.llama.model import load_model_spec
-    from fitter.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
 
     be, fe = _backend(backend), _frontend(frontend)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
-                      flash_attn=flash_attn, n_parallel=n_parallel, draft_model=model_draft,
+                      flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none")
-    bud = parse_budget(budget, be.value)
-    margin_bytes = parse_margin(margin)
-    available = available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
-    header, spec = load_model_spec(resolve_model(model))
-    draft = load_model_spec(resolve_model(model_draft)) if model_draft else None
+    bud = fitter.parse_budget(budget, be.value)
+    margin_bytes = fitter.parse_margin(margin)
+    available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
+    header, spec = fitter.load_model_spec(fitter.resolve_model(model))
+    draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     if n_ctx:
-        from fitter.config import resolve_context
 
-        _warn_ctx_train(resolve_context(spec, cfg, fe), spec)
-    cands = evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
+        _warn_ctx_train(fitter.resolve_context(spec, cfg, fe), spec)
+    cands = fitter.evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
                      include_imatrix=not no_imatrix)
-    best = best_fit(cands)
+    best = fitter.best_fit(cands)
     if as_json:
         print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
                           "candidates": [c.model_dump(mode="json") for c in cands],
-                          "best": best.name if best else None, "best_rule": BEST_RULE}, indent=2))
+                          "best": best.name if best else None, "best_rule": fitter.BEST_RULE}, indent=2))
         return
     ctx = cands[0].n_ctx if cands else 0
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
@@ -503,9 +500,9 @@ def quants(
               f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
     if best:
         print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB "
-              f"({BEST_RULE})")
+              f"({fitter.BEST_RULE})")
     elif cands:
-        print(why_none_fits(cands, ctx))
+        print(fitter.why_none_fits(cands, ctx))
         raise typer.Exit(1)
 
 
@@ -518,7 +515,7 @@ def optimise(
     backend: BackendOpt = None,
     storage: StorageOpt = None,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (default: the study's budget).")] = None,
-    runner: RunnerOpt = "python",
+    runner: RunnerOpt = RunnerName.python,
     llama_server: LlamaServerOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
@@ -526,22 +523,17 @@ def optimise(
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
-    from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
-    from fitter.progress import Progress
-    from search.study import StudyInterrupted, run_study
+    from search.study import StudyInterrupted, run_study  # optuna: only for this command
 
-    if runner not in ("python", "server"):
-        raise ConfigError(f"--runner {runner}: use python or server")
     if trials is not None and trials < 1:
-        raise ConfigError(f"--trials {trials}: use 1 or more")
+        raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
-        raise ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+        raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
-        with Progress("optimise") as live:
-            result = run_study([resolve_model(m) for m in models], study, budget=budget, margin=margin,
-                               backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner,
+        with fitter.Progress("optimise") as live:
+            result = run_study([fitter.resolve_model(m) for m in models], study, budget=budget, margin=margin,
+                               backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live)
     except KeyboardInterrupt as e:
@@ -558,7 +550,7 @@ def report(
     out: Annotated[Optional[str], typer.Option("--out", help="Write trials.csv, summary.json and plots (HTML, PNG) here.")] = None,
 ) -> None:
     """The trial table of a study (status, reason, metrics) and, with --out, its plots."""
-    from search.report import report as study_report
+    from search.report import report as study_report  # optuna, plots: only for this command
 
     study_report(study, storage=storage, out=out)
 
@@ -573,26 +565,22 @@ def calibrate(
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them."""
-    from fitter import calibration
-    from fitter.bundled import resolve_model
-    from fitter.config import ConfigError
-    from fitter.progress import Progress
 
     if list_ or clear:
         if list_ and clear:
-            raise ConfigError("--list and --clear: use one at a time")
+            raise fitter.ConfigError("--list and --clear: use one at a time")
         if list_:
-            _calibrate_list(calibration, model, as_json)
+            _calibrate_list(fitter.calibration, model, as_json)
         else:
-            _calibrate_clear(calibration, model, as_json)
+            _calibrate_clear(fitter.calibration, model, as_json)
         return
     if model is None:
-        raise ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
+        raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
     be = _backend(backend)
-    path = resolve_model(model)
-    with Progress("calibrate", json_output=as_json) as progress:
-        cal, rows = calibration.calibrate(path, be, progress=progress)
-    where = calibration.save(cal)
+    path = fitter.resolve_model(model)
+    with fitter.Progress("calibrate", json_output=as_json) as progress:
+        cal, rows = fitter.calibrate(path, be, progress=progress)
+    where = fitter.calibration.save(cal)
     if as_json:
         print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,
                           "stored": str(where)}, indent=2))
@@ -623,10 +611,9 @@ def _calibration_lines(cal) -> list[str]:
 
 
 def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
-    from fitter.config import ConfigError
 
     if model is not None:
-        raise ConfigError(f"--list takes no MODEL (got {model})")
+        raise fitter.ConfigError(f"--list takes no MODEL (got {model})")
     cals, where = calibration.stored(), calibration.store_path()
     if as_json:
         print(json.dumps({"stored": str(where), "calibrations": [dict(c.model_dump(mode="json"), identity=c.identity)
@@ -644,13 +631,11 @@ def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
 
 
 def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
-    from fitter.bundled import resolve_model
-    from fitter.llama.model import load_model_spec
 
     arch = model
     if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:
         try:  # a model: its architecture
-            arch = load_model_spec(resolve_model(model))[1].architecture
+            arch = fitter.load_model_spec(fitter.resolve_model(model))[1].architecture
         except GGFitError:
             pass  # an architecture with nothing stored
     gone, where = calibration.clear(arch)
@@ -669,27 +654,24 @@ def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 def probe(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any further arguments are llama-server flags.")],
-    runner: RunnerOpt = "python",
+    runner: RunnerOpt = RunnerName.python,
     budget: Annotated[Optional[str], typer.Option("--budget", help=f"CPU only: run the probe under this memory limit: {SIZE_HELP}.")] = None,
     llama_server: LlamaServerOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the probe is a timeout.")] = 300.0,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length in the model's tokens (1 or more).")] = 512,
     gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens to decode after the prompt (1 or more).")] = 64,
     repeats: Annotated[int, typer.Option("--repeats", help="Measured runs after one warm-up (1 or more); the median is reported.")] = 3,
-    kind: Annotated[str, typer.Option("--kind", help="The prompt text: prose or code.")] = "prose",
+    kind: Annotated[PromptKind, typer.Option("--kind", help="The prompt text.")] = PromptKind.prose,
     as_json: AsJson = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
-    from fitter.config import ConfigError
-    from search.probe import probe_cli
-    from search.workload import Workload
+    from search.probe import probe_cli  # the probe machinery: only for this command
+    from search.workload import Workload  # pydantic: not for --help
 
-    if runner not in ("python", "server"):
-        raise ConfigError(f"--runner {runner}: use python or server")
     if not (0 < timeout < float("inf")):
-        raise ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
-    workload = Workload.from_flags(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind)
-    code, text = probe_cli(model, list(ctx.args), runner=runner, budget=budget, llama_server=llama_server,
+        raise fitter.ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
+    workload = Workload.from_flags(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind.value)
+    code, text = probe_cli(model, list(ctx.args), runner=runner.value, budget=budget, llama_server=llama_server,
                            timeout=timeout, workload=workload, as_json=as_json)
     print(text)
     raise typer.Exit(code)
@@ -701,6 +683,11 @@ def _usage_line(e) -> str:
     # typer's int/float parsing speaks pydantic ("Input should be a valid integer, unable to parse ...")
     msg = msg.replace("Input should be a valid integer, unable to parse string as an integer", "not a whole number")
     msg = msg.replace("Input should be a valid number, unable to parse string as a number", "not a number")
+    # an Enum option's refusal, in the house's words: the flag, the value, the allowed values
+    m = re.fullmatch(r"Invalid value for '([^']+)'(?: / '[^']+')*: (?:Value error, )?'(.*)' is not one of (.+)\.", msg)
+    if m:
+        allowed = re.findall(r"'([^']*)'", m.group(3))
+        msg = f"{m.group(1)} {m.group(2)}: use {', '.join(allowed[:-1])} or {allowed[-1]}"
     cmd = e.ctx.command_path if e.ctx is not None else "ggfit"
     return f"ggfit: error: {msg} (see {cmd} --help)"
 

@@ -1,6 +1,6 @@
 """Compute-buffer prediction error against llama.cpp's own dry run, per architecture.
 
-For every case (a model shape x a run config) this runs llama.cpp's dry run (`fitter.llama_run.measure`,
+For every case (a model shape x a run config) this runs llama.cpp's dry run (`fitter.oracle.llama_run.measure`,
 no_alloc: nothing is allocated, so full-size header-only "sparse" GGUFs of real models work) and reads
 the exact compute bytes from `llama_get_memory_breakdown`, then asks `fitter.llama.context.compute_buffers`
 (CPU backend) for its prediction, and prints one row per case and a table of the worst error per
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.llama import context as compute  # noqa: E402
 from fitter.llama.graph_details import graph_details  # noqa: E402
-from fitter.check import llama_params  # noqa: E402
-from fitter.config import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
-from fitter.llama_run import measure  # noqa: E402
+from fitter.oracle.check import llama_params  # noqa: E402
+from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
+from fitter.oracle.llama_run import measure  # noqa: E402
 from fitter.llama.model import load_model_spec  # noqa: E402
 from tests.synth import build  # noqa: E402
 

@@ -65,7 +65,7 @@ def main() -> int:
         ts = time_process([sys.executable, "-c", code], args.runs)
         print(f"{label:<56} median {statistics.median(ts) * 1000:7.1f} ms")
 
-    from fitter.llama_run import LlamaParams, measure
+    from fitter.oracle.llama_run import LlamaParams, measure
 
     walls = []
     for _ in range(3):

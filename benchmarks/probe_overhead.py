@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.bundled import resolve_model  # noqa: E402
-from fitter.config import RunConfig  # noqa: E402
+from fitter.llama.cparams import RunConfig  # noqa: E402
 from search.probe import run_probe  # noqa: E402
 from search.workload import Workload  # noqa: E402
 

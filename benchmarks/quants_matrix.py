@@ -1,4 +1,4 @@
-"""Benchmark: fitter.quants predictions against the pinned llama.cpp's llama_model_quantize.
+"""Benchmark: fitter.fit.quants predictions against the pinned llama.cpp's llama_model_quantize.
 
     python benchmarks/quants_matrix.py [--section files|dry|all] [--arch KEY ...] [--ftype Q4_K_M ...] [--imatrix]
 
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.gguf.reader import read_header  # noqa: E402
-from fitter.quants import (  # noqa: E402
+from fitter.fit.quants import (  # noqa: E402
     FTYPES,
     QUANT_FTYPES,
     QuantOptions,
@@ -288,7 +288,7 @@ def write_split(src: str | os.PathLike[str], prefix: str | os.PathLike[str], n_s
 def type_mismatches(pred: QuantPrediction, out_path: str | os.PathLike[str]) -> list[str]:
     """Tensors whose type in the written file is not the predicted one (and tensors missing either
     side), and the header size if it differs."""
-    from fitter.quants import type_name
+    from fitter.fit.quants import type_name
 
     raw = parse_gguf(out_path)
     got = {name: type_name(t) for name, _, t, _ in raw.tensors}

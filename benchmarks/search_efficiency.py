@@ -34,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.bundled import resolve_model  # noqa: E402
-from fitter.config import Backend, ConfigError, Frontend  # noqa: E402
+from fitter.llama.cparams import Backend, ConfigError, Frontend  # noqa: E402
 from search.probe import ProbeResult, run_probe  # noqa: E402
 from search.space import Candidate, SearchSpace  # noqa: E402
-from search.study import _Predictor, load_study, run_study  # noqa: E402
+from search.study import Predictor, load_study, run_study  # noqa: E402
 
 MiB = 2**20
 BUDGET, MARGIN = 512 * MiB, 160 * MiB  # 352 MiB for the prediction; see tests/search/test_study.py for why the margin
@@ -90,7 +90,7 @@ def main() -> None:
     sfile = tmp / "efficiency.toml"
     sfile.write_text(STUDY.format(prompt=prompt, repeats=repeats, startup=8))
     d = load_study(sfile)
-    pred = _Predictor(Backend.CPU, Frontend.SERVER)
+    pred = Predictor(Backend.CPU, Frontend.SERVER)
     sp = SearchSpace(d.space, models=[model], n_ctx_train=32768, ctx_need=prompt + 4)
     avail = BUDGET - MARGIN
 

@@ -1,7 +1,7 @@
 """Child process of `search.probe` (python runner): load, prefill a real prompt, decode N tokens, exit.
 
 Run as `python -m search._probe_child` with the JSON request on stdin. Only the standard library,
-llama_cpp and the child helpers of `fitter._llama_child` (standard library only) are imported, so a
+llama_cpp and the child helpers of `fitter.oracle._llama_child` (standard library only) are imported, so a
 native abort, a segfault or an allocation failure kills nothing but this process.
 
 Protocol
@@ -43,7 +43,16 @@ import sys
 import time
 from typing import Any
 
-from fitter._llama_child import _DEBUG, _INFO, _apply, _build_info, _emit, _ggml_base, _ggml_type_name, _Log
+from fitter import (
+    GGML_LOG_DEBUG,
+    GGML_LOG_INFO,
+    ChildLog,
+    apply_fields,
+    build_info,
+    emit_event,
+    lib_type_name,
+    load_ggml_base,
+)
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
@@ -87,7 +96,7 @@ def _stage_hooks(req: dict[str, Any], ggml: ctypes.CDLL | None):
 
     def hook(stage: str) -> None:
         if test.get("hang") == stage:
-            _emit({"event": "hang", "stage": stage})
+            emit_event({"event": "hang", "stage": stage})
             while True:
                 time.sleep(3600)
         if test.get("abort") == stage and ggml is not None:
@@ -253,330 +262,375 @@ def _top_p(l: Any, ctx: Any, idx: int, n_vocab: int, k: int = 10) -> tuple[int, 
     return best, float(1.0 / np.exp(vals - vals.max()).sum())
 
 
-def main() -> int:
-    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
-    req = json.loads(raw)
-    _emit({"event": "start", "pid": os.getpid()})
-    t_start = time.perf_counter()
+class _Stop(Exception):
+    """Ends the child with a "done" event: llama.cpp refused, failed or ran out of memory (`status`, `message`)."""
 
-    import llama_cpp as l  # noqa: PLC0415
+    def __init__(self, status: str, message: str, *, with_runs: bool = False):
+        super().__init__(message)
+        self.status, self.message, self.with_runs = status, message, with_runs
 
-    log = _Log(_DEBUG if req.get("log_level", "info") == "debug" else _INFO)
-    cb = l.llama_log_callback(log)
-    l.llama_log_set(cb, ctypes.c_void_p(0))
-    ggml = _ggml_base(l)
-    _emit({"event": "build", **_build_info(l, ggml), "gpu_offload": bool(l.llama_supports_gpu_offload())})
-    hook = _stage_hooks(req, ggml)
 
-    def done(status: str, message: str | None = None, **extra: Any) -> int:
-        _emit({"event": "done", "status": status, "message": message, "errors": log.errors,
-               "warnings": log.warnings, "proc": _proc_status(), **extra})
+class _Ticker:
+    """A slow decode reports how far it is, at most once a second (outside llama.cpp's timings)."""
+
+    def __init__(self, index: int, n_gen: int):
+        self.index, self.n_gen = index, n_gen
+        self.next = time.perf_counter() + 1.0
+
+    def __call__(self, generated: int) -> None:
+        now = time.perf_counter()
+        if now >= self.next:
+            self.next = now + 1.0
+            emit_event({"event": "decoded", "index": self.index, "generated": generated, "tokens": self.n_gen})
+
+
+class _Child:
+    """One probe: load the model (and the drafter), run every prompt (prefill, then decode, plain or speculative),
+    free everything. A failure raises `_Stop`; `main` turns it into the "done" event."""
+
+    def __init__(self, l: Any, req: dict[str, Any], log: Any, ggml: ctypes.CDLL | None, t_start: float):
+        self.l, self.req, self.log, self.ggml, self.t_start = l, req, log, ggml, t_start
+        self.hook = _stage_hooks(req, ggml)
+        self.timings: dict[str, float] = {}
+        self.runs: list[dict[str, Any]] = []
+        # llama.cpp's objects (ctypes pointers), set by load / load_draft / run_prompts
+        self.model: Any = None
+        self.ctx: Any = None
+        self.dmodel: Any = None
+        self.dctx: Any = None
+        self.pool: Any = None
+        self.vocab: Any = None
+        self.n_vocab = self.n_ctx = self.n_batch = 0
+        self.speculation: str = "none"
+        self.spec_message: str | None = None
+        self.tgt_rm = self.dft_rm = "no"
+        self.perf: Any = None
+        self.dperf: Any = None  # the draft context's counters (speculation on)
+        self.batch: Any = None
+        self.dbatch: Any = None
+
+    def done(self, status: str, message: str | None = None, **extra: Any) -> int:
+        emit_event({"event": "done", "status": status, "message": message, "errors": self.log.errors,
+                    "warnings": self.log.warnings, "proc": _proc_status(), "timings": self.timings, **extra})
         return 0
 
-    l.llama_backend_init()
-
-    budget = req.get("budget_bytes")
-    if budget is not None:
+    def limit_memory(self) -> None:
+        """RLIMIT_AS = what the process maps now + the budget (CPU builds on Linux only)."""
+        budget = self.req.get("budget_bytes")
+        if budget is None:
+            return
         st = _proc_status()
-        if l.llama_supports_gpu_offload():
-            _emit({"event": "limit", "enforced": False, "reason": "GPU build: RLIMIT_AS would break the GPU driver"})
+        if self.l.llama_supports_gpu_offload():
+            emit_event({"event": "limit", "enforced": False, "reason": "GPU build: RLIMIT_AS would break the GPU driver"})
         elif "VmSize" not in st:
-            _emit({"event": "limit", "enforced": False, "reason": "no /proc/self/status (not Linux)"})
+            emit_event({"event": "limit", "enforced": False, "reason": "no /proc/self/status (not Linux)"})
         else:
             limit = st["VmSize"] + int(budget)
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-            _emit({"event": "limit", "enforced": True, "baseline": st["VmSize"], "limit": limit, "budget": int(budget)})
+            emit_event({"event": "limit", "enforced": True, "baseline": st["VmSize"], "limit": limit,
+                        "budget": int(budget)})
 
-    def model_params(fields: dict[str, Any]) -> Any:
-        mp = l.llama_model_default_params()
+    def model_params(self, fields: dict[str, Any]) -> Any:
+        mp = self.l.llama_model_default_params()
         fields = dict(fields)
         lm = fields.pop("load_mode", None)
         if lm is not None:
             mp.load_mode = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}[lm]
-        _apply(mp, fields)
+        apply_fields(mp, fields)
         return mp
 
-    def context_params(fields: dict[str, Any]) -> Any | str:
-        cp = l.llama_context_default_params()
+    def context_params(self, fields: dict[str, Any]) -> Any:
+        cp = self.l.llama_context_default_params()
         fields = dict(fields)
         for key in ("type_k", "type_v"):
             if key in fields:
                 name, type_id = fields[key]
-                have = _ggml_type_name(ggml, type_id)
+                have = lib_type_name(self.ggml, type_id)
                 if have is not None and have.lower() != name.lower():
-                    return f"ggml type id {type_id} is {have!r} in this build, not {name!r}"
+                    raise _Stop("error", f"ggml type id {type_id} is {have!r} in this build, not {name!r}")
                 fields[key] = type_id
-        _apply(cp, fields)
+        apply_fields(cp, fields)
         cp.no_perf = False  # llama_perf_context needs the counters
         return cp
 
-    timings: dict[str, float] = {"import_s": time.perf_counter() - t_start}
-    hook("load")
-    t = time.perf_counter()
-    model = l.llama_model_load_from_file(req["model_path"].encode(), model_params(req.get("model", {})))
-    timings["load_model_s"] = time.perf_counter() - t
-    if not model:
-        return done("error", log.errors[0] if log.errors else "llama_model_load_from_file returned NULL", timings=timings)
-    vocab = l.llama_model_get_vocab(model)
-    n_vocab = l.llama_vocab_n_tokens(vocab)
-    _emit({"event": "model", "size": l.llama_model_size(model), "n_params": l.llama_model_n_params(model),
-           "n_vocab": n_vocab, "n_ctx_train": l.llama_model_n_ctx_train(model)})
-
-    cp = context_params(req.get("context", {}))
-    if isinstance(cp, str):
-        return done("error", cp, timings=timings)
-    hook("context")
-    t = time.perf_counter()
-    ctx = l.llama_init_from_model(model, cp)
-    timings["context_s"] = time.perf_counter() - t
-    if not ctx:
-        return done("error", log.errors[0] if log.errors else "llama_init_from_model returned NULL", timings=timings)
-    pool = _attach_threadpool(l, ctx, int(req.get("context", {}).get("n_threads") or os.cpu_count() or 1))
-    if isinstance(pool, str):
-        _emit({"event": "threadpool", "attached": False, "reason": pool})
-        pool = None
-    n_ctx = l.llama_n_ctx(ctx)
-    n_batch = l.llama_n_batch(ctx)
-    _emit({"event": "context", "n_ctx": n_ctx, "n_ctx_seq": l.llama_n_ctx_seq(ctx), "n_batch": n_batch,
-           "n_ubatch": l.llama_n_ubatch(ctx), "n_seq_max": l.llama_n_seq_max(ctx)})
-
-    # --- speculative decoding: an external draft model, draft-then-verify (greedy) -------------------------
-    spec = req.get("spec")
-    dmodel = dctx = None
-    speculation = "none"
-    spec_message = None
-    if spec:
-        if spec["type"] != "draft-simple":
-            return done("error", f"--spec-type {spec['type']}: the python runner only drives draft-simple "
-                                 "(llama-cpp-python 0.3.36 has no MTP drafting loop); use the server runner", timings=timings)
+    def load(self) -> None:
+        """The target model and its context (with llama-server's threadpool)."""
+        l, req = self.l, self.req
+        self.hook("load")
         t = time.perf_counter()
-        dmodel = l.llama_model_load_from_file(spec["draft_model"].encode(), model_params(spec.get("draft_model_params", {})))
-        if not dmodel:
-            msg = log.errors[-1] if log.errors else "llama_model_load_from_file returned NULL"
-            return done("error", f"failed to load draft model, '{spec['draft_model']}': {msg}", timings=timings)
-        dcp = context_params(spec.get("draft_context", {}))
-        if isinstance(dcp, str):
-            return done("error", dcp, timings=timings)
-        dcp.n_ctx = n_ctx  # the draft context holds as many tokens per sequence as the target context
-        dcp.n_rs_seq = 0
-        dctx = l.llama_init_from_model(dmodel, dcp)
-        timings["draft_s"] = time.perf_counter() - t
-        if not dctx:
-            return done("error", log.errors[-1] if log.errors else "failed to create the draft context", timings=timings)
-        reason = _vocab_compatible(l, model, dmodel)
-        if reason is not None:
-            # as llama-server: common_speculative_init throws, the draft context and model are freed
-            speculation = "off"
-            spec_message = f"{reason}; the target and draft vocabs are not compatible (speculation off)"
-            _emit({"event": "draft", "speculation": "off", "message": spec_message})
-            l.llama_free(dctx)
-            l.llama_model_free(dmodel)
-            dctx = dmodel = None
+        self.model = l.llama_model_load_from_file(req["model_path"].encode(), self.model_params(req.get("model", {})))
+        self.timings["load_model_s"] = time.perf_counter() - t
+        if not self.model:
+            raise _Stop("error", self.log.errors[0] if self.log.errors else "llama_model_load_from_file returned NULL")
+        self.vocab = l.llama_model_get_vocab(self.model)
+        self.n_vocab = l.llama_vocab_n_tokens(self.vocab)
+        emit_event({"event": "model", "size": l.llama_model_size(self.model), "n_params": l.llama_model_n_params(self.model),
+                    "n_vocab": self.n_vocab, "n_ctx_train": l.llama_model_n_ctx_train(self.model)})
+        cp = self.context_params(req.get("context", {}))
+        self.hook("context")
+        t = time.perf_counter()
+        self.ctx = l.llama_init_from_model(self.model, cp)
+        self.timings["context_s"] = time.perf_counter() - t
+        if not self.ctx:
+            raise _Stop("error", self.log.errors[0] if self.log.errors else "llama_init_from_model returned NULL")
+        pool = _attach_threadpool(l, self.ctx, int(req.get("context", {}).get("n_threads") or os.cpu_count() or 1))
+        if isinstance(pool, str):
+            emit_event({"event": "threadpool", "attached": False, "reason": pool})
         else:
-            # server_context::load_model: a target that cannot remove a sequence's tail at all does not speculate;
-            # one with recurrent state ("full") verifies drafts from checkpoints, and so does a recurrent draft
-            tgt_rm, dft_rm = _seq_rm_type(l, ctx), _seq_rm_type(l, dctx)
-            if tgt_rm == "no":
-                speculation = "off"
-                spec_message = "speculative decoding not supported by this context"
-                _emit({"event": "draft", "speculation": "off", "message": spec_message})
-                l.llama_free(dctx)
-                l.llama_model_free(dmodel)
-                dctx = dmodel = None
-            else:
-                speculation = "on"
-                _emit({"event": "draft", "speculation": "on", "seq_rm": {"target": tgt_rm, "draft": dft_rm},
-                       "n_vocab": l.llama_vocab_n_tokens(l.llama_model_get_vocab(dmodel))})
+            self.pool = pool
+        self.n_ctx, self.n_batch = l.llama_n_ctx(self.ctx), l.llama_n_batch(self.ctx)
+        emit_event({"event": "context", "n_ctx": self.n_ctx, "n_ctx_seq": l.llama_n_ctx_seq(self.ctx),
+                    "n_batch": self.n_batch, "n_ubatch": l.llama_n_ubatch(self.ctx), "n_seq_max": l.llama_n_seq_max(self.ctx)})
 
-    hook("prompt")
-    n_prompt = int(req["prompt_tokens"])
-    n_gen = int(req["gen_tokens"])
-    if n_prompt + n_gen > l.llama_n_ctx_seq(ctx):
-        return done("error", f"prompt ({n_prompt}) + generation ({n_gen}) tokens exceed the context of a sequence "
-                             f"(n_ctx_seq = {l.llama_n_ctx_seq(ctx)})", timings=timings)
+    def load_draft(self, spec: dict[str, Any]) -> None:
+        """Speculative decoding with an external draft model (draft-then-verify, greedy): its model and context,
+        then whether llama-server would speculate with it."""
+        l = self.l
+        if spec["type"] != "draft-simple":
+            raise _Stop("error", f"--spec-type {spec['type']}: the python runner only drives draft-simple "
+                                 "(llama-cpp-python 0.3.36 has no MTP drafting loop); use the server runner")
+        t = time.perf_counter()
+        self.dmodel = l.llama_model_load_from_file(spec["draft_model"].encode(),
+                                                   self.model_params(spec.get("draft_model_params", {})))
+        if not self.dmodel:
+            msg = self.log.errors[-1] if self.log.errors else "llama_model_load_from_file returned NULL"
+            raise _Stop("error", f"failed to load draft model, '{spec['draft_model']}': {msg}")
+        dcp = self.context_params(spec.get("draft_context", {}))
+        dcp.n_ctx = self.n_ctx  # the draft context holds as many tokens per sequence as the target context
+        dcp.n_rs_seq = 0
+        self.dctx = l.llama_init_from_model(self.dmodel, dcp)
+        self.timings["draft_s"] = time.perf_counter() - t
+        if not self.dctx:
+            raise _Stop("error", self.log.errors[-1] if self.log.errors else "failed to create the draft context")
+        reason = _vocab_compatible(l, self.model, self.dmodel)
+        if reason is not None:  # as llama-server: common_speculative_init throws, the draft context and model are freed
+            self._speculation_off(f"{reason}; the target and draft vocabs are not compatible (speculation off)")
+            return
+        # server_context::load_model: a target that cannot remove a sequence's tail at all does not speculate;
+        # one with recurrent state ("full") verifies drafts from checkpoints, and so does a recurrent draft
+        self.tgt_rm, self.dft_rm = _seq_rm_type(l, self.ctx), _seq_rm_type(l, self.dctx)
+        if self.tgt_rm == "no":
+            self._speculation_off("speculative decoding not supported by this context")
+            return
+        self.speculation = "on"
+        emit_event({"event": "draft", "speculation": "on", "seq_rm": {"target": self.tgt_rm, "draft": self.dft_rm},
+                    "n_vocab": l.llama_vocab_n_tokens(l.llama_model_get_vocab(self.dmodel))})
 
-    mem = l.llama_get_memory(ctx)
-    dmem = l.llama_get_memory(dctx) if dctx else None
-    perf = _Perf(l, ctx)
-    dperf = _Perf(l, dctx) if dctx else None
-    n_max = int(spec["n_max"]) if spec else 0
-    batch = _Batch(l, max(n_batch, n_max + 1))
-    dbatch = _Batch(l, max(n_batch, n_max + 1)) if dctx else None
-    smpl = l.llama_sampler_chain_init(l.llama_sampler_chain_default_params())
-    l.llama_sampler_chain_add(smpl, l.llama_sampler_init_greedy())
+    def _speculation_off(self, message: str) -> None:
+        self.speculation, self.spec_message = "off", message
+        emit_event({"event": "draft", "speculation": "off", "message": message})
+        self.l.llama_free(self.dctx)
+        self.l.llama_model_free(self.dmodel)
+        self.dctx = self.dmodel = None
 
-    def decode(c: Any, b: Any, what: str) -> str | None:
-        ret = l.llama_decode(c, b)
+    def decode(self, c: Any, b: Any, what: str) -> None:
+        ret = self.l.llama_decode(c, b)
         if ret == 0:
-            return None
+            return
         kind = "oom" if ret in (-2, -3) else "error"
-        errs = [e for e in log.errors if "decode" in e or "alloc" in e or "compute" in e]
-        return json.dumps({"kind": kind, "message": f"llama_decode ({what}) returned {ret}" + (f": {errs[-1]}" if errs else "")})
+        errs = [e for e in self.log.errors if "decode" in e or "alloc" in e or "compute" in e]
+        raise _Stop(kind, f"llama_decode ({what}) returned {ret}" + (f": {errs[-1]}" if errs else ""), with_runs=True)
 
-    def prefill(c: Any, b: _Batch, toks: list[int]) -> str | None:
-        for off in range(0, len(toks), n_batch):
-            chunk = toks[off:off + n_batch]
-            err = decode(c, b.fill(chunk, off), "prompt")
-            if err:
-                return err
-        return None
+    def prefill(self, c: Any, b: _Batch, toks: list[int]) -> None:
+        for off in range(0, len(toks), self.n_batch):
+            self.decode(c, b.fill(toks[off:off + self.n_batch], off), "prompt")
 
-    runs = []
-    for i, text in enumerate(req["prompts"]):
-        warm = i < int(req.get("warmup", 0))
-        l.llama_memory_clear(mem, True)
-        if dmem is not None:
-            l.llama_memory_clear(dmem, True)
-        l.llama_sampler_reset(smpl)
-        toks = _tokenize(l, vocab, text, n_prompt)
-        if len(toks) < n_prompt:
-            return done("error", f"prompt {i} gave only {len(toks)} tokens, {n_prompt} wanted", timings=timings)
+    def run_prompts(self) -> None:
+        l, req = self.l, self.req
+        self.hook("prompt")
+        self.n_prompt, self.n_gen = int(req["prompt_tokens"]), int(req["gen_tokens"])
+        if self.n_prompt + self.n_gen > l.llama_n_ctx_seq(self.ctx):
+            raise _Stop("error", f"prompt ({self.n_prompt}) + generation ({self.n_gen}) tokens exceed the context of a "
+                                 f"sequence (n_ctx_seq = {l.llama_n_ctx_seq(self.ctx)})")
+        self.mem = l.llama_get_memory(self.ctx)
+        self.dmem = l.llama_get_memory(self.dctx) if self.dctx else None
+        self.perf = _Perf(l, self.ctx)
+        self.dperf = _Perf(l, self.dctx) if self.dctx else None
+        spec = req.get("spec")
+        self.n_max = int(spec["n_max"]) if spec else 0
+        self.batch = _Batch(l, max(self.n_batch, self.n_max + 1))
+        self.dbatch = _Batch(l, max(self.n_batch, self.n_max + 1)) if self.dctx else None
+        self.smpl = l.llama_sampler_chain_init(l.llama_sampler_chain_default_params())
+        l.llama_sampler_chain_add(self.smpl, l.llama_sampler_init_greedy())
+        for i, text in enumerate(req["prompts"]):
+            run = self.run_prompt(i, text)
+            emit_event({"event": "run", "index": i, **run})
+            self.runs.append(run)
 
-        # prefill
-        _emit({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
-        p0 = perf.snap()
+    def run_prompt(self, i: int, text: str) -> dict[str, Any]:
+        """One prompt: prefill (time to first token), then decode the rest, plain or speculative."""
+        l = self.l
+        l.llama_memory_clear(self.mem, True)
+        if self.dmem is not None:
+            l.llama_memory_clear(self.dmem, True)
+        l.llama_sampler_reset(self.smpl)
+        toks = _tokenize(l, self.vocab, text, self.n_prompt)
+        if len(toks) < self.n_prompt:
+            raise _Stop("error", f"prompt {i} gave only {len(toks)} tokens, {self.n_prompt} wanted")
+        emit_event({"event": "phase", "index": i, "phase": "prefill", "tokens": len(toks)})
+        p0 = self.perf.snap()
         t0 = time.perf_counter()
-        err = prefill(ctx, batch, toks)
-        if err:
-            e = json.loads(err)
-            return done(e["kind"], e["message"], timings=timings, runs=runs)
-        tok = l.llama_sampler_sample(smpl, ctx, -1)  # synchronizes: the prompt is done
+        self.prefill(self.ctx, self.batch, toks)
+        tok = l.llama_sampler_sample(self.smpl, self.ctx, -1)  # synchronizes: the prompt is done
         ttft = time.perf_counter() - t0
-        p1 = perf.snap()
+        p1 = self.perf.snap()
         pre = _diff(p0, p1)
-        run: dict[str, Any] = {"warmup": warm, "prompt_tokens": len(toks), "ttft_ms": ttft * 1e3,
-                               "prefill_ms": pre["t_p_eval_ms"] + pre["t_eval_ms"],
+        run: dict[str, Any] = {"warmup": i < int(self.req.get("warmup", 0)), "prompt_tokens": len(toks),
+                               "ttft_ms": ttft * 1e3, "prefill_ms": pre["t_p_eval_ms"] + pre["t_eval_ms"],
                                "prefill_n": pre["n_p_eval"] + pre["n_eval"]}
         if i == 0:
-            hook("decode")
-        _emit({"event": "phase", "index": i, "phase": "decode", "tokens": n_gen})
-        generated = [tok]
-        n_past = len(toks)
+            self.hook("decode")
+        emit_event({"event": "phase", "index": i, "phase": "decode", "tokens": self.n_gen})
         t1 = time.perf_counter()
-        next_tick = t1 + 1.0
-
-        def tick() -> None:  # a slow decode reports how far it is, at most once a second (outside llama.cpp's timings)
-            nonlocal next_tick
-            now = time.perf_counter()
-            if now >= next_tick:
-                next_tick = now + 1.0
-                _emit({"event": "decoded", "index": i, "generated": len(generated), "tokens": n_gen})
-
-        if speculation != "on":
-            while len(generated) < n_gen:
-                tick()
-                err = decode(ctx, batch.fill([tok], n_past), "generation")
-                if err:
-                    e = json.loads(err)
-                    return done(e["kind"], e["message"], timings=timings, runs=runs)
-                n_past += 1
-                tok = l.llama_sampler_sample(smpl, ctx, -1)
-                generated.append(tok)
-            p2 = perf.snap()
-            dec = _diff(p1, p2)
+        tick = _Ticker(i, self.n_gen)
+        if self.speculation != "on":
+            generated = self._decode_plain(toks, tok, tick)
+            dec = _diff(p1, self.perf.snap())
             run.update(decode_ms=dec["t_p_eval_ms"] + dec["t_eval_ms"], decode_n=dec["n_p_eval"] + dec["n_eval"])
         else:
-            # draft-then-verify, greedy (common/speculative.cpp draft-simple + the server's verification)
-            d0 = dperf.snap()
-            err = prefill(dctx, dbatch, toks[:-1]) if len(toks) > 1 else None
-            if err:
-                e = json.loads(err)
-                return done(e["kind"], e["message"], timings=timings, runs=runs)
-            d_past = len(toks) - 1  # tokens the draft context holds
-            seq = list(toks)  # prompt + accepted tokens; `tok` (the last sampled) is not in either KV yet
-            n_drafted = n_accepted = 0
-            p_min, n_min = float(spec["p_min"]), int(spec["n_min"])
-            try:
-                while len(generated) < n_gen:
-                    tick()
-                    want = min(n_max, n_gen - len(generated))
-                    drafts: list[int] = []
-                    d_ckpt = None
-                    if want > 0:
-                        pending = seq[d_past:] + [tok]
-                        err = decode(dctx, dbatch.fill(pending, d_past), "draft")
-                        if err:
-                            e = json.loads(err)
-                            return done(e["kind"], e["message"], timings=timings, runs=runs)
-                        d_past += len(pending)
-                        d_ckpt = (d_past, _Checkpoint(l, dctx)) if dft_rm == "full" else None
-                        while True:
-                            d, p = _top_p(l, dctx, -1, n_vocab)
-                            if p < p_min:
-                                break
-                            drafts.append(d)
-                            if len(drafts) >= want:
-                                break
-                            err = decode(dctx, dbatch.fill([d], d_past), "draft")
-                            if err:
-                                e = json.loads(err)
-                                return done(e["kind"], e["message"], timings=timings, runs=runs)
-                            d_past += 1
-                        if len(drafts) < n_min:
-                            drafts = []
-                    # verify [tok, drafts...] on the target
-                    t_ckpt = _Checkpoint(l, ctx) if drafts and tgt_rm == "full" else None
-                    err = decode(ctx, batch.fill([tok] + drafts, n_past, outputs="all"), "verify")
-                    if err:
-                        e = json.loads(err)
-                        return done(e["kind"], e["message"], timings=timings, runs=runs)
-                    acc = 0
-                    nxt = l.llama_sampler_sample(smpl, ctx, 0)
-                    while acc < len(drafts) and nxt == drafts[acc]:
-                        acc += 1
-                        nxt = l.llama_sampler_sample(smpl, ctx, acc)
-                    n_drafted += len(drafts)
-                    n_accepted += acc
-                    seq += [tok] + drafts[:acc]
-                    if t_ckpt is not None and acc < len(drafts):
-                        # partial acceptance on recurrent state: restore the checkpoint, then replay the accepted
-                        # tokens (llama-server's spec_is_replay)
-                        t_ckpt.restore(n_past)
-                        err = decode(ctx, batch.fill([tok] + drafts[:acc], n_past), "replay")
-                        if err:
-                            e = json.loads(err)
-                            return done(e["kind"], e["message"], timings=timings, runs=runs)
-                    n_past += 1 + acc
-                    # drop the rejected drafts from both caches
-                    l.llama_memory_seq_rm(mem, 0, n_past, -1)
-                    if d_past > n_past:
-                        if d_ckpt is not None:  # back to the last accepted token; the next draft step re-decodes the rest
-                            d_ckpt[1].restore(d_ckpt[0])
-                            d_past = d_ckpt[0]
-                        else:
-                            l.llama_memory_seq_rm(dmem, 0, n_past, -1)
-                            d_past = n_past
-                    generated += drafts[:acc] + [nxt]
-                    tok = nxt
-            except RuntimeError as e:  # a checkpoint that llama.cpp would not save or restore
-                return done("error", str(e), timings=timings, runs=runs)
-            generated = generated[:n_gen]
-            p2 = perf.snap()
-            d2 = dperf.snap()
-            dec, ddec = _diff(p1, p2), _diff(d0, d2)
+            d0 = self.dperf.snap()
+            generated, n_drafted, n_accepted = self._decode_speculative(toks, tok, tick)
+            dec, ddec = _diff(p1, self.perf.snap()), _diff(d0, self.dperf.snap())
             run.update(decode_ms=dec["t_p_eval_ms"] + dec["t_eval_ms"] + ddec["t_p_eval_ms"] + ddec["t_eval_ms"],
                        decode_n=len(generated) - 1, target_ms=dec["t_p_eval_ms"] + dec["t_eval_ms"],
                        draft_ms=ddec["t_p_eval_ms"] + ddec["t_eval_ms"], draft_n=n_drafted, draft_n_accepted=n_accepted)
         run["decode_wall_ms"] = (time.perf_counter() - t1) * 1e3
         run["generated_tokens"] = len(generated)
-        _emit({"event": "run", "index": i, **run})
-        runs.append(run)
+        return run
 
-    hook("free")
-    batch.free()
-    if dbatch:
-        dbatch.free()
-    l.llama_sampler_free(smpl)
-    if dctx:
-        l.llama_free(dctx)
-    if dmodel:
-        l.llama_model_free(dmodel)
-    l.llama_free(ctx)
-    if pool is not None:
-        pool[0](pool[1])
-    l.llama_model_free(model)
-    timings["total_s"] = time.perf_counter() - t_start
-    return done("ok", None, timings=timings, runs=runs, speculation=speculation, speculation_message=spec_message)
+    def _decode_plain(self, toks: list[int], tok: int, tick: _Ticker) -> list[int]:
+        generated = [tok]
+        n_past = len(toks)
+        while len(generated) < self.n_gen:
+            tick(len(generated))
+            self.decode(self.ctx, self.batch.fill([tok], n_past), "generation")
+            n_past += 1
+            tok = self.l.llama_sampler_sample(self.smpl, self.ctx, -1)
+            generated.append(tok)
+        return generated
+
+    def _draft(self, seq: list[int], tok: int, d_past: int, want: int, p_min: float) -> tuple[list[int], int, Any]:
+        """Draft up to `want` tokens after `tok` (greedy, while the top probability is at least p_min).
+        (drafts, the draft context's new length, its checkpoint before drafting when its state is recurrent)"""
+        pending = seq[d_past:] + [tok]
+        self.decode(self.dctx, self.dbatch.fill(pending, d_past), "draft")
+        d_past += len(pending)
+        d_ckpt = (d_past, _Checkpoint(self.l, self.dctx)) if self.dft_rm == "full" else None
+        drafts: list[int] = []
+        while True:
+            d, p = _top_p(self.l, self.dctx, -1, self.n_vocab)
+            if p < p_min:
+                break
+            drafts.append(d)
+            if len(drafts) >= want:
+                break
+            self.decode(self.dctx, self.dbatch.fill([d], d_past), "draft")
+            d_past += 1
+        return drafts, d_past, d_ckpt
+
+    def _verify(self, tok: int, drafts: list[int], n_past: int) -> tuple[int, int]:
+        """Verify [tok, drafts...] on the target; on recurrent state, a partial acceptance restores the checkpoint and
+        replays the accepted tokens (llama-server's spec_is_replay). (accepted, the next token)"""
+        l = self.l
+        t_ckpt = _Checkpoint(l, self.ctx) if drafts and self.tgt_rm == "full" else None
+        self.decode(self.ctx, self.batch.fill([tok] + drafts, n_past, outputs="all"), "verify")
+        acc = 0
+        nxt = l.llama_sampler_sample(self.smpl, self.ctx, 0)
+        while acc < len(drafts) and nxt == drafts[acc]:
+            acc += 1
+            nxt = l.llama_sampler_sample(self.smpl, self.ctx, acc)
+        if t_ckpt is not None and acc < len(drafts):
+            t_ckpt.restore(n_past)
+            self.decode(self.ctx, self.batch.fill([tok] + drafts[:acc], n_past), "replay")
+        return acc, nxt
+
+    def _decode_speculative(self, toks: list[int], tok: int, tick: _Ticker) -> tuple[list[int], int, int]:
+        """Draft-then-verify, greedy (common/speculative.cpp draft-simple + the server's verification).
+        (generated tokens, drafted, accepted)"""
+        spec = self.req["spec"]
+        if len(toks) > 1:
+            self.prefill(self.dctx, self.dbatch, toks[:-1])
+        d_past = len(toks) - 1  # tokens the draft context holds
+        n_past = len(toks)
+        seq = list(toks)  # prompt + accepted tokens; `tok` (the last sampled) is not in either KV yet
+        generated = [tok]
+        n_drafted = n_accepted = 0
+        p_min, n_min = float(spec["p_min"]), int(spec["n_min"])
+        try:
+            while len(generated) < self.n_gen:
+                tick(len(generated))
+                want = min(self.n_max, self.n_gen - len(generated))
+                drafts: list[int] = []
+                d_ckpt = None
+                if want > 0:
+                    drafts, d_past, d_ckpt = self._draft(seq, tok, d_past, want, p_min)
+                    if len(drafts) < n_min:
+                        drafts = []
+                acc, nxt = self._verify(tok, drafts, n_past)
+                n_drafted += len(drafts)
+                n_accepted += acc
+                seq += [tok] + drafts[:acc]
+                n_past += 1 + acc
+                # drop the rejected drafts from both caches
+                self.l.llama_memory_seq_rm(self.mem, 0, n_past, -1)
+                if d_past > n_past:
+                    if d_ckpt is not None:  # back to the last accepted token; the next draft step re-decodes the rest
+                        d_ckpt[1].restore(d_ckpt[0])
+                        d_past = d_ckpt[0]
+                    else:
+                        self.l.llama_memory_seq_rm(self.dmem, 0, n_past, -1)
+                        d_past = n_past
+                generated += drafts[:acc] + [nxt]
+                tok = nxt
+        except RuntimeError as e:  # a checkpoint that llama.cpp would not save or restore
+            raise _Stop("error", str(e), with_runs=True) from None
+        return generated[:self.n_gen], n_drafted, n_accepted
+
+    def free(self) -> None:
+        l = self.l
+        self.hook("free")
+        self.batch.free()
+        if self.dbatch:
+            self.dbatch.free()
+        l.llama_sampler_free(self.smpl)
+        if self.dctx:
+            l.llama_free(self.dctx)
+        if self.dmodel:
+            l.llama_model_free(self.dmodel)
+        l.llama_free(self.ctx)
+        if self.pool is not None:
+            self.pool[0](self.pool[1])
+        l.llama_model_free(self.model)
+
+
+def main() -> int:
+    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
+    req = json.loads(raw)
+    emit_event({"event": "start", "pid": os.getpid()})
+    t_start = time.perf_counter()
+
+    import llama_cpp as l  # noqa: PLC0415  (heavy, and what this child exists to isolate: imported after "start")
+
+    log = ChildLog(GGML_LOG_DEBUG if req.get("log_level", "info") == "debug" else GGML_LOG_INFO)
+    cb = l.llama_log_callback(log)
+    l.llama_log_set(cb, ctypes.c_void_p(0))
+    ggml = load_ggml_base(l)
+    emit_event({"event": "build", **build_info(l, ggml), "gpu_offload": bool(l.llama_supports_gpu_offload())})
+    child = _Child(l, req, log, ggml, t_start)
+    l.llama_backend_init()
+    child.limit_memory()
+    child.timings["import_s"] = time.perf_counter() - t_start
+    try:
+        child.load()
+        if req.get("spec"):
+            child.load_draft(req["spec"])
+        child.run_prompts()
+    except _Stop as e:
+        return child.done(e.status, e.message, **({"runs": child.runs} if e.with_runs else {}))
+    child.free()
+    child.timings["total_s"] = time.perf_counter() - t_start
+    return child.done("ok", None, runs=child.runs, speculation=child.speculation,
+                      speculation_message=child.spec_message)
 
 
 if __name__ == "__main__":

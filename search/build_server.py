@@ -27,8 +27,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from fitter.errors import GGFitError
-from fitter.llama_run import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON
+from fitter import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, GGFitError
 
 SDIST = f"llama_cpp_python-{PINNED_LLAMA_CPP_PYTHON}"
 KNOWN_UNPACKED = (Path("/tmp/lcp") / SDIST,)

@@ -22,6 +22,8 @@ The storage can also be watched live: ``pip install optuna-dashboard`` then ``op
 from __future__ import annotations
 
 import csv
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -29,11 +31,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import optuna
 from pydantic import BaseModel, Field
 
+from fitter import MiB
 from search.space import StudyError
-from search.study import (DIRECTIONS, MiB, _fmt, _info, _redact, count_trials, default_storage_url, model_misses,
-                          open_storage, pick_best, PickDef)
+from search.study.define import DIRECTIONS, PickDef
+from search.study.results import _fmt, _info, count_trials, model_misses, pick_best
+from search.study.storage import _redact, default_storage_url, open_storage
 
 # one colour per status, no two alike (a colour-blind-safe base: Okabe-Ito, then greys for the unprobed)
 STATUS_COLOURS = {"ok": "#009e73", "oom": "#d55e00", "crash": "#cc79a7", "timeout": "#e69f00", "error": "#f0e442",
@@ -63,8 +68,6 @@ class StudyReport(BaseModel):
 
 def load(study: Any, storage: str | None = None):
     """An optuna.Study from a Study or a name in `storage` (StudyError when there is no such study)."""
-    import optuna
-
     if isinstance(study, optuna.Study):
         return study
     url = storage or default_storage_url()
@@ -166,8 +169,6 @@ def _trial_dtick(study) -> int:
 
 
 def _n_complete(study) -> int:
-    import optuna
-
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
@@ -192,7 +193,7 @@ def _memory_points(study):
 
 
 def _memory_plotly(study):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # plotly, matplotlib: the optional [plots] extra
 
     pts, budget, avail = _memory_points(study)
     fig = go.Figure()
@@ -213,7 +214,7 @@ def _memory_plotly(study):
 
 
 def _memory_matplotlib(study):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the optional [plots] extra
 
     pts, budget, avail = _memory_points(study)
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -234,13 +235,13 @@ def _memory_matplotlib(study):
 
 
 def _integer_xticks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # the optional [plots] extra
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _history_plotly(study, metric: str, **kw):
-    import optuna.visualization as vis
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
 
     fig = vis.plot_optimization_history(study, target_name=metric, **kw)
     fig.update_layout(xaxis_title="trial (number)", yaxis_title=axis_title(metric))
@@ -249,7 +250,7 @@ def _history_plotly(study, metric: str, **kw):
 
 
 def _history_matplotlib(study, metric: str, **kw):
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     ax = vmat.plot_optimization_history(study, target_name=metric, **kw)
     ax.set_xlabel("trial (number)")
@@ -262,7 +263,7 @@ IMPORTANCE_AXIS = "importance for {m} (optuna's default evaluator, normalised: t
 
 
 def _importances_plotly(study, metric: str, **kw):
-    import optuna.visualization as vis
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
 
     fig = vis.plot_param_importances(study, target_name=metric, **kw)
     fig.update_layout(xaxis_title=IMPORTANCE_AXIS.format(m=metric), yaxis_title="searched parameter")
@@ -274,7 +275,7 @@ def _importances_plotly(study, metric: str, **kw):
 
 
 def _importances_matplotlib(study, metric: str, **kw):
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     ax = vmat.plot_param_importances(study, target_name=metric, **kw)
     ax.set_xlabel(IMPORTANCE_AXIS.format(m=metric))
@@ -289,8 +290,8 @@ def _importances_matplotlib(study, metric: str, **kw):
 
 def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     """(file stem, plotly figure factory, matplotlib axes factory) for every plot this study supports."""
-    import optuna.visualization as vis
-    import optuna.visualization.matplotlib as vmat
+    import optuna.visualization as vis  # needs plotly (the optional [plots] extra)
+    import optuna.visualization.matplotlib as vmat  # needs matplotlib (the optional [plots] extra)
 
     objectives = _objectives(study)
     out: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = []
@@ -300,10 +301,10 @@ def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
         kw: dict[str, Any] = {}
         if multi:
             kw["target"] = (lambda t, i=i: t.values[i])
-        out.append((f"history{suffix}", lambda m=m, kw=kw: _history_plotly(study, m, **kw),
-                    lambda m=m, kw=kw: _history_matplotlib(study, m, **kw)))
-        out.append((f"importances{suffix}", lambda m=m, kw=kw: _importances_plotly(study, m, **kw),
-                    lambda m=m, kw=kw: _importances_matplotlib(study, m, **kw)))
+        out.append((f"history{suffix}", functools.partial(_history_plotly, study, m, **kw),
+                    functools.partial(_history_matplotlib, study, m, **kw)))
+        out.append((f"importances{suffix}", functools.partial(_importances_plotly, study, m, **kw),
+                    functools.partial(_importances_matplotlib, study, m, **kw)))
     if len(objectives) in (2, 3):
         names = [axis_title(m) for m in objectives]
         out.append(("pareto", lambda: vis.plot_pareto_front(study, target_names=names),
@@ -314,9 +315,6 @@ def _plots(study) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
 
 def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
     """Write every plot as HTML (plotly) and PNG (matplotlib) into `out`. Returns (files, notes)."""
-    import importlib.util
-
-    import optuna
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -331,10 +329,10 @@ def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
     if not (have_plotly or have_mpl):
         return files, notes
     if have_mpl:
-        import matplotlib
+        import matplotlib  # the optional [plots] extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # the optional [plots] extra
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -397,8 +395,6 @@ def _sqlite_file(url: str) -> Path | None:
 def _check_inputs(study: Any, storage: str | None, out: str | Path | None) -> None:
     """Refuse, before anything is opened or written, a SQLite storage that does not exist (reading it would create
     an empty database, and its directory) and an --out that is not a directory that can be made."""
-    import optuna
-
     if out is not None:
         o = Path(out)
         if o.exists() and not o.is_dir():

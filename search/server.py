@@ -28,9 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fitter.config import RunConfig
-from fitter.errors import GGFitError
-from fitter.llama_run import child_preexec, watchdog_for
+from fitter import GGFitError, RunConfig, child_preexec, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to
@@ -121,6 +119,7 @@ class Proc:
         for t in self._threads:
             t.start()
         if stdin is not None:
+            assert self.popen.stdin is not None  # Popen(stdin=PIPE)
             try:
                 self.popen.stdin.write(stdin)
                 self.popen.stdin.close()
@@ -144,8 +143,10 @@ class Proc:
         if self._on_line:
             try:
                 self._on_line(s)
-            except Exception:  # noqa: BLE001 - a reporting callback must never stop the reading
-                pass
+            except Exception as e:  # noqa: BLE001 - a reporting callback must never stop the reading: said once, then off
+                self._on_line = None
+                print(f"ggfit: warning: the progress display failed ({type(e).__name__}: {e}); the probe goes on",
+                      file=sys.stderr)
 
     def _wait(self) -> None:
         _, status, ru = os.wait4(self.pid, 0)
@@ -344,28 +345,32 @@ def split_log_line(line: str) -> tuple[str | None, str]:
 
 def server_devices(binary: str, timeout: float = 60) -> list[str] | None:
     """`llama-server --list-devices`: the accelerator devices of this build ([] for a CPU-only build, None if unknown)."""
-    try:
-        st = os.stat(binary)
-    except OSError:
-        return None
-    return _server_devices(binary, st.st_mtime_ns, timeout)
-
-
-@functools.lru_cache(maxsize=8)
-def _server_devices(binary: str, _mtime: int, timeout: float) -> list[str] | None:
-    try:
-        r = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=child_preexec())
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if r.returncode != 0 or "Available devices" not in r.stdout + r.stderr:
+    r = _ask_binary(binary, "--list-devices", timeout)
+    if r is None or r.returncode != 0 or "Available devices" not in r.stdout + r.stderr:
         return None
     lines = (r.stdout + r.stderr).split("Available devices:", 1)[1].splitlines()
     return [ln.strip() for ln in lines if ln.strip() and ln.strip() != "(none)"]
 
 
+def _ask_binary(binary: str, flag: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+    """`binary flag`, run once per binary path and modification time (None when it cannot run)."""
+    try:
+        st = os.stat(binary)
+    except OSError:
+        return None
+    return _ask_binary_cached(binary, flag, st.st_mtime_ns, timeout)
+
+
+@functools.lru_cache(maxsize=16)
+def _ask_binary_cached(binary: str, flag: str, _mtime: int, timeout: float) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run([binary, flag], capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=child_preexec())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 _VERSION = re.compile(r"build (\d+), commit ([0-9a-f]+|unknown)\)")
-_BUILT = re.compile(r"built with (.+)")
 
 
 def parse_build(version_text: str | None, log: str = "") -> dict[str, str | None]:
@@ -386,20 +391,7 @@ def parse_build(version_text: str | None, log: str = "") -> dict[str, str | None
 
 def server_version(binary: str, timeout: float = 30) -> str | None:
     """`llama-server --version` (cached per binary path and modification time)."""
-    try:
-        st = os.stat(binary)
-    except OSError:
-        return None
-    return _server_version(binary, st.st_mtime_ns, timeout)
-
-
-@functools.lru_cache(maxsize=8)
-def _server_version(binary: str, _mtime: int, timeout: float) -> str | None:
-    try:
-        r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=child_preexec())
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (r.stdout + r.stderr).strip() or None
+    r = _ask_binary(binary, "--version", timeout)
+    return ((r.stdout + r.stderr).strip() or None) if r is not None else None
 
 

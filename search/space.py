@@ -2,7 +2,7 @@
 
 A study file's ``[space]`` table (`SpaceDef`) names the settings and their bounds; `SearchSpace` binds it to the
 model files, draft files, runner and workload of one run and turns an Optuna trial into a `Candidate`: a `RunConfig`
-plus the probe options that are not RunConfig fields (threads, draft p_min), ready for `fitter.memory.predict` and
+plus the probe options that are not RunConfig fields (threads, draft p_min), ready for `fitter.fit.memory.predict` and
 `search.probe.run_probe`.
 
 Parameters (Optuna names; each one is only suggested when the study gives it more than one value):
@@ -24,16 +24,17 @@ Settings every trial shares go in the study file's ``[fixed]`` table (any RunCon
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fitter.config import KV_CACHE_TYPES, RunConfig
-from fitter.errors import GGFitError
+from fitter import KV_CACHE_TYPES, GGFitError, RunConfig
 
 CTX_STEP = 256
 
@@ -92,10 +93,10 @@ class DraftSpace(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kinds: list[DraftKind] = Field(default_factory=lambda: ["none", "model", "mtp"], min_length=1)
+    kinds: list[DraftKind] = Field(["none", "model", "mtp"], min_length=1)
     n_max: IntSpec = Field(default_factory=lambda: IntRange(low=1, high=8))
     p_min: list[float] | FloatRange = Field(default_factory=lambda: FloatRange(low=0.0, high=0.9, step=0.1))
-    kv_type: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+    kv_type: list[KvType] = Field(["f16"], min_length=1)
 
 
 class SpaceDef(BaseModel):
@@ -107,9 +108,9 @@ class SpaceDef(BaseModel):
     n_ubatch: IntSpec = Field(default_factory=lambda: [512])
     n_batch_factor: list[int] = Field(default_factory=lambda: [1])
     threads: IntSpec | None = None  # None: run_probe's default (os.cpu_count())
-    type_k: list[KvType] = Field(default_factory=lambda: ["f16"], min_length=1)
+    type_k: list[KvType] = Field(["f16"], min_length=1)
     type_v: list[KvType] | Literal["same"] = "same"
-    flash_attn: list[Literal["on", "off", "auto"]] = Field(default_factory=lambda: ["auto"], min_length=1)
+    flash_attn: list[Literal["on", "off", "auto"]] = Field(["auto"], min_length=1)
     draft: DraftSpace | None = None
 
     @field_validator("n_batch_factor")
@@ -145,55 +146,26 @@ class Candidate(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)  # the Optuna parameters it came from
 
     def flags(self, *, model_label: str | None = None, binary: str = "llama-server") -> list[list[str]]:
-        """llama-server's argv as (flag, value) groups, one per line; only flags that differ from llama-server's
-        defaults, plus ``-fit off`` (what ggfit measured: no automatic fitting) and ``--no-repack`` (the probe's)."""
+        """llama-server's argv as (flag, value) groups, one per line (RunConfig.to_server_args): only flags that
+        differ from llama-server's defaults, the probe's threads and draft p_min, ``--repack``/``--no-repack`` (the
+        probe's) and ``-fit off`` (what ggfit measured: no automatic fitting)."""
         c = self.config
-        out: list[list[str]] = [[binary], ["-m", model_label or self.model_path]]
-        if c.n_ctx is not None:
-            out.append(["-c", str(c.n_ctx)])
-        if c.n_batch is not None:
-            out.append(["-b", str(c.n_batch)])
-        if c.n_ubatch is not None:
-            out.append(["-ub", str(c.n_ubatch)])
-        if c.type_k != "f16":
-            out.append(["-ctk", c.type_k])
-        if c.type_v != "f16":
-            out.append(["-ctv", c.type_v])
-        if c.flash_attn != "auto":
-            out.append(["-fa", c.flash_attn])
-        if c.n_parallel is not None:
-            out.append(["-np", str(c.n_parallel)])
-        if c.kv_unified is not None:
-            out.append(["--kv-unified" if c.kv_unified else "--no-kv-unified"])
-        if c.swa_full:
-            out.append(["--swa-full"])
-        if c.n_gpu_layers != -1:
-            out.append(["-ngl", str(c.n_gpu_layers)])
-        if c.no_mmap:
-            out.append(["-lm", "none"])
+        extra: list[list[str]] = []
         if self.threads:
-            out += [["-t", str(self.threads)], ["-tb", str(self.threads)]]
-        if c.spec_type != "none":
-            out += [["--spec-type", c.spec_type], ["--spec-draft-n-max", str(c.draft_n_max)]]
-            if c.draft_model:
-                out.append(["-md", c.draft_model])
-            if c.draft_type_k != "f16":
-                out.append(["-ctkd", c.draft_type_k])
-            if c.draft_type_v != "f16":
-                out.append(["-ctvd", c.draft_type_v])
-            if self.draft_p_min is not None:
-                out.append(["--spec-draft-p-min", f"{self.draft_p_min:g}"])
-        out += [["--no-repack"] if c.no_repack else ["--repack"], ["-fit", "off"]]
-        return out
+            extra += [["-t", str(self.threads)], ["-tb", str(self.threads)]]
+        if c.spec_type != "none" and self.draft_p_min is not None:
+            extra.append(["--spec-draft-p-min", f"{self.draft_p_min:g}"])
+        return [[binary], *c.to_server_args(model_label or self.model_path, extra=extra), ["-fit", "off"]]
 
     def command(self, **kw) -> str:
         """The llama-server command, one flag a line (shell continuation lines)."""
         lines = [" ".join(_quote(x) for x in g) for g in self.flags(**kw)]
         return " \\\n  ".join(lines)
 
-    def short(self) -> str:
-        """One line: the searched flags only."""
-        return " ".join(" ".join(g) for g in self.flags(model_label="M")[2:-2])
+    def short(self, model_label: str | None = None) -> str:
+        """One line: the searched flags only (with ``-m model_label`` first when given)."""
+        groups = self.flags(model_label=model_label or "M")[1 if model_label else 2:]
+        return " ".join(" ".join(g) for g in groups if g[0] not in _NOT_SEARCHED)
 
     def key(self) -> str:
         """Identity of the run (two proposals with the same key are the same llama.cpp run)."""
@@ -202,9 +174,10 @@ class Candidate(BaseModel):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _quote(s: str) -> str:
-    import shlex
+_NOT_SEARCHED = ("--repack", "--no-repack", "-fit")  # what every probe passes (the probe's choices, not the space's)
 
+
+def _quote(s: str) -> str:
     return shlex.quote(s)
 
 
@@ -238,7 +211,6 @@ class SearchSpace:
         has_mtp: bool = False,
         runner: str = "python",
         ctx_choices: Sequence[int] | None = None,
-        notes: list[str] | None = None,
     ):
         self.defn = space
         self.models = [str(m) for m in models]
@@ -246,7 +218,7 @@ class SearchSpace:
         self.ctx_need = _round_ctx(ctx_need)
         self._need_text = f"{ctx_need} tokens the workload needs (prompt + generated tokens)"
         self.fixed = dict(fixed or {})
-        self.notes = notes if notes is not None else []
+        self.notes: list[str] = []  # what the space leaves out or allows that the user may not expect
         self.dims: dict[str, list[Any] | IntRange | FloatRange] = {}  # name -> choices or range (searched only)
         self.consts: dict[str, Any] = {}  # name -> the single value
 
@@ -256,7 +228,22 @@ class SearchSpace:
         self._model_by_label = dict(zip(labels, self.models))
         self._put("quant", labels)
 
-        # n_ctx
+        self._ctx_dim(space, ctx_choices)
+        self._put("n_ubatch", self._ints(space.n_ubatch, "n_ubatch"))
+        self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
+        if space.threads is not None:
+            self._put("threads", self._ints(space.threads, "threads"))
+        if space.type_v == "same":
+            self._put("kv_type", list(dict.fromkeys(space.type_k)))
+        else:
+            self._put("type_k", list(dict.fromkeys(space.type_k)))
+            self._put("type_v", list(dict.fromkeys(space.type_v)))
+        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
+
+        self._draft_dim(space, drafts, has_mtp, runner)
+
+    def _ctx_dim(self, space: SpaceDef, ctx_choices: Sequence[int] | None) -> None:
+        """n_ctx: the study's values or range, or the contexts the prompt lengths need, never below the workload's."""
         if space.n_ctx is None:
             ctxs = sorted({_round_ctx(c) for c in (ctx_choices or [self.ctx_need])})
             self._put("n_ctx", ctxs)
@@ -269,32 +256,22 @@ class SearchSpace:
             self._put("n_ctx", ctxs)
         else:
             r = space.n_ctx
-            high = n_ctx_train if r.high in ("train", "auto") else r.high
+            high = r.high if isinstance(r.high, int) else self.n_ctx_train  # "train" (or "auto"): the model's
             low = max(_round_ctx(r.low), self.ctx_need)
             if _round_ctx(high) < low:
                 raise StudyError(f"n_ctx: the range ends ({high}) below the {self._need_text}")
             self._put("n_ctx", IntRange(low=low, high=_round_ctx(high), log=r.log,
                                         step=1 if r.log else max(CTX_STEP, _round_ctx(r.step))))
         ctx = self.dims.get("n_ctx", [self.consts.get("n_ctx")])
-        ctx_values = ctx if isinstance(ctx, list) else [ctx.low, ctx.high]
+        ctx_values = ctx if isinstance(ctx, list) else [ctx.low, ctx.high if isinstance(ctx.high, int) else self.n_ctx_train]
         if max(ctx_values) < self.ctx_need:
             raise StudyError(f"n_ctx: every context in the space ({', '.join(map(str, ctx_values))}) is below the "
                              f"{self._need_text}")
-        if max(ctx_values) > n_ctx_train:
-            self.notes.append(f"n_ctx above the model's training context ({n_ctx_train}) is in the space")
+        if max(ctx_values) > self.n_ctx_train:
+            self.notes.append(f"n_ctx above the model's training context ({self.n_ctx_train}) is in the space")
 
-        self._put("n_ubatch", self._ints(space.n_ubatch, "n_ubatch"))
-        self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
-        if space.threads is not None:
-            self._put("threads", self._ints(space.threads, "threads"))
-        if space.type_v == "same":
-            self._put("kv_type", list(dict.fromkeys(space.type_k)))
-        else:
-            self._put("type_k", list(dict.fromkeys(space.type_k)))
-            self._put("type_v", list(dict.fromkeys(space.type_v)))
-        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
-
-        # speculative decoding
+    def _draft_dim(self, space: SpaceDef, drafts: Sequence[str], has_mtp: bool, runner: str) -> None:
+        """Speculative decoding: the drafters this run can try (draft files, the model's MTP head, none)."""
         self._drafts = {_label(d): str(d) for d in drafts}
         kinds: list[str] = ["none"]
         if space.draft is not None:
@@ -415,8 +392,6 @@ class SearchSpace:
     # -- enumeration (benchmarks, the defaults seed)
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the searched parameters (ranges must be small: each integer of a range is a point)."""
-        import itertools
-
         def values(spec):
             if isinstance(spec, list):
                 return spec
@@ -454,6 +429,7 @@ class SearchSpace:
                 else:
                     out[name] = spec[0]
             elif isinstance(spec, IntRange):
+                assert isinstance(spec.high, int)  # _ints resolved "auto"
                 v = spec.low if want is None else min(max(int(want), spec.low), spec.high)
                 out[name] = spec.low + (v - spec.low) // spec.step * spec.step
             else:

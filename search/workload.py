@@ -24,6 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from search.errors import ProbeError
+
 CHARS_PER_TOKEN = 8  # text handed over per prompt token; tokenizers average ~3-5 chars per token
 
 # Pure-Python modules present in every CPython 3.9+ (order fixed: the corpus must not depend on a dir listing)
@@ -80,8 +82,6 @@ class Workload(BaseModel):
     def from_flags(cls, *, prompt_tokens: int, gen_tokens: int, repeats: int, kind: str) -> "Workload":
         """The workload of `ggfit probe --kind --prompt-tokens --gen-tokens --repeats`; a bad value is a one-line
         ProbeError naming the flag and what it accepts (not pydantic's message)."""
-        from search.probe import ProbeError  # noqa: PLC0415 - probe imports this module
-
         if kind not in ("prose", "code"):
             raise ProbeError(f"--kind {kind}: use prose or code")
         for flag, v in (("--prompt-tokens", prompt_tokens), ("--gen-tokens", gen_tokens), ("--repeats", repeats)):

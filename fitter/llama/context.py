@@ -31,7 +31,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import ContextParams
+from fitter.llama.cparams import ContextParams
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
@@ -45,6 +45,7 @@ from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
+from fitter.llama.weights import gpu_layer_start
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 _WEIGHT_OF = {
@@ -346,8 +347,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
-    n_gpu = n_all + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_all + 1)
-    i_gpu_start = max(n_all + 1 - n_gpu, 0)  # llama_model::load_tensors
+    i_gpu_start = gpu_layer_start(n_all, n_gpu_layers)
     layer_dev = [0 if il >= i_gpu_start else 1 for il in range(n_all)]
 
     def dev_size(t: Tensor) -> int:

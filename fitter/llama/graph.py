@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fitter.config import ContextParams
+from fitter.llama.cparams import ContextParams
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
     FLAG_OUTPUT, Context, Tensor, add, argsort_top_k, cache, cast, clamp, concat, cont, cont_nd, cpy, div, dup,
     fill, flash_attn_ext, get_rows, glu, glu_split, inp, is_contiguous, mm, mul, mul_mat, mul_mat_id, nelements,
-    norm, op_weight, pad, permute, reshape, rms_norm, scale, set_rows, soft_max, sqr, sqrt, srcs, sum_rows,
+    norm, op_weight, pad, permute, reshape, rms_norm, rope, scale, set_rows, soft_max, sqr, sqrt, srcs, sum_rows,
     transpose, unary, view, view_tensor, weight,
 )
 from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
@@ -527,6 +527,27 @@ class GraphContext:
         if wo_b:
             cur = add(ctx0, cur, None, f"attn_out_b-{il}")
         return cur
+
+    def build_qk_rope(self, q: Tensor, k: Tensor, inp_pos: Tensor, il: int, *, qk_norm: bool = False) -> tuple[Tensor, Tensor]:
+        """RoPE on Q and K (each RMS-normed first with qk_norm), in the order the family builders write them."""
+        if qk_norm:
+            q = self.build_norm(q, name=f"Qcur_normed-{il}")
+        q = rope(self.ctx0, q, inp_pos, None, f"Qcur-{il}")
+        if qk_norm:
+            k = self.build_norm(k, name=f"Kcur_normed-{il}")
+        k = rope(self.ctx0, k, inp_pos, None, f"Kcur-{il}")
+        return q, k
+
+    def skip_unused_rows(self, il: int, out_ids: Tensor, *ts: Tensor) -> tuple[Tensor, ...]:
+        """The last layer keeps only the rows of the outputs: `if (il == n_layer - 1 && inp_out_ids)` get_rows each."""
+        if il != self.spec.n_layer - 1:
+            return ts
+        return tuple(get_rows(self.ctx0, t, out_ids) for t in ts)
+
+    def build_result(self, inpL: Tensor) -> tuple[Tensor, Tensor]:
+        """result_norm and result_output (the logits) over the last layer's output."""
+        cur = self.build_norm(inpL, name="result_norm")
+        return cur, mm(self.ctx0, self.spec.n_vocab, cur, "result_output")
 
     def finish(self, *outputs: Tensor) -> None:
         for t in outputs:

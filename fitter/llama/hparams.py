@@ -110,6 +110,7 @@ class ModelSpec(BaseModel):
     n_embd_head_v_mla: int = 0
 
     ssm: SSMSpec | None = None
+    supports_rs_rollback: bool = False  # llm_arch_supports_rs_rollback (the family's ArchRules.rs_rollback)
 
     @property
     def has_mtp(self) -> bool:
@@ -230,6 +231,7 @@ class ArchRules(BaseModel):
     mla: bool = False  # reads the MLA head sizes (llama_hparams::is_mla)
     # llama_model::create_memory: llama_memory_hybrid (llm_arch_is_hybrid) instead of a KV cache
     hybrid_memory: bool = False
+    rs_rollback: bool = False  # llm_arch_supports_rs_rollback: MTP keeps recurrent snapshots to roll back
     # load_tensors
     tied_output: bool = True  # a missing output.weight is token_embd created again (TENSOR_DUPLICATED)
     output_before_tok_embd: bool = False  # that tied output is created before token_embd itself

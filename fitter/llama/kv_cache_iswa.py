@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitter.config import ContextParams, pad
+from fitter.llama.cparams import ContextParams, pad
 from fitter.llama.hparams import ModelSpec
 
 

@@ -218,6 +218,7 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
         n_embd_head_k_mla=hk_mla,
         n_embd_head_v_mla=hv_mla,
         ssm=ssm,
+        supports_rs_rollback=rules.rs_rollback,
     )
 
 

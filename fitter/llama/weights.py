@@ -12,7 +12,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import Backend, pad
+from fitter.llama.cparams import Backend, pad
 from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader, TensorInfo
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec

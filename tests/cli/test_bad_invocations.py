@@ -286,3 +286,22 @@ def test_probe_server_unknown_flag_is_named_once(capfd):
     out, err = capfd.readouterr()
     _check(e.value.code, out, err, "--no-such-flag: llama-server has no such option")
     assert err.count("error") == 1, err
+
+
+def test_choice_options_list_their_values_in_help_and_agree_with_fitter(capfd):
+    """--backend, --frontend, -fa, --runner, --kind are typer Enum options: the help shows the choices, a value
+    outside them is one line naming the flag, the value and the allowed ones; the CLI's backend and frontend names
+    are fitter's own."""
+    from fitter import Backend, Frontend
+
+    assert {b.value for b in cli.BackendName} == {b.value for b in Backend}
+    assert {f.value for f in cli.FrontendName} == {f.value for f in Frontend}
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert "--backend <metal|cuda|cpu>" in out and "<server|library>" in out and "<on|off|auto>" in out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", M, "--flash-attn", "maybe"])
+    assert e.value.code == 2
+    assert capfd.readouterr().err == "ggfit: error: -fa maybe: use on, off or auto (see ggfit fit --help)\n"

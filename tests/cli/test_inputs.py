@@ -13,8 +13,8 @@ import pytest
 
 import cli
 from fitter.bundled import resolve_model
-from fitter.config import Backend, ConfigError, Frontend, RunConfig, resolve_context
-from fitter.llama_run import LlamaParams, measure
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, resolve_context
+from fitter.oracle.llama_run import LlamaParams, measure
 from fitter.llama.model import load_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_tiny_context_names_c(gemma_spec):
 def test_run_config_errors_name_the_flag(field, value, flag):
     from pydantic import ValidationError
 
-    from fitter.config import config_error
+    from fitter.llama.cparams import config_error
 
     with pytest.raises(ValidationError) as e:
         RunConfig(**{field: value})

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fitter.ggml import backends as cb
-from fitter.budget import (
+from fitter.fit.budget import (
     DEFAULT_MARGIN_BYTES,
     Budget,
     BudgetError,

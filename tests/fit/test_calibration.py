@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fitter import calibration
 from fitter.build import LLAMA_CPP_COMMIT
-from fitter.calibration import Calibration, CalibrationError, Correction
+from fitter.fit import calibration
+from fitter.fit.calibration import Calibration, CalibrationError, Correction
+from fitter.llama.cparams import Backend
+from fitter.oracle.calibrate import calibrate, local_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -35,7 +37,7 @@ def ggfit(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -
 
 
 def _absent_backend() -> str:
-    have = {d["reg"] for d in calibration.local_devices()}
+    have = {d["reg"] for d in local_devices()}
     for name, reg in (("cuda", "CUDA"), ("metal", "MTL")):
         if reg not in have:
             return name
@@ -55,7 +57,7 @@ def test_backend_llama_cpp_lacks_is_refused_and_nothing_stored(store: Path, gemm
 def test_too_few_reported_points_store_nothing(store: Path, gemma: str) -> None:
     # ctx_max 4096 leaves two grid points: not enough for a line
     with pytest.raises(CalibrationError, match="2 of 2 dry runs, 3 needed"):
-        calibration.calibrate(gemma, calibration.Backend.CPU, ctx_max=4096)
+        calibrate(gemma, Backend.CPU, ctx_max=4096)
     assert not store.exists()
 
 

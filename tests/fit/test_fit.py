@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import Backend, Frontend, RunConfig
-from fitter.memory import predict
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.fit.memory import predict
 from fitter.llama.model import load_model_spec
-from fitter.solver import largest_context
+from fitter.fit.solver import largest_context
 from tests.synth import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def test_a_draft_left_out_is_said_with_the_flags_that_keep_it() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["fits"] and any(b["owner"] == "draft" for b in data["buffers"])
-    assert "--model-draft" in " ".join(data["flags"])
+    assert f"-md {draft}" in data["flags"] and ["--spec-type draft-simple"] == [f for f in data["flags"] if "spec-type" in f]
 
 
 @pytest.mark.slow
@@ -159,3 +159,21 @@ def test_fa_auto_turns_off_on_metal_for_mixed_kv_types() -> None:
     same = predict(header, spec, mixed.model_copy(update={"type_v": "q8_0"}), Backend.METAL, Frontend.SERVER)
     assert same.context.flash_attn
     assert metal.by_kind("compute") > same.by_kind("compute")  # the n_kv x n_tokens x n_head score matrix
+
+
+def test_what_to_change_is_data_the_cli_prints() -> None:
+    from fitter.bundled import resolve_model
+    from fitter.fit.solver import what_to_change
+
+    header, spec = load_model_spec(resolve_model("gemma3-270m"))
+    cfg = RunConfig(n_ctx=32768, n_ubatch=4096, n_batch=4096, flash_attn="off")
+    pred = predict(header, spec, cfg, Backend.CPU, Frontend.SERVER)
+    alts = what_to_change(header, spec, cfg, Backend.CPU, Frontend.SERVER, 900 * 2**20, None, pred)
+    assert [(a.flags, a.reason) for a in alts] == [
+        (["-c 5120"], "largest context that fits"),
+        (["-fa on", "-ctk q8_0", "-ctv q8_0"], "fits at -c 32768"),
+        (["-ub 512"], "fits at -c 32768"),
+    ]
+    out = ggfit("fit", "gemma3-270m", "--budget", "900MiB", "--margin", "0", "--backend", "cpu", "-c", "32768",
+                "-ub", "4096", "-b", "4096", "-fa", "off")
+    assert out.stdout.split("(one change at a time):\n", 1)[1].splitlines() == [f"  {a.line}" for a in alts]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fitter.budget import DEFAULT_MARGIN_BYTES
-from fitter.config import Backend, Frontend, RunConfig
-from fitter.memory import predict
+from fitter.fit.budget import DEFAULT_MARGIN_BYTES
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.fit.memory import predict
 from fitter.llama.model import load_model_spec
 from tests.synth.shapes import build_shape, q4_k_m_types
 

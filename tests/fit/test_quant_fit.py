@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import Backend, Frontend, RunConfig
+from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.gguf.reader import read_header
 from fitter.llama.model import load_model_spec
-from fitter.quant_fit import best_fit, evaluate
-from fitter.quants import predict_quant
+from fitter.fit.quant_fit import best_fit, evaluate
+from fitter.fit.quants import predict_quant
 from tests.synth.shapes import build_shape, q4_k_m_types
 from tests.http_server import CountingServer
 

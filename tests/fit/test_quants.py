@@ -1,4 +1,4 @@
-"""fitter.quants against the pinned llama.cpp's llama_model_quantize: file bytes and every tensor's type.
+"""fitter.fit.quants against the pinned llama.cpp's llama_model_quantize: file bytes and every tensor's type.
 
 A representative subset (the full matrix is benchmarks/quants_matrix.py): small synthetic F16 models
 whose rows are multiples of 256 (K-quants apply) and others whose rows are not (n_embd 320:
@@ -17,7 +17,8 @@ import pytest
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
 from fitter.gguf.reader import read_header
-from fitter.quants import (
+from fitter.ggml.types import TYPE_TRAITS
+from fitter.fit.quants import (
     FTYPES,
     QUANT_FTYPES,
     ImatrixFile,
@@ -25,7 +26,6 @@ from fitter.quants import (
     QuantOptions,
     QuantRefused,
     _output_kv_bytes,
-    _TYPES,
     predict_all,
     predict_quant,
     resolve_ftype,
@@ -249,8 +249,8 @@ def test_types_and_default_types_match_the_library() -> None:
     ggml.ggml_blck_size.restype = ctypes.c_int64
     ggml.ggml_type_size.restype = ctypes.c_size_t
     ggml.ggml_type_name.restype = ctypes.c_char_p
-    for tid, (name, block, size) in _TYPES.items():
-        assert ggml.ggml_type_name(tid).decode().upper() == name
+    for tid, (name, block, size) in TYPE_TRAITS.items():  # fitter.ggml.types: the one table
+        assert ggml.ggml_type_name(tid).decode() == name
         assert (ggml.ggml_blck_size(tid), ggml.ggml_type_size(tid)) == (block, size)
     lib = ctypes.CDLL(llama[0])
     # declared in src/llama-ext.h without extern "C": the Itanium-mangled name

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fitter.config import Backend, pad
+from fitter.llama.cparams import Backend, pad
 from fitter.ggml import backends
 from fitter.ggml.backends import cuda, metal
 from fitter.ggml.backends.base import SIZE_MAX, FlashAttnShape, flash_attn_shape_of

@@ -1,6 +1,6 @@
 """Compute buffers against llama.cpp's own dry run (CPU backend), and the simulator against itself.
 
-Every case runs llama.cpp's dry run in a child process (`fitter.llama_run.measure`, ~1 s) and reads the
+Every case runs llama.cpp's dry run in a child process (`fitter.oracle.llama_run.measure`, ~1 s) and reads the
 exact compute bytes from `llama_get_memory_breakdown`. The acceptance bound is max(2 %, 8 MiB); the
 prediction is in fact byte-exact, which the same tests also assert (a failure there with the bound
 still met means llama.cpp's graph moved under us: the model is stale, not broken).
@@ -25,9 +25,9 @@ import pytest
 
 from fitter.llama import context as compute
 from fitter.llama.graph_details import graph_details
-from fitter.check import llama_params
-from fitter.config import Frontend, RunConfig, resolve_context
-from fitter.llama_run import measure
+from fitter.oracle.check import llama_params
+from fitter.llama.cparams import Frontend, RunConfig, resolve_context
+from fitter.oracle.llama_run import measure
 from fitter.llama.model import load_model_spec
 from tests.synth import build
 from tests.synth.shapes import build_shape

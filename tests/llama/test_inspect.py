@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.llama_run import LlamaParams, measure
+from fitter.oracle.llama_run import LlamaParams, measure
 from fitter.llama.hparams import LayerKind
 from tests.synth import REGISTRY, build
 

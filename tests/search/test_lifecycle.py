@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import RunConfig
+from fitter.llama.cparams import RunConfig
 from fitter.progress import Progress
 from search.probe import LOCK_WAIT_STAGE, run_probe
 from search.workload import Workload
@@ -137,8 +137,8 @@ def test_optimise_children_die_with_ggfit(runner, sig, gemma, tmp_path, request)
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_dry_run_children_die_with_ggfit(sig, tmp_path):
-    """`ggfit calibrate` runs llama.cpp's dry run in one child after another (fitter.llama_run.measure)."""
-    _kill_during_child(["calibrate", "gemma3-270m"], "fitter._llama_child", sig, tmp_path,
+    """`ggfit calibrate` runs llama.cpp's dry run in one child after another (fitter.oracle.llama_run.measure)."""
+    _kill_during_child(["calibrate", "gemma3-270m"], "fitter.oracle._llama_child", sig, tmp_path,
                        ready=lambda kid, log: _maps(kid, "libllama"))  # importing llama_cpp, or past it
 
 
@@ -153,7 +153,7 @@ def test_watchdog_kills_children_where_there_is_no_parent_death_signal(tmp_path,
 
 def test_watchdog_released_kills_nothing():
     """A child reaped normally: the watchdog exits without touching the (by then maybe reused) process group."""
-    from fitter.llama_run import Watchdog
+    from fitter.oracle.llama_run import Watchdog
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import RunConfig
 from fitter.errors import SourceError
-from search.probe import ProbeError, parse_server_args, run_probe
+from fitter.llama.cparams import RunConfig
+from search.probe import ProbeError, run_probe
 from search.workload import Workload, corpus
 
 pytestmark = pytest.mark.slow
@@ -54,22 +54,6 @@ def test_workload_prompts_are_distinct_real_text():
     # very long prompts wrap around the corpus and stay distinct
     long = Workload(prompt_tokens=100_000, repeats=2, warmup=0).prompts()
     assert len(long[0]) >= 800_000 and long[0][:500] != long[1][:500]
-
-
-def test_parse_server_args():
-    cfg, opts, unknown = parse_server_args(
-        ["-c", "4096", "-ub", "256", "-ctk", "q8_0", "-fa", "on", "-np", "1", "--kv-unified", "-lm", "none",
-         "--spec-type", "draft-simple", "-md", "/x.gguf", "--spec-draft-n-max", "5", "--draft-p-min", "0.5",
-         "-t", "2", "--no-such-flag", "7", "--metrics"])
-    assert (cfg.n_ctx, cfg.n_ubatch, cfg.type_k, cfg.flash_attn, cfg.n_parallel, cfg.kv_unified, cfg.no_mmap) == (
-        4096, 256, "q8_0", "on", 1, True, True)
-    assert (cfg.spec_type, cfg.draft_model, cfg.draft_n_max) == ("draft-simple", "/x.gguf", 5)
-    assert opts == {"draft_p_min": 0.5, "threads": 2}
-    assert unknown == ["--no-such-flag", "7", "--metrics"]
-    with pytest.raises(ProbeError, match="^-ctk q4_K: unsupported cache type"):
-        parse_server_args(["-ctk", "q4_K"])
-    with pytest.raises(ProbeError, match="-c"):
-        parse_server_args(["-c", "many"])
 
 
 @needs_llama
@@ -241,7 +225,7 @@ def test_both_runners_agree_on_decode_rate(gemma, llama_server):
     # one thread: on a shared 2-core machine, two spin-waiting ggml threads make rates swing several-fold
     cfg = RunConfig(n_ctx=1024, n_parallel=1)
     wl = Workload(prompt_tokens=64, gen_tokens=32, repeats=3, warmup=1)
-    for attempt in range(2):  # one retry: other jobs on a shared CI machine can stall one run
+    for _attempt in range(2):  # one retry: other jobs on a shared CI machine can stall one run
         py = run_probe(gemma, cfg, wl, threads=1)
         sv = run_probe(gemma, cfg, wl, runner="server", llama_server=llama_server, threads=1)
         assert py.status == "ok" and sv.status == "ok", (py.message, sv.message)
@@ -339,7 +323,7 @@ def test_ctrl_c_stops_everything(runner, moe, gemma, request):
     # a process started in the background by a non-interactive shell inherits SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from fitter.config import RunConfig; from search.probe import run_probe; "
+            "from fitter.llama.cparams import RunConfig; from search.probe import run_probe; "
             "from search.workload import Workload\ntry:\n    " + call +
             "\nexcept KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parents[2]),

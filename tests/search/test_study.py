@@ -23,14 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from fitter.config import Backend, ConfigError, Frontend
 from fitter.errors import GGFitError
+from fitter.llama.cparams import Backend, ConfigError, Frontend
 from fitter.progress import Progress
 from search.space import SearchSpace, SpaceDef, StudyError
 from search.study import (
-    LengthDistribution, PromptLengths, _Predictor, load_study, named_studies, run_study, study_name,
+    LengthDistribution,
+    Predictor,
+    PromptLengths,
+    load_study,
+    named_studies,
+    run_study,
+    study_name,
 )
-from search.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -196,8 +201,8 @@ def test_space_refuses_what_cannot_run(gemma, qwen3_draft):
     with pytest.raises(StudyError, match="no drafter is left"):
         SearchSpace(spec.space.model_copy(update={"draft": spec.space.draft.model_copy(update={"kinds": ["model"]})}),
                     models=[gemma], n_ctx_train=32768, ctx_need=512)
-    notes: list[str] = []
-    sp = SearchSpace(spec.space, models=[gemma], n_ctx_train=32768, ctx_need=512, drafts=[qwen3_draft], notes=notes)
+    sp = SearchSpace(spec.space, models=[gemma], n_ctx_train=32768, ctx_need=512, drafts=[qwen3_draft])
+    notes = sp.notes
     assert sp.dims["draft"] == ["none", Path(qwen3_draft).name]
     assert any("mtp" in n for n in notes)
 
@@ -237,7 +242,7 @@ def test_prefill_study_gemma(tmp_path, gemma):
     lines: list[str] = []
 
     # the budget really rules out part of the space (before any probe)
-    pred = _Predictor(Backend.CPU, Frontend.SERVER)
+    pred = Predictor(Backend.CPU, Frontend.SERVER)
     sp = SearchSpace(d.space, models=[gemma], n_ctx_train=32768, ctx_need=72)
     over = []
     for p in sp.grid():
@@ -553,7 +558,7 @@ def test_trials_goal_counts_probes_running_in_other_workers(tmp_path, gemma):
     trial is not probed (it says so) and the study stops, instead of overshooting to N + 1."""
     import optuna
 
-    from search.study import _worker
+    from search.study.storage import _worker
 
     d = load_study(_write(tmp_path, TINY_RESUME))
     url = f"sqlite:///{tmp_path / 'goal.db'}"

@@ -16,12 +16,11 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from fitter.config import RunConfig  # noqa: E402
+from fitter.llama.cparams import RunConfig  # noqa: E402
 from search.probe import Spread  # noqa: E402
 from search.space import Candidate  # noqa: E402
-from search.study import (  # noqa: E402
-    COUNT_PARTS, Measurement, _summarise, compare_verdict, count_trials, load_study, same_run,
-)
+from search.study import COUNT_PARTS, Measurement, compare_verdict, count_trials, load_study, same_run  # noqa: E402
+from search.study.results import _summarise  # noqa: E402
 
 MiB = 2**20
 UB = CategoricalDistribution([64, 128, 256, 512])
@@ -161,8 +160,9 @@ def test_same_run_fills_in_llama_server_defaults(gemma):
 
 def test_best_config_that_is_the_defaults_is_not_compared_with_itself(gemma):
     """The seed trial (llama.cpp's defaults) won: say so, with its measured spread, and probe nothing more."""
-    from fitter.config import Backend, Frontend
-    from search.study import _compare, _Predictor
+    from fitter import Backend, Frontend
+    from search.study import Predictor, compare_with_defaults
+    from search.study.objective import Prober
 
     s = optuna.create_study(direction="maximize", storage=optuna.storages.InMemoryStorage())
     s.add_trial(_trial(0, TrialState.COMPLETE, "ok", probed=True, value=412.0,
@@ -176,8 +176,9 @@ def test_best_config_that_is_the_defaults_is_not_compared_with_itself(gemma):
     def no_probe(*a, **k):
         raise AssertionError("the defaults' own run was probed again")
 
-    _compare(res, s, best_t, best, d, gemma, _Predictor(Backend.CPU, Frontend.SERVER), 352 * MiB, None, "python",
-             60.0, None, 1, lambda c: None, lambda line: None, None, no_probe)
+    prober = Prober(no_probe, d.workload, "python", None, 60.0, None)
+    compare_with_defaults(res, s, best_t, best, d, gemma, Predictor(Backend.CPU, Frontend.SERVER), 352 * MiB, prober,
+                          1, lambda c: None, lambda line: None, None)
     assert res.verdict.startswith("the best config is llama.cpp's defaults' own run (-c 8192")
     assert "prefill_tps 412 ± 9 tok/s (trial #0)" in res.verdict and "NOT" not in res.verdict
     assert res.compare_probes == 0 and res.ratio == {} and res.baseline.status == "same config"

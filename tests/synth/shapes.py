@@ -2,7 +2,7 @@
 
 For ggfit's predictions and llama.cpp's dry runs at real scale. The hyperparameters are those of
 the published models; the tensor types come from `tensor_types` (e.g. a Q4_K_M-like mix from
-fitter.quants), F16 by default. `fill_weights` then writes valid random blocks into the hole, so
+fitter.fit.quants), F16 by default. `fill_weights` then writes valid random blocks into the hole, so
 that llama.cpp can load and decode the file (GPU measurements: benchmarks/gpu/).
 """
 
@@ -61,10 +61,10 @@ def build_shape(name: str, **overrides: Any) -> Path:
 
 
 def q4_k_m_types(name: str) -> dict[str, str]:
-    """Per-tensor types of the shape quantized to Q4_K_M, as fitter.quants predicts llama-quantize
+    """Per-tensor types of the shape quantized to Q4_K_M, as fitter.fit.quants predicts llama-quantize
     would choose them from the F16 header (the header of a real Q4_K_M file of the model)."""
     from fitter.gguf.reader import read_header
-    from fitter.quants import predict_quant
+    from fitter.fit.quants import predict_quant
 
     pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
     types = {t.name: t.type_name.lower() for t in pred.tensors}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitter.config import Backend
+from fitter.llama.cparams import Backend
 from fitter.ggml.backends.base import BackendError, BackendImpl
 from fitter.ggml.backends.cpu import CPUBackend
 from fitter.ggml.backends.cuda import CUDABackend
@@ -21,8 +21,6 @@ BACKENDS: dict[Backend, BackendImpl] = {
     Backend.CUDA: CUDABackend(),
     Backend.METAL: MetalBackend(),
 }
-# the device's buffer name per backend ("CPU", "CUDA0", "MTL0")
-DEVICE_NAME: dict[Backend, str] = {k: b.name for k, b in BACKENDS.items()}
 
 
 def get(backend: Backend | str) -> BackendImpl:
@@ -43,4 +41,4 @@ def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:
     return get(backend).tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
 
 
-__all__ = ["BACKENDS", "DEVICE_NAME", "BackendError", "BackendImpl", "get", "tensor_info_alloc_size"]
+__all__ = ["BACKENDS", "BackendError", "BackendImpl", "get", "tensor_info_alloc_size"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fitter.config import Backend
+from fitter.llama.cparams import Backend
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
@@ -134,10 +134,16 @@ class BackendImpl:
     kind: Backend = Backend.CPU
     name = "CPU"  # the device's buffer name in llama.cpp's logs ("CUDA0", "MTL0")
     host_buffer_name = "CPU"  # the host buffer type used for inputs, outputs and CPU ops next to it
+    registry = "CPU"  # ggml_backend_reg_name of the device's backend registry
     alignment = HOST_ALIGNMENT  # get_alignment of the default buffer type
     host_alignment = HOST_ALIGNMENT
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
     is_gpu = False
+
+    def is_device_buffer(self, buffer: str) -> bool:
+        """Whether llama.cpp's buffer (type) name is this device's own memory ("CUDA0"), not host memory next to it
+        ("CPU", "CPU_Mapped", "CUDA_Host")."""
+        return buffer == self.name
 
     def max_size(self, *, metal_max_buffer_length: int | None = None) -> int:
         """get_max_size of the default buffer type (NULL -> SIZE_MAX: ggml-alloc never splits a buffer)."""

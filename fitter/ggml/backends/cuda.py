@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fitter.config import Backend, pad
+from fitter.llama.cparams import Backend, pad
 from fitter.ggml.backends.base import BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
@@ -229,6 +229,7 @@ class CUDABackend(BackendImpl):
     kind = Backend.CUDA
     name = "CUDA0"
     host_buffer_name = "CUDA_Host"
+    registry = "CUDA"  # ggml_backend_reg_name
     alignment = CUDA_ALIGNMENT
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True

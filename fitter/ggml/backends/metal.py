@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitter.config import Backend, pad
+from fitter.llama.cparams import Backend, pad
 from fitter.ggml.backends.base import SIZE_MAX, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import type_name
@@ -212,6 +212,7 @@ class MetalBackend(BackendImpl):
     kind = Backend.METAL
     name = "MTL0"
     host_buffer_name = "CPU"
+    registry = "MTL"  # ggml_backend_reg_name (ggml-metal.cpp GGML_METAL_NAME)
     alignment = METAL_ALIGNMENT
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True

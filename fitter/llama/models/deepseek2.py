@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from fitter.ggml.tensor import (
-    Tensor, add, concat, cont, get_rows, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
+    Tensor, add, concat, cont, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
 )
 from fitter.ggml.types import F32, row_size
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
@@ -99,15 +99,12 @@ def build_graph(c: GraphContext) -> Iterator:
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         cur = _deepseek2_attn(c, cur, inp_pos, ai, il, attn_scale)
-        if il == sp.n_layer - 1:
-            cur = get_rows(ctx0, cur, out_ids)
-            inpSA = get_rows(ctx0, inpSA, out_ids)
+        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
         cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
-    cur = c.build_norm(inpL, name="result_norm")
-    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    cur, logits = c.build_result(inpL)
     c.finish(cur, logits)
 
 

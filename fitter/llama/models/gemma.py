@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, get_rows, mm, rope, scale, unary
+from fitter.ggml.tensor import add, scale, unary
 from fitter.gguf.constants import Keys
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
@@ -49,27 +49,17 @@ def build_graph(c: GraphContext) -> Iterator:
         l = sp.layers[il]
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         q, k, v = c.build_qkv(l, cur)
-        if gemma3:
-            q = c.build_norm(q, name=f"Qcur_normed-{il}")
-            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-            k = c.build_norm(k, name=f"Kcur_normed-{il}")
-            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
-        else:
-            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        q, k = c.build_qk_rope(q, k, inp_pos, il, qk_norm=gemma3)
         q = scale(ctx0, q, f"Qcur_scaled-{il}")
         cur = c.build_attn(ai, q, k, v, il, softcap=not gemma3)
-        if il == sp.n_layer - 1:
-            cur = get_rows(ctx0, cur, out_ids)
-            inpL = get_rows(ctx0, inpL, out_ids)
+        cur, inpL = c.skip_unused_rows(il, out_ids, cur, inpL)
         cur = c.build_norm(cur, name=f"attn_post_norm-{il}")
         sa_out = add(ctx0, cur, inpL, f"sa_out-{il}")
         cur = c.build_norm(sa_out, name=f"ffn_norm-{il}")
         cur = c.build_ffn(cur, l.n_ff, act="gelu", il=il)
         cur = c.build_norm(cur, name=f"ffn_post_norm-{il}")
         il, inpL = yield add(ctx0, cur, sa_out, f"l_out-{il}")
-    cur = c.build_norm(inpL, name="result_norm")
-    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    cur, logits = c.build_result(inpL)
     if not gemma3 or c.d.final_logit_softcapping:
         logits = scale(ctx0, logits)
         logits = unary(ctx0, logits)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import Tensor, add, get_rows, mm, rope
+from fitter.ggml.tensor import Tensor, add, rope
 from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
 from fitter.llama.hparams import ArchRules, ModelSpec
 
@@ -50,15 +50,12 @@ def build_graph(c: GraphContext) -> Iterator:
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
-        if il == sp.n_layer - 1:
-            cur = get_rows(ctx0, cur, out_ids)
-            inpSA = get_rows(ctx0, inpSA, out_ids)
+        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
         cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
-    cur = c.build_norm(inpL, name="result_norm")
-    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    cur, logits = c.build_result(inpL)
     c.finish(cur, logits)
 
 

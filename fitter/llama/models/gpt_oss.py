@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, get_rows, mm, rope
+from fitter.ggml.tensor import add, get_rows, mm
 from fitter.gguf.constants import Keys
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
@@ -41,8 +41,7 @@ def build_graph(c: GraphContext) -> Iterator:
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         q, k, v = c.build_qkv(l, cur, bias=c.d.has("attn_q.bias", il))
-        q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-        k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        q, k = c.build_qk_rope(q, k, inp_pos, il)
         cur = c.build_attn(ai, q, k, v, il, wo_b=c.d.has("attn_output.bias", il), sinks=True)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, get_rows, inp, mm, mul, rope
+from fitter.ggml.tensor import add, inp, mul
 from fitter.ggml.types import F32
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, ModelSpec
@@ -46,20 +46,11 @@ def build_graph(c: GraphContext) -> Iterator:
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         q, k, v = c.build_qkv(l, cur, bias=bias)
-        if qk_norm:
-            q = c.build_norm(q, name=f"Qcur_normed-{il}")
-            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-            k = c.build_norm(k, name=f"Kcur_normed-{il}")
-            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
-        else:
-            q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-            k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        q, k = c.build_qk_rope(q, k, inp_pos, il, qk_norm=qk_norm)
         if attn_scale is not None:
             q = mul(ctx0, q, attn_scale, f"Qcur_scaled-{il}")
         cur = c.build_attn(ai, q, k, v, il)
-        if il == sp.n_layer - 1:
-            cur = get_rows(ctx0, cur, out_ids)
-            inpSA = get_rows(ctx0, inpSA, out_ids)
+        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
         if sp.n_expert > 0 and l.n_ff_exp > 0:
@@ -67,6 +58,5 @@ def build_graph(c: GraphContext) -> Iterator:
         else:
             cur = c.build_ffn(cur, l.n_ff, il=il)
         il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
-    cur = c.build_norm(inpL, name="result_norm")
-    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    cur, logits = c.build_result(inpL)
     c.finish(cur, logits)

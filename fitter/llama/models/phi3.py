@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, get_rows, mm, rope, scale
+from fitter.ggml.tensor import add, scale
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules
 
@@ -27,13 +27,10 @@ def build_graph(c: GraphContext) -> Iterator:
         residual = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         q, k, v = c.build_qkv(l, cur, fused=True)
-        q = rope(ctx0, q, inp_pos, None, f"Qcur-{il}")
-        k = rope(ctx0, k, inp_pos, None, f"Kcur-{il}")
+        q, k = c.build_qk_rope(q, k, inp_pos, il)
         q = scale(ctx0, q, f"Qcur_scaled-{il}")
         cur = c.build_attn(ai, q, k, v, il)
-        if il == sp.n_layer - 1:
-            cur = get_rows(ctx0, cur, out_ids)
-            residual = get_rows(ctx0, residual, out_ids)
+        cur, residual = c.skip_unused_rows(il, out_ids, cur, residual)
         cur = add(ctx0, cur, residual, f"ffn_inp-{il}")
         residual = cur
         cur = c.build_norm(cur, name=f"ffn_norm-{il}")
@@ -42,6 +39,5 @@ def build_graph(c: GraphContext) -> Iterator:
         else:
             cur = c.build_ffn(cur, l.n_ff, gate=None, act="swiglu", up_rows=2 * l.n_ff, il=il)
         il, inpL = yield add(ctx0, residual, cur, f"l_out-{il}")
-    cur = c.build_norm(inpL, name="result_norm")
-    logits = mm(ctx0, sp.n_vocab, cur, "result_output")
+    cur, logits = c.build_result(inpL)
     c.finish(cur, logits)

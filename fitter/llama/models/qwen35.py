@@ -27,7 +27,9 @@ def _gdn_recurrent(m: Meta, n_layer: int, n_layer_all: int) -> list[bool]:
 
 
 _RULES = ArchRules(recurrent=_gdn_recurrent, ssm=True, hybrid_memory=True)
-ARCHS = {"qwen35": _RULES, "qwen35moe": _RULES, "qwen3next": _RULES}
+# llm_arch_supports_rs_rollback (src/llama-arch.cpp): qwen35 and qwen35moe, not qwen3next
+_ROLLBACK = _RULES.model_copy(update={"rs_rollback": True})
+ARCHS = {"qwen35": _ROLLBACK, "qwen35moe": _ROLLBACK, "qwen3next": _RULES}
 
 
 

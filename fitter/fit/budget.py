@@ -29,6 +29,7 @@ parameters to free memory", default 1024*1024*1024).
 from __future__ import annotations
 
 import os
+import ctypes
 import platform
 import re
 import shutil
@@ -168,8 +169,6 @@ def metal_recommended_max_working_set() -> int | None:
     The value ggml_metal_device_init stores as props.max_working_set_size. None when Metal or the
     runtime cannot be loaded, or there is no device.
     """
-    import ctypes
-
     try:
         objc = ctypes.CDLL("/usr/lib/libobjc.A.dylib")
         try:  # command-line processes on some Macs get no default device without CoreGraphics loaded
@@ -191,6 +190,10 @@ def metal_recommended_max_working_set() -> int | None:
     send.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     size = int(send(device, objc.sel_registerName(b"recommendedMaxWorkingSetSize")))
     return size or None  # the device object is kept: one per process, as Metal itself does
+
+
+# what a ctypes call into a library that is missing or not as expected raises (a missing symbol: AttributeError)
+_CTYPES_FAILURES = (OSError, AttributeError, ctypes.ArgumentError, ValueError)
 
 
 def _sysctl_int(name: str, run: Runner) -> int | None:
@@ -217,7 +220,7 @@ def _metal_budget(run: Runner, metal_probe: Callable[[], int | None]) -> Budget:
     size = None
     try:
         size = metal_probe()
-    except Exception:  # noqa: BLE001 - any ctypes failure means "ask another way"
+    except _CTYPES_FAILURES:  # the Objective-C runtime or Metal not as expected: ask another way
         size = None
     if size:
         return Budget(bytes=size, source="Metal recommendedMaxWorkingSetSize",
@@ -243,8 +246,6 @@ def _visible_cuda_index(device: int | None) -> int:
 
 def nvml_free_bytes(index: int) -> int | None:
     """nvmlDeviceGetMemoryInfo(...).free through ctypes, or None without NVML."""
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
@@ -287,7 +288,7 @@ def _cuda_budget(run: Runner, nvml: Callable[[int], int | None], device: int | N
                 return Budget(bytes=mib * MiB, source=f"nvidia-smi memory.free (GPU {index})", note=_CUDA_NOTE)
     try:
         free = nvml(index)
-    except Exception:  # noqa: BLE001
+    except _CTYPES_FAILURES:  # NVML not as expected: no answer from it
         free = None
     if free:
         return Budget(bytes=free, source=f"NVML free memory (GPU {index})", note=_CUDA_NOTE)

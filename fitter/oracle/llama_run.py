@@ -1,6 +1,6 @@
 """llama.cpp as an oracle: its own dry run (or a real load) in a child process, with the log parsed.
 
-`measure(model, params, mode="dry")` runs `python -m fitter._llama_child`, which loads the model and
+`measure(model, params, mode="dry")` runs `python -m fitter.oracle._llama_child`, which loads the model and
 creates a context with the reference build (llama-cpp-python 0.3.36, llama.cpp 0c1e57098bba):
 
 - mode "dry": model param `no_alloc = true` and `load_mode = none` (LLAMA_LOAD_MODE_NONE), exactly what
@@ -16,7 +16,7 @@ ggml's own `file:line: message`. A refusal (model load failed, context creation 
 `error` with llama.cpp's own first ERROR line. Exceeding `timeout` kills the child's whole process
 group: `timeout`, and no process left behind.
 
-Besides the log (`fitter.llama_log.LlamaReport`), the child reads exact figures from the C API:
+Besides the log (`fitter.oracle.llama_log.LlamaReport`), the child reads exact figures from the C API:
 `llama_model_size` / `llama_model_n_params` (`LlamaRun.api`), and the per-buffer-type byte counts of
 `llama_get_memory_breakdown` (model / context = KV + recurrent state / compute; not the output buffer),
 the numbers `--fit` itself works with (`LlamaRun.breakdown`).
@@ -47,32 +47,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fitter.build import PINNED_COMMIT
+from fitter.ggml.types import GGML_TYPES
 from fitter.errors import GGFitError, SourceError
-from fitter.llama_log import LlamaReport, parse_log
+from fitter.oracle.llama_log import LlamaReport, parse_log
 
-PINNED_COMMIT = "0c1e57098bba"  # llama.cpp vendored by llama-cpp-python 0.3.36
-PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 
-# enum ggml_type (ggml/include/ggml.h of the pinned build), spelled as ggml_type_name() prints them
-GGML_TYPES: dict[str, int] = {
-    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q8_1": 9,
-    "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14, "q8_K": 15,
-    "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18, "iq1_s": 19, "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22,
-    "iq4_xs": 23, "i8": 24, "i16": 25, "i32": 26, "i64": 27, "f64": 28, "iq1_m": 29, "bf16": 30,
-    "tq1_0": 34, "tq2_0": 35, "mxfp4": 39, "nvfp4": 40, "q1_0": 41, "q2_0": 42,
-}
 _GGML_TYPES_LOWER = {k.lower(): k for k in GGML_TYPES}
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
-LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # llama_load_mode_from_str
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 
 Status = Literal["ok", "error", "crash", "timeout"]
 Mode = Literal["dry", "load"]
 
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout holding fitter/, for the children's PYTHONPATH
 
 
 class LlamaRunError(GGFitError):
@@ -139,8 +130,6 @@ class LlamaParams(BaseModel):
     @classmethod
     def make(cls, **kw: Any) -> LlamaParams:
         """Like the constructor, but a bad value is a LlamaRunError with one line (not a pydantic ValidationError)."""
-        from pydantic import ValidationError
-
         try:
             return cls(**kw)
         except ValidationError as e:
@@ -508,7 +497,7 @@ def measure(
         "decode_tokens": decode_tokens,
         "test_signal": _test_signal,
     }
-    cmd = [python or sys.executable, "-m", "fitter._llama_child"]
+    cmd = [python or sys.executable, "-m", "fitter.oracle._llama_child"]
     with sigterm_cleanup():  # SIGTERM: the child's group is killed as on Ctrl-C; SIGKILL: the child dies with us
         t0 = time.perf_counter()
         proc = subprocess.Popen(

@@ -12,16 +12,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.calibration import Applied, BufferChange, Calibration
+from fitter.fit.calibration import Applied, BufferChange, Calibration, store_path
+from fitter.fit.calibration import load as load_calibration
 from fitter.llama.context import compute_buffers
 from fitter.llama.graph_details import graph_details
+from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
 from fitter.ggml.backends.metal import metal_fa_unsupported_reason
-from fitter.config import Backend, ContextParams, Frontend, RunConfig, ggml_type, resolve_context
+from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.hparams import ModelSpec
-from fitter.ggml.backends import DEVICE_NAME
 from fitter.llama.weights import gpu_layer_start, weight_buffers
 
 Owner = Literal["target", "draft", "mtp"]
@@ -60,16 +61,6 @@ class Prediction(BaseModel):
         return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
 
 
-def _is_host(buffer: str) -> bool:
-    """Host memory: the CPU's own buffers and a GPU backend's pinned host buffer (CUDA_Host)."""
-    return buffer.startswith("CPU") or buffer.endswith("_Host")
-
-
-def _host_name(backend: Backend) -> str:
-    # the output and host compute buffers use the first device's host buffer type when it has one
-    return {Backend.CPU: "CPU", Backend.CUDA: "CUDA_Host", Backend.METAL: "CPU"}[backend]
-
-
 def _context_buffers(
     owner: Owner,
     spec: ModelSpec,
@@ -83,12 +74,13 @@ def _context_buffers(
     changed: list[BufferChange] | None = None,
 ) -> list[Buffer]:
     cpu = backend == Backend.CPU
-    dev = DEVICE_NAME[backend]
+    impl = backends.get(backend)
+    dev = impl.name
     out: list[Buffer] = []
     # llama_context::output_reserve(n_seq_max): logits for n_seq_max outputs (+ embeddings), host memory
     n_out = cp.n_seq_max
     output = spec.n_vocab * n_out * 4 + (spec.n_embd * n_out * 4 if cp.embeddings else 0)
-    out.append(Buffer(owner=owner, device=_host_name(backend), kind="output", bytes=output, counts=cpu,
+    out.append(Buffer(owner=owner, device=impl.host_buffer_name, kind="output", bytes=output, counts=cpu,
                       detail=f"logits {spec.n_vocab} x {n_out} outputs x f32"))
     i_gpu_start = gpu_layer_start(len(spec.layers), n_gpu_layers)
     for cache in memory_caches(spec, cp, mtp=mtp):
@@ -103,7 +95,7 @@ def _context_buffers(
             share = cache.bytes * len(layers) // max(1, len(cache.layers))
             out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=counts, detail=what))
     for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp):
-        on_device = cpu or not _is_host(cb.device)
+        on_device = cpu or impl.is_device_buffer(cb.device)
         size = cb.bytes
         detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
         corr = calibration and (calibration.device if on_device else calibration.host)
@@ -177,8 +169,6 @@ def predict(
     draft_cp = None
     if use_mtp:
         if not spec.has_mtp:
-            from fitter.config import ConfigError
-
             raise ConfigError(f"--spec-type draft-mtp: {spec.architecture} model has no NextN/MTP layers")
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
         draft_cp = _draft_context(spec, config, frontend, mtp=True)
@@ -206,7 +196,7 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
     made llama_init_from_model force it on. The CPU runs every FA node; CUDA's rules are not mirrored here."""
     if config.flash_attn != "auto" or backend != Backend.METAL:
         return config, None
-    if ggml_type(config.type_v).name not in ("F32", "F16", "BF16"):
+    if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
     for layer in spec.layers[: spec.n_layer]:
         if layer.kind.value == "recurrent" or not layer.has_kv:
@@ -229,8 +219,6 @@ _CAL_CACHE: dict[tuple[str, str], Calibration | None] = {}
 
 
 def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
-    from fitter.calibration import store_path
-
     return Applied(architecture=cal.architecture, backend=cal.backend, llama_cpp=cal.llama_cpp,
                    stored=str(store_path()), identity=cal.identity, changed=changed)
 
@@ -238,7 +226,5 @@ def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
 def _calibration(arch: str, backend: Backend) -> Calibration | None:
     key = (arch, backend.value)
     if key not in _CAL_CACHE:
-        from fitter import calibration
-
-        _CAL_CACHE[key] = calibration.load(arch, backend.value)
+        _CAL_CACHE[key] = load_calibration(arch, backend.value)
     return _CAL_CACHE[key]

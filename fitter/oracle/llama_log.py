@@ -1,6 +1,6 @@
 """Pure parsing of llama.cpp's log text into a `LlamaReport`.
 
-Works on any log of the reference build (0c1e57098bba): the one `fitter.llama_run` captures from its
+Works on any log of the reference build (0c1e57098bba): the one `fitter.oracle.llama_run` captures from its
 child, or a llama-server / llama-cli log pasted by a user. Lines are matched by their stable suffix
 (`... KV buffer size = X MiB`), never by the exact function prefix, and a line may carry the
 leftovers of llama.cpp's progress dots in front of it.
@@ -10,7 +10,7 @@ is only known to 0.01 MiB: `bytes = round(MiB * 2**20)` is off by up to 0.005 Mi
 (`PRINT_TOLERANCE_BYTES`). Finer figures:
   - after a real load, freeing the context logs at DEBUG `~llama_context: CPU compute buffer size is
     514.5020 MiB, matches expectation of ...` (`%8.4f`, to ~52 bytes): `LlamaReport.compute_checks`;
-  - exact bytes are not in the log at all; `fitter.llama_run` gets them from the C API
+  - exact bytes are not in the log at all; `fitter.oracle.llama_run` gets them from the C API
     (`llama_model_size`, `llama_get_memory_breakdown`).
 
 Dry runs (`no_alloc`). With `no_alloc = 1` llama.cpp gives model weights and the KV cache a dummy
@@ -386,107 +386,119 @@ def _hparams(pi: dict[str, str], layers: list[LayerInfo]) -> HParams:
 
 def parse_log(text: str) -> LlamaReport:
     """Parse a llama.cpp log (any mix of levels; DEBUG lines add per-layer SWA flags and the fine compute check)."""
-    r = LlamaReport()
-    ctx: dict[str, str] = {}
-    pending_role: str | None = None
-    seen_iswa = False
-    swa_full_warned = False
-    fa_resolved: bool | None = None
-    layers: dict[int, LayerInfo] = {}
-    terminate_what: str | None = None
-    terminate_seen = False
-
+    parser = _LogParser()
     for i, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip("\r\n")
+        parser.feed(i, raw.rstrip("\r\n"))
+    return parser.report()
+
+
+class _LogParser:
+    """parse_log's state over the lines; each `_...` step takes a line it knows and says so (True)."""
+
+    def __init__(self) -> None:
+        self.r = LlamaReport()
+        self.ctx: dict[str, str] = {}
+        self.pending_role: str | None = None
+        self.seen_iswa = False
+        self.swa_full_warned = False
+        self.fa_resolved: bool | None = None
+        self.layers: dict[int, LayerInfo] = {}
+        self.terminate_what: str | None = None
+        self.terminate_seen = False
+
+    def feed(self, i: int, line: str) -> None:
         # progress dots (LLAMA_LOG_CONT) may run into the next line's start
         stripped = line.lstrip(".")
+        steps = (self._print_info, self._buffer, self._memory_size, self._kv_create, self._compute_check,
+                 self._graph, self._context_line, self._abort)
+        for step in steps:
+            if step(i, line, stripped):
+                return
 
+    def _print_info(self, i: int, line: str, stripped: str) -> bool:
         m = _PRINT_INFO.search(stripped)
-        if m and stripped.startswith("print_info:"):
-            key, val = m.group("key"), m.group("val")
-            if key in r.print_info:
-                r.print_info_repeats.setdefault(key, [r.print_info[key]]).append(val)
-            else:
-                r.print_info[key] = val
-            continue
+        if not (m and stripped.startswith("print_info:")):
+            return False
+        key, val = m.group("key"), m.group("val")
+        if key in self.r.print_info:
+            self.r.print_info_repeats.setdefault(key, [self.r.print_info[key]]).append(val)
+        else:
+            self.r.print_info[key] = val
+        return True
 
+    def _buffer(self, i: int, line: str, stripped: str) -> bool:
         m = _BUFFER.search(stripped)
+        if not m:
+            return False
+        mib = float(m.group("mib"))
+        self.r.buffers.append(BufferLine(kind=_kind(m.group("label")), label=m.group("label"), buffer=m.group("buf"),
+                                         func=m.group("func"), mib=mib, bytes=mib_to_bytes(mib), line=i))
+        return True
+
+    def _memory_size(self, i: int, line: str, stripped: str) -> bool:
+        """llama_kv_cache's and llama_memory_recurrent's size lines."""
+        if not ("llama_kv_cache" in stripped or "llama_memory_recurrent" in stripped or " size = " in stripped):
+            return False
+        m = _KV_SIZE.search(stripped)
         if m:
-            mib = float(m.group("mib"))
-            r.buffers.append(
-                BufferLine(
-                    kind=_kind(m.group("label")),
-                    label=m.group("label"),
-                    buffer=m.group("buf"),
-                    func=m.group("func"),
-                    mib=mib,
-                    bytes=mib_to_bytes(mib),
-                    line=i,
-                )
-            )
-            continue
+            g = m.groups()
+            self.r.kv_caches.append(KVCacheSize(
+                role=self.pending_role,
+                mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
+                cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]), n_stream=int(g[4]),
+                type_k=g[5], k_mib=float(g[6]), k_bytes=mib_to_bytes(float(g[6])),
+                type_v=g[7], v_mib=float(g[8]), v_bytes=mib_to_bytes(float(g[8])),
+                line=i,
+            ))
+            self.pending_role = None
+            return True
+        m = _RS_SIZE.search(stripped)
+        if not m:
+            return False
+        g = m.groups()
+        self.r.recurrent.append(RecurrentStateSize(
+            mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
+            cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]),
+            n_rs_seq=int(g[4]) if g[4] is not None else None,
+            type_r=g[5], r_mib=float(g[6]), r_bytes=mib_to_bytes(float(g[6])),
+            type_s=g[7], s_mib=float(g[8]), s_bytes=mib_to_bytes(float(g[8])),
+            type_p=g[9], p_mib=float(g[10]) if g[10] is not None else None,
+            p_bytes=mib_to_bytes(float(g[10])) if g[10] is not None else None,
+            line=i,
+        ))
+        return True
 
-        if "llama_kv_cache" in stripped or "llama_memory_recurrent" in stripped or " size = " in stripped:
-            m = _KV_SIZE.search(stripped)
-            if m:
-                g = m.groups()
-                r.kv_caches.append(
-                    KVCacheSize(
-                        role=pending_role,
-                        mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
-                        cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]), n_stream=int(g[4]),
-                        type_k=g[5], k_mib=float(g[6]), k_bytes=mib_to_bytes(float(g[6])),
-                        type_v=g[7], v_mib=float(g[8]), v_bytes=mib_to_bytes(float(g[8])),
-                        line=i,
-                    )
-                )
-                pending_role = None
-                continue
-            m = _RS_SIZE.search(stripped)
-            if m:
-                g = m.groups()
-                r.recurrent.append(
-                    RecurrentStateSize(
-                        mib=float(g[0]), bytes=mib_to_bytes(float(g[0])),
-                        cells=int(g[1]), layers=int(g[2]), n_seq_max=int(g[3]),
-                        n_rs_seq=int(g[4]) if g[4] is not None else None,
-                        type_r=g[5], r_mib=float(g[6]), r_bytes=mib_to_bytes(float(g[6])),
-                        type_s=g[7], s_mib=float(g[8]), s_bytes=mib_to_bytes(float(g[8])),
-                        type_p=g[9], p_mib=float(g[10]) if g[10] is not None else None,
-                        p_bytes=mib_to_bytes(float(g[10])) if g[10] is not None else None,
-                        line=i,
-                    )
-                )
-                continue
-
+    def _kv_create(self, i: int, line: str, stripped: str) -> bool:
         m = _KV_CREATE.search(stripped)
         if m:
-            pending_role = m.group("role")
-            r.kv_cache_cells.append((pending_role, int(m.group("cells"))))
+            self.pending_role = m.group("role")
+            self.r.kv_cache_cells.append((self.pending_role, int(m.group("cells"))))
             if "iswa" in stripped:
-                seen_iswa = True
-            continue
+                self.seen_iswa = True
+            return True
         if "using full-size SWA cache" in stripped:
-            swa_full_warned = True
-            continue
+            self.swa_full_warned = True
+            return True
+        return False
 
+    def _compute_check(self, i: int, line: str, stripped: str) -> bool:
         m = _COMPUTE_CHECK.search(stripped)
         if m:
             a, e = float(m.group(2)), float(m.group(4))
             matches = m.group("m") == "matches"
-            r.compute_checks.append(
-                ComputeCheck(
-                    buffer=m.group("buf"), actual_mib=a, actual_bytes=mib_to_bytes(a),
-                    expected_mib=e, expected_bytes=mib_to_bytes(e), matches=matches, line=i,
-                )
-            )
+            self.r.compute_checks.append(ComputeCheck(
+                buffer=m.group("buf"), actual_mib=a, actual_bytes=mib_to_bytes(a),
+                expected_mib=e, expected_bytes=mib_to_bytes(e), matches=matches, line=i,
+            ))
             if not matches:
-                r.mismatch_warnings.append(line.strip())
-            continue
+                self.r.mismatch_warnings.append(line.strip())
+            return True
         if "does not match expectation" in stripped:
-            r.mismatch_warnings.append(line.strip())
-            continue
+            self.r.mismatch_warnings.append(line.strip())
+            return True
+        return False
 
+    def _graph(self, i: int, line: str, stripped: str) -> bool:
         if "sched_reserve: graph" in stripped:
             m = _GRAPH.search(stripped)
             if m:
@@ -495,70 +507,80 @@ def parse_log(text: str) -> LlamaReport:
                 iop, iot = _pair(m.group("io"))
                 itp, itt = _pair(m.group("it"))
                 if npp is not None and spp is not None:
-                    r.graph = GraphInfo(
+                    self.r.graph = GraphInfo(
                         nodes_pp=npp, nodes_tg=ntg, splits_pp=spp, splits_tg=stg,
                         input_objects_pp=iop, input_objects_tg=iot, input_tensors_pp=itp, input_tensors_tg=itt,
                         pp_bs=int(m.group("pp")) if m.group("pp") else None,
                         tg_bs=int(m.group("tg")) if m.group("tg") else None,
                     )
-                continue
+                return True
         m = _RESERVE.search(stripped)
         if m:
-            r.reserve_ms = float(m.group(1))
-            continue
+            self.r.reserve_ms = float(m.group(1))
+            return True
+        return False
 
+    def _context_line(self, i: int, line: str, stripped: str) -> bool:
+        """llama_context's key = value lines, the per-layer devices, the load mode and the resolved -fa."""
         m = _CTX_KV.search(stripped)
         if m and stripped.startswith("llama_context:"):
-            ctx.setdefault(m.group("key"), m.group("val"))
-            continue
-
+            self.ctx.setdefault(m.group("key"), m.group("val"))
+            return True
         m = _LAYER.search(stripped)
         if m:
             il = int(m.group(1))
-            layers[il] = LayerInfo(il=il, device=m.group(2), is_swa=m.group(3) != "0")
-            continue
+            self.layers[il] = LayerInfo(il=il, device=m.group(2), is_swa=m.group(3) != "0")
+            return True
         m = _LOAD_MODE.search(stripped)
         if m:
-            r.load_mode = m.group("m").strip()
-            continue
+            self.r.load_mode = m.group("m").strip()
+            return True
         m = _FA_RESOLVED.search(stripped)
         if m:
-            fa_resolved = m.group("v") == "enabled"
-            continue
+            self.fa_resolved = m.group("v") == "enabled"
+            return True
+        return False
 
+    def _abort(self, i: int, line: str, stripped: str) -> bool:
+        """ggml_abort's message, or an uncaught C++ exception (std::terminate and its what())."""
         m = _ABORT.match(line.strip())
-        if m and r.abort is None:
-            r.abort = m.group("msg")
-            continue
+        if m and self.r.abort is None:
+            self.r.abort = m.group("msg")
+            return True
         m = _TERMINATE.match(line.strip())
         if m:
-            terminate_seen = True
-            terminate_what = f"uncaught C++ exception {m.group('what')}"
-            continue
-        if terminate_seen:
+            self.terminate_seen = True
+            self.terminate_what = f"uncaught C++ exception {m.group('what')}"
+            return True
+        if self.terminate_seen:
             m = _WHAT.match(line)
             if m:
-                terminate_what = f"{terminate_what}: {m.group('msg')}"
-                terminate_seen = False
+                self.terminate_what = f"{self.terminate_what}: {m.group('msg')}"
+                self.terminate_seen = False
+        return False
 
-    if terminate_what and r.abort is None:
-        r.abort = terminate_what
+    def report(self) -> LlamaReport:
+        r = self.r
+        if self.terminate_what and r.abort is None:
+            r.abort = self.terminate_what
+        r.no_alloc = _bool(r.print_info["no_alloc"]) if "no_alloc" in r.print_info else None
+        if r.no_alloc:
+            # llama_model::load_tensors and llama_kv_cache::llama_kv_cache hand no_alloc runs a zero-size dummy buffer
+            for b in r.buffers:
+                if b.kind in ("model", "kv"):
+                    b.dummy = True
+        r.layers = [self.layers[k] for k in sorted(self.layers)]
+        n_all = r.print_info.get("n_layer_all", r.print_info.get("n_layer"))
+        if n_all is not None and n_all.isdigit():
+            for li in r.layers:
+                li.is_output = li.il == int(n_all)
+        r.hparams = _hparams(r.print_info, r.layers)
+        if self.ctx or r.kv_caches or self.seen_iswa:
+            r.context = self._context_info()
+        return r
 
-    r.no_alloc = _bool(r.print_info["no_alloc"]) if "no_alloc" in r.print_info else None
-    if r.no_alloc:
-        # llama_model::load_tensors and llama_kv_cache::llama_kv_cache hand no_alloc runs a zero-size dummy buffer
-        for b in r.buffers:
-            if b.kind in ("model", "kv"):
-                b.dummy = True
-
-    r.layers = [layers[k] for k in sorted(layers)]
-    n_all = r.print_info.get("n_layer_all", r.print_info.get("n_layer"))
-    if n_all is not None and n_all.isdigit():
-        for li in r.layers:
-            li.is_output = li.il == int(n_all)
-    r.hparams = _hparams(r.print_info, r.layers)
-
-    if ctx or r.kv_caches or seen_iswa:
+    def _context_info(self) -> ContextInfo:
+        ctx = self.ctx
 
         def gi(k: str) -> int | None:
             try:
@@ -573,27 +595,15 @@ def parse_log(text: str) -> LlamaReport:
                 return None
 
         fa = ctx.get("flash_attn")
-        if fa == "enabled":
-            resolved: bool | None = True
-        elif fa == "disabled":
-            resolved = False
-        else:
-            resolved = fa_resolved
-        r.context = ContextInfo(
-            n_seq_max=gi("n_seq_max"),
-            n_ctx=gi("n_ctx"),
-            n_ctx_seq=gi("n_ctx_seq"),
-            n_batch=gi("n_batch"),
+        resolved = True if fa == "enabled" else False if fa == "disabled" else self.fa_resolved
+        return ContextInfo(
+            n_seq_max=gi("n_seq_max"), n_ctx=gi("n_ctx"), n_ctx_seq=gi("n_ctx_seq"), n_batch=gi("n_batch"),
             n_ubatch=gi("n_ubatch"),
             causal_attn=_bool(ctx["causal_attn"]) if "causal_attn" in ctx else None,
             flash_attn=fa,
             flash_attn_resolved=resolved,
             kv_unified=_bool(ctx["kv_unified"]) if "kv_unified" in ctx else None,
-            swa_full=(True if swa_full_warned else False) if (seen_iswa or swa_full_warned) else None,
-            n_rs_seq=gi("n_rs_seq"),
-            n_outputs_max=gi("n_outputs_max"),
-            n_outputs_max_per_seq=gi("n_outputs_max_per_seq"),
-            freq_base=gf("freq_base"),
-            freq_scale=gf("freq_scale"),
+            swa_full=self.swa_full_warned if (self.seen_iswa or self.swa_full_warned) else None,
+            n_rs_seq=gi("n_rs_seq"), n_outputs_max=gi("n_outputs_max"),
+            n_outputs_max_per_seq=gi("n_outputs_max_per_seq"), freq_base=gf("freq_base"), freq_scale=gf("freq_scale"),
         )
-    return r

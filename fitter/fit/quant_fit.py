@@ -1,6 +1,6 @@
 """`ggfit quants`: which quant of a model fits a budget, from one header, before any download.
 
-Every llama-quantize ftype is predicted from the header's tensor shapes (fitter.quants); candidate
+Every llama-quantize ftype is predicted from the header's tensor shapes (fitter.fit.quants); candidate
 files that are not plain llama-quantize output (unsloth UD-*, imatrix mixes) are read as given, from
 a path or a URL (only the header travels), or taken as a size from a listing. Each candidate is then
 run through the memory model at the requested settings.
@@ -13,13 +13,14 @@ from dataclasses import replace as dc_replace
 
 from pydantic import BaseModel
 
-from fitter.config import Backend, ConfigError, Frontend, RunConfig, pad
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, pad
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
-from fitter.memory import predict
+from fitter.fit.budget import parse_size
+from fitter.fit.memory import predict
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.model import model_spec_from_header
-from fitter.quants import QuantPrediction, predict_all
-from fitter.solver import largest_context
+from fitter.fit.quants import QuantPrediction, predict_all
+from fitter.fit.solver import largest_context
 
 
 class Candidate(BaseModel):
@@ -91,8 +92,6 @@ def evaluate(
     include_imatrix: bool = True,
 ) -> list[Candidate]:
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size."""
-    from fitter.budget import parse_size
-
     available = budget_bytes - margin_bytes
     entries: list[tuple[str, str, GGUFHeader, bool, bool, str | None]] = []
     for q in predict_all(header):

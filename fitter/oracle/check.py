@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fitter.config import ConfigError, ContextParams, RunConfig
-from fitter.llama_run import LlamaParams, LlamaRun, measure
+from fitter.llama.cparams import ConfigError, ContextParams, RunConfig
+from fitter.oracle.llama_run import LlamaParams, LlamaRun, measure
 
 if TYPE_CHECKING:
-    from fitter.memory import Prediction
+    from fitter.fit.memory import Prediction
 
 
 def llama_params(cp: ContextParams, cfg: RunConfig) -> LlamaParams:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.config import Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.gguf.reader import GGUFHeader
-from fitter.memory import Prediction, predict
+from fitter.fit.memory import Prediction, predict
 from fitter.llama.hparams import ModelSpec
 
 UBATCHES = (256, 512, 1024, 2048, 4096)
@@ -139,3 +139,54 @@ def prediction_for(
 ) -> Prediction:
     cfg = _config_for(base, s.n_ctx, s.n_ubatch, s.type_k, s.type_v, s.draft)
     return predict(header, spec, cfg, backend, frontend, draft if s.draft else None)
+
+
+class Alternative(BaseModel):
+    """One change that makes an over-budget config fit (what `fit` suggests, one change at a time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    flags: list[str]  # the llama-server flags to change, one item per flag ([]: drop the draft / nothing fits)
+    reason: str  # e.g. "fits at -c 32768", "largest context that fits", "no context fits with these settings"
+
+    @property
+    def line(self) -> str:
+        if not self.flags:
+            return self.reason
+        return " ".join(self.flags) + ("" if self.reason == "largest context that fits" else f" ({self.reason})")
+
+
+def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backend, frontend: Frontend,
+                   available: int, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[Alternative]:
+    """For a prediction over budget: the largest context that fits, and each other single change (a quantized K/V
+    cache, a smaller ubatch, no draft) that keeps the requested context."""
+    cp = pred.context
+    with_draft = draft is not None or cfg.spec_type == "draft-mtp"
+    fits_at = f"fits at -c {cp.n_ctx}"
+
+    def largest(base: RunConfig, *, ub: int = cp.n_ubatch, tk: str = cp.type_k, tv: str = cp.type_v,
+                drafted: bool = with_draft) -> int:
+        return largest_context(header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
+                               with_draft=drafted, draft=draft if drafted else None, ctx_max=cp.n_ctx).n_ctx
+
+    n_ctx = largest(cfg)
+    out = [Alternative(flags=[f"-c {n_ctx}"], reason="largest context that fits") if n_ctx
+           else Alternative(flags=[], reason="no context fits with these settings")]
+    # a quantized V cache needs flash attention: suggest both together when it is off
+    fa_cfg, fa_flags = (cfg, []) if cp.flash_attn else (cfg.model_copy(update={"flash_attn": "on"}), ["-fa on"])
+    for tk, tv in (("q8_0", "q8_0"), ("q4_0", "q4_0")):
+        if (tk, tv) != (cp.type_k, cp.type_v):
+            try:
+                n_ctx = largest(fa_cfg, tk=tk, tv=tv)
+            except ConfigError:
+                continue  # llama.cpp refuses this pair for the model (block size, MLA)
+            if n_ctx >= cp.n_ctx:
+                out.append(Alternative(flags=[*fa_flags, f"-ctk {tk}", f"-ctv {tv}"], reason=fits_at))
+                break
+    for ub in (1024, 512, 256):
+        if ub < cp.n_ubatch and largest(cfg, ub=ub) >= cp.n_ctx:
+            out.append(Alternative(flags=[f"-ub {ub}"], reason=fits_at))
+            break
+    if with_draft and largest(cfg, drafted=False) >= cp.n_ctx:
+        out.append(Alternative(flags=[], reason=f"drop the draft model ({fits_at})"))
+    return out

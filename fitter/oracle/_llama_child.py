@@ -1,6 +1,6 @@
-"""Child process of `fitter.llama_run`: load a model and create a context with llama.cpp, then exit.
+"""Child process of `fitter.oracle.llama_run`: load a model and create a context with llama.cpp, then exit.
 
-Run as `python -m fitter._llama_child '<json>'` (or with the JSON request on stdin). Only the
+Run as `python -m fitter.oracle._llama_child '<json>'` (or with the JSON request on stdin). Only the
 standard library and llama_cpp are imported here, so a native abort kills nothing but this process.
 
 Protocol
@@ -32,6 +32,10 @@ from typing import Any
 
 # ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
 _DEBUG, _INFO, _WARN, _ERROR, _CONT = 1, 2, 3, 4, 5
+
+
+# what asking a llama.cpp build for something it lacks raises: a missing symbol, a NULL string, bad bytes
+_FFI_FAILURES = (AttributeError, OSError, UnicodeDecodeError, ctypes.ArgumentError)
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -86,11 +90,11 @@ def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
     info: dict[str, Any] = {"llama_cpp_python": getattr(llama_cpp, "__version__", None)}
     try:
         info["llama_version"] = llama_cpp.llama_version().decode()
-    except Exception:
+    except _FFI_FAILURES:
         info["llama_version"] = None
     try:
         info["system_info"] = llama_cpp.llama_print_system_info().decode().strip()
-    except Exception:
+    except _FFI_FAILURES:
         info["system_info"] = None
     for sym in ("ggml_commit", "ggml_version"):
         val = None
@@ -100,7 +104,7 @@ def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
             f.argtypes = []
             try:
                 val = f().decode()
-            except Exception:
+            except _FFI_FAILURES:
                 val = None
         info[sym] = val
     return info
@@ -221,46 +225,25 @@ def _apply(struct: Any, fields: dict[str, Any]) -> None:
         setattr(struct, k, v)
 
 
-def main() -> int:
-    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
-    req = json.loads(raw)
-    _emit({"event": "start", "pid": os.getpid()})
-    t0 = time.perf_counter()
+_LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}  # enum llama_load_mode
 
-    import llama_cpp  # noqa: PLC0415 - imported here so a broken install is reported as an event
 
-    t_import = time.perf_counter() - t0
-    log = _Log(_DEBUG if req.get("log_level", "debug") == "debug" else _INFO)
-    cb = llama_cpp.llama_log_callback(log)  # keep a reference for the process lifetime
-    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-
-    ggml = _ggml_base(llama_cpp)
-    _emit({"event": "build", **_build_info(llama_cpp, ggml)})
-    devices = _ggml_base(llama_cpp, "ggml") if req.get("device_memory") else None
-
-    def memory(stage: str) -> None:
-        if devices is not None:
-            _emit({"event": "memory", "stage": stage, "devices": _device_memory(devices)})
-
-    def done(status: str, message: str | None = None, **extra: Any) -> int:
-        _emit({"event": "done", "status": status, "message": message, "errors": log.errors,
-               "warnings": log.warnings, **extra})
-        return 0
-
-    llama_cpp.llama_backend_init()
-    memory("start")
-
+def _model_params(llama_cpp: Any, req: dict[str, Any]) -> Any:
     mp = llama_cpp.llama_model_default_params()
     model_fields = dict(req.get("model", {}))
     load_mode = model_fields.pop("load_mode", None)
     if load_mode is not None:
-        mp.load_mode = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}[load_mode]
+        mp.load_mode = _LOAD_MODES[load_mode]
     _apply(mp, model_fields)
     if req["mode"] == "dry":
         # as common_get_device_memory_data (common/fit.cpp): simulate allocations, read no tensor data
         mp.no_alloc = True
         mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    return mp
 
+
+def _context_params(llama_cpp: Any, ggml: ctypes.CDLL | None, req: dict[str, Any]) -> tuple[Any, str | None]:
+    """llama_context_params from the request, or why not (a K/V type id the loaded ggml names otherwise)."""
     cp = llama_cpp.llama_context_default_params()
     ctx_fields = dict(req.get("context", {}))
     for key in ("type_k", "type_v"):
@@ -268,17 +251,14 @@ def main() -> int:
             name, type_id = ctx_fields[key]  # [name, id] from the parent's enum ggml_type table
             have = _ggml_type_name(ggml, type_id)
             if have is not None and have.lower() != name.lower():
-                return done("error", f"ggml type id {type_id} is {have!r} in this build, not {name!r}: ggfit's type table is stale")
+                return cp, f"ggml type id {type_id} is {have!r} in this build, not {name!r}: ggfit's type table is stale"
             ctx_fields[key] = type_id
     _apply(cp, ctx_fields)
+    return cp, None
 
-    timings: dict[str, float] = {"import_s": t_import}
-    t1 = time.perf_counter()
-    model = llama_cpp.llama_model_load_from_file(req["model_path"].encode(), mp)
-    timings["model_s"] = time.perf_counter() - t1
-    if not model:
-        msg = log.errors[0] if log.errors else "llama_model_load_from_file returned NULL"
-        return done("error", msg, timings=timings)
+
+def _model_api(llama_cpp: Any, model: Any) -> dict[str, Any]:
+    """What the C API says of the loaded model."""
     api: dict[str, Any] = {
         "model_size": llama_cpp.llama_model_size(model),
         "model_n_params": llama_cpp.llama_model_n_params(model),
@@ -295,30 +275,77 @@ def main() -> int:
     buf = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, buf, 256)
     api["desc"] = buf.value.decode("utf-8", "replace")
+    return api
+
+
+class _Run:
+    """The child's reporting: the log callback, device memory per stage, the closing "done" event."""
+
+    def __init__(self, llama_cpp: Any, req: dict[str, Any]) -> None:
+        self.log = _Log(_DEBUG if req.get("log_level", "debug") == "debug" else _INFO)
+        self.cb = llama_cpp.llama_log_callback(self.log)  # keep a reference for the process lifetime
+        llama_cpp.llama_log_set(self.cb, ctypes.c_void_p(0))
+        self.ggml = _ggml_base(llama_cpp)
+        _emit({"event": "build", **_build_info(llama_cpp, self.ggml)})
+        self.devices = _ggml_base(llama_cpp, "ggml") if req.get("device_memory") else None
+
+    def memory(self, stage: str) -> None:
+        if self.devices is not None:
+            _emit({"event": "memory", "stage": stage, "devices": _device_memory(self.devices)})
+
+    def done(self, status: str, message: str | None = None, **extra: Any) -> int:
+        _emit({"event": "done", "status": status, "message": message, "errors": self.log.errors,
+               "warnings": self.log.warnings, **extra})
+        return 0
+
+    def first_error(self, default: str) -> str:
+        return self.log.errors[0] if self.log.errors else default
+
+
+def main() -> int:
+    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
+    req = json.loads(raw)
+    _emit({"event": "start", "pid": os.getpid()})
+    t0 = time.perf_counter()
+
+    import llama_cpp  # noqa: PLC0415 - imported here so a broken install is reported as an event
+
+    timings: dict[str, float] = {"import_s": time.perf_counter() - t0}
+    run = _Run(llama_cpp, req)
+    llama_cpp.llama_backend_init()
+    run.memory("start")
+    mp = _model_params(llama_cpp, req)
+    cp, why = _context_params(llama_cpp, run.ggml, req)
+    if why:
+        return run.done("error", why)
+
+    t1 = time.perf_counter()
+    model = llama_cpp.llama_model_load_from_file(req["model_path"].encode(), mp)
+    timings["model_s"] = time.perf_counter() - t1
+    if not model:
+        return run.done("error", run.first_error("llama_model_load_from_file returned NULL"), timings=timings)
+    api = _model_api(llama_cpp, model)
     _emit({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
-    memory("model")
+    run.memory("model")
 
     t2 = time.perf_counter()
     ctx = llama_cpp.llama_init_from_model(model, cp)
     timings["context_s"] = time.perf_counter() - t2
     if not ctx:
-        msg = log.errors[0] if log.errors else "llama_init_from_model returned NULL"
+        msg = run.first_error("llama_init_from_model returned NULL")
         llama_cpp.llama_model_free(model)
-        return done("error", msg, timings=timings)
-    capi = {
-        "n_ctx": llama_cpp.llama_n_ctx(ctx),
-        "n_ctx_seq": llama_cpp.llama_n_ctx_seq(ctx),
-        "n_batch": llama_cpp.llama_n_batch(ctx),
-        "n_ubatch": llama_cpp.llama_n_ubatch(ctx),
+        return run.done("error", msg, timings=timings)
+    _emit({"event": "context", "api": {
+        "n_ctx": llama_cpp.llama_n_ctx(ctx), "n_ctx_seq": llama_cpp.llama_n_ctx_seq(ctx),
+        "n_batch": llama_cpp.llama_n_batch(ctx), "n_ubatch": llama_cpp.llama_n_ubatch(ctx),
         "n_seq_max": llama_cpp.llama_n_seq_max(ctx),
-    }
-    _emit({"event": "context", "api": capi})
-    memory("context")
+    }})
+    run.memory("context")
 
     if req.get("breakdown", True):
         try:
-            rows = _memory_breakdown(llama_cpp, ggml, ctx)
-        except Exception:  # noqa: BLE001 - the breakdown is a bonus; never let it spoil the run
+            rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
+        except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
             rows = None
         _emit({"event": "breakdown", "rows": rows})
 
@@ -333,18 +360,18 @@ def main() -> int:
         err = _decode(llama_cpp, ctx, n_decode, api["n_vocab"])
         timings["decode_s"] = time.perf_counter() - t4
         _emit({"event": "decode", "tokens": n_decode, "error": err})
-        memory("decode")
+        run.memory("decode")
         if err:
             llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)
-            return done("error", err, timings=timings)
+            return run.done("error", err, timings=timings)
 
     t3 = time.perf_counter()
     llama_cpp.llama_free(ctx)  # a real context logs its DEBUG "compute buffer size is %8.4f MiB" check here
     llama_cpp.llama_model_free(model)
     timings["free_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
-    return done("ok", timings=timings)
+    return run.done("ok", timings=timings)
 
 
 if __name__ == "__main__":

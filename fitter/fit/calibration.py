@@ -1,0 +1,205 @@
+"""The calibration store: measured corrections of the compute buffers, per architecture, backend and build.
+
+The compute model replays llama.cpp's graph and allocator, which is exact where it was checked
+(the CPU backend of the pinned build). On another backend or another llama.cpp build it can drift:
+calibration runs llama.cpp's own dry run over a small grid, fits `measured = a + b * predicted` per
+compute buffer (device and host) for this architecture and backend, and stores the coefficients with
+the llama.cpp build they were measured on. Predictions use them only for that same build. The
+measurement itself (llama.cpp's dry runs) is fitter.oracle.calibrate's.
+
+A calibration is only stored with data behind it: the backend must be one the local llama.cpp has,
+and each stored line needs MIN_POINTS dry runs in which llama.cpp reported that very buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from fitter.build import LLAMA_CPP_COMMIT
+from fitter.errors import GGFitError
+
+MIN_POINTS = 3  # dry runs in which llama.cpp reported the buffer, for a line to be stored
+FORMAT = 2  # of calibration.json; format 1 (a flat dict, ggfit before issue 11) could hold fits without data
+
+
+class CalibrationError(GGFitError):
+    """A calibration that cannot be made or stored (no such backend here, no data)."""
+
+
+class Correction(BaseModel):
+    a: float  # bytes
+    b: float
+    points: int
+    max_abs_error_bytes: int  # of the corrected prediction on the grid
+
+    def apply(self, predicted: int) -> int:
+        return max(0, int(round(self.a + self.b * predicted)))
+
+    @property
+    def identity(self) -> bool:
+        """measured = predicted, within the rounding of the least-squares fit."""
+        return abs(self.a) < 0.5 and abs(self.b - 1.0) < 1e-9
+
+    @property
+    def sound(self) -> bool:
+        """Fitted on enough reported points, and growing with the prediction."""
+        return self.points >= MIN_POINTS and math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0
+
+
+class Calibration(BaseModel):
+    architecture: str
+    backend: str
+    llama_cpp: str
+    device: Correction | None = None
+    host: Correction | None = None
+    note: str | None = None  # e.g. why the host buffer has no line
+
+    @property
+    def identity(self) -> bool:
+        return all(c is None or c.identity for c in (self.device, self.host))
+
+    @property
+    def sound(self) -> bool:
+        """A device line, and every line with data behind it."""
+        return self.device is not None and all(c is None or c.sound for c in (self.device, self.host))
+
+
+class BufferChange(BaseModel):
+    owner: str
+    device: str
+    predicted_bytes: int  # the model's own prediction
+    calibrated_bytes: int
+
+
+class Applied(BaseModel):
+    """A stored calibration that a prediction used, and the compute buffers it changed."""
+
+    architecture: str
+    backend: str
+    llama_cpp: str
+    stored: str  # the calibration file
+    identity: bool
+    changed: list[BufferChange]
+
+
+def store_path() -> Path:
+    base = os.environ.get("GGFIT_DATA") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "ggfit"
+    )
+    return Path(base) / "calibration.json"
+
+
+def _key(arch: str, backend: str, build: str) -> str:
+    return f"{arch}|{backend}|{build}"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"ggfit: warning: {msg}", file=sys.stderr)
+
+
+def _read_store(path: Path) -> tuple[dict[str, Calibration], str | None]:
+    """The stored calibrations, and why (part of) the file was ignored, if it was."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}, None
+    except OSError as e:
+        return {}, f"cannot read {path} ({e.strerror}); calibrations ignored"
+    fix = "`ggfit calibrate --clear` removes it"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}, f"{path} is not valid JSON; calibrations ignored ({fix})"
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        found = data.get("format", 1) if isinstance(data, dict) else "?"
+        return {}, f"{path} was written by another ggfit version (format {found}, this one reads {FORMAT}); " \
+                   f"calibrations ignored ({fix})"
+    out, bad = {}, []
+    for key, raw in data["entries"].items():
+        try:
+            cal = Calibration.model_validate(raw)
+        except ValidationError:
+            bad.append(key)
+            continue
+        if not cal.sound:
+            bad.append(key)  # a fit without data behind it (a hand edit, or a bug): never applied
+            continue
+        out[key] = cal
+    why = f"{path}: ignored {len(bad)} damaged entr{'y' if len(bad) == 1 else 'ies'} ({', '.join(bad)})" if bad else None
+    return out, why
+
+
+def stored(*, warn: bool = True) -> list[Calibration]:
+    """Every usable stored calibration (a warning line for anything ignored)."""
+    entries, why = _read_store(store_path())
+    if why and warn:
+        _warn(why)
+    return sorted(entries.values(), key=lambda c: (c.architecture, c.backend, c.llama_cpp))
+
+
+def load(arch: str, backend: str, build: str = LLAMA_CPP_COMMIT) -> Calibration | None:
+    entries, why = _read_store(store_path())
+    if why:
+        _warn(why)
+    return entries.get(_key(arch, backend, build))
+
+
+def _write(path: Path, entries: dict[str, Calibration]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "entries": {k: v.model_dump(mode="json") for k, v in sorted(entries.items())}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def save(cal: Calibration) -> Path:
+    if not cal.sound:
+        raise CalibrationError(f"not storing a calibration of {cal.architecture} on {cal.backend} without data behind it")
+    path = store_path()
+    entries, why = _read_store(path)
+    if why:
+        _warn(why + "; replaced by this calibration")
+    entries[_key(cal.architecture, cal.backend, cal.llama_cpp)] = cal
+    _write(path, entries)
+    return path
+
+
+def clear(arch: str | None = None) -> tuple[list[Calibration], Path]:
+    """Remove every stored calibration, or those of one architecture; return what was removed."""
+    path = store_path()
+    entries, why = _read_store(path)
+    if arch is None:
+        if path.exists():
+            path.unlink()
+        return sorted(entries.values(), key=lambda c: (c.architecture, c.backend)), path
+    if why and not entries:
+        raise CalibrationError(f"{why.split(';')[0]}; `ggfit calibrate --clear` (no architecture) removes the file")
+    gone = [c for c in entries.values() if c.architecture == arch]
+    if gone:
+        _write(path, {k: c for k, c in entries.items() if c.architecture != arch})
+    return gone, path
+
+
+def fit_line(pairs: list[tuple[int, int]]) -> Correction:
+    """Least squares of measured on predicted; a pure offset when the predictions do not vary."""
+    n = len(pairs)
+    xs = [p for p, _ in pairs]
+    ys = [m for _, m in pairs]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in pairs) / sxx if sxx > 0 else 1.0
+    a = my - b * mx
+    corr = Correction(a=a, b=b, points=n, max_abs_error_bytes=0)
+    err = max(abs(corr.apply(x) - y) for x, y in pairs)
+    return corr.model_copy(update={"max_abs_error_bytes": err})

@@ -1,0 +1,461 @@
+"""A run configuration in llama-server's own words, and the context parameters llama.cpp derives from it.
+
+`RunConfig` holds what the user types (`-c`, `-b`, `-ub`, `-ctk`, `-ctv`, `-fa`, `-np`,
+`--kv-unified`, `--swa-full`, `-ngl`, `--no-mmap`, speculative flags). Unset fields take the defaults
+of the chosen front end: llama-server's (`common_params` plus tools/server/server.cpp) or the
+library's (`llama_context_default_params`). The two differ in ways that move hundreds of MiB, so
+`resolve_context` reports which defaults it applied.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal, NamedTuple, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fitter.errors import GGFitError
+from fitter.ggml.types import BLCK, GGML_TYPES
+from fitter.llama.hparams import ModelSpec
+
+# common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+INT32_MAX = 2**31 - 1  # common/arg.cpp common_params_parse_ex: integer flags are read with std::stoi
+
+# RunConfig field -> the llama-server flag a user types (for error messages)
+FLAG_OF = {
+    "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv", "flash_attn": "-fa",
+    "n_parallel": "-np", "kv_unified": "--kv-unified", "swa_full": "--swa-full", "n_gpu_layers": "-ngl",
+    "no_mmap": "--no-mmap", "no_repack": "--no-repack", "embeddings": "--embeddings", "spec_type": "--spec-type",
+    "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
+    "draft_n_max": "--spec-draft-n-max",
+}
+
+
+class ConfigError(GGFitError):
+    """A configuration llama.cpp would refuse (the message says which flag and why)."""
+
+
+class Frontend(str, Enum):
+    SERVER = "server"  # llama-server: common_params defaults, -np auto = 4 slots with a unified KV cache
+    LIBRARY = "library"  # llama_context_default_params(): what llama-cpp-python and raw API users get
+
+
+class Backend(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+    METAL = "metal"
+
+
+SpecType = Literal["none", "draft-simple", "draft-mtp"]
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD."""
+    return (x + n - 1) // n * n
+
+
+class RunConfig(BaseModel):
+    """llama-server flags that change memory. None = the front end's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_ctx: int | None = Field(None, description="-c; 0 = the model's training context")
+    n_batch: int | None = Field(None, description="-b")
+    n_ubatch: int | None = Field(None, description="-ub")
+    type_k: str = Field("f16", description="-ctk")
+    type_v: str = Field("f16", description="-ctv")
+    flash_attn: Literal["on", "off", "auto"] = Field("auto", description="-fa")
+    n_parallel: int | None = Field(None, description="-np; -1 = auto (server: 4 slots, unified KV)")
+    kv_unified: bool | None = Field(None, description="--kv-unified / --no-kv-unified")
+    swa_full: bool | None = Field(None, description="--swa-full")
+    n_gpu_layers: int = Field(-1, description="-ngl; -1 = all")
+    no_mmap: bool = Field(False, description="--no-mmap")
+    no_repack: bool = Field(True, description="--no-repack (llama_model_params.use_extra_bufts = false)")
+    embeddings: bool = Field(False, description="--embeddings")
+    # speculative decoding
+    spec_type: SpecType = Field("none", description="--spec-type")
+    draft_model: str | None = Field(None, description="--model-draft")
+    draft_type_k: str = Field("f16", description="--spec-draft-type-k")
+    draft_type_v: str = Field("f16", description="--spec-draft-type-v")
+    draft_n_max: int = Field(3, description="--spec-draft-n-max")
+
+    @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max")
+    @classmethod
+    def _int32(cls, v: int | None, info) -> int | None:
+        # llama-server reads these with std::stoi (common/arg.cpp): a value beyond int32 is refused
+        if v is not None and not -INT32_MAX - 1 <= v <= INT32_MAX:
+            raise ValueError(f"llama-server reads it as a 32-bit integer (at most {INT32_MAX})")
+        return v
+
+    @field_validator("n_ctx")
+    @classmethod
+    def _n_ctx(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:  # llama_context_params.n_ctx is unsigned; 0 = the training context
+            raise ValueError("use a number of tokens, or 0 for the model's training context")
+        return v
+
+    @field_validator("n_batch", "n_ubatch")
+    @classmethod
+    def _batch(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:  # llama_init_from_model: a zero n_batch/n_ubatch leaves no batch to decode
+            raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("n_parallel")
+    @classmethod
+    def _n_parallel(cls, v: int | None) -> int | None:
+        # common/arg.cpp (llama-server -np): 0 is "invalid value for n_parallel", negative is auto;
+        # llama_context::llama_context: n_seq_max must be <= LLAMA_MAX_SEQ. ggfit takes -1 as the one auto spelling.
+        if v is not None and (v == 0 or v < -1 or v > LLAMA_MAX_SEQ):
+            raise ValueError(f"use -1 (auto: 4 slots) or a number of slots from 1 to {LLAMA_MAX_SEQ}")
+        return v
+
+    @field_validator("draft_n_max")
+    @classmethod
+    def _draft_n_max(cls, v: int) -> int:
+        if v < 0:  # common/arg.cpp --spec-draft-n-max: "invalid value" below 0
+            raise ValueError("must be 0 or more")
+        return v
+
+    @field_validator("type_k", "type_v", "draft_type_k", "draft_type_v")
+    @classmethod
+    def _kv_type(cls, v: str) -> str:
+        v = v.lower()
+        if v not in KV_CACHE_TYPES:
+            raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
+        return v
+
+    def to_server_args(self, model: str | None = None, *, draft_model: str | None = None,
+                       extra: Sequence[Sequence[str]] = ()) -> list[list[str]]:
+        """llama-server's flags for this config, one group per flag ([flag] or [flag, value]): every field that is
+        set (None is the front end's default and writes nothing), in the words of the pinned build's common/arg.cpp.
+        `model`/`draft_model` are the paths to write for -m/-md (draft_model defaults to the config's own);
+        `extra` groups go last. RunConfig.from_server_args reads them back into this very config."""
+        out: list[list[str]] = [["-m", model]] if model else []
+        for field, flag in _VALUE_FLAGS:
+            v = getattr(self, field)
+            if v is not None and v != _FIELD_DEFAULTS[field]:
+                out.append([flag, str(v)])
+        if self.kv_unified is not None:
+            out.append(["--kv-unified" if self.kv_unified else "--no-kv-unified"])
+        if self.swa_full:
+            out.append(["--swa-full"])
+        if self.n_gpu_layers != -1:
+            out.append(["-ngl", str(self.n_gpu_layers)])
+        if self.no_mmap:
+            out.append(["-lm", "none"])  # arg.cpp of the pinned build: -lm/--load-mode (it has no --no-mmap)
+        if self.embeddings:
+            out.append(["--embeddings"])
+        out += self._draft_args(draft_model or self.draft_model)
+        out.append(["--no-repack"] if self.no_repack else ["--repack"])
+        return out + [list(g) for g in extra]
+
+    def _draft_args(self, draft: str | None) -> list[list[str]]:
+        out: list[list[str]] = [["--spec-type", self.spec_type]] if self.spec_type != "none" else []
+        if self.spec_type != "none" or self.draft_n_max != 3:
+            out.append(["--spec-draft-n-max", str(self.draft_n_max)])
+        if draft:
+            out.append(["-md", draft])
+        for field, flag in (("draft_type_k", "-ctkd"), ("draft_type_v", "-ctvd")):
+            if getattr(self, field) != "f16":
+                out.append([flag, getattr(self, field)])
+        return out
+
+    @classmethod
+    def from_server_args(cls, args: Sequence[str]) -> ServerArgs:
+        """llama-server flags as (RunConfig, the probe's options that are not RunConfig fields, flags ggfit does not
+        know). `-lm none` is no_mmap. Unknown flags (with their value when the next word is not a flag) are returned
+        as they are: llama-server accepts or refuses them itself. A known flag with a bad value raises ConfigError."""
+        fields: dict[str, Any] = {}
+        opts: dict[str, Any] = {}
+        unknown: list[str] = []
+        i = 0
+        while i < len(args):
+            a = args[i]
+            name, eq, inline = a.partition("=") if a.startswith("--") else (a, "", "")
+            entry = SERVER_FLAGS.get(name)
+            if entry is None or (entry[1] == "load_mode" and _value(args, i, name, eq, inline)[0] not in _LOAD_MODES):
+                unknown.append(a)
+                if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    unknown.append(args[i + 1])
+                    i += 1
+                i += 1
+                continue
+            field, kind = entry
+            if kind in ("true", "false"):
+                fields[field] = kind == "true"
+                i += 1
+                continue
+            val, i = _value(args, i, name, eq, inline)
+            v = _convert(name, kind, val)
+            if field.startswith("@"):
+                opts[field[1:]] = v
+            else:
+                fields[field] = v
+        return ServerArgs(_checked(fields, opts), opts, unknown)
+
+
+class ServerArgs(NamedTuple):
+    config: RunConfig
+    options: dict[str, Any]  # threads, draft_p_min, draft_n_min: the probe's, not RunConfig fields
+    unknown: list[str]
+
+
+# RunConfig fields written as `flag value` when set and not llama-server's own default
+_VALUE_FLAGS = (("n_ctx", "-c"), ("n_batch", "-b"), ("n_ubatch", "-ub"), ("type_k", "-ctk"), ("type_v", "-ctv"),
+                ("flash_attn", "-fa"), ("n_parallel", "-np"))
+_FIELD_DEFAULTS = {f: RunConfig.model_fields[f].default for f, _ in _VALUE_FLAGS}
+_LOAD_MODES = {"none": True, "auto": False, "mmap": False}  # -lm MODE -> no_mmap (mlock, dio: not modelled)
+
+# llama-server flag (every spelling common/arg.cpp of the pinned build has) -> (RunConfig field, or @option of the
+# probe; how its value reads)
+_FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("-c", "--ctx-size"), "n_ctx", "int"),
+    (("-b", "--batch-size"), "n_batch", "int"),
+    (("-ub", "--ubatch-size"), "n_ubatch", "int"),
+    (("-ctk", "--cache-type-k"), "type_k", "str"),
+    (("-ctv", "--cache-type-v"), "type_v", "str"),
+    (("-fa", "--flash-attn"), "flash_attn", "str"),
+    (("-np", "--parallel"), "n_parallel", "int"),
+    (("-kvu", "--kv-unified"), "kv_unified", "true"),
+    (("-no-kvu", "--no-kv-unified"), "kv_unified", "false"),
+    (("--swa-full",), "swa_full", "true"),
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "n_gpu_layers", "ngl"),
+    (("-lm", "--load-mode"), "no_mmap", "load_mode"),
+    (("-nr", "--no-repack"), "no_repack", "true"),
+    (("--repack",), "no_repack", "false"),
+    (("--embedding", "--embeddings"), "embeddings", "true"),
+    (("--spec-type",), "spec_type", "str"),
+    (("-md", "--model-draft", "--spec-draft-model"), "draft_model", "str"),
+    (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"), "draft_type_k", "str"),
+    (("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"), "draft_type_v", "str"),
+    (("--spec-draft-n-max",), "draft_n_max", "int"),  # --draft / --draft-max / --draft-min are removed in the pinned build
+    (("--spec-draft-n-min",), "@draft_n_min", "int"),
+    (("--draft-p-min", "--spec-draft-p-min"), "@draft_p_min", "float"),
+    (("-t", "--threads"), "@threads", "int"),
+)
+SERVER_FLAGS: dict[str, tuple[str, str]] = {n: (field, kind) for names, field, kind in _FLAG_TABLE for n in names}
+
+
+def _value(args: Sequence[str], i: int, name: str, eq: str, inline: str) -> tuple[str, int]:
+    """The value of the flag at args[i] (`--flag=value` or `flag value`) and the index after it."""
+    if eq:
+        return inline, i + 1
+    if i + 1 < len(args):
+        return args[i + 1], i + 2
+    raise ConfigError(f"{name} needs a value")
+
+
+def _convert(name: str, kind: str, val: str) -> Any:
+    try:
+        if kind == "int":
+            return int(val)
+        if kind == "float":
+            return float(val)
+        if kind == "ngl":  # common/arg.cpp -ngl: auto, all or a number; ggfit's -1 offloads every layer
+            return -1 if val in ("all", "auto") else int(val)
+        if kind == "load_mode":
+            return _LOAD_MODES[val]
+    except ValueError:
+        raise ConfigError(f"{name}: invalid value {val!r}") from None
+    return val
+
+
+def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
+    """The RunConfig of parsed flags, refused as llama.cpp refuses it (one line naming the flag)."""
+    if opts.get("threads") is not None and opts["threads"] < 1:
+        raise ConfigError(f"-t {opts['threads']}: use 1 or more threads")
+    if opts.get("draft_n_min") is not None and opts["draft_n_min"] < 0:
+        raise ConfigError(f"--spec-draft-n-min {opts['draft_n_min']}: use 0 or more")
+    if opts.get("draft_p_min") is not None and not 0 <= opts["draft_p_min"] <= 1:
+        raise ConfigError(f"--spec-draft-p-min {opts['draft_p_min']}: use a probability from 0 to 1")
+    try:
+        config = RunConfig(**fields)
+    except ValidationError as e:
+        raise config_error(e) from None
+    # llama_context::llama_context -> output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max, which
+    # llama-server (server_output_limits) and the python runner cap at -b: -b must hold a token of every slot
+    n_seq = 4 if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
+    if config.n_batch is not None and config.n_batch < n_seq:
+        raise ConfigError(f"-b {config.n_batch}: llama.cpp needs n_batch >= n_seq_max ({n_seq}, -np "
+                          f"{config.n_parallel if config.n_parallel is not None else 'auto'}), else it aborts in "
+                          f"output_reserve (GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+    return config
+
+
+def config_error(e: ValidationError) -> ConfigError:
+    """One line naming the flag as the user typed it (not the pydantic field) for a RunConfig that failed."""
+    err = e.errors()[0]
+    loc = err.get("loc") or ()
+    field = str(loc[0]) if loc else ""
+    flag = FLAG_OF.get(field, field)
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ").replace("Input should be ", "use ")
+    if err.get("type") == "extra_forbidden":
+        return ConfigError(f"{flag}: not a llama-server option ggfit knows")
+    if "input" in err and err["type"] not in ("missing",):
+        val = err["input"]
+        val = ("on" if val else "off") if isinstance(val, bool) else val
+        return ConfigError(f"{flag} {val}: {msg}")
+    return ConfigError(f"{flag}: {msg}")
+
+
+class ContextParams(BaseModel):
+    """llama_cparams as llama_context's constructor derives them (src/llama-context.cpp)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    frontend: Frontend
+    n_ctx: int  # padded to 256
+    n_ctx_seq: int
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+    n_outputs_max: int
+    kv_unified: bool
+    swa_full: bool
+    flash_attn: bool
+    type_k: str
+    type_v: str
+    n_rs_seq: int
+    offload_kqv: bool
+    embeddings: bool
+    defaults_applied: dict[str, str]
+
+
+def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
+    """The config that gives llama-server the resolved context `cp` with every value explicit (what `fit` prints to
+    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to. Without `draft_model`
+    the external draft is dropped (a solution without it); a native MTP head stays."""
+    update: dict[str, Any] = {
+        "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k, "type_v": cp.type_v,
+        "flash_attn": "on" if cp.flash_attn else "off", "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
+        "swa_full": cp.swa_full, "draft_model": draft_model,
+    }
+    if draft_model is None and config.spec_type == "draft-simple":
+        update["spec_type"] = "none"
+    return config.model_copy(update=update)
+
+
+class _Defaults(NamedTuple):
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_parallel: int
+    kv_unified: bool
+    swa_full: bool
+
+
+def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str, str]) -> _Defaults:
+    """The config with the front end's defaults filled in: common/common.h common_params (+ tools/server/server.cpp)
+    vs llama_context_default_params (src/llama-context.cpp); each default applied is noted in `applied`."""
+
+    def default(name: str, value: Any, why: str) -> Any:
+        applied[name] = f"{value} ({why})"
+        return value
+
+    n_ctx = config.n_ctx if config.n_ctx is not None else default("n_ctx", 0, "training context")
+    why = "llama-server default" if frontend == Frontend.SERVER else "library default"
+    n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, why)
+    n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, why)
+    if frontend == Frontend.SERVER:
+        n_parallel = config.n_parallel if config.n_parallel is not None else -1
+        kv_unified = config.kv_unified if config.kv_unified is not None else False
+        if n_parallel < 0:
+            # tools/server/server.cpp: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true"
+            n_parallel = 4
+            kv_unified = True
+            applied["n_parallel"] = "4 (llama-server -np auto)"
+            applied["kv_unified"] = "true (llama-server -np auto)"
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", False, why)
+    else:
+        n_parallel = config.n_parallel if config.n_parallel is not None else default("n_parallel", 1, why)
+        if n_parallel < 1:
+            raise ConfigError(f"-np {n_parallel}: the library needs at least one sequence")
+        kv_unified = config.kv_unified if config.kv_unified is not None else default("kv_unified", False, why)
+        swa_full = config.swa_full if config.swa_full is not None else default("swa_full", True, why)
+    if n_parallel == 0:
+        raise ConfigError("-np 0: invalid value for n_parallel")
+    return _Defaults(n_ctx, n_batch, n_ubatch, n_parallel, kv_unified, swa_full)
+
+
+def _check_batch_holds_slots(config: RunConfig, n_batch: int, n_seq_max: int, n_parallel: int) -> None:
+    """llama_context::llama_context reserves outputs for one token per sequence, output_reserve(n_seq_max), which
+    asserts n_seq_max <= cparams.n_outputs_max; that is at most n_batch (server_output_limits caps it at n_batch,
+    the library's is n_batch itself): n_batch must hold a token of every sequence."""
+    if n_batch >= n_seq_max:
+        return
+    slots = f"-np {n_parallel}" + (" (auto)" if config.n_parallel is None or config.n_parallel < 0 else "")
+    why = (f"llama.cpp needs n_batch >= n_seq_max ({n_seq_max}, {slots}), else it aborts in output_reserve "
+           f"(GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+    if config.n_batch is not None and config.n_batch < n_seq_max:
+        raise ConfigError(f"-b {config.n_batch}: {why}; use -b {n_seq_max} or more, or fewer slots")
+    raise ConfigError(f"-c {config.n_ctx}: llama.cpp caps n_batch at n_ctx ({n_batch}), and {why}; "
+                      f"use -c {n_seq_max} or more (llama.cpp rounds n_ctx up to 256 anyway), or fewer slots")
+
+
+def _check_cache_types(spec: ModelSpec, config: RunConfig) -> bool:
+    """flash_attn as llama_init_from_model resolves it, after refusing the K/V cache types llama.cpp refuses."""
+    quant_v = BLCK[GGML_TYPES[config.type_v]] > 1
+    # llama_init_from_model: quantized V needs flash attention; auto is switched on for it
+    if config.flash_attn == "off" and quant_v:
+        raise ConfigError(f"-ctv {config.type_v} with -fa off: llama.cpp refuses a quantized V cache without flash attention")
+    flash_attn = config.flash_attn != "off"  # auto resolves to enabled when every layer's KV sits with its FA op
+    if spec.is_mla and config.type_k != config.type_v:
+        raise ConfigError(f"{spec.architecture} (MLA) does not support different K ({config.type_k}) and V ({config.type_v}) cache types")
+    if flash_attn:
+        for tname, name, attr in ((config.type_k, "K", "n_embd_head_k"), (config.type_v, "V", "n_embd_head_v")):
+            block = BLCK[GGML_TYPES[tname]]
+            if block > 1:
+                for layer in spec.layers[: spec.n_layer]:
+                    if layer.kind.value != "recurrent" and getattr(layer, attr) % block:
+                        raise ConfigError(
+                            f"{name} cache type {tname} with block size {block} does not divide "
+                            f"{attr}={getattr(layer, attr)}"
+                        )
+    return flash_attn
+
+
+def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
+    """Mirror llama_context::llama_context's cparams, after the front end's defaults."""
+    applied: dict[str, str] = {}
+    d = _front_end_defaults(config, frontend, applied)
+    n_seq_max = max(1, d.n_parallel)
+    if n_seq_max > LLAMA_MAX_SEQ:
+        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
+
+    n_ctx = d.n_ctx or spec.n_ctx_train
+    # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
+    n_batch = min(n_ctx, d.n_batch)
+    n_ubatch = min(n_batch, d.n_ubatch)
+    _check_batch_holds_slots(config, n_batch, n_seq_max, d.n_parallel)
+
+    # n_outputs_max: the server caps outputs per batch by slots x (1 + draft tokens)
+    # (server_output_limits / common_speculative_get_output_limits); the library reserves n_batch.
+    n_draft = config.draft_n_max if config.spec_type != "none" else 0
+    if frontend == Frontend.SERVER and not config.embeddings:
+        n_outputs_max = max(1, min(n_batch, d.n_parallel * (1 + n_draft)))
+    else:
+        n_outputs_max = n_batch
+
+    n_ctx = pad(n_ctx, 256)
+    if d.kv_unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+        if n_ctx_seq == 0:
+            raise ConfigError("n_ctx_seq == 0")
+        n_ctx = n_ctx_seq * n_seq_max
+
+    flash_attn = _check_cache_types(spec, config)
+    # common_params_speculative::need_n_rs_seq: MTP keeps draft.n_max recurrent snapshots per sequence
+    # (clamped to 0 for architectures without recurrent rollback: llm_arch_supports_rs_rollback)
+    n_rs_seq = config.draft_n_max if config.spec_type == "draft-mtp" and spec.supports_rs_rollback and not mtp else 0
+
+    return ContextParams(
+        frontend=frontend, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max, n_batch=n_batch,
+        n_ubatch=n_ubatch, n_outputs_max=n_outputs_max, kv_unified=d.kv_unified, swa_full=d.swa_full,
+        flash_attn=flash_attn, type_k=config.type_k, type_v=config.type_v, n_rs_seq=n_rs_seq, offload_kqv=True,
+        embeddings=config.embeddings, defaults_applied=applied,
+    )
