@@ -511,10 +511,10 @@ def test_ctrl_c_says_one_line_and_the_trial_runs_again(tmp_path, gemma):
     code = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import cli; cli.main(sys.argv[1:])"
     p = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    victim = None
+    sent = False
     deadline = time.time() + 180
     try:
-        while time.time() < deadline and p.poll() is None and victim is None:
+        while time.time() < deadline and p.poll() is None and not sent:
             time.sleep(0.2)
             names = optuna.get_all_study_names(url) if (tmp_path / "ctrl-c.db").exists() else []
             if not names:
@@ -523,15 +523,18 @@ def test_ctrl_c_says_one_line_and_the_trial_runs_again(tmp_path, gemma):
             done = [t for t in trials if t.state == TrialState.COMPLETE]
             probing = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("probing")]
             if len(done) >= 1 and probing:
-                victim = probing[0].number
-                time.sleep(1.0)  # inside the probe
-                p.send_signal(signal.SIGINT)
+                p.send_signal(signal.SIGINT)  # inside a probe (this one, or the next if this one just ended)
+                sent = True
     finally:
-        if victim is None and p.poll() is None:
+        if not sent and p.poll() is None:
             p.kill()
         out, err = p.communicate(timeout=120)
-    assert victim is not None, f"never caught a probing trial:\n{err}"
+    assert sent, f"never caught a probing trial:\n{err}"
     assert p.returncode == 130, err
+    cut = [t for t in optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url).trials
+           if t.user_attrs.get("status") == "interrupted"]
+    assert len(cut) == 1, err
+    victim = cut[0].number
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "failed with" not in err, err
     assert err.strip().splitlines()[-1] == (f"ggfit: interrupted; run the same command to resume "
                                             f"(trial #{victim} runs again first)"), err
