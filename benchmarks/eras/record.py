@@ -136,7 +136,8 @@ def record_model(env, arch: str, overrides: dict, points: list[dict]) -> dict:
         if rep.recurrent:
             run["rs_mib"] = round(sum(r.r_mib + r.s_mib for r in rep.recurrent), 2)
         if not ev["ok"]:
-            run["error"] = next((ln.strip() for ln in ev["log"].splitlines() if "failed" in ln or "error" in ln.lower()), None)
+            lines = [ln.strip() for ln in ev["log"].splitlines() if ln.strip()]
+            run["error"] = next((ln for ln in lines if "llama_init_from_model" in ln or "failed" in ln), lines[-1] if lines else None)
         runs.append(run)
     entry["runs"] = runs
     return entry
