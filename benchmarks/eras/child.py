@@ -63,6 +63,10 @@ def main() -> int:
     if "load_mode" in mfields:
         mp.load_mode = 0  # LLAMA_LOAD_MODE_NONE
         applied["load_mode"] = "none"
+    elif "no_alloc" in mfields and "use_mmap" in mfields:
+        # before load_mode: no_alloc asserts !use_mmap (llama_model::load_tensors), as common_get_device_memory_data sets
+        mp.use_mmap = False
+        applied["use_mmap"] = False
     if "use_extra_bufts" in mfields:
         mp.use_extra_bufts = False
         applied["use_extra_bufts"] = False
