@@ -54,7 +54,7 @@ def main() -> int:
             continue
         per_rel = {}
         for r in rels:
-            mm = next((x for x in data[r]["models"] if x["arch"] == arch), None)
+            mm = next((x for x in data[r]["models"] if x["arch"] == arch and x["overrides"] == m["overrides"]), None)
             per_rel[r] = {run["id"]: run for run in mm.get("runs", [])} if mm else {}
         rows = []
         for run in m.get("runs", []):
@@ -62,7 +62,7 @@ def main() -> int:
             if len({v for v in vals if v is not None}) > 1 or any(v is None for v in vals) and any(v is not None for v in vals):
                 rows.append((run["id"], vals))
         if rows:
-            print(f"\n{arch}")
+            print(f"\n{arch} {m['overrides'] or ''}")
             print("  " + " " * 34 + "".join(f"{r:>10}" for r in rels))
             for rid, vals in rows:
                 print(f"  {rid:34}" + "".join(f"{('-' if v is None else f'{v:.2f}'):>10}" for v in vals))
