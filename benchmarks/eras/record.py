@@ -142,6 +142,27 @@ def record_model(env, arch: str, overrides: dict, points: list[dict]) -> dict:
             run["error"] = next((ln for ln in lines if "llama_init_from_model" in ln or "failed" in ln), lines[-1] if lines else None)
         runs.append(run)
     entry["runs"] = runs
+    return compact(entry)
+
+
+def compact(entry: dict) -> dict:
+    """Keep the recording small: the params a release lacks go to the model once per front end
+    (`params_missing: {"server": [...]}`) when all its runs agree; `fa` only where it differs from the
+    requested -fa (never, on CPU, so far)."""
+    runs = entry.get("runs", [])
+    by_fe: dict[str, set] = {}
+    for r in runs:
+        by_fe.setdefault(r["id"].split("-")[0], set()).add(tuple(r.get("params_missing", [])))
+    moved = {fe: list(next(iter(v))) for fe, v in by_fe.items() if len(v) == 1}
+    for r in runs:
+        if r["id"].split("-")[0] in moved:
+            r.pop("params_missing", None)
+    moved = {fe: v for fe, v in moved.items() if v}
+    if moved:
+        entry["params_missing"] = {**entry.get("params_missing", {}), **moved}
+    for r in runs:
+        if "fa" in r and r["fa"] == r["id"].endswith("-faon"):
+            del r["fa"]
     return entry
 
 
