@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any
 
-from fitter.oracle._llama_child import _DEBUG, _INFO, _apply, _build_info, _emit, _ggml_base, _ggml_type_name, _Log
+from fitter.oracle._llama_child import GGML_LOG_DEBUG as _DEBUG, GGML_LOG_INFO as _INFO, ChildLog as _Log, apply_fields as _apply, build_info as _build_info, emit_event as _emit, lib_type_name as _ggml_type_name, load_ggml_base as _ggml_base
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5

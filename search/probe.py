@@ -77,7 +77,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from fitter.llama.cparams import SERVER_FLAGS, RunConfig
 from fitter.errors import GGFitError
 from fitter.oracle.llama_log import parse_log
-from fitter.oracle.llama_run import FLASH_ATTN, GGML_TYPES, LlamaBuild, _check_model_path, child_events, signal_name, _child_env, _REPO_ROOT, _short_abort, sigterm_cleanup
+from fitter.ggml.types import GGML_TYPES
+from fitter.oracle.llama_run import FLASH_ATTN, REPO_ROOT as _REPO_ROOT, LlamaBuild, check_model_path as _check_model_path, child_env as _child_env, child_events, short_abort as _short_abort, signal_name, sigterm_cleanup
 from fitter.progress import Progress
 from search.server import (
     BUDGET_ENV, HTTPFailure, LlamaServer, Proc, find_llama_server, free_port, parse_build,
