@@ -9,7 +9,7 @@ GraphContext in fitter.llama.models; the context owns the ggml_context (`ctx0`) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 from fitter.llama.cparams import ContextParams
 from fitter.ggml.graph import Graph
@@ -548,6 +548,14 @@ class GraphContext:
         """result_norm and result_output (the logits) over the last layer's output."""
         cur = self.build_norm(inpL, name="result_norm")
         return cur, mm(self.ctx0, self.spec.n_vocab, cur, "result_output")
+
+    def build_layers(self, inpL: Tensor, layer: Callable[[int, Tensor], Tensor]) -> Generator[Tensor, tuple, Tensor]:
+        """The layer loop of a family's build_graph (delegate to it with `yield from`): the driver sends (layer,
+        input) pairs (see fitter.llama.context) and receives each layer's output; returns the last input."""
+        il, inpL = yield inpL
+        while il is not None:
+            il, inpL = yield layer(il, inpL)
+        return inpL
 
     def finish(self, *outputs: Tensor) -> None:
         for t in outputs:
