@@ -25,7 +25,7 @@ _EXPORTS: dict[str, str] = {
     "load_model_spec": "fitter.llama.model",
     "LayerKind": "fitter.llama.hparams",
     # run configuration (llama.cpp's context params)
-    "Backend": "fitter.llama.cparams",
+    "Backend": "fitter.ggml.backends.base",
     "Frontend": "fitter.llama.cparams",
     "RunConfig": "fitter.llama.cparams",
     "ConfigError": "fitter.llama.cparams",

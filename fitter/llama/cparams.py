@@ -15,7 +15,8 @@ from typing import Any, Literal, NamedTuple, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.errors import GGFitError
-from fitter.ggml.types import BLCK, GGML_TYPES
+from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
+from fitter.ggml.types import BLCK, GGML_TYPES, pad
 from fitter.llama.hparams import ModelSpec
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
@@ -44,18 +45,11 @@ class Frontend(str, Enum):
     LIBRARY = "library"  # llama_context_default_params(): what llama-cpp-python and raw API users get
 
 
-class Backend(str, Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
-    METAL = "metal"
 
 
 SpecType = Literal["none", "draft-simple", "draft-mtp"]
 
 
-def pad(x: int, n: int) -> int:
-    """GGML_PAD."""
-    return (x + n - 1) // n * n
 
 
 class RunConfig(BaseModel):
