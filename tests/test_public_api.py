@@ -28,3 +28,13 @@ def test_import_fitter_loads_no_pydantic():
     code = "import sys, fitter, fitter.errors; print('pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=fitter.__path__[0] + "/..")
     assert out.stdout.strip() == "False"
+
+
+def test_all_and_the_type_checking_imports_name_the_same_exports():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(fitter.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    typed = {a.asname or a.name for n in block.body for a in n.names}
+    assert sorted(fitter.__all__) == sorted(fitter._EXPORTS) == sorted(typed)

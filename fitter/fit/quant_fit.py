@@ -13,7 +13,8 @@ from dataclasses import replace as dc_replace
 
 from pydantic import BaseModel
 
-from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, pad
+from fitter.ggml.types import pad
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
 from fitter.gguf.reader import GGUFHeader
 from fitter.fit.memory import Prediction, predict
 from fitter.llama.hparams import ModelSpec
@@ -37,7 +37,7 @@ class Solution(BaseModel):
 
 
 def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: bool) -> RunConfig:
-    n_batch = max(base.n_batch or 2048, ub)  # -b must reach -ub or llama.cpp clamps ubatch down to it
+    n_batch = max(base.n_batch or DEFAULT_N_BATCH, ub)  # -b must reach -ub or llama.cpp clamps ubatch down to it
     update = {"n_ctx": n_ctx, "n_ubatch": ub, "n_batch": n_batch, "type_k": tk, "type_v": tv}
     if not draft:
         update.update({"spec_type": "none", "draft_model": None})
@@ -76,7 +76,7 @@ def largest_context(
             hi = mid - 1
     if lo > 0 and best_total == 0:
         best_total = total(lo * CTX_STEP)
-    n_batch = max(base.n_batch or 2048, n_ubatch)
+    n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
         n_ctx=lo * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,

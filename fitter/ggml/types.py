@@ -84,3 +84,8 @@ def nbytes(t: str | int | GGMLQuantizationType, ne: Sequence[int]) -> int:
     for d in ne[1:]:
         n *= d
     return n
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD."""
+    return (x + n - 1) // n * n

@@ -15,12 +15,15 @@ from typing import Any, Literal, NamedTuple, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.errors import GGFitError
-from fitter.ggml.types import BLCK, GGML_TYPES
+from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
+from fitter.ggml.types import BLCK, GGML_TYPES, pad
 from fitter.llama.hparams import ModelSpec
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+# -b / -ub when not given: common_params (llama-server) and llama_context_default_params (the library) agree
+DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
 INT32_MAX = 2**31 - 1  # common/arg.cpp common_params_parse_ex: integer flags are read with std::stoi
 
 # RunConfig field -> the llama-server flag a user types (for error messages)
@@ -42,18 +45,11 @@ class Frontend(str, Enum):
     LIBRARY = "library"  # llama_context_default_params(): what llama-cpp-python and raw API users get
 
 
-class Backend(str, Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
-    METAL = "metal"
 
 
 SpecType = Literal["none", "draft-simple", "draft-mtp"]
 
 
-def pad(x: int, n: int) -> int:
-    """GGML_PAD."""
-    return (x + n - 1) // n * n
 
 
 class RunConfig(BaseModel):
@@ -357,8 +353,8 @@ def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str
 
     n_ctx = config.n_ctx if config.n_ctx is not None else default("n_ctx", 0, "training context")
     why = "llama-server default" if frontend == Frontend.SERVER else "library default"
-    n_batch = config.n_batch if config.n_batch is not None else default("n_batch", 2048, why)
-    n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", 512, why)
+    n_batch = config.n_batch if config.n_batch is not None else default("n_batch", DEFAULT_N_BATCH, why)
+    n_ubatch = config.n_ubatch if config.n_ubatch is not None else default("n_ubatch", DEFAULT_N_UBATCH, why)
     if frontend == Frontend.SERVER:
         n_parallel = config.n_parallel if config.n_parallel is not None else -1
         kv_unified = config.kv_unified if config.kv_unified is not None else False

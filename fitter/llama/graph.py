@@ -9,7 +9,7 @@ GraphContext in fitter.llama.models; the context owns the ggml_context (`ctx0`) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generator, Iterator
 
 from fitter.llama.cparams import ContextParams
 from fitter.ggml.graph import Graph
@@ -549,6 +549,14 @@ class GraphContext:
         cur = self.build_norm(inpL, name="result_norm")
         return cur, mm(self.ctx0, self.spec.n_vocab, cur, "result_output")
 
+    def build_layers(self, inpL: Tensor, layer: Callable[[int, Tensor], Tensor]) -> Generator[Tensor, tuple, Tensor]:
+        """The layer loop of a family's build_graph (delegate to it with `yield from`): the driver sends (layer,
+        input) pairs (see fitter.llama.context) and receives each layer's output; returns the last input."""
+        il, inpL = yield inpL
+        while il is not None:
+            il, inpL = yield layer(il, inpL)
+        return inpL
+
     def finish(self, *outputs: Tensor) -> None:
         for t in outputs:
             if t is not None:
@@ -571,6 +579,29 @@ def build_routed_and_shared(c: GraphContext, cur: Tensor, il: int, default_gatin
     ctx0 = c.ctx0
     routed = c.build_moe_ffn(cur, c.spec.layers[il], il, **c.moe_args_selected(il, default_gating))
     return add(ctx0, routed, build_shared_expert(c, cur, il), f"ffn_out-{il}")
+
+
+def build_moe_lead_dense_layers(c: GraphContext, inpL: Tensor, out_ids: Tensor, attn: Callable[[Tensor, int], Tensor],
+                                ffn_norm: str, default_gating: int) -> Iterator:
+    """The layer loop and output of glm4moe and deepseek2 (a generator the family's build_graph delegates to): the
+    attention `attn(cur, il)`, then a dense FFN on the leading dense layers, routed + shared experts after."""
+    ctx0 = c.ctx0
+    sp = c.spec
+    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
+    while il is not None:
+        l = sp.layers[il]
+        inpSA = inpL
+        cur = attn(c.build_norm(inpL, name=f"attn_norm-{il}"), il)
+        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
+        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
+        cur = c.build_norm(ffn_inp, name=f"{ffn_norm}-{il}")
+        if il < sp.n_layer_dense_lead:
+            cur = c.build_ffn(cur, l.n_ff, il=il)
+        else:
+            cur = build_routed_and_shared(c, cur, il, default_gating)
+        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+    cur, logits = c.build_result(inpL)
+    c.finish(cur, logits)
 
 
 def build_mtp(c: GraphContext, layer: Callable[..., Tensor], *, n_pos_per_embd: int = 1, k_only: bool = False,

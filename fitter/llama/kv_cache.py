@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.cparams import Backend, ContextParams, pad
+from fitter.ggml.types import pad
+from fitter.llama.cparams import Backend, ContextParams
 from fitter.ggml import backends
 from fitter.ggml.types import F32, row_size, type_of
 from fitter.llama.hparams import LayerKind, ModelSpec

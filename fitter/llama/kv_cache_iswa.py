@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fitter.llama.cparams import ContextParams, pad
+from fitter.ggml.types import pad
+from fitter.llama.cparams import ContextParams
 from fitter.llama.hparams import ModelSpec
 
 

@@ -12,7 +12,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.cparams import Backend, pad
+from fitter.ggml.types import pad
+from fitter.llama.cparams import Backend
 from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader, TensorInfo
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec

@@ -31,50 +31,50 @@ import time
 from typing import Any
 
 # ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
-_DEBUG, _INFO, _WARN, _ERROR, _CONT = 1, 2, 3, 4, 5
+GGML_LOG_DEBUG, GGML_LOG_INFO, GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 1, 2, 3, 4, 5
 
 
 # what asking a llama.cpp build for something it lacks raises: a missing symbol, a NULL string, bad bytes
 _FFI_FAILURES = (AttributeError, OSError, UnicodeDecodeError, ctypes.ArgumentError)
 
 
-def _emit(obj: dict[str, Any]) -> None:
+def emit_event(obj: dict[str, Any]) -> None:
     os.write(1, (json.dumps(obj) + "\n").encode())
 
 
-class _Log:
+class ChildLog:
     """The llama_log_set callback: every message to fd 2, and ERROR/WARN messages remembered by level."""
 
     def __init__(self, min_level: int):
         self.min_level = min_level
-        self.last_level = _INFO
+        self.last_level = GGML_LOG_INFO
         self.errors: list[str] = []
         self.warnings: list[str] = []
 
     def __call__(self, level: int, text: bytes | None, _user_data: Any) -> None:
         if text is None:
             return
-        eff = self.last_level if level == _CONT else level
-        if level != _CONT:
+        eff = self.last_level if level == GGML_LOG_CONT else level
+        if level != GGML_LOG_CONT:
             self.last_level = level
-        if eff == _DEBUG and self.min_level > _DEBUG:
+        if eff == GGML_LOG_DEBUG and self.min_level > GGML_LOG_DEBUG:
             return
         try:
             os.write(2, text)
         except OSError:
             pass
-        if level == _CONT:
+        if level == GGML_LOG_CONT:
             return
         msg = text.decode("utf-8", "replace").strip()
         if not msg:
             return
-        if eff == _ERROR:
+        if eff == GGML_LOG_ERROR:
             self.errors.append(msg)
-        elif eff == _WARN:
+        elif eff == GGML_LOG_WARN:
             self.warnings.append(msg)
 
 
-def _ggml_base(llama_cpp: Any, lib: str = "ggml-base") -> ctypes.CDLL | None:
+def load_ggml_base(llama_cpp: Any, lib: str = "ggml-base") -> ctypes.CDLL | None:
     libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     for name in (f"lib{lib}.so", f"lib{lib}.dylib", f"{lib}.dll"):
         p = os.path.join(libdir, name)
@@ -86,7 +86,7 @@ def _ggml_base(llama_cpp: Any, lib: str = "ggml-base") -> ctypes.CDLL | None:
     return None
 
 
-def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
+def build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
     info: dict[str, Any] = {"llama_cpp_python": getattr(llama_cpp, "__version__", None)}
     try:
         info["llama_version"] = llama_cpp.llama_version().decode()
@@ -110,7 +110,7 @@ def _build_info(llama_cpp: Any, ggml: ctypes.CDLL | None) -> dict[str, Any]:
     return info
 
 
-def _ggml_type_name(ggml: ctypes.CDLL | None, type_id: int) -> str | None:
+def lib_type_name(ggml: ctypes.CDLL | None, type_id: int) -> str | None:
     """ggml_type_name() of the loaded ggml; only called for ids of the parent's table (no bounds check there)."""
     if ggml is None:
         return None
@@ -220,7 +220,7 @@ def _decode(llama_cpp: Any, ctx: Any, n_tokens: int, n_vocab: int) -> str | None
     return None
 
 
-def _apply(struct: Any, fields: dict[str, Any]) -> None:
+def apply_fields(struct: Any, fields: dict[str, Any]) -> None:
     for k, v in fields.items():
         setattr(struct, k, v)
 
@@ -234,7 +234,7 @@ def _model_params(llama_cpp: Any, req: dict[str, Any]) -> Any:
     load_mode = model_fields.pop("load_mode", None)
     if load_mode is not None:
         mp.load_mode = _LOAD_MODES[load_mode]
-    _apply(mp, model_fields)
+    apply_fields(mp, model_fields)
     if req["mode"] == "dry":
         # as common_get_device_memory_data (common/fit.cpp): simulate allocations, read no tensor data
         mp.no_alloc = True
@@ -249,11 +249,11 @@ def _context_params(llama_cpp: Any, ggml: ctypes.CDLL | None, req: dict[str, Any
     for key in ("type_k", "type_v"):
         if key in ctx_fields:
             name, type_id = ctx_fields[key]  # [name, id] from the parent's enum ggml_type table
-            have = _ggml_type_name(ggml, type_id)
+            have = lib_type_name(ggml, type_id)
             if have is not None and have.lower() != name.lower():
                 return cp, f"ggml type id {type_id} is {have!r} in this build, not {name!r}: ggfit's type table is stale"
             ctx_fields[key] = type_id
-    _apply(cp, ctx_fields)
+    apply_fields(cp, ctx_fields)
     return cp, None
 
 
@@ -282,19 +282,19 @@ class _Run:
     """The child's reporting: the log callback, device memory per stage, the closing "done" event."""
 
     def __init__(self, llama_cpp: Any, req: dict[str, Any]) -> None:
-        self.log = _Log(_DEBUG if req.get("log_level", "debug") == "debug" else _INFO)
+        self.log = ChildLog(GGML_LOG_DEBUG if req.get("log_level", "debug") == "debug" else GGML_LOG_INFO)
         self.cb = llama_cpp.llama_log_callback(self.log)  # keep a reference for the process lifetime
         llama_cpp.llama_log_set(self.cb, ctypes.c_void_p(0))
-        self.ggml = _ggml_base(llama_cpp)
-        _emit({"event": "build", **_build_info(llama_cpp, self.ggml)})
-        self.devices = _ggml_base(llama_cpp, "ggml") if req.get("device_memory") else None
+        self.ggml = load_ggml_base(llama_cpp)
+        emit_event({"event": "build", **build_info(llama_cpp, self.ggml)})
+        self.devices = load_ggml_base(llama_cpp, "ggml") if req.get("device_memory") else None
 
     def memory(self, stage: str) -> None:
         if self.devices is not None:
-            _emit({"event": "memory", "stage": stage, "devices": _device_memory(self.devices)})
+            emit_event({"event": "memory", "stage": stage, "devices": _device_memory(self.devices)})
 
     def done(self, status: str, message: str | None = None, **extra: Any) -> int:
-        _emit({"event": "done", "status": status, "message": message, "errors": self.log.errors,
+        emit_event({"event": "done", "status": status, "message": message, "errors": self.log.errors,
                "warnings": self.log.warnings, **extra})
         return 0
 
@@ -305,7 +305,7 @@ class _Run:
 def main() -> int:
     raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
     req = json.loads(raw)
-    _emit({"event": "start", "pid": os.getpid()})
+    emit_event({"event": "start", "pid": os.getpid()})
     t0 = time.perf_counter()
 
     import llama_cpp  # noqa: PLC0415 - imported here so a broken install is reported as an event
@@ -325,7 +325,7 @@ def main() -> int:
     if not model:
         return run.done("error", run.first_error("llama_model_load_from_file returned NULL"), timings=timings)
     api = _model_api(llama_cpp, model)
-    _emit({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
+    emit_event({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
     run.memory("model")
 
     t2 = time.perf_counter()
@@ -335,7 +335,7 @@ def main() -> int:
         msg = run.first_error("llama_init_from_model returned NULL")
         llama_cpp.llama_model_free(model)
         return run.done("error", msg, timings=timings)
-    _emit({"event": "context", "api": {
+    emit_event({"event": "context", "api": {
         "n_ctx": llama_cpp.llama_n_ctx(ctx), "n_ctx_seq": llama_cpp.llama_n_ctx_seq(ctx),
         "n_batch": llama_cpp.llama_n_batch(ctx), "n_ubatch": llama_cpp.llama_n_ubatch(ctx),
         "n_seq_max": llama_cpp.llama_n_seq_max(ctx),
@@ -347,7 +347,7 @@ def main() -> int:
             rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
         except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
             rows = None
-        _emit({"event": "breakdown", "rows": rows})
+        emit_event({"event": "breakdown", "rows": rows})
 
     sig = req.get("test_signal")
     if sig:  # test-only hook: die like a native crash would, after everything above was reported
@@ -359,7 +359,7 @@ def main() -> int:
         t4 = time.perf_counter()
         err = _decode(llama_cpp, ctx, n_decode, api["n_vocab"])
         timings["decode_s"] = time.perf_counter() - t4
-        _emit({"event": "decode", "tokens": n_decode, "error": err})
+        emit_event({"event": "decode", "tokens": n_decode, "error": err})
         run.memory("decode")
         if err:
             llama_cpp.llama_free(ctx)

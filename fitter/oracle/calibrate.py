@@ -24,7 +24,7 @@ from fitter.ggml import backends
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
-from fitter.oracle.llama_run import _REPO_ROOT, LlamaRun, _child_env, measure
+from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
 from fitter.progress import Progress
 
 GRID = [  # (n_ctx, n_ubatch, flash_attn)
@@ -38,9 +38,9 @@ GRID = [  # (n_ctx, n_ubatch, flash_attn)
 # registry: "CPU", "CUDA", "MTL" (ggml-metal.cpp GGML_METAL_NAME), "Vulkan", ...
 _DEVICES_CHILD = r"""
 import ctypes, json, llama_cpp
-from fitter.oracle._llama_child import _ggml_base
+from fitter.oracle._llama_child import load_ggml_base
 llama_cpp.llama_backend_init()
-g = _ggml_base(llama_cpp, "ggml")
+g = load_ggml_base(llama_cpp, "ggml")
 g.ggml_backend_dev_count.restype = ctypes.c_size_t
 g.ggml_backend_dev_get.restype = ctypes.c_void_p
 g.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -63,7 +63,7 @@ def local_devices(timeout: float = 60.0) -> list[dict[str, str]]:
     why = None
     try:
         out = subprocess.run([sys.executable, "-c", _DEVICES_CHILD], capture_output=True, text=True, timeout=timeout,
-                             env=_child_env(None), cwd=_REPO_ROOT)
+                             env=child_env(None), cwd=REPO_ROOT)
         if out.returncode == 0:
             devices: list[dict[str, str]] = json.loads(out.stdout.strip().splitlines()[-1])["devices"]
             return devices

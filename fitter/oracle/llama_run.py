@@ -63,7 +63,7 @@ SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split
 Status = Literal["ok", "error", "crash", "timeout"]
 Mode = Literal["dry", "load"]
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout holding fitter/, for the children's PYTHONPATH
+REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout holding fitter/, for the children's PYTHONPATH
 
 
 class LlamaRunError(GGFitError):
@@ -259,7 +259,7 @@ def child_events(out: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def _check_model_path(model_path: str | os.PathLike[str]) -> str:
+def check_model_path(model_path: str | os.PathLike[str]) -> str:
     p = os.fspath(model_path)
     if "://" in p:
         raise SourceError(f"{p}: llama.cpp needs a local file (download it first)")
@@ -276,11 +276,11 @@ def _check_model_path(model_path: str | os.PathLike[str]) -> str:
     return os.path.abspath(p)
 
 
-def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GGML_NO_BACKTRACE", "1")  # ggml_print_backtrace would fork gdb on every abort
     pp = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = _REPO_ROOT + (os.pathsep + pp if pp else "")
+    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + pp if pp else "")
     if extra:
         env.update(extra)
     return env
@@ -434,7 +434,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _short_abort(line: str) -> str:
+def short_abort(line: str) -> str:
     """ggml's abort line names the build tree's absolute path; keep it from the llama.cpp root on."""
     for marker in ("/vendor/llama.cpp/", "/llama.cpp/"):
         i = line.find(marker)
@@ -484,7 +484,7 @@ def measure(
         raise LlamaRunError(f"timeout must be positive, not {timeout}")
     if decode_tokens < 0 or (decode_tokens and mode != "load"):
         raise LlamaRunError(f"decode_tokens={decode_tokens}: a positive count, and only with mode='load'")
-    path = _check_model_path(model_path)
+    path = check_model_path(model_path)
 
     request = {
         "model_path": path,
@@ -505,8 +505,8 @@ def measure(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_child_env(env),
-            cwd=_REPO_ROOT,
+            env=child_env(env),
+            cwd=REPO_ROOT,
             start_new_session=True,  # its own process group: a timeout kills everything it started
             preexec_fn=child_preexec(),
         )
@@ -562,7 +562,7 @@ def _assemble(
         message = f"killed after {timeout:g} s while {stage}"
     elif sig is not None:
         status = "crash"
-        message = f"{sig}: {_short_abort(report.abort)}" if report.abort else f"child killed by {sig}"
+        message = f"{sig}: {short_abort(report.abort)}" if report.abort else f"child killed by {sig}"
     elif done is not None:
         status = "ok" if done.get("status") == "ok" else "error"
         message = done.get("message")

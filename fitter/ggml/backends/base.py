@@ -14,15 +14,23 @@ differ most between backends; the alloc-size tables of each backend are in its m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-from fitter.llama.cparams import Backend
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
 
 SIZE_MAX = 2**64 - 1
 HOST_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's, and CUDA_Host's
+
+
+class Backend(str, Enum):
+    """The backends ggfit models (--backend); BACKENDS in fitter.ggml.backends maps each to its module."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    METAL = "metal"
 
 
 class BackendError(GGFitError):

@@ -8,7 +8,7 @@ buffer.
 
 from __future__ import annotations
 
-from fitter.llama.cparams import Backend
+from fitter.ggml.backends.base import Backend
 from fitter.ggml.backends.base import BackendImpl
 
 

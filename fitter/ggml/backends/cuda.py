@@ -31,13 +31,15 @@ the CUDA context itself. Only measurement tells these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from fitter.llama.cparams import Backend, pad
-from fitter.ggml.backends.base import BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.types import pad
+from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import is_quantized, nbytes, row_size, type_name, type_size
+from fitter.gguf.constants import GGMLQuantizationType
 
 # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alignment
 CUDA_ALIGNMENT = 128

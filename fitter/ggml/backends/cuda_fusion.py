@@ -189,10 +189,10 @@ def _match_topk_moe(nodes: list[Tensor], i: int, uses: dict[int, int]) -> int | 
     """
     n = len(nodes)
     node = nodes[i]
-    sigmoid = softplus = softmax = False
+    sigmoid = softplus = False
     idx = i
     if node.op == "SOFT_MAX":
-        softmax = True
+        pass  # softmax gating: nothing more to match before the top-k
     elif node.op == "UNARY":
         if node.uop == "sigmoid":
             sigmoid = True

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitter.llama.cparams import Backend, pad
-from fitter.ggml.backends.base import SIZE_MAX, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.types import pad
+from fitter.ggml.backends.base import Backend, SIZE_MAX, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import type_name
 

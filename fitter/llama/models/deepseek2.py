@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Iterator
 
 from fitter.ggml.tensor import (
-    Tensor, add, concat, cont, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
+    Tensor, concat, cont, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
 )
 from fitter.ggml.types import F32, row_size
-from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
+from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
 
 
@@ -93,19 +93,8 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_k() if sp.is_mla else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
-        l = sp.layers[il]
-        inpSA = inpL
-        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
-        cur = _deepseek2_attn(c, cur, inp_pos, ai, il, attn_scale)
-        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
-        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
-        cur = c.build_norm(ffn_inp, name=f"ffn_norm-{il}")
-        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
-        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
-    cur, logits = c.build_result(inpL)
-    c.finish(cur, logits)
+    yield from build_moe_lead_dense_layers(
+        c, inpL, out_ids, lambda cur, il: _deepseek2_attn(c, cur, inp_pos, ai, il, attn_scale), "ffn_norm", _GATING)
 
 
 def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai: dict, out_ids: Tensor, il: int) -> Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, scale, unary
+from fitter.ggml.tensor import Tensor, add, scale, unary
 from fitter.gguf.constants import Keys
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
@@ -44,8 +44,7 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv_iswa() if sp.is_swa_any else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
+    def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
         q, k, v = c.build_qkv(l, cur)
@@ -58,7 +57,9 @@ def build_graph(c: GraphContext) -> Iterator:
         cur = c.build_norm(sa_out, name=f"ffn_norm-{il}")
         cur = c.build_ffn(cur, l.n_ff, act="gelu", il=il)
         cur = c.build_norm(cur, name=f"ffn_post_norm-{il}")
-        il, inpL = yield add(ctx0, cur, sa_out, f"l_out-{il}")
+        return add(ctx0, cur, sa_out, f"l_out-{il}")
+
+    inpL = yield from c.build_layers(inpL, layer)
     cur, logits = c.build_result(inpL)
     if not gemma3 or c.d.final_logit_softcapping:
         logits = scale(ctx0, logits)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import Tensor, add, rope
-from fitter.llama.graph import GraphContext, build_mtp, build_mtp_moe_tail, build_routed_and_shared
+from fitter.ggml.tensor import Tensor, rope
+from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
 
 
@@ -37,26 +37,13 @@ def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozense
 
 def build_graph(c: GraphContext) -> Iterator:
     """glm4moe: src/models/glm4-moe.cpp (leading dense layers, routed + shared experts)."""
-    ctx0 = c.ctx0
-    sp = c.spec
     d = c.d
     inpL = c.build_inp_embd()
     inp_pos = c.build_inp_pos(4 if d.mrope else 1)
     ai = c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
-        l = sp.layers[il]
-        inpSA = inpL
-        cur = c.build_norm(inpL, name=f"attn_norm-{il}")
-        cur = _glm4moe_attn(c, cur, inp_pos, ai, il)
-        cur, inpSA = c.skip_unused_rows(il, out_ids, cur, inpSA)
-        ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
-        cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
-        cur = c.build_ffn(cur, l.n_ff, il=il) if il < sp.n_layer_dense_lead else build_routed_and_shared(c, cur, il, _GATING)
-        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
-    cur, logits = c.build_result(inpL)
-    c.finish(cur, logits)
+    yield from build_moe_lead_dense_layers(
+        c, inpL, out_ids, lambda cur, il: _glm4moe_attn(c, cur, inp_pos, ai, il), "attn_post_norm", _GATING)
 
 
 def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai: dict, out_ids: Tensor, il: int) -> Tensor:

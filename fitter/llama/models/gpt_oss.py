@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, get_rows, mm
+from fitter.ggml.tensor import Tensor, add, get_rows, mm
 from fitter.gguf.constants import Keys
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec, load_swa_pattern
@@ -35,8 +35,7 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv_iswa() if sp.is_swa_any else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
+    def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
@@ -47,7 +46,9 @@ def build_graph(c: GraphContext) -> Iterator:
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
         cur = c.build_moe_ffn(cur, l, il, gating=3, norm_w=False, w_scale=c.d.expert_weights_scale, gate_inp_b=True,
                               exps_b=True, act="swiglu_oai")
-        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+        return add(ctx0, cur, ffn_inp, f"l_out-{il}")
+
+    inpL = yield from c.build_layers(inpL, layer)
     h_nextn = inpL
     cur = get_rows(ctx0, inpL, out_ids)
     cur = c.build_norm(cur, name="result_norm")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, inp, mul
+from fitter.ggml.tensor import Tensor, add, inp, mul
 from fitter.ggml.types import F32
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, ModelSpec
@@ -40,8 +40,7 @@ def build_graph(c: GraphContext) -> Iterator:
     out_ids = c.build_inp_out_ids()
     qk_norm = arch in ("qwen3", "qwen3moe")
     bias = c.d.has("attn_q.bias")
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
+    def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
@@ -57,6 +56,8 @@ def build_graph(c: GraphContext) -> Iterator:
             cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
         else:
             cur = c.build_ffn(cur, l.n_ff, il=il)
-        il, inpL = yield add(ctx0, cur, ffn_inp, f"l_out-{il}")
+        return add(ctx0, cur, ffn_inp, f"l_out-{il}")
+
+    inpL = yield from c.build_layers(inpL, layer)
     cur, logits = c.build_result(inpL)
     c.finish(cur, logits)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from fitter.ggml.tensor import add, scale
+from fitter.ggml.tensor import Tensor, add, scale
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules
 
@@ -21,8 +21,7 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
+    def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         residual = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
@@ -38,6 +37,8 @@ def build_graph(c: GraphContext) -> Iterator:
             cur = c.build_moe_ffn(cur, l, il, **c.moe_args(il))
         else:
             cur = c.build_ffn(cur, l.n_ff, gate=None, act="swiglu", up_rows=2 * l.n_ff, il=il)
-        il, inpL = yield add(ctx0, residual, cur, f"l_out-{il}")
+        return add(ctx0, residual, cur, f"l_out-{il}")
+
+    inpL = yield from c.build_layers(inpL, layer)
     cur, logits = c.build_result(inpL)
     c.finish(cur, logits)

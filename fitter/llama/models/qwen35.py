@@ -222,8 +222,7 @@ def build_graph(c: GraphContext) -> Iterator:
     rs, ai = c.build_inp_mem_hybrid()
     inp_pos = c.build_inp_pos(1 if c.arch == "qwen3next" else 4)
     out_ids = c.build_inp_out_ids()
-    il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
-    while il is not None:
+    def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         inpSA = inpL
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
@@ -246,7 +245,9 @@ def build_graph(c: GraphContext) -> Iterator:
                 cur = moe_out
         else:
             cur = c.build_ffn(cur, l.n_ff, il=il)
-        il, inpL = yield add(ctx0, cur, ffn_residual, f"l_out-{il}")
+        return add(ctx0, cur, ffn_residual, f"l_out-{il}")
+
+    inpL = yield from c.build_layers(inpL, layer)
     h = c.build_norm(inpL, name="result_norm")
     cur = get_rows(ctx0, h, out_ids)
     logits = mm(ctx0, sp.n_vocab, cur, "result_output")
