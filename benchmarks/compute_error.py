@@ -28,11 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitter.llama import context as compute  # noqa: E402
-from fitter.llama.graph_details import graph_details  # noqa: E402
-from fitter.oracle.check import llama_params  # noqa: E402
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
-from fitter.oracle.llama_run import measure  # noqa: E402
+from fitter.llama.graph_details import graph_details  # noqa: E402
 from fitter.llama.model import load_model_spec  # noqa: E402
+from fitter.oracle.check import llama_params  # noqa: E402
+from fitter.oracle.llama_run import measure  # noqa: E402
 from tests.synth import build  # noqa: E402
 
 MIB = 1 << 20

@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # the only place that names ggfit's modules: a restructure edits these imports, nothing else
-from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig  # noqa: E402
 from fitter.fit.memory import predict  # noqa: E402
-from fitter.llama.model import load_model_spec  # noqa: E402
 from fitter.fit.quant_fit import evaluate  # noqa: E402
 from fitter.fit.solver import solve  # noqa: E402
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 
 BASELINE = ROOT / "benchmarks" / "results" / "prediction-grid.json.gz"
 SYNTH = ("llama", "qwen2", "qwen3", "phi3", "mistral3", "gemma2", "gemma3", "gemma4", "qwen3moe", "qwen35",

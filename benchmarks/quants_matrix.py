@@ -32,7 +32,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fitter.gguf.reader import read_header  # noqa: E402
 from fitter.fit.quants import (  # noqa: E402
     FTYPES,
     QUANT_FTYPES,
@@ -43,6 +42,7 @@ from fitter.fit.quants import (  # noqa: E402
     predict_quant,
     resolve_ftype,
 )
+from fitter.gguf.reader import read_header  # noqa: E402
 
 # The child: quantize argv[1] -> argv[2] as llama_ftype argv[3]; argv[4] == "1" passes an all-ones
 # imatrix for every 2-D+ tensor (ne0 * ne2 floats, as llama-quant.cpp checks); argv[5] threads;

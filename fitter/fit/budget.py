@@ -28,8 +28,8 @@ parameters to free memory", default 1024*1024*1024).
 
 from __future__ import annotations
 
-import os
 import ctypes
+import os
 import platform
 import re
 import shutil

@@ -14,15 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fitter.fit.calibration import Applied, BufferChange, Calibration, store_path
 from fitter.fit.calibration import load as load_calibration
-from fitter.llama.context import compute_buffers
-from fitter.llama.graph_details import graph_details
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
 from fitter.ggml.backends.metal import metal_fa_unsupported_reason
-from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
 from fitter.gguf.reader import GGUFHeader
-from fitter.llama.kv_cache import memory_caches
+from fitter.llama.context import compute_buffers
+from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
+from fitter.llama.graph_details import graph_details
 from fitter.llama.hparams import ModelSpec
+from fitter.llama.kv_cache import memory_caches
 from fitter.llama.weights import gpu_layer_start, weight_buffers
 
 Owner = Literal["target", "draft", "mtp"]

@@ -13,15 +13,15 @@ from dataclasses import replace as dc_replace
 
 from pydantic import BaseModel
 
-from fitter.ggml.types import pad
-from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
-from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
-from fitter.llama.hparams import ModelSpec
-from fitter.llama.model import model_spec_from_header
 from fitter.fit.quants import QuantPrediction, predict_all
 from fitter.fit.solver import largest_context
+from fitter.ggml.types import pad
+from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.hparams import ModelSpec
+from fitter.llama.model import model_spec_from_header
 
 
 class Candidate(BaseModel):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
-from fitter.gguf.reader import GGUFHeader
 from fitter.fit.memory import Prediction, predict
+from fitter.gguf.reader import GGUFHeader
+from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
 
 UBATCHES = (256, 512, 1024, 2048, 4096)

@@ -16,9 +16,8 @@ import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
-
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
+from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 from fitter.gguf.source import ByteSource, open_source
 
 GGML_MAX_DIMS = 4  # ggml.h
@@ -306,7 +305,7 @@ class _Cursor:
                 g = off
                 j = 0
                 try:
-                    for j in range(turns):
+                    for j in range(turns):  # noqa: B007 - j is read by the OverflowError handler
                         g = off
                         off += 8 + u64(buf, off)[0]
                         off += 8 + u64(buf, off)[0]

@@ -31,7 +31,6 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.llama.cparams import ContextParams
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
@@ -41,6 +40,7 @@ from fitter.ggml.sched import Placement, split_graph
 from fitter.ggml.tensor import HOST, Context, Tensor
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
+from fitter.llama.cparams import ContextParams
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec

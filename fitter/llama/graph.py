@@ -11,15 +11,56 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterator
 
-from fitter.llama.cparams import ContextParams
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
-    FLAG_OUTPUT, Context, Tensor, add, argsort_top_k, cache, cast, clamp, concat, cont, cont_nd, cpy, div, dup,
-    fill, flash_attn_ext, get_rows, glu, glu_split, inp, is_contiguous, mm, mul, mul_mat, mul_mat_id, nelements,
-    norm, op_weight, pad, permute, reshape, rms_norm, rope, scale, set_rows, soft_max, sqr, sqrt, srcs, sum_rows,
-    transpose, unary, view, view_tensor, weight,
+    FLAG_OUTPUT,
+    Context,
+    Tensor,
+    add,
+    argsort_top_k,
+    cache,
+    cast,
+    clamp,
+    concat,
+    cont,
+    cont_nd,
+    cpy,
+    div,
+    dup,
+    fill,
+    flash_attn_ext,
+    get_rows,
+    glu,
+    glu_split,
+    inp,
+    is_contiguous,
+    mm,
+    mul,
+    mul_mat,
+    mul_mat_id,
+    nelements,
+    norm,
+    op_weight,
+    pad,
+    permute,
+    reshape,
+    rms_norm,
+    rope,
+    scale,
+    set_rows,
+    soft_max,
+    sqr,
+    sqrt,
+    srcs,
+    sum_rows,
+    transpose,
+    unary,
+    view,
+    view_tensor,
+    weight,
 )
 from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
+from fitter.llama.cparams import ContextParams
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cells
@@ -349,7 +390,7 @@ class GraphContext:
         experts = mul(ctx0, experts, weights, f"ffn_moe_weighted-{il}")
         g.expand(experts)
         views = []
-        for i in range(n_used):
+        for _ in range(n_used):
             v = view(ctx0, experts, (n_embd, n_tokens), (experts.nb[2],), f"ffn_moe_view-{il}")
             g.expand(v)
             views.append(v)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 
-
 class GraphDetails(BaseModel):
     """Hparams and tensor presence that change llama.cpp's graph but are not in ModelSpec.
 

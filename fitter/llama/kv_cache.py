@@ -12,10 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.ggml.types import pad
-from fitter.llama.cparams import Backend, ContextParams
 from fitter.ggml import backends
-from fitter.ggml.types import F32, row_size, type_of
+from fitter.ggml.types import F32, pad, row_size, type_of
+from fitter.llama.cparams import Backend, ContextParams
 from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cells
 from fitter.llama.models import rules_of

@@ -15,10 +15,16 @@ from fitter.errors import GGUFError, UnsupportedModelError
 from fitter.gguf.constants import Keys, LlamaFileType
 from fitter.gguf.reader import GGUFHeader, SkippedArray, read_header
 from fitter.llama.hparams import (
-    GENERIC_RULES, LLAMA_MAX_LAYERS, ArchRules, LayerKind, LayerSpec, Meta, ModelSpec, SSMSpec,
+    GENERIC_RULES,
+    LLAMA_MAX_LAYERS,
+    ArchRules,
+    LayerKind,
+    LayerSpec,
+    Meta,
+    ModelSpec,
+    SSMSpec,
 )
 from fitter.llama.models import MODELS, rules_of
-
 
 # llama_ftype_name (src/llama-model-loader.cpp), keyed by gguf's LlamaFileType member names
 FTYPE_NAMES = {

@@ -12,10 +12,10 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from fitter.ggml.types import pad
-from fitter.llama.cparams import Backend
 from fitter.ggml import backends
+from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
+from fitter.llama.cparams import Backend
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
 from fitter.llama.models import rules_of
 

@@ -50,10 +50,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fitter.build import PINNED_COMMIT
-from fitter.ggml.types import GGML_TYPES
 from fitter.errors import GGFitError, SourceError
+from fitter.ggml.types import GGML_TYPES
 from fitter.oracle.llama_log import LlamaReport, parse_log
-
 
 _GGML_TYPES_LOWER = {k.lower(): k for k in GGML_TYPES}
 

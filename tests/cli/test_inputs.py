@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 import cli
-from fitter.bundled import resolve_model
-from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, resolve_context
-from fitter.oracle.llama_run import LlamaParams, measure
+from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.model import load_model_spec
+from fitter.oracle.llama_run import LlamaParams, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 

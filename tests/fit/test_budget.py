@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.ggml import backends as cb
+from fitter.errors import GGFitError
 from fitter.fit.budget import (
     DEFAULT_MARGIN_BYTES,
     Budget,
@@ -22,7 +22,7 @@ from fitter.fit.budget import (
     parse_margin,
     parse_size,
 )
-from fitter.errors import GGFitError
+from fitter.ggml import backends as cb
 
 MiB = 2**20
 GiB = 2**30

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.fit.memory import predict
-from fitter.llama.model import load_model_spec
 from fitter.fit.solver import largest_context
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.llama.model import load_model_spec
 from tests.synth import build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fitter.fit.budget import DEFAULT_MARGIN_BYTES
-from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.fit.memory import predict
+from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from tests.synth.shapes import build_shape, q4_k_m_types
 

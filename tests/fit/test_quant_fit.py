@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from fitter.llama.cparams import Backend, Frontend, RunConfig
-from fitter.gguf.reader import read_header
-from fitter.llama.model import load_model_spec
 from fitter.fit.quant_fit import best_fit, evaluate
 from fitter.fit.quants import predict_quant
-from tests.synth.shapes import build_shape, q4_k_m_types
+from fitter.gguf.reader import read_header
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.llama.model import load_model_spec
 from tests.http_server import CountingServer
+from tests.synth.shapes import build_shape, q4_k_m_types
 
 ROOT = Path(__file__).resolve().parents[2]
 MAC = 25559 * 2**20

@@ -16,8 +16,6 @@ import pytest
 
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
-from fitter.gguf.reader import read_header
-from fitter.ggml.types import TYPE_TRAITS
 from fitter.fit.quants import (
     FTYPES,
     QUANT_FTYPES,
@@ -30,6 +28,8 @@ from fitter.fit.quants import (
     predict_quant,
     resolve_ftype,
 )
+from fitter.ggml.types import TYPE_TRAITS
+from fitter.gguf.reader import read_header
 from tests.synth import build
 
 # Small models: 2-4 MiB of F16 weights, so that each quantization takes about a second.

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from fitter.llama.cparams import Backend, pad
 from fitter.ggml import backends
 from fitter.ggml.backends import cuda, metal
 from fitter.ggml.backends.base import SIZE_MAX, FlashAttnShape, flash_attn_shape_of
 from fitter.ggml.types import nbytes, row_size
+from fitter.llama.cparams import Backend, pad
 
 MiB = 2**20
 GiB = 2**30
@@ -211,8 +211,9 @@ def test_dispatcher_matches_functions():
 
 
 def test_tensor_info_hook_for_weights():
-    from fitter.gguf.reader import TensorInfo
     from gguf import GGMLQuantizationType as T
+
+    from fitter.gguf.reader import TensorInfo
 
     t = TensorInfo(name="blk.0.ffn_down.weight", shape=(2816, 2048), ggml_type=T.Q4_K, offset=0,
                    nbytes=nbytes("q4_k", (2816, 2048)))

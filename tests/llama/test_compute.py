@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from fitter.llama import context as compute
-from fitter.llama.graph_details import graph_details
-from fitter.oracle.check import llama_params
 from fitter.llama.cparams import Frontend, RunConfig, resolve_context
-from fitter.oracle.llama_run import measure
+from fitter.llama.graph_details import graph_details
 from fitter.llama.model import load_model_spec
+from fitter.oracle.check import llama_params
+from fitter.oracle.llama_run import measure
 from tests.synth import build
 from tests.synth.shapes import build_shape
 

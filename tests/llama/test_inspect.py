@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fitter.oracle.llama_run import LlamaParams, measure
 from fitter.llama.hparams import LayerKind
+from fitter.oracle.llama_run import LlamaParams, measure
 from tests.synth import REGISTRY, build
 
 GEMMA = "gemma3-270m"

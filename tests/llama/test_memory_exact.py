@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.oracle.check import llama_params, measured_by_kind
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.kv_cache import memory_caches
-from fitter.oracle.llama_run import measure
 from fitter.llama.model import load_model_spec
 from fitter.llama.weights import weight_buffers
+from fitter.oracle.check import llama_params, measured_by_kind
+from fitter.oracle.llama_run import measure
 from tests.synth import REGISTRY, build
 
 # (n_ctx, -np, unified, -ctk, -ctv, -fa, swa_full, -ub)

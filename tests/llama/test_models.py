@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.llama.cparams import Frontend, RunConfig, resolve_context
 from fitter.errors import UnsupportedModelError
 from fitter.llama import context
+from fitter.llama.cparams import Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
 from fitter.llama.hparams import ArchRules
 from fitter.llama.model import load_model_spec

@@ -22,7 +22,6 @@ needs_llama = pytest.mark.skipif(
 
 from tests.procs import group_alive as _group_alive  # noqa: E402
 
-
 # --- llama.cpp runs on the Gemma 3 270M file ---------------------------------------------------
 
 

@@ -65,15 +65,14 @@ import hashlib
 import inspect
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from importlib.metadata import version as _pkg_version
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import gguf.quants
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
-import gguf.quants
 
 __all__ = [
     "DEFAULT_N_VOCAB",

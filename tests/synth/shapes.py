@@ -63,8 +63,8 @@ def build_shape(name: str, **overrides: Any) -> Path:
 def q4_k_m_types(name: str) -> dict[str, str]:
     """Per-tensor types of the shape quantized to Q4_K_M, as fitter.fit.quants predicts llama-quantize
     would choose them from the F16 header (the header of a real Q4_K_M file of the model)."""
-    from fitter.gguf.reader import read_header
     from fitter.fit.quants import predict_quant
+    from fitter.gguf.reader import read_header
 
     pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
     types = {t.name: t.type_name.lower() for t in pred.tensors}

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitter.ggml.backends.base import Backend
-from fitter.ggml.backends.base import BackendError, BackendImpl
+from fitter.ggml.backends.base import Backend, BackendError, BackendImpl
 from fitter.ggml.backends.cpu import CPUBackend
 from fitter.ggml.backends.cuda import CUDABackend
 from fitter.ggml.backends.metal import MetalBackend

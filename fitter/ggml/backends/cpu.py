@@ -8,8 +8,7 @@ buffer.
 
 from __future__ import annotations
 
-from fitter.ggml.backends.base import Backend
-from fitter.ggml.backends.base import BackendImpl
+from fitter.ggml.backends.base import Backend, BackendImpl
 
 
 class CPUBackend(BackendImpl):

@@ -34,11 +34,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from fitter.ggml.types import pad
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
-from fitter.ggml.types import is_quantized, nbytes, row_size, type_name, type_size
+from fitter.ggml.types import is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
 
 # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alignment

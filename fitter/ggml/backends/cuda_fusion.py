@@ -31,11 +31,11 @@ def cuda_alloc_deps(seq: list[Segment]) -> None:
         deps: dict[int, list[Tensor]] = {}
         until_of: dict[int, Tensor] = {}
 
-        def dep(t: Tensor | None, until: Tensor) -> None:
+        def dep(t: Tensor | None, until: Tensor) -> None:  # called in this loop turn only
             if t is None:
                 return
-            lst = deps.setdefault(id(until), [])
-            until_of[id(until)] = until
+            lst = deps.setdefault(id(until), [])  # noqa: B023
+            until_of[id(until)] = until  # noqa: B023
             if all(x is not t for x in lst):
                 lst.append(t)
 

@@ -46,10 +46,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitter.ggml.types import pad
-from fitter.ggml.backends.base import Backend, SIZE_MAX, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.backends.base import (
+    SIZE_MAX,
+    Backend,
+    BackendImpl,
+    FlashAttnShape,
+    _nbytes_of,
+    _ne4,
+    _op,
+    flash_attn_shape_of,
+)
 from fitter.ggml.tensor import Tensor
-from fitter.ggml.types import type_name
+from fitter.ggml.types import pad, type_name
 
 # ggml-metal.cpp ggml_backend_metal_buffer_type_{shared,private,mapped}_get_alignment
 METAL_ALIGNMENT = 32

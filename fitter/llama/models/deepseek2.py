@@ -5,12 +5,21 @@ from __future__ import annotations
 from typing import Iterator
 
 from fitter.ggml.tensor import (
-    Tensor, concat, cont, inp, mm, mul, permute, repeat_4d, reshape, rope, view,
+    Tensor,
+    concat,
+    cont,
+    inp,
+    mm,
+    mul,
+    permute,
+    repeat_4d,
+    reshape,
+    rope,
+    view,
 )
 from fitter.ggml.types import F32, row_size
 from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
-
 
 # LLAMA_EXPERT_GATING_FUNC_TYPE without the key: softmax (deepseek2.cpp load_arch_hparams, for V2 / V2.5
 # files; its GLM 4.7 Lite exception, sigmoid for 47-48 layers and 154880 tokens, is not modelled)

@@ -6,7 +6,21 @@ from typing import Iterator
 
 from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
-    Tensor, add, cont, get_rows, inp, mm, mul, permute, reshape, rms_norm, rope, scale, unary, view, weight,
+    Tensor,
+    add,
+    cont,
+    get_rows,
+    inp,
+    mm,
+    mul,
+    permute,
+    reshape,
+    rms_norm,
+    rope,
+    scale,
+    unary,
+    view,
+    weight,
 )
 from fitter.ggml.types import F32, I32, row_size
 from fitter.gguf.constants import Keys

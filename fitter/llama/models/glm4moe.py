@@ -8,7 +8,6 @@ from fitter.ggml.tensor import Tensor, rope
 from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
 
-
 # LLAMA_EXPERT_GATING_FUNC_TYPE without the key: sigmoid (glm4-moe.cpp load_arch_hparams)
 _GATING = 2
 ARCHS = {"glm4moe": ArchRules()}

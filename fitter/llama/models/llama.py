@@ -9,7 +9,6 @@ from fitter.ggml.types import F32
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules, ModelSpec
 
-
 ARCHS = {"llama": ArchRules(), "mistral3": ArchRules(), "qwen2": ArchRules(), "qwen3": ArchRules(), "qwen3moe": ArchRules()}
 
 

@@ -8,7 +8,6 @@ from fitter.ggml.tensor import Tensor, add, scale
 from fitter.llama.graph import GraphContext
 from fitter.llama.hparams import ArchRules
 
-
 ARCHS = {"phi3": ArchRules()}  # llama_model_phi3: a sliding window in the file is ignored (SWA disabled)
 
 

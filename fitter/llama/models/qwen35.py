@@ -6,8 +6,27 @@ from typing import Iterator
 
 from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
-    Tensor, add, cache, concat, cont, cont_nd, cpy, get_rows, mm, mul, new_tensor, op_weight, repeat_4d, reshape,
-    rms_norm, rope, scale, srcs, transpose, unary, view,
+    Tensor,
+    add,
+    cache,
+    concat,
+    cont,
+    cont_nd,
+    cpy,
+    get_rows,
+    mm,
+    mul,
+    new_tensor,
+    op_weight,
+    repeat_4d,
+    reshape,
+    rms_norm,
+    rope,
+    scale,
+    srcs,
+    transpose,
+    unary,
+    view,
 )
 from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.gguf.constants import Keys
@@ -118,7 +137,7 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     qkv_t = transpose(ctx0, qkv_mixed)
     conv_input = concat(ctx0, conv_states, qkv_t, 0, f"conv_input-{il}")
     K = c.cp.n_rs_seq + 1
-    for t in range(1, K + 1) if c.cp.n_rs_seq else (None,):
+    for _ in range(1, K + 1) if c.cp.n_rs_seq else (None,):
         last = view(ctx0, conv_input, (ssm.d_conv - 1, conv_channels, n_seqs), (conv_input.nb[1], conv_input.nb[2]), "conv_state_last")
         upd = view(ctx0, conv_all, (ssm.n_embd_r, n_seqs), (conv_all.nb[1],), "conv_state_update")
         g.expand(cpy(ctx0, last, upd))
