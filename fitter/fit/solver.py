@@ -1,10 +1,13 @@
 """Solve for the largest context that fits a budget, per ubatch and K/V type pair, and recommend one.
 
-The device total is monotone in n_ctx (KV cells and attention scratch only grow), so the largest
-n_ctx is a binary search over multiples of 256 (llama.cpp pads n_ctx to 256 anyway).
+The device total is monotone in n_ctx (KV cells and attention scratch only grow) and piecewise linear,
+so the largest n_ctx (a multiple of 256: llama.cpp pads n_ctx to 256 anyway) is found by interpolation
+inside an exact bracket (`largest_fitting`), in a handful of predictions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +47,48 @@ def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: b
     return base.model_copy(update=update)
 
 
+def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> tuple[int, int]:
+    """The largest k in 1..k_max with total(k) <= available, and total(k); (0, 0) when not even k = 1 fits.
+
+    `total` is monotone in k and piecewise linear (KV cells and masks grow linearly; compute buffers in
+    steps), so the answer is bracketed and then found by interpolating the bracket's ends: a guess and its
+    neighbour usually settle it, where bisection takes log2(k_max) predictions. Every step keeps the
+    bracket exact (total(lo) <= available < total(hi)); one that does not halve it is followed by a
+    bisection, so it never takes more than about twice bisection's steps. Same answer as a binary search.
+    """
+    memo: dict[int, int] = {}
+
+    def t(k: int) -> int:
+        if k not in memo:
+            memo[k] = total(k)
+        return memo[k]
+
+    if t(1) > available:  # k = 1 is asked first, as a binary search would: it raises what llama.cpp refuses
+        return 0, 0
+    if k_max <= 1 or t(k_max) <= available:
+        k = max(1, k_max) if k_max >= 1 else 0
+        return k, t(k) if k else 0
+    lo, hi = 1, k_max  # total(lo) fits, total(hi) does not
+    bisect = False
+    while hi - lo > 1:
+        width = hi - lo
+        if bisect:
+            g = (lo + hi) // 2
+        else:  # where the line through the bracket's ends crosses the budget
+            g = lo + (available - t(lo)) * width // max(1, t(hi) - t(lo))
+            g = min(max(g, lo + 1), hi - 1)
+        if t(g) <= available:
+            lo = g
+            if g + 1 < hi and t(g + 1) > available:
+                hi = g + 1
+        else:
+            hi = g
+            if g - 1 > lo and t(g - 1) <= available:
+                lo = g - 1
+        bisect = hi - lo > width // 2
+    return lo, t(lo)
+
+
 def largest_context(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -59,27 +104,15 @@ def largest_context(
     draft: tuple[GGUFHeader, ModelSpec] | None,
     ctx_max: int,
 ) -> Solution:
-    def total(n_ctx: int) -> int:
-        cfg = _config_for(base, n_ctx, n_ubatch, type_k, type_v, with_draft)
+    def total(steps: int) -> int:
+        cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
         return predict(header, spec, cfg, backend, frontend, draft if with_draft else None).total_device_bytes
 
-    lo, hi = 0, ctx_max // CTX_STEP  # invariant: lo fits (0 = nothing), hi+1 does not
-    best_total = 0
-    if total(CTX_STEP) > available:
-        hi = 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        t = total(mid * CTX_STEP)
-        if t <= available:
-            lo, best_total = mid, t
-        else:
-            hi = mid - 1
-    if lo > 0 and best_total == 0:
-        best_total = total(lo * CTX_STEP)
+    steps, best_total = largest_fitting(total, available, ctx_max // CTX_STEP)
     n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
-        n_ctx=lo * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,
+        n_ctx=steps * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,
     )
 
 

@@ -1,0 +1,61 @@
+"""The solver's search (fitter.fit.solver.largest_fitting) gives a binary search's answer in fewer predictions.
+
+The tables it produces are compared byte for byte with the committed grid (tests/test_prediction_grid.py); here the
+search itself is checked against a plain binary search on monotone functions of every shape the memory model has
+(linear, stepped, flat stretches, jumps), and its cost is counted.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fitter.fit.solver import largest_fitting
+
+
+def _binary(total, available: int, k_max: int) -> int:
+    lo, hi = 0, k_max
+    if total(1) > available:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if total(mid) <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@st.composite
+def _monotone(draw):
+    k_max = draw(st.integers(0, 4096))
+    base = draw(st.integers(0, 10**9))
+    slope = draw(st.integers(0, 10**7))
+    step = draw(st.integers(1, 64))
+    jump = draw(st.integers(0, 10**8))
+    jumps = sorted(draw(st.lists(st.integers(1, 4096), max_size=4)))
+    available = draw(st.integers(0, base + slope * 4096 + jump * 5))
+    return k_max, available, lambda k: base + slope * k + jump * (k // step) + jump * sum(k >= j for j in jumps)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_monotone())
+def test_same_answer_as_a_binary_search(case):
+    k_max, available, total = case
+    k, t = largest_fitting(total, available, k_max)
+    assert k == _binary(total, available, k_max)
+    assert t == (total(k) if k else 0)
+
+
+def test_a_near_linear_total_takes_a_handful_of_predictions():
+    calls = []
+
+    def total(k: int) -> int:  # KV linear in n_ctx, compute stepping every 4 steps: like a real model
+        calls.append(k)
+        return 20_000 * 2**20 + k * 4 * 2**20 + (k // 4) * 2**19
+
+    available = 22_222 * 2**20
+    k, _ = largest_fitting(total, available, 1024)
+    searched = len(set(calls))
+    assert k == _binary(total, available, 1024) and 0 < k < 1024
+    assert searched <= 6  # a binary search over 1024 steps asks 11
