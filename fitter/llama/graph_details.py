@@ -7,6 +7,8 @@ shared experts ...), from a GGUF header, or the usual values of an architecture 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -44,8 +46,23 @@ class GraphDetails(BaseModel):
         return il is None or il in layers
 
 
+_DETAILS: dict[int, tuple[Any, GraphDetails]] = {}  # id(header) -> (header, details): read once per header
+
+
 def graph_details(header) -> GraphDetails:
-    """GraphDetails from a fitter.gguf.reader.GGUFHeader."""
+    """GraphDetails from a fitter.gguf.reader.GGUFHeader; the same object for the same header, so that the
+    compute buffers' cache (keyed by the details' identity) serves every prediction of one header."""
+    hit = _DETAILS.get(id(header))
+    if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
+        return hit[1]
+    details = _read_details(header)
+    if len(_DETAILS) > 32:
+        _DETAILS.clear()
+    _DETAILS[id(header)] = (header, details)
+    return details
+
+
+def _read_details(header) -> GraphDetails:
     md = header.metadata
     arch = md.get("general.architecture", "")
 
