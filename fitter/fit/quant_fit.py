@@ -9,6 +9,7 @@ run through the memory model at the requested settings.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace as dc_replace
 
 from pydantic import BaseModel
@@ -88,7 +89,7 @@ def evaluate(
     budget_bytes: int,
     margin_bytes: int,
     *,
-    candidates: list[str] = (),
+    candidates: Sequence[str] = (),
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
     include_imatrix: bool = True,
 ) -> list[Candidate]:

@@ -252,7 +252,7 @@ class AllocResult:
 def state_key(ga: Gallocr, carried: Tensor) -> tuple:
     # The high-water marks are left out: with a single chunk they never steer a decision (the last
     # free block always fits), and a replayed period cannot raise them. Chunked allocators keep them.
-    key = [carried.addr, carried.size, carried.own, carried.be]
+    key: list[object] = [carried.addr, carried.size, carried.own, carried.be]
     for t in ga.tallocs:
         key.append(t.state())
         if t.max_chunk < SIZE_MAX // 2:
@@ -310,6 +310,7 @@ def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Te
         t.nv = 0
     if carried is not None:
         p = seg.inp
+        assert p is not None  # a segment handed the previous output has a placeholder for it
         p.own, p.addr, p.size, p.be = own, addr, size, be
         ga._handover(carried, p)
     for t, a, b in counts:
@@ -369,6 +370,7 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
     il = 1
     while il < n:
         if not first[il]:
+            assert carried is not None  # a layer segment's output
             prev = hist.setdefault(state_key(ga, carried), [])
             best = _period(sigs, prev, il, n)
             if best:

@@ -95,7 +95,9 @@ def _placeholders(seq: list[Segment], src_of: dict[int, Segment]) -> None:
     """Placeholders stand for the previous layer's output: its backend."""
     for seg in seq:
         if seg.inp is not None:
-            seg.inp.be = src_of[id(seg)].out.be
+            out = src_of[id(seg)].out
+            assert out is not None  # the previous layer's segment
+            seg.inp.be = out.be
 
 
 def _pass3_upgrade(nodes: list[Tensor], pl: Placement) -> None:
@@ -145,6 +147,7 @@ def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> Non
                 need_new = any(src is not None and src.w == IS_WEIGHT and src.be != cur for src in node.src)
             if node.be != cur or need_new:
                 if pending:
+                    assert start is not None  # pending fills only after the first split starts
                     inserts.append((start[0], start[1], pending))
                 sid += 1
                 node.sid = sid
@@ -171,6 +174,7 @@ def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> Non
             if srcs is not None:
                 node.src = tuple(srcs)
     if pending:
+        assert start is not None  # pending fills only after the first split starts
         inserts.append((start[0], start[1], pending))
     for seg, at, new in reversed(inserts):
         seg.nodes[at:at] = new

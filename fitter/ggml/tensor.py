@@ -180,8 +180,8 @@ def view_tensor(ctx: Context, a: Tensor, op: str, src: tuple, name: str = "") ->
     return view_of(ctx, a, op, list(a.ne), list(a.nb), src, name)
 
 
-def mul_mat(ctx: Context, a: Tensor | None, b: Tensor, name: str = "") -> Tensor:
-    # a = None stands for a weight whose only relevant dim is ne1 (pass via mm())
+def mul_mat(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    # a weight whose only relevant dim is ne1 goes through mm() instead
     return new_tensor(ctx, "MUL_MAT", F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), (a, b), name)
 
 

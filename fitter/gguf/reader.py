@@ -606,6 +606,7 @@ def read_header(location: str | os.PathLike[str]) -> GGUFHeader:
     if not n_split or n_split <= 1:
         return given
     idx = _split_key(given, Keys.Split.LLM_KV_SPLIT_NO, GGUFValueType.UINT16, required=True)
+    assert idx is not None  # required: a missing key raises
     if idx >= n_split:
         raise GGUFError(given.key_offsets[Keys.Split.LLM_KV_SPLIT_NO], f"split.no is {idx} but split.count is {n_split}", loc)
     shards = _split_locations(loc, idx, n_split)

@@ -93,7 +93,7 @@ class HttpSource:
         self.size = -1
         # The first read learns the size; 64 KiB is enough for most headers' fixed part.
         first = self._get(0, 64 * 1024)
-        self._first = first
+        self._first: bytes | None = first
 
     def _get(self, offset: int, n: int) -> bytes:
         try:

@@ -63,7 +63,9 @@ _WEIGHT_OF = {
 def _build_full(spec: ModelSpec, cp: ContextParams, details: GraphDetails | None = None) -> GraphContext:
     """The whole graph, layer after layer, exactly as llama_model::build_graph emits it."""
     c = GraphContext(spec, cp, details or default_details(spec))
-    gen = model_of(spec.architecture).build_graph(c)
+    m = model_of(spec.architecture)
+    assert m is not None  # compute_buffers and its callers check the architecture first
+    gen = m.build_graph(c)
     x = next(gen)
     for il in range(spec.n_layer):
         x = gen.send((il, x))
@@ -158,7 +160,9 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     sp = c.spec
     n = sp.n_layer
     ctx = c.ctx0
-    gen = model_of(sp.architecture).build_graph(c)
+    m = model_of(sp.architecture)
+    assert m is not None  # compute_buffers checks the architecture first
+    gen = m.build_graph(c)
     dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
     if pl:
         _track_weights(c, ctx)
@@ -166,6 +170,7 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
         _begin_segment(c, pl.dev_in if pl else 0, None)
         x0 = next(gen)
         c.g.expand(x0)
+        assert ctx.track is not None  # _begin_segment set it
         for t in ctx.track:
             t.glob = True
         pro = Segment(c.g.nodes, c.g.leafs, [], None, None, ctx.dev)
@@ -178,10 +183,12 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
                 c.g.expand(out)
             except StopIteration:
                 pass
+            assert ctx.track is not None  # _begin_segment set it
             return Segment(c.g.nodes, c.g.leafs, ctx.track, placeholder, out, ctx.dev)
 
         keys = _segment_keys(c, pl, dev)
         seg0 = build(0, x0, None)
+        assert seg0.out is not None  # only the epilogue (il None) has no output
         templates: dict[tuple, Segment] = {}
         order = [pro, seg0]
         prev_of: dict[tuple, int] = {}
@@ -192,6 +199,7 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
                 order.append(templates[keys[il]])
                 prev_of[keys[il]] = il - 1
         last_seg = templates[keys[n - 1]] if n > 1 else seg0
+        assert last_seg.out is not None  # a layer segment, not the epilogue
         ph = _placeholder(ctx, last_seg.out)  # the epilogue reads the last layer's output
         epi = build(None, ph, ph)
         order.append(epi)
@@ -219,7 +227,9 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
         _track_weights(c, ctx, layer_only=il)
     try:
         _begin_segment(c, dev, il)
-        model_of(sp.architecture).build_graph_mtp(c)
+        m = model_of(sp.architecture)
+        assert m is not None and ctx.track is not None  # compute_buffers checks the architecture first
+        m.build_graph_mtp(c)
         seg = Segment(c.g.nodes, c.g.leafs, ctx.track, None, None, dev)
     finally:
         _end_build(ctx)

@@ -9,7 +9,7 @@ GraphContext in fitter.llama.models; the context owns the ggml_context (`ctx0`) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator
+from typing import Callable, Generator
 
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
@@ -65,6 +65,9 @@ from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cells
 
+# a family's build_graph: yields the embeddings, then each layer's output; the driver sends (layer, input)
+# pairs and (None, last output) for the epilogue (see fitter.llama.context)
+GraphGen = Generator[Tensor, tuple[int | None, Tensor], None]
 
 @dataclass
 class KVCacheView:
@@ -439,6 +442,7 @@ class GraphContext:
     def cpy_v(self, kv: KVCacheView, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:  # llama_kv_cache::cpy_v
         ctx0 = self.ctx0
         v = self.kv_tensors(kv, il)[1]
+        assert v is not None  # MLA caches (no V) take build_attn's k_only path
         n_embd_gqa = v_cur.ne[0] * v_cur.ne[1]
         n_tokens = v_cur.ne[2]
         if not kv.v_trans:
@@ -467,6 +471,7 @@ class GraphContext:
     def get_v(self, kv: KVCacheView, il: int) -> Tensor:  # llama_kv_cache::get_v
         ctx0 = self.ctx0
         v = self.kv_tensors(kv, il)[1]
+        assert v is not None  # MLA caches (no V) take build_attn's k_only path
         l = self.spec.layers[il]
         rs = lambda n: row_size(v.type, n)
         if not kv.v_trans:
@@ -522,7 +527,9 @@ class GraphContext:
         """llm_graph_context::build_attn for llm_graph_input_attn_kv / _kv_iswa (K+V caches)."""
         ctx0 = self.ctx0
         g = self.g
+        kv: KVCacheView
         if ai.get("k_only"):  # build_attn(llm_graph_input_attn_k *): the cached K doubles as V
+            assert k is not None and v is not None  # only gemma4's shared-KV layers pass None, and they are iswa
             kv = ai["kv"]
             g.expand(q)
             g.expand(v)
@@ -535,7 +542,7 @@ class GraphContext:
         iswa = ai.get("iswa", False)
         if iswa:
             ai = ai["swa"] if self.spec.layers[il].kind == LayerKind.SWA else ai["base"]
-        kv: KVCacheView = ai["kv"]
+        kv = ai["kv"]
         k_rot, v_rot = ai["k_rot"], ai["v_rot"]
         if k_rot is not None:
             q = self.hadamard(q, k_rot)
@@ -550,6 +557,7 @@ class GraphContext:
             if v is not None:
                 g.expand(v)
         else:
+            assert k is not None and v is not None  # only gemma4's shared-KV layers pass None, and they are iswa
             g.expand(q)
             g.expand(v)
             g.expand(k)
@@ -623,7 +631,7 @@ def build_routed_and_shared(c: GraphContext, cur: Tensor, il: int, default_gatin
 
 
 def build_moe_lead_dense_layers(c: GraphContext, inpL: Tensor, out_ids: Tensor, attn: Callable[[Tensor, int], Tensor],
-                                ffn_norm: str, default_gating: int) -> Iterator:
+                                ffn_norm: str, default_gating: int) -> GraphGen:
     """The layer loop and output of glm4moe and deepseek2 (a generator the family's build_graph delegates to): the
     attention `attn(cur, il)`, then a dense FFN on the leading dense layers, routed + shared experts after."""
     ctx0 = c.ctx0

@@ -377,7 +377,7 @@ def _hparams(pi: dict[str, str], layers: list[LayerInfo]) -> HParams:
     h["vocab_type"] = pi.get("vocab type")
     h["general_name"] = pi.get("general.name")
     n_all = h["n_layer_all"] if h["n_layer_all"] is not None else h["n_layer"]
-    if layers and n_all is not None:
+    if layers and isinstance(n_all, int):  # get_int: an int or None
         by_il = {li.il: li.is_swa for li in layers if not li.is_output}
         if set(by_il) == set(range(n_all)):
             h["is_swa"] = [by_il[i] for i in range(n_all)]

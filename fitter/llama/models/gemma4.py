@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterator
-
 from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
     Tensor,
@@ -24,7 +22,7 @@ from fitter.ggml.tensor import (
 )
 from fitter.ggml.types import F32, I32, row_size
 from fitter.gguf.constants import Keys
-from fitter.llama.graph import GraphContext
+from fitter.llama.graph import GraphContext, GraphGen
 from fitter.llama.hparams import ArchRules, Meta, ModelSpec
 
 
@@ -96,7 +94,7 @@ def _build_ffn_dense_and_moe(c: GraphContext, attn_out: Tensor, il: int) -> Tens
     return add(ctx0, mlp, moe, f"ffn_out-{il}")
 
 
-def build_graph(c: GraphContext) -> Iterator:
+def build_graph(c: GraphContext) -> GraphGen:
     """gemma4: src/models/gemma4.cpp (per-layer heads, shared-KV layers, per-layer embeddings, MoE)."""
     ctx0 = c.ctx0
     sp = c.spec

@@ -56,6 +56,7 @@ def _build_qkvz(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Tensor]:
     """build_qkvz: the conv input (q, k, v mixed) and the output gate z."""
     ctx0 = c.ctx0
     ssm = c.spec.ssm
+    assert ssm is not None  # ARCHS read the ssm.* keys
     n_seqs = c.n_seqs
     nst = c.n_tokens // n_seqs
     d_inner, hk, nkh, nvh = ssm.d_inner, ssm.d_state, ssm.n_group, ssm.dt_rank
@@ -87,6 +88,7 @@ def _build_beta_gate(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Ten
     """beta (sigmoid) and the decay gate (softplus(alpha + dt_bias) * a) of the delta net."""
     ctx0 = c.ctx0
     ssm = c.spec.ssm
+    assert ssm is not None  # ARCHS read the ssm.* keys
     n_seqs = c.n_seqs
     nst = c.n_tokens // n_seqs
     nkh, nvh = ssm.n_group, ssm.dt_rank
@@ -120,6 +122,7 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     ctx0 = c.ctx0
     sp = c.spec
     ssm = sp.ssm
+    assert ssm is not None  # ARCHS read the ssm.* keys
     g = c.g
     arch = c.arch
     n_seqs = c.n_seqs
