@@ -83,8 +83,8 @@ def _kill_during_child(args: list[str], marker: str, sig: int, tmp_path: Path, r
     log = open(logf, "wb")
     p = subprocess.Popen([sys.executable, "cli.py", *args], cwd=REPO, env={**_env(tmp_path), **(env or {})}, stdout=log,
                          stderr=subprocess.STDOUT)
+    kid = None
     try:
-        kid = None
         deadline = time.monotonic() + wait_s
         while p.poll() is None and time.monotonic() < deadline:
             kid = kid if kid and group_alive(kid) else _child(p.pid, marker)
@@ -104,6 +104,11 @@ def _kill_during_child(args: list[str], marker: str, sig: int, tmp_path: Path, r
         if p.poll() is None:
             p.kill()
             p.wait()
+        if kid is not None and group_alive(kid):  # a failed check leaves no orphan behind for the next test
+            try:
+                os.killpg(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         log.close()
 
 
