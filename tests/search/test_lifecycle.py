@@ -29,7 +29,7 @@ from fitter.llama.cparams import RunConfig
 from fitter.progress import Progress
 from search.probe import LOCK_WAIT_STAGE, run_probe
 from search.workload import Workload
-from tests.procs import group_alive
+from tests.procs import group_alive, live_processes
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +47,9 @@ def _cmdline(pid: int) -> str:
 
 def _child(parent: int, marker: str) -> int | None:
     """A live child of `parent` whose command line contains `marker` (so it has exec'd: its preexec_fn ran)."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == parent and fields[0] != "Z" and marker in _cmdline(int(d)):
-            return int(d)
+    for pid, fields in live_processes():
+        if int(fields[1]) == parent and marker in _cmdline(pid):
+            return pid
     return None
 
 
