@@ -19,6 +19,7 @@ from fitter import (
     RunConfig,
     check_model_path,
     child_env,
+    child_event,
     child_events,
     signal_name,
 )
@@ -241,14 +242,10 @@ def _child_progress(progress: Progress, workload: Workload) -> Callable[[str], N
     n, warm = workload.warmup + workload.repeats, workload.warmup
 
     def on_line(line: str) -> None:
-        line = line.strip()
-        if not line.startswith("{"):
+        ev = child_event(line)
+        if ev is None:
             return
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            return
-        e = ev.get("event") if isinstance(ev, dict) else None
+        e = ev["event"]
         if e == "start":
             progress.stage("importing llama_cpp")
         elif e == "build":

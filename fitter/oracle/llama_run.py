@@ -242,20 +242,21 @@ class LlamaRun(BaseModel):
         return sum(getattr(r, field) for r in self.breakdown)
 
 
+def child_event(line: str) -> dict[str, Any] | None:
+    """One line a child wrote on stdout as its JSON event ({"event": ...}), or None for any other line."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        ev = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return ev if isinstance(ev, dict) and "event" in ev else None
+
+
 def child_events(out: bytes) -> list[dict[str, Any]]:
-    """The JSON event lines a child wrote on stdout ({"event": ...} one a line), in order; other lines skipped."""
-    events = []
-    for line in out.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            events.append(ev)
-    return events
+    """The JSON event lines a child wrote on stdout, in order; other lines skipped."""
+    return [ev for line in out.decode("utf-8", "replace").splitlines() if (ev := child_event(line)) is not None]
 
 
 def check_model_path(model_path: str | os.PathLike[str]) -> str:
