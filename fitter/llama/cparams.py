@@ -22,6 +22,7 @@ from fitter.llama.hparams import ModelSpec
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+SERVER_AUTO_SLOTS = 4  # tools/server/server.cpp: -np auto -> n_parallel = 4, kv_unified = true
 # -b / -ub when not given: common_params (llama-server) and llama_context_default_params (the library) agree
 DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
 INT32_MAX = 2**31 - 1  # common/arg.cpp common_params_parse_ex: integer flags are read with std::stoi
@@ -271,13 +272,11 @@ def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
         config = RunConfig(**fields)
     except ValidationError as e:
         raise config_error(e) from None
-    # llama_context::llama_context -> output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max, which
-    # llama-server (server_output_limits) and the python runner cap at -b: -b must hold a token of every slot
-    n_seq = 4 if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
-    if config.n_batch is not None and config.n_batch < n_seq:
-        raise ConfigError(f"-b {config.n_batch}: llama.cpp needs n_batch >= n_seq_max ({n_seq}, -np "
-                          f"{config.n_parallel if config.n_parallel is not None else 'auto'}), else it aborts in "
-                          f"output_reserve (GGML_ASSERT n_outputs_max <= cparams.n_outputs_max)")
+    # a probe runs these flags without a ggfit prediction: refuse an -b llama.cpp aborts on here already
+    # (resolve_context applies the same rule, with the model's own defaults, to every prediction)
+    if config.n_batch is not None:
+        n_seq = SERVER_AUTO_SLOTS if config.n_parallel is None or config.n_parallel < 0 else config.n_parallel
+        _check_batch_holds_slots(config, config.n_batch, n_seq, n_seq)
     return config
 
 
@@ -360,9 +359,9 @@ def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str
         kv_unified = config.kv_unified if config.kv_unified is not None else False
         if n_parallel < 0:
             # tools/server/server.cpp: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true"
-            n_parallel = 4
+            n_parallel = SERVER_AUTO_SLOTS
             kv_unified = True
-            applied["n_parallel"] = "4 (llama-server -np auto)"
+            applied["n_parallel"] = f"{SERVER_AUTO_SLOTS} (llama-server -np auto)"
             applied["kv_unified"] = "true (llama-server -np auto)"
         swa_full = config.swa_full if config.swa_full is not None else default("swa_full", False, why)
     else:

@@ -75,7 +75,7 @@ def test_from_server_args_spellings_options_and_unknown_flags() -> None:
     (["-c"], "^-c needs a value"),
     (["-lm"], "^-lm needs a value"),
     (["-t", "0"], "^-t 0: use 1 or more threads"),
-    (["-b", "2"], r"^-b 2: llama.cpp needs n_batch >= n_seq_max \(4, -np auto\)"),
+    (["-b", "2"], r"^-b 2: llama.cpp needs n_batch >= n_seq_max \(4, -np 4 \(auto\)\)"),
 ])
 def test_from_server_args_refuses_bad_values(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
