@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.fit.calibration import Applied, BufferChange, Calibration, store_path
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
@@ -148,6 +149,7 @@ def predict(
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
     *,
     calibrated: bool = True,
+    build: LlamaBuild = PINNED,
 ) -> Prediction:
     """Predict every buffer of a llama.cpp run (target, then draft or MTP context).
 
@@ -155,7 +157,7 @@ def predict(
     architecture, backend and llama.cpp build, if any."""
     cal = _calibration(spec.architecture, backend) if calibrated else None
     config, fa_note = _resolve_fa_auto(spec, config, backend)
-    cp = resolve_context(spec, config, frontend)
+    cp = resolve_context(spec, config, frontend, build=build)
     if fa_note:
         cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
     use_mtp = config.spec_type == "draft-mtp"
@@ -171,12 +173,12 @@ def predict(
         if not spec.has_mtp:
             raise ConfigError(f"--spec-type draft-mtp: {spec.architecture} model has no NextN/MTP layers")
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
-        draft_cp = _draft_context(spec, config, frontend, mtp=True)
+        draft_cp = _draft_context(spec, config, frontend, build, mtp=True)
         buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
                                     details=details, changed=changed)
     elif draft is not None:
         d_header, d_spec = draft
-        draft_cp = _draft_context(d_spec, config, frontend)
+        draft_cp = _draft_context(d_spec, config, frontend, build)
         buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
         d_cal = _calibration(d_spec.architecture, backend) if calibrated else None
         if d_cal is not cal:
@@ -207,11 +209,12 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
     return config, None
 
 
-def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
+def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, build: LlamaBuild, *,
+                   mtp: bool = False) -> ContextParams:
     # common_base_params_to_speculative (common/speculative.cpp): the target's params with the draft's
     # cache types, n_outputs_max = n_parallel and no recurrent snapshots
     dcfg = config.model_copy(update={"type_k": config.draft_type_k, "type_v": config.draft_type_v})
-    cp = resolve_context(spec, dcfg, frontend, mtp=True)
+    cp = resolve_context(spec, dcfg, frontend, mtp=True, build=build)
     return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
 
 

@@ -306,7 +306,7 @@ _CACHE_MAX = 512
 
 def _cp_key(cp: ContextParams) -> tuple:
     return (cp.n_ctx, cp.n_ctx_seq, cp.n_seq_max, cp.n_batch, cp.n_ubatch, cp.n_outputs_max, cp.kv_unified,
-            cp.swa_full, cp.flash_attn, cp.type_k, cp.type_v, cp.n_rs_seq, cp.embeddings)
+            cp.swa_full, cp.flash_attn, cp.type_k, cp.type_v, cp.n_rs_seq, cp.embeddings, cp.build)
 
 
 def compute_buffers(

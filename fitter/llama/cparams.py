@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
 from fitter.ggml.types import BLCK, GGML_TYPES, pad
@@ -317,6 +318,7 @@ class ContextParams(BaseModel):
     offload_kqv: bool
     embeddings: bool
     defaults_applied: dict[str, str]
+    build: LlamaBuild = PINNED  # the llama.cpp build whose rules apply (fitter.build)
 
 
 def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
@@ -412,8 +414,9 @@ def _check_cache_types(spec: ModelSpec, config: RunConfig) -> bool:
     return flash_attn
 
 
-def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False) -> ContextParams:
-    """Mirror llama_context::llama_context's cparams, after the front end's defaults."""
+def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False,
+                    build: LlamaBuild = PINNED) -> ContextParams:
+    """Mirror llama_context::llama_context's cparams, after the front end's defaults, for `build`."""
     applied: dict[str, str] = {}
     d = _front_end_defaults(config, frontend, applied)
     n_seq_max = max(1, d.n_parallel)
@@ -452,5 +455,5 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
         frontend=frontend, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max, n_batch=n_batch,
         n_ubatch=n_ubatch, n_outputs_max=n_outputs_max, kv_unified=d.kv_unified, swa_full=d.swa_full,
         flash_attn=flash_attn, type_k=config.type_k, type_v=config.type_v, n_rs_seq=n_rs_seq, offload_kqv=True,
-        embeddings=config.embeddings, defaults_applied=applied,
+        embeddings=config.embeddings, defaults_applied=applied, build=build,
     )

@@ -1,0 +1,194 @@
+"""The llama.cpp build ggfit predicts for.
+
+ggfit's formulas mirror one build (the pin below: every formula cites its source, every measurement records
+it). A user's llama.cpp may be another: `LlamaBuild` names it (by build number, commit, date or the
+llama-cpp-python release that vendors it), and the code that depends on the build asks it one question,
+`build.has("<change id>")`, about the changes listed in `fitter.build.changes`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass
+from importlib import metadata
+
+from fitter.build.changes import ANCHORS, CHANGES, RELEASES, Change, Release
+from fitter.errors import GGFitError
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of llama-cpp-python 0.3.36
+# the same build, as llama.cpp names itself (LLAMA_COMMIT, 12 hex digits) and as pip names its package
+PINNED_COMMIT = LLAMA_CPP_COMMIT[:12]
+PINNED_LLAMA_CPP_PYTHON = LLAMA_CPP_PYTHON_VERSION
+PINNED_BUILD_NUMBER = 11312
+
+_CHANGES: dict[str, Change] = {c.id: c for c in CHANGES}
+
+
+class BuildError(GGFitError):
+    """A --llama-build value ggfit cannot place."""
+
+
+@dataclass(frozen=True)
+class LlamaBuild:
+    """One llama.cpp build: its date (exact, or estimated from its build number between two known builds),
+    and its number and commit where known. `how` says how it was identified, for the output."""
+
+    date: _dt.date
+    number: int | None = None
+    commit: str | None = None
+    how: str = ""
+    date_estimated: bool = False
+
+    def has(self, change_id: str) -> bool:
+        """Whether this build has the change (fitter.build.changes)."""
+        c = _CHANGES[change_id]  # KeyError: a typo in ggfit, not user input
+        if c.first_build is not None and self.number is not None:
+            on = self.number >= c.first_build
+        else:
+            on = self.date >= c.date
+        return on and (c.until is None or self.date < c.until)
+
+    def uncertain(self, change_id: str) -> bool:
+        """The change's merge date is unknown and this build lies inside the window that holds it."""
+        c = _CHANGES[change_id]
+        return c.window is not None and c.window[0] < self.date < c.window[1]
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.commit is not None and LLAMA_CPP_COMMIT.startswith(self.commit)
+
+    def differences(self, other: LlamaBuild | None = None) -> list[Change]:
+        """The changes one of the two builds has and the other lacks (against the pinned build by default)."""
+        other = other or PINNED
+        return [c for c in CHANGES if self.has(c.id) != other.has(c.id)]
+
+    def label(self) -> str:
+        parts = []
+        if self.number is not None:
+            parts.append(f"b{self.number}")
+        if self.commit:
+            parts.append(self.commit[:9])
+        parts.append(("~" if self.date_estimated else "") + self.date.isoformat())
+        return "llama.cpp " + " ".join(parts)
+
+
+PINNED = LlamaBuild(date=_dt.date(2026, 10, 1), number=PINNED_BUILD_NUMBER, commit=LLAMA_CPP_COMMIT,
+                    how=f"the pinned build (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})")
+
+
+def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
+    """A build number's date: exact for a known build, else interpolated between the two known builds around it
+    (llama.cpp numbers its builds by commit count, about 20 a day in 2026). Outside the known builds, an error:
+    ggfit cannot place it."""
+    known = sorted({(a.number, a.date) for a in ANCHORS} | {(r.number, r.date) for r in RELEASES if r.number})
+    for n, d in known:
+        if n == number:
+            return d, False
+    lo = max(((n, d) for n, d in known if n < number), default=None)
+    hi = min(((n, d) for n, d in known if n > number), default=None)
+    if lo is None or hi is None:
+        first, last = known[0], known[-1]
+        raise BuildError(f"--llama-build b{number}: outside the builds ggfit can date (b{first[0]} {first[1]} .. "
+                         f"b{last[0]} {last[1]}); give its date instead (--llama-build YYYY-MM-DD)")
+    frac = (number - lo[0]) / (hi[0] - lo[0])
+    return lo[1] + _dt.timedelta(days=round(frac * (hi[1] - lo[1]).days)), True
+
+
+def _by_commit(prefix: str) -> LlamaBuild | None:
+    prefix = prefix.lower()
+    for r in RELEASES:
+        if r.commit.startswith(prefix):
+            return LlamaBuild(date=r.date, number=r.number, commit=r.commit,
+                              how=f"commit {prefix}: llama-cpp-python {r.version}'s llama.cpp")
+    for a in ANCHORS:
+        if a.commit and (a.commit.startswith(prefix) or prefix.startswith(a.commit)):
+            return LlamaBuild(date=a.date, number=a.number, commit=prefix, how=f"commit {prefix}: build b{a.number}")
+    return None
+
+
+_USAGE = ("a build number (b8193), a commit prefix (7 or more hex digits), a date (2026-06-15), a llama-cpp-python "
+          "version (0.3.25), 'pinned' or 'auto'")
+
+
+def resolve_build(value: str | None, *, number: int | None = None, commit: str | None = None,
+                  date: _dt.date | None = None) -> LlamaBuild:
+    """--llama-build VALUE as a build. `auto` is resolved by the caller (it runs a binary or reads a log) and
+    comes here as number/commit/date."""
+    if value is None or value in ("", "pinned"):
+        if number is None and commit is None and date is None:
+            return PINNED
+        return _from_parts(number, commit, date)
+    v = value.strip()
+    if m := re.fullmatch(r"[bB]?(\d{3,6})", v):
+        n = int(m.group(1))
+        if n == PINNED_BUILD_NUMBER:
+            return PINNED
+        d, est = date_of_build_number(n)
+        return LlamaBuild(date=d, number=n, how=f"build b{n}" + (" (date estimated from its number)" if est else ""),
+                          date_estimated=est)
+    if re.fullmatch(r"\d+\.\d+\.\d+", v):
+        for r in RELEASES:
+            if r.version == v:
+                if r.version == LLAMA_CPP_PYTHON_VERSION:
+                    return PINNED
+                return LlamaBuild(date=r.date, number=r.number, commit=r.commit,
+                                  how=f"llama-cpp-python {v}'s llama.cpp")
+        raise BuildError(f"--llama-build {v}: ggfit knows the llama.cpp of llama-cpp-python "
+                         f"{', '.join(r.version for r in RELEASES)}; give that build's number or date instead")
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", v):
+        try:
+            d = _dt.date.fromisoformat(v)
+        except ValueError:
+            raise BuildError(f"--llama-build {v}: not a date (YYYY-MM-DD)") from None
+        return LlamaBuild(date=d, how=f"a build of {v}")
+    if re.fullmatch(r"[0-9a-fA-F]{7,40}", v):
+        b = _by_commit(v)
+        if b is None:
+            raise BuildError(f"--llama-build {v}: ggfit does not know this commit's date; give the build number "
+                             f"(llama-server --version prints it) or the date instead")
+        return b
+    raise BuildError(f"--llama-build {v}: expected {_USAGE}")
+
+
+def _from_parts(number: int | None, commit: str | None, date: _dt.date | None) -> LlamaBuild:
+    if commit:
+        b = _by_commit(commit)
+        if b is not None:
+            return b if number is None or b.number is None or b.number == number else LlamaBuild(
+                date=b.date, number=number, commit=commit, how=b.how)
+    if number is not None:
+        if number == PINNED_BUILD_NUMBER:
+            return PINNED
+        if date is not None:
+            return LlamaBuild(date=date, number=number, commit=commit, how=f"build b{number} of {date}")
+        d, est = date_of_build_number(number)
+        return LlamaBuild(date=d, number=number, commit=commit, date_estimated=est,
+                          how=f"build b{number}" + (" (date estimated from its number)" if est else ""))
+    if date is not None:
+        return LlamaBuild(date=date, commit=commit, how=f"a build of {date}")
+    raise BuildError("the llama.cpp build could not be identified")
+
+
+def installed_llama_cpp_python() -> str | None:
+    """The installed llama-cpp-python version, read from its metadata (without loading the library)."""
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def build_label() -> str:
+    installed = installed_llama_cpp_python()
+    label = f"llama.cpp {PINNED_COMMIT} (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})"
+    if installed and installed != LLAMA_CPP_PYTHON_VERSION:
+        label += f"; installed llama-cpp-python {installed} differs: numbers may drift"
+    return label
+
+
+__all__ = [
+    "ANCHORS", "CHANGES", "LLAMA_CPP_COMMIT", "LLAMA_CPP_PYTHON_VERSION", "PINNED", "PINNED_BUILD_NUMBER",
+    "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "RELEASES", "BuildError", "Change", "LlamaBuild", "Release",
+    "build_label", "date_of_build_number", "installed_llama_cpp_python", "resolve_build",
+]

@@ -1,0 +1,145 @@
+"""What llama.cpp reserves, build by build: the memory-relevant changes between the llama.cpp builds ggfit knows.
+
+Data only. Each change was read in the llama.cpp sources that llama-cpp-python's releases vendor
+(`pip download --no-binary :all: --no-deps llama-cpp-python==0.3.N`, `vendor/llama.cpp`) and, where the
+CPU shows it, in dry runs of those releases (benchmarks/results/eras-cpu-0.3.N.json); benchmarks/eras/ERAS.md
+gives the source excerpts. The graph builders, caches and backends ask `LlamaBuild.has(<id>)` (fitter.build),
+never a version number.
+
+A change is in a build when the build's number is at least `first_build` (where known), else when the build's
+date is at least `date` (the day the PR merged). Where the merge date is unknown, `date` is the date of the
+first release found to have it and `window` the interval it lies in: a build inside that window is uncertain
+for that change, and ggfit says so.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import NamedTuple
+
+
+class Release(NamedTuple):
+    """A llama-cpp-python release and the llama.cpp it vendors (`git ls-tree v0.3.N vendor/llama.cpp`)."""
+
+    version: str
+    commit: str  # full hash
+    date: _dt.date  # the vendored commit's day
+    number: int | None  # llama.cpp's build number (bNNNN), where a public log printed it with the commit
+
+
+class Anchor(NamedTuple):
+    """A llama.cpp build seen in a public log with its number, commit prefix and/or date."""
+
+    number: int
+    date: _dt.date
+    commit: str | None
+    source: str
+
+
+class Change(NamedTuple):
+    id: str
+    date: _dt.date  # merged into llama.cpp master (or, if unknown, the first release found with it)
+    prs: tuple[int, ...]
+    backend: str  # "all" (llama side), "CPU", "CUDA", "Metal"
+    buffer: str  # which printed buffer moves: model, KV, RS, output, compute, none (a limit or refusal)
+    before: str  # what a build without it does, in one line, in llama.cpp's words
+    first_build: int | None = None
+    window: tuple[_dt.date, _dt.date] | None = None  # (last release without, first release with) when date unknown
+    until: _dt.date | None = None  # reverted or fixed on that day (then builds from it on are without it again)
+    until_prs: tuple[int, ...] = ()
+
+
+def _d(s: str) -> _dt.date:
+    return _dt.date.fromisoformat(s)
+
+
+RELEASES: tuple[Release, ...] = (
+    Release("0.3.16", "4227c9be4268ac844921b90f31595f81236bd317", _d("2025-08-14"), None),
+    Release("0.3.17", "49bfddeca18e62fa3d39114a23e9fcbdf8a22388", _d("2026-03-22"), None),
+    Release("0.3.20", "f49e9178767d557a522618b16ce8694f9ddac628", _d("2026-04-02"), None),
+    Release("0.3.23", "7d442abf5c6244117fd5a1dc51a5d19f00792491", _d("2026-05-10"), 9102),
+    Release("0.3.25", "210a6570ceda20c5d6439172c09ada08c3754cc9", _d("2026-06-01"), None),
+    Release("0.3.29", "f05cf4676af46c2f017c0e6ba25b6e20204f700e", _d("2026-06-13"), 9625),
+    Release("0.3.34", "e3546c7948e3af463d0b401e6421d5a4c2faf565", _d("2026-07-11"), 9976),
+    Release("0.3.35", "4df29be4f4c3673f428170fda944a5b19f743bb8", _d("2026-08-16"), 10454),
+    Release("0.3.36", "0c1e57098bba43ac29e6e3b677cdceebdd22334f", _d("2026-10-01"), 11312),
+)
+
+# Builds whose number and date (or commit) public logs print together: what maps a build number to a date.
+ANCHORS: tuple[Anchor, ...] = (
+    Anchor(8284, _d("2026-03-11"), "00de61534", "github.com/ggml-org/llama.cpp/issues/20431"),
+    Anchor(9102, _d("2026-05-10"), "7d442abf5", "llama-cpp-python 0.3.23's vendored llama.cpp, printed as 'llama-server v9102 (7d442abf5)' in a public issue"),
+    Anchor(9525, _d("2026-06-05"), "ad1b88ca0", "github.com/ggml-org/llama.cpp/issues/24175"),
+    Anchor(9625, _d("2026-06-13"), "f05cf4676", "llama-cpp-python 0.3.29's vendored llama.cpp, printed in a public log"),
+    Anchor(9976, _d("2026-07-11"), "e3546c794", "llama-cpp-python 0.3.34's vendored llama.cpp, printed in public code"),
+    Anchor(10454, _d("2026-08-16"), "4df29be4f", "llama-cpp-python 0.3.35's vendored llama.cpp, printed in a public benchmark"),
+    Anchor(10615, _d("2026-08-25"), None, "github.com/ggml-org/llama.cpp/issues/27680 (release b10615)"),
+    Anchor(11026, _d("2026-09-19"), None, "a public evaluation report (runtime b11026, 2026-09-19)"),
+    Anchor(11312, _d("2026-10-01"), "0c1e57098", "llama-cpp-python 0.3.36's vendored llama.cpp (ggfit's pin)"),
+)
+
+_R = {r.version: r.date for r in RELEASES}
+
+
+def _between(old: str, new: str) -> tuple[_dt.date, _dt.date]:
+    return (_R[old], _R[new])
+
+
+# In order of date. `before` says what a build without the change does.
+CHANGES: tuple[Change, ...] = (
+    Change("fa_default_auto", _d("2025-08-31"), (), "all", "compute",
+           "flash attention defaults to off (-fa auto does not exist): the KQ-matrix graph"),
+    Change("max_seq_256", _d("2025-09-10"), (15916,), "all", "none",
+           "n_seq_max is at most 64"),
+    Change("kv_size_pad_backend", _d("2025-11-06"), (16812, 17046), "all", "KV",
+           "the KV cache size is padded to 256 cells with flash attention, 32 without; n_ctx is not padded"),
+    Change("kq_mask_batch_pad_64", _d("2025-12-12"), (16148, 16309), "all", "compute",
+           "the KQ mask has GGML_PAD(n_tokens, 64) rows"),
+    Change("embd_input_always", _d("2026-01-18"), (18550, 18898), "all", "compute",
+           "the token-embedding input is the only graph input of a token batch (no n_embd x n_ubatch f32 input)"),
+    Change("mla_v_less_cache", _d("2026-01-24"), (19067,), "all", "KV",
+           "MLA models cache V (kv_lora_rank per cell) besides the latent K"),
+    Change("reserve_n_seqs_unified", _d("2026-03-22"), (), "all", "compute",
+           "a unified KV cache reserves the worst-case graph for 1 sequence",
+           window=_between("0.3.16", "0.3.17")),
+    Change("gallocr_chunked_vbuffer", _d("2026-03-22"), (), "all", "compute",
+           "a compute buffer is one chunk (no split above the device's max buffer size)",
+           window=_between("0.3.16", "0.3.17")),
+    Change("metal_alloc_size_extras", _d("2026-03-22"), (), "Metal", "compute",
+           "Metal reserves no per-op scratch (flash attention pad/blk/tmp, MUL_MAT_ID ids) in the compute buffer",
+           window=_between("0.3.16", "0.3.17")),
+    Change("attn_rot_quantized_kv", _d("2026-04-01"), (21038,), "all", "compute",
+           "quantized K/V are not rotated (no Hadamard rotation inputs or rotated copies)"),
+    Change("swa_cache_f16_only", _d("2026-04-01"), (21277,), "all", "KV",
+           "the SWA cache takes -ctk/-ctv like the full cache",
+           until=_d("2026-04-02"), until_prs=(21332,)),
+    Change("quant_kv_block_check_fa_on", _d("2026-05-10"), (), "all", "none",
+           "a quantized K/V whose block does not divide the head size is accepted with -fa on",
+           window=_between("0.3.20", "0.3.23")),
+    Change("kq_mask_f16_fa", _d("2026-05-27"), (23764,), "all", "compute",
+           "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)"),
+    Change("cuda_fa_f16_kv_reserve", _d("2026-05-30"), (23907,), "CUDA", "compute",
+           "CUDA reserves no f16 copy of a quantized K/V for flash attention"),
+    Change("logits_whole_ubatch", _d("2026-06-01"), (23861,), "all", "compute",
+           "the worst-case graph computes logits for every token of the ubatch (n_outputs_max does not exist)"),
+    Change("embd_pre_norm_output", _d("2026-06-01"), (), "all", "output",
+           "the output buffer holds no pre-norm embeddings for MTP",
+           window=_between("0.3.23", "0.3.25")),
+    Change("rs_snapshots_n_rs_seq", _d("2026-06-01"), (), "all", "RS",
+           "the recurrent state keeps no snapshots for speculative rollback (n_rs_seq)",
+           window=_between("0.3.23", "0.3.25")),
+    Change("kv_nextn_layers_main_ctx", _d("2026-06-13"), (), "all", "KV",
+           "the main context's KV cache has no cells for the NextN (MTP) layers",
+           window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,)),
+    Change("n_outputs_max_per_seq", _d("2026-08-16"), (), "all", "compute",
+           "speculative drafts reserve logits for n_parallel outputs (one per sequence)",
+           window=_between("0.3.34", "0.3.35")),
+    Change("metal_fa_kv_f16_extra", _d("2026-08-20"), (27390,), "Metal", "compute",
+           "Metal's flash attention reserves no f16 copy of K and V"),
+    Change("gallocr_clamp_inplace", _d("2026-10-01"), (), "all", "compute",
+           "CLAMP is not computed in place",
+           window=_between("0.3.35", "0.3.36")),
+    Change("rs_ple_conv_state", _d("2026-10-01"), (), "all", "RS",
+           "no PLE conv state",
+           window=_between("0.3.35", "0.3.36")),
+)
