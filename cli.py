@@ -301,11 +301,16 @@ def fit(
     check: Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")] = False,
     llama_build: LlamaBuildOpt = None,
     llama_server: AutoBinaryOpt = None,
+    llama_bin: Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
     be, fe = _backend(backend), _frontend(frontend)
-    build = _llama_build(llama_build, llama_server)
+    fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
+    if fit_params is not None and llama_build is None:
+        build = fitter.build_of_binary(fit_params)
+    else:
+        build = _llama_build(llama_build, llama_server)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = fitter.parse_budget(budget, be.value)
@@ -327,7 +332,11 @@ def fit(
     if not build.is_pinned:
         r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred)
     _warn_ctx_train(r.pred.context, spec)
-    if check:
+    if check and fit_params is not None:
+        ccfg = fitter.fit_params_check_config(r.pred, r.pred_config)
+        cpred = fitter.predict(header, spec, ccfg, be, fitter.FIT_PARAMS_FRONTEND, build=build)
+        r.fit_params = fitter.fit_params_check(fit_params, path, ccfg, cpred)
+    elif check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
         print(json.dumps(r.as_json(), indent=2))
@@ -356,6 +365,7 @@ class _FitRun:
     rec: Any = None
     pred: Any = None
     measured: dict | None = None
+    fit_params: dict | None = None
 
     def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
         """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
@@ -415,6 +425,8 @@ class _FitRun:
         }
         if self.measured is not None:
             out["check"] = self.measured
+        if self.fit_params is not None:
+            out["check"] = self.fit_params
         return out
 
 
@@ -443,6 +455,9 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.measured is not None:
         print()
         _print_check(r.measured)
+    if r.fit_params is not None:
+        print()
+        _print_fit_params(r.fit_params)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
@@ -495,6 +510,18 @@ def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
     for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
         print(f"  {alt.line}")
+
+
+def _print_fit_params(check: dict) -> None:
+    print(f"your llama-fit-params, predicted vs printed (MiB, rounded down as it prints them):\n  $ {check['command']}")
+    print("  (its context is common_params': logits for the whole batch, one KV stream per sequence; ggfit predicted "
+          "that context for this check)")
+    print(f"  {'device':<10}{'kind':<9}{'predicted':>11}{'printed':>9}{'diff':>7}")
+    for row in check["rows"]:
+        p, m = row["predicted_mib"], row["measured_mib"]
+        d = "-" if p is None or m is None else f"{p - m:+d}"
+        print(f"  {row['device']:<10}{row['kind']:<9}{'-' if p is None else p:>11}{'-' if m is None else m:>9}{d:>7}")
+    print("  exact" if check["exact"] else "  differs: see the rows above")
 
 
 def _print_check(measured: dict) -> None:

@@ -63,6 +63,10 @@ _EXPORTS: dict[str, str] = {
     "calibrate": "fitter.oracle.calibrate",
     # llama.cpp's own run (the oracle): child processes, log parser, check
     "dry_run_check": "fitter.oracle.check",
+    "fit_params_binary": "fitter.oracle.fit_params",
+    "fit_params_check": "fitter.oracle.fit_params",
+    "fit_params_check_config": "fitter.oracle.fit_params",
+    "FIT_PARAMS_FRONTEND": "fitter.oracle.fit_params",
     "parse_log": "fitter.oracle.llama_log",
     "FLASH_ATTN": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
@@ -90,12 +94,12 @@ _EXPORTS: dict[str, str] = {
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
-    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
+    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
     "calibrate", "calibration", "check_model_path", "child_env", "child_event", "child_events", "child_preexec", "config_error",
-    "dry_run_check", "emit_event", "evaluate", "largest_context", "lib_type_name", "load_ggml_base",
+    "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
     "load_model_spec", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
@@ -175,6 +179,12 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.oracle.calibrate import calibrate
     from fitter.oracle.check import dry_run_check
+    from fitter.oracle.fit_params import (
+        FIT_PARAMS_FRONTEND,
+        fit_params_binary,
+        fit_params_check,
+        fit_params_check_config,
+    )
     from fitter.oracle.llama_log import parse_log
     from fitter.oracle.llama_run import (
         FLASH_ATTN,
