@@ -315,7 +315,8 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
         if s.offloaded_layers is not None and s.total_layers is not None and s.offloaded_layers < s.total_layers:
             ngl = s.offloaded_layers
         elif s.offloaded_layers is None:
-            assumed["n_gpu_layers"] = "all (the offload line is not in the log)"
+            ngl, why = _ngl_from_kv_split(log, backend)
+            assumed["n_gpu_layers"] = why
     frontend = Frontend.SERVER
     if log.tool in ("llama-cli", "llama-fit-params"):
         frontend = Frontend.LIBRARY  # common_context_params_to_llama: n_outputs_max = n_batch, as the library's
@@ -328,6 +329,21 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
                     n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
                     no_mmap=s.mmap is False)
     return cfg, frontend, assumed
+
+
+def _ngl_from_kv_split(log: UserLog, backend: Backend) -> tuple[int, str]:
+    """-ngl from a KV cache split between host and device: llama_kv_cache puts each layer's K/V with the layer,
+    and llama_model::load_tensors offloads the layers from i_gpu_start = n_layer + 1 - n_gpu_layers on (the +1 is
+    the output layer's): -ngl is the device's KV layers + 1. All layers when the log does not show a split."""
+    caches = log.report.kv_caches
+    kv = [(b.buffer, b.bytes) for b in log.report.buffers if b.kind == "kv" and not b.dummy and b.bytes > 0]
+    dev = sum(n for buf, n in kv if _side(buf, backend) == "device")
+    host = sum(n for buf, n in kv if _side(buf, backend) == "host")
+    if len(caches) == 1 and dev and host:
+        ngl = round(caches[0].layers * dev / (dev + host)) + 1
+        return ngl, (f"{ngl} (the KV cache's split: {dev / 2**20:,.2f} of {(dev + host) / 2**20:,.2f} MiB on the "
+                     f"device; the offload line is not in the log)")
+    return -1, "all (the offload line is not in the log)"
 
 
 def _rows(log: UserLog, pred: Prediction | None, backend: Backend | None) -> list[LogRow]:
