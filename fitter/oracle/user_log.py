@@ -161,6 +161,7 @@ _FIT_ARGS = re.compile(r"^-c \d+ -ngl -?\d+")
 _MODEL_PATH = (
     re.compile(r"llama_model_loader: loaded meta data with \d+ key-value pairs and \d+ tensors from (?P<p>.+?) \(version"),
     re.compile(r"load_model: loading model '(?P<p>[^']+)'"),
+    re.compile(r"\bllama-[\w-]+\b.*?\s(?:-m|--model)\s+(?P<p>\S+\.gguf)\b"),  # the command line, echoed
 )
 _KV_META = re.compile(r"llama_model_loader: - kv\s+\d+:\s+general\.(?P<k>name|architecture)\s+str\s+=\s+(?P<v>.*?)\s*$")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -187,8 +188,8 @@ def _backend_of(buffer: str) -> str | None:
 def _tool(text_lines: list[str]) -> Tool | None:
     """Which tool wrote the log, from lines only that tool prints."""
     joined = "\n".join(text_lines)
-    if re.search(r"printing (?:fitted CLI arguments|estimated memory in MiB) to stdout|^-c \d+ -ngl ", joined,
-                 re.IGNORECASE | re.MULTILINE):
+    if re.search(r"printing (?:fitted CLI arguments|estimated memory in MiB) to stdout|^-c \d+ -ngl |\bllama-fit-params ",
+                 joined, re.IGNORECASE | re.MULTILINE):
         return "llama-fit-params"
     if re.search(r"^srv |\bsrv\s+load_model:|HTTP server is listening|server is listening on|n_slots = \d+|update_slots",
                  joined, re.MULTILINE):
