@@ -649,7 +649,8 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
         if cmp.assumed:
             print("assumed  " + ", ".join(f"{k} = {v}" for k, v in cmp.assumed.items()))
     print()
-    print(f"{'kind':<8} {'side':<6} {'buffer':<24} {'predicted MiB':>14} {'llama.cpp MiB':>14} {'diff MiB':>10} {'diff':>8}")
+    if cmp.rows:
+        print(f"{'kind':<8} {'side':<6} {'buffer':<24} {'predicted MiB':>14} {'llama.cpp MiB':>14} {'diff MiB':>10} {'diff':>8}")
     for r in cmp.rows:
         names = "/".join(dict.fromkeys(r.printed_buffers or r.predicted_buffers))
         p = "-" if r.predicted_bytes is None else f"{r.predicted_bytes / 2**20:,.2f}"

@@ -257,7 +257,10 @@ def log_build(log: UserLog, value: str | None) -> LlamaBuild:
                          f"llama.cpp reserves depends on the build; give it with --llama-build bNNNN, a commit or a "
                          f"date (llama-server --version prints it)")
     number, commit = log.build
-    b = resolve_build(None, number=number, commit=commit)
+    try:
+        b = resolve_build(None, number=number, commit=commit)
+    except BuildError as e:
+        raise BuildError(f"{log.source}: its build line says b{number}: {str(e).split(': ', 1)[-1]}") from None
     return LlamaBuild(date=b.date, number=number, commit=commit or b.commit, date_estimated=b.date_estimated,
                       how=f"the log's build line: b{number}" + (f" ({commit})" if commit else "")
                       + (", date estimated from its number" if b.date_estimated else ""))

@@ -214,7 +214,7 @@ def read_log_text(path: str | os.PathLike[str]) -> tuple[str, int, bool]:
     truncated = len(data) > MAX_LOG_BYTES
     data = data[:MAX_LOG_BYTES]
     head = data[:65536]
-    if head and (head.count(b"\x00") > len(head) // 100 or head.startswith((b"GGUF", b"\x7fELF", b"PK\x03\x04"))):
+    if b"\x00" in head or head.startswith((b"GGUF", b"\x7fELF", b"PK\x03\x04")):  # no text log holds a NUL
         raise LogError(f"--log {path}: a binary file, not a llama.cpp log (give the text llama-server, llama-cli "
                        f"or llama-fit-params printed)")
     return data.decode("utf-8", errors="replace"), len(data), truncated
