@@ -644,8 +644,8 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
     if cmp.build is not None:
         print(f"build    {cmp.build.label()} ({cmp.build.how})")
     if cmp.prediction is not None:
-        print(f"model    {cmp.model} ({cmp.architecture}), predicted as {cmp.backend.value}, "
-              f"{cmp.frontend.value} defaults")
+        print(f"model    {cmp.model} ({cmp.architecture}), predicted as {cmp.prediction.backend.value}, "
+              f"{cmp.prediction.frontend.value} defaults")
         if cmp.assumed:
             print("assumed  " + ", ".join(f"{k} = {v}" for k, v in cmp.assumed.items()))
     print()
