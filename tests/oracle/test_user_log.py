@@ -442,3 +442,29 @@ def test_compare_log_reads_the_config_from_the_log(twins: dict[str, str]) -> Non
     assert (cp.n_ctx, cp.n_ctx_seq, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified, cp.flash_attn) == \
         (262144, 262144, 512, 512, 1, False, True)
     assert cmp.assumed == {"frontend": "llama-server (the log does not say which tool wrote it)"}
+
+
+def test_the_model_the_log_names_is_used_when_it_is_here(tmp_path: Path, store: Path, twins: dict[str, str]) -> None:
+    # 10's lines, with the loader's line naming a file that is on this machine (the twin)
+    body = _body("10-metal-b9010.log")
+    body.insert(1, f"llama_model_loader: loaded meta data with 30 key-value pairs and 399 tensors from {twins['10']} "
+                   "(version GGUF V3 (latest))")
+    p = tmp_path / "user.log"
+    p.write_text("\n".join(body) + "\n")
+    data = _json("--log", str(p), "--no-store")
+    assert data["model"] == twins["10"] and data["architecture"] == "qwen3"
+    assert f"model: the log's own {twins['10']}" in data["notes"]
+    p_, m = _rows(data)[("kv", "device")]
+    assert m == mib(288.00) and abs(p_ - m) <= TOL
+
+
+def test_backend_given_for_a_vulkan_log(store: Path, gemma: str) -> None:
+    # Vulkan1 is the device, Vulkan_Host host memory: compared side by side with CUDA0 and CUDA_Host
+    data = _json("--log", str(LOGS / "04-vulkan-b9849.log"), "gemma3-270m", "--backend", "cuda", "--no-store",
+                 "--llama-build", "b9849")  # the build its source names (the kept lines have no build line)
+    assert data["backend"] == "cuda" and data["missing"] is None
+    rows = {(r["kind"], r["side"]): r for r in data["rows"]}
+    assert rows[("compute", "device")]["printed_buffers"] == ["Vulkan1"]
+    assert rows[("compute", "device")]["predicted_buffers"] == ["CUDA0"]
+    assert rows[("compute", "device")]["printed_bytes"] == mib(560.07)
+    assert data["config"]["n_parallel"] == 4 and data["config"]["kv_unified"] is True  # -np auto, as printed
