@@ -191,7 +191,7 @@ def _full_commit(short: str) -> str:
 
 # --- calibrate --log: a user's own log, compared with the prediction for its build --------------------------
 
-_KIND_ORDER = ("model", "kv", "rs", "output", "compute", "state", "lora", "other")
+_KIND_ORDER = ("model", "kv", "rs", "output", "context", "compute", "state", "lora", "other")
 _BACKEND_OF_LOG = {"Metal": Backend.METAL, "CUDA": Backend.CUDA, "CPU": Backend.CPU}
 
 
@@ -269,17 +269,32 @@ def log_build(log: UserLog, value: str | None) -> LlamaBuild:
 def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig, Frontend, dict[str, str]]:
     """The log's settings as flags; each one the log does not print is filled with llama.cpp's default and
     named in the returned dict."""
-    s, assumed = log.settings, {}
+    s, assumed, cmd = log.settings, {}, log.command_flags
+
+    def from_command(flag: str, name: str) -> int | None:
+        """An integer flag of the command line the log echoes, used where llama.cpp printed no value."""
+        try:
+            v = int(cmd[flag]) if flag in cmd else None
+        except ValueError:
+            return None
+        if v is not None:
+            assumed[name] = f"{v} ({flag} {v} on the log's command line)"
+        return v
+
     n_seq = s.n_seq_max
     if n_seq is None:
-        n_seq = 1
-        assumed["n_seq_max"] = "1 (not in the log)"
+        n_seq = from_command("--parallel", "n_seq_max")
+        if n_seq is None or n_seq < 1:
+            n_seq = 1
+            assumed["n_seq_max"] = "1 (not in the log)"
     kv_unified = s.kv_unified
     if kv_unified is None:
-        kv_unified = False
+        kv_unified = "--kv-unified" in cmd
         if n_seq > 1:
-            assumed["kv_unified"] = "false (not in the log)"
+            assumed["kv_unified"] = f"{str(kv_unified).lower()} (not in the log)"
     n_ctx = s.n_ctx
+    if n_ctx is None and s.n_ctx_seq is None:
+        n_ctx = from_command("--ctx-size", "n_ctx")
     if n_ctx is None and s.n_ctx_seq is not None and (kv_unified or n_seq == 1):
         n_ctx = s.n_ctx_seq
     if n_ctx is None:
@@ -291,7 +306,7 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
     if n_ctx is None:
         n_ctx = 0
         assumed["n_ctx"] = f"the training context, {spec.n_ctx_train} (not in the log)"
-    n_batch = s.n_batch
+    n_batch = s.n_batch or from_command("--batch-size", "n_batch")
     if n_batch is None:
         n_batch = 2048
         assumed["n_batch"] = "2048 (llama.cpp's default; not in the log)"
@@ -299,16 +314,24 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
     if n_ubatch is None and log.worst_case is not None:
         n_ubatch = log.worst_case[0]
     if n_ubatch is None:
+        n_ubatch = from_command("--ubatch-size", "n_ubatch")
+    if n_ubatch is None:
         n_ubatch = 512
         assumed["n_ubatch"] = "512 (llama.cpp's default; not in the log)"
     fa = "on" if s.flash_attn_resolved else "off" if s.flash_attn_resolved is False else \
         {"enabled": "on", "disabled": "off"}.get(s.flash_attn or "", "auto")
-    if fa == "auto":
+    if fa == "auto" and cmd.get("--flash-attn") in ("on", "off", "1", "0"):
+        fa = {"1": "on", "0": "off"}.get(cmd["--flash-attn"], cmd["--flash-attn"])
+        assumed["flash_attn"] = f"{fa} (-fa on the log's command line)"
+    elif fa == "auto":
         assumed["flash_attn"] = "auto (not in the log)"
-    type_k, type_v = s.type_k or "f16", s.type_v or "f16"
+    type_k, type_v = s.type_k or cmd.get("--cache-type-k", "f16"), s.type_v or cmd.get("--cache-type-v", "f16")
     if s.type_k is None:
-        assumed["type_k/type_v"] = "f16 (no KV cache size line in the log)"
+        assumed["type_k/type_v"] = f"{type_k}/{type_v} (" + ("the log's command line" if "--cache-type-k" in cmd
+                                                             else "no KV cache size line in the log") + ")"
     swa_full = s.swa_full
+    if swa_full is None and "--swa-full" in cmd:
+        swa_full = True
     if swa_full is None:
         swa_full = False
         if any(layer.kind.value == "swa" for layer in spec.layers):
@@ -317,6 +340,10 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
     if backend != Backend.CPU:
         if s.offloaded_layers is not None and s.total_layers is not None and s.offloaded_layers < s.total_layers:
             ngl = s.offloaded_layers
+        elif s.offloaded_layers is None and "--n-gpu-layers" in log.command_flags:
+            v = log.command_flags["--n-gpu-layers"]
+            ngl = int(v) if v.lstrip("-").isdigit() else -1  # "all", "auto": every layer
+            assumed["n_gpu_layers"] = f"{v} (-ngl on the log's command line)"
         elif s.offloaded_layers is None:
             ngl, why = _ngl_from_kv_split(log, backend)
             assumed["n_gpu_layers"] = why
@@ -330,7 +357,7 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
             assumed["frontend"] = "llama-server (the log does not say which tool wrote it)"
     cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=fa,
                     n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
-                    no_mmap=s.mmap is False)
+                    no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd))
     return cfg, frontend, assumed
 
 
@@ -355,7 +382,10 @@ def _rows(log: UserLog, pred: Prediction | None, backend: Backend | None) -> lis
     printed: dict[Key, tuple[list[str], int]] = {}
     predicted: dict[Key, tuple[list[str], int]] = {}
     pairs = [(kind, buf, n, printed) for kind, buf, n in log.buffers()]
-    pairs += [(b.kind, b.device, b.bytes, predicted) for b in (pred.buffers if pred else []) if b.owner == "target"]
+    # whole-MiB tables (breakdown, --fit-print) print KV, recurrent state and outputs together as "context"
+    context = any(kind == "context" for kind, _, _, _ in pairs)
+    pairs += [("context" if context and b.kind in ("kv", "rs", "output") else b.kind, b.device, b.bytes, predicted)
+              for b in (pred.buffers if pred else []) if b.owner == "target"]
     for kind, buf, n, into in pairs:
         key: Key = (kind, _side(buf, backend))
         names, total = into.get(key, ([], 0))

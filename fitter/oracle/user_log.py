@@ -122,6 +122,9 @@ class UserLog(BaseModel):
     fit_args: str | None = None  # the arguments llama-fit-params printed ("-c 4096 -ngl 48 ...")
     alloc_failures: list[AllocFailure] = Field(default_factory=list)
     worst_case: tuple[int, int, int] | None = None  # sched_reserve: worst-case n_tokens, n_seqs, n_outputs
+    # the tool's command line where the log echoes it ("$ llama-server -m ... -c 32768"): memory flags only,
+    # by llama.cpp's long names (common/arg.cpp): {"--ctx-size": "32768", "--flash-attn": "on", ...}
+    command_flags: dict[str, str] = Field(default_factory=dict)
 
     @property
     def backend(self) -> str | None:
@@ -141,7 +144,24 @@ class UserLog(BaseModel):
             out[(b.kind, b.buffer)] = out.get((b.kind, b.buffer), 0) + b.bytes
         if self.report.kv_caches and kv_lines and not kv_real:
             out[("kv", kv_lines[0].buffer)] = sum(c.bytes for c in self.report.kv_caches)
+        if not out:
+            out = self._table_buffers()
         return [(k, buf, n) for (k, buf), n in out.items()]
+
+    def _table_buffers(self) -> dict[tuple[str, str], int]:
+        """A log without buffer lines (llama-fit-params without -v, a bare breakdown table): the whole MiB of
+        llama-fit-params' --fit-print rows or of the memory breakdown, per device, as model / context (KV,
+        recurrent state and outputs together) / compute."""
+        rows = [(d.name, d.model_mib, d.context_mib, d.compute_mib) for d in self.fit_devices
+                if d.model_mib is not None] or \
+               [(b.name, b.model_mib, b.context_mib, b.compute_mib) for b in self.breakdown]
+        out: dict[tuple[str, str], int] = {}
+        for name, *figures in rows:
+            buf = "CPU" if name.lower() == "host" else name
+            for kind, v in zip(("model", "context", "compute"), figures):
+                if v:
+                    out[(kind, buf)] = out.get((kind, buf), 0) + v * 2**20
+        return out
 
 
 # --- patterns -----------------------------------------------------------------------------------
@@ -163,6 +183,17 @@ _MODEL_PATH = (
     re.compile(r"load_model: loading model '(?P<p>[^']+)'"),
     re.compile(r"\bllama-[\w-]+\b.*?\s(?:-m|--model)\s+(?P<p>\S+\.gguf)\b"),  # the command line, echoed
 )
+_COMMAND = re.compile(r"^(?:\$|>)?\s*(?:\S+=\S+\s+)*\S*\bllama-(?:server|cli|fit-params|completion)\s+(?P<args>.*)$")
+# the flags that change memory, every spelling common/arg.cpp accepts, by their long name
+_FLAG_NAMES = {
+    "-c": "--ctx-size", "--ctx-size": "--ctx-size", "-b": "--batch-size", "--batch-size": "--batch-size",
+    "-ub": "--ubatch-size", "--ubatch-size": "--ubatch-size", "-ctk": "--cache-type-k",
+    "--cache-type-k": "--cache-type-k", "-ctv": "--cache-type-v", "--cache-type-v": "--cache-type-v",
+    "-fa": "--flash-attn", "--flash-attn": "--flash-attn", "-np": "--parallel", "--parallel": "--parallel",
+    "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers", "--n-gpu-layers": "--n-gpu-layers",
+}
+_FLAG_SWITCHES = {"-kvu": "--kv-unified", "--kv-unified": "--kv-unified", "--swa-full": "--swa-full",
+                  "--no-mmap": "--no-mmap"}
 _KV_META = re.compile(r"llama_model_loader: - kv\s+\d+:\s+general\.(?P<k>name|architecture)\s+str\s+=\s+(?P<v>.*?)\s*$")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _MMAP = re.compile(r"loading model tensors, .*\bmmap = (true|false)")
@@ -183,6 +214,17 @@ def _backend_of(buffer: str) -> str | None:
         if buffer.startswith(prefix):
             return name
     return None
+
+
+def _flags(args: str) -> dict[str, str]:
+    """The memory flags of an echoed command line, by their long names ("" for a switch)."""
+    words, out = args.split(), {}
+    for i, w in enumerate(words):
+        if w in _FLAG_SWITCHES:
+            out[_FLAG_SWITCHES[w]] = ""
+        elif w in _FLAG_NAMES and i + 1 < len(words):
+            out[_FLAG_NAMES[w]] = words[i + 1].strip("'\"")
+    return out
 
 
 def _tool(text_lines: list[str]) -> Tool | None:
@@ -314,6 +356,8 @@ class _Extra:
         if m := _MMAP.search(line):
             self.mmap = m.group(1) == "true"
             return
+        if not log.command_flags and (m := _COMMAND.match(line.strip())):
+            log.command_flags = _flags(m.group("args"))
         for rx in _MODEL_PATH:
             if (m := rx.search(line)) and log.model.path is None:
                 log.model.path = m.group("p").strip()

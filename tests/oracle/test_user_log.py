@@ -11,10 +11,11 @@ written where the log says which model it is and ggfit has a builder for its arc
   07-cuda-bunknown             llama-server CUDA    none: --llama-build given  Llama 3.1 8B (F16)
   13-metal-bunknown            llama-server Metal   none: --llama-build given  Qwen3.6-35B-A3B (F16)
   20-metal-bunknown            llama-cli   Metal    none: --llama-build given  gpt-oss-20b (F16)
+  26-metal-fit-print           llama-fit-params Metal none: --llama-build given Gemma 3 4B (F16, as the file)
 
 Every other log is checked for parsing only (its model is not named, has no builder, or the excerpt holds no
 settings): among them CPU (16-19), Vulkan (04, 08), CUDA 01/02/05/06/14/15/21/22, and the llama-fit-params
-logs 23, 25 (late 2025) and 26.
+logs 23 and 25 (late 2025).
 
 Model buffers are exact only where the twin's quant mix is the file's (10); KV, recurrent state and output
 buffers are exact in every predicted log. Compute buffers differ by era: until the era rules of issue 13 are
@@ -71,6 +72,7 @@ def _quantized(arch: str, quant: str, **kw: object) -> str:
 
 @pytest.fixture(scope="module")
 def twins() -> dict[str, str]:
+    from tests.synth import build
     from tests.synth.shapes import build_shape
 
     return {
@@ -79,6 +81,10 @@ def twins() -> dict[str, str]:
         "07": str(build_shape("llama-8b")),
         "13": str(build_shape("qwen36-35b-a3b")),
         "20": str(build_shape("gpt-oss-20b")),
+        # Gemma 3 4B: 34 layers (5 sliding-window of 1024 to 1 global), 8 heads, 4 KV heads of 256
+        "26": str(build("gemma3", sparse=True, n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
+                        n_ff=10240, n_vocab=262208, n_ctx_train=131072, sliding_window=1024,
+                        rope_freq_base=1000000.0, rope_freq_base_swa=10000.0)),
     }
 
 
@@ -136,9 +142,14 @@ PARSED: dict[str, tuple[tuple[int, str | None] | None, str | None, str | None, d
     "21-cuda-bunknown.log": (None, "CUDA", "llama-server", {}),
     "22-cuda-b8284.log": ((8284, "00de61534"), "CUDA", None, {}),
     "23-cuda-b6895-fit-params.log": ((6895, "4341dc8bc"), "CUDA", "llama-fit-params", {}),
-    "24-cuda-b6895-breakdown.log": ((6895, "4341dc8bc"), "CUDA", "llama-server", {}),
+    # no buffer line: the breakdown table's (or --fit-print's) whole MiB stand in, "context" = KV + RS + outputs
+    "24-cuda-b6895-breakdown.log": ((6895, "4341dc8bc"), "CUDA", "llama-server",
+                                    {("model", "CUDA0"): 17904, ("context", "CUDA0"): 384, ("compute", "CUDA0"): 898,
+                                     ("model", "CPU"): 58259, ("compute", "CPU"): 12}),
     "25-cuda-b7003-fit-params.log": ((7003, "596a297cb"), "CUDA", "llama-fit-params", {}),
-    "26-metal-fit-print.log": (None, "Metal", "llama-fit-params", {}),
+    "26-metal-fit-print.log": (None, "Metal", "llama-fit-params",
+                               {("model", "MTL0"): 7401, ("context", "MTL0"): 814, ("compute", "MTL0"): 517,
+                                ("model", "CPU"): 1280, ("compute", "CPU"): 154}),
 }
 
 
@@ -468,3 +479,18 @@ def test_backend_given_for_a_vulkan_log(store: Path, gemma: str) -> None:
     assert rows[("compute", "device")]["predicted_buffers"] == ["CUDA0"]
     assert rows[("compute", "device")]["printed_bytes"] == mib(560.07)
     assert data["config"]["n_parallel"] == 4 and data["config"]["kv_unified"] is True  # -np auto, as printed
+
+
+def test_llama_fit_params_fit_print_log(store: Path, twins: dict[str, str]) -> None:
+    # no buffer line: --fit-print's whole MiB per device (model, context = KV + RS + outputs, compute), floored
+    log = str(LOGS / "26-metal-fit-print.log")
+    data = _json("--log", log, twins["26"], "--llama-build", "2026-04-20", "--no-store")
+    assert data["config"]["n_ctx"] == 32768 and data["assumed"]["n_ctx"].startswith("32768 (--ctx-size 32768 on")
+    assert data["frontend"] == "library"  # llama-fit-params: common_context_params_to_llama, n_outputs_max = n_batch
+    rows = _rows(data)
+    for key, printed in ((("model", "device"), 7401), (("model", "host"), 1280), (("context", "device"), 814),
+                         (("compute", "device"), 517)):
+        p, m = rows[key]
+        assert m == printed * MiB and m <= p < m + MiB, (key, p, m)
+    p, m = rows[("compute", "host")]
+    assert m == 154 * MiB and abs(p - m) <= 0.72 * m  # the host compute of an April build: the era rules' part
