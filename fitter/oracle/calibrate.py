@@ -32,6 +32,7 @@ from fitter.ggml import backends
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
+from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
 from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
 from fitter.oracle.user_log import UserLog
 from fitter.progress import Progress
@@ -252,6 +253,10 @@ def log_build(log: UserLog, value: str | None) -> LlamaBuild:
     """--llama-build VALUE (`auto` or none: the log's build line). A log without one is the user's to name."""
     if value not in (None, "auto"):
         return resolve_build(value)
+    if log.build is not None and log.build[0] == 0 and log.build[1]:  # built without a number: its commit
+        b = resolve_build(log.build[1])
+        return b if b.is_pinned else LlamaBuild(date=b.date, number=b.number, commit=b.commit,
+                                                how=f"the log's build line: commit {log.build[1]}")
     if log.build is None:
         raise BuildError(f"{log.source}: no llama.cpp build line in it (like 'build: 9102 (7d442abf5)'), and what "
                          f"llama.cpp reserves depends on the build; give it with --llama-build bNNNN, a commit or a "
@@ -355,9 +360,11 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
             frontend = Frontend.LIBRARY
         else:
             assumed["frontend"] = "llama-server (the log does not say which tool wrote it)"
+    # llama.cpp's extra CPU buffer types (use_extra_bufts) show as a CPU_REPACK model buffer
+    repack = any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers)
     cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=fa,
                     n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
-                    no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd))
+                    no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd), no_repack=not repack)
     return cfg, frontend, assumed
 
 
@@ -437,6 +444,9 @@ def compare_log(log: UserLog, model: str | None, *, backend: Backend | None = No
         want = getattr(cp, name)
         if got is not None and got != want:
             out.notes.append(f"{name}: the log printed {got}, ggfit resolves {want} for this build")
+    if any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers):
+        out.notes.append("the log's CPU_REPACK model buffer (llama.cpp's extra CPU buffer types, --repack) is not "
+                         "modelled by ggfit: the model rows differ by it")
     if log.settings.n_rs_seq:
         out.notes.append(f"n_rs_seq {log.settings.n_rs_seq}: an MTP draft context; only the target's buffers "
                          f"are compared")
@@ -445,12 +455,25 @@ def compare_log(log: UserLog, model: str | None, *, backend: Backend | None = No
 
 
 def log_point(cmp: LogComparison) -> LogPoint:
-    """The comparison's compute rows as one calibration point."""
+    """The comparison's compute rows as one calibration point. A printed figure within its print precision of
+    the prediction (PRINT_TOLERANCE_BYTES per line; a whole-MiB table: below the next MiB) is the prediction:
+    the log confirms it, and no ratio is learned from the rounding."""
     row = {r.side: r for r in cmp.rows if r.kind == "compute"}
+    whole_mib = not cmp.log.report.buffers  # figures from the breakdown or --fit-print: floored to whole MiB
+
+    def printed(r: LogRow | None) -> int | None:
+        if r is None or r.printed_bytes is None or r.predicted_bytes is None:
+            return None
+        diff = r.predicted_bytes - r.printed_bytes
+        if (0 <= diff < 2**20 * len(r.printed_buffers)) if whole_mib else \
+                abs(diff) <= PRINT_TOLERANCE_BYTES * len(r.printed_buffers):
+            return r.predicted_bytes
+        return r.printed_bytes
+
     dev, host = row.get("device"), row.get("host")
     return LogPoint(log=Path(cmp.log.source).name,
-                    predicted_device=dev.predicted_bytes if dev else None, printed_device=dev.printed_bytes if dev else None,
-                    predicted_host=host.predicted_bytes if host else None, printed_host=host.printed_bytes if host else None)
+                    predicted_device=dev.predicted_bytes if dev else None, printed_device=printed(dev),
+                    predicted_host=host.predicted_bytes if host else None, printed_host=printed(host))
 
 
 def record_log(cmp: LogComparison) -> tuple[Calibration, Path]:

@@ -275,12 +275,25 @@ def parse_user_log(text: str, *, source: str = "<log>", bytes_read: int | None =
     lines = ["" if ln.lstrip().startswith("#") else clean_line(ln) for ln in raw]
     report = parse_log("\n".join(lines))
     log = UserLog(source=source, bytes_read=len(text.encode()) if bytes_read is None else bytes_read,
-                  truncated=truncated, report=report, build=build_in_text("\n".join(lines)), tool=_tool(lines))
+                  truncated=truncated, report=report, build=_build_line(lines), tool=_tool(lines))
     _Extra(log).run(lines)
     if not _recognised(log):
         raise LogError(f"{source}: no line llama.cpp prints about memory (no buffer size, KV cache, context or "
                        f"memory breakdown line); give the log of llama-server, llama-cli or llama-fit-params")
     return log
+
+
+# common_params_print_info (2026 builds): "build 9943 (c15c5c77a) with GNU 15.2.0 for Linux x86_64"; a build made
+# from a source tree without git history (llama-cpp-python's vendored copy) says "build 0 (0c1e57098bba)"
+_PRINT_INFO_BUILD = re.compile(r"common_params_print_info: build (\d+) \(([0-9a-f]{7,40})\)")
+
+
+def _build_line(lines: list[str]) -> tuple[int, str | None] | None:
+    """(number, commit) of the log's build line; number 0 is a build without one (its commit names it)."""
+    for line in lines:
+        if m := _PRINT_INFO_BUILD.search(line):
+            return int(m.group(1)), m.group(2)
+    return build_in_text("\n".join(lines))
 
 
 def _recognised(log: UserLog) -> bool:
@@ -311,7 +324,9 @@ class _Extra:
     def _line(self, i: int, line: str) -> None:  # noqa: C901 - one dispatch over the line kinds
         log = self.log
         if "memory_breakdown_print:" in line:
-            if m := _BD_DEVICE.search(line):
+            if "memory breakdown [MiB]" in line:
+                log.breakdown = []  # a later table (the fit pass prints one, the exit another): the last counts
+            elif m := _BD_DEVICE.search(line):
                 log.breakdown.append(BreakdownRow(
                     name=m.group("name"), description=m.group("desc"), total_mib=int(m.group("total")),
                     free_mib=int(m.group("free")), self_mib=int(m.group("self")), model_mib=int(m.group("model")),

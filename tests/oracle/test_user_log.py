@@ -494,3 +494,50 @@ def test_llama_fit_params_fit_print_log(store: Path, twins: dict[str, str]) -> N
         assert m == printed * MiB and m <= p < m + MiB, (key, p, m)
     p, m = rows[("compute", "host")]
     assert m == 154 * MiB and abs(p - m) <= 0.72 * m  # the host compute of an April build: the era rules' part
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_pinned_llama_server_log_matches_the_prediction(tmp_path: Path, store: Path, llama_server: str,
+                                                        gemma: str) -> None:
+    """A whole real log (-lv 4) of the pinned llama-server, run here on the CPU: its build line
+    ("build 0 (0c1e57098bba)", no build number) is the pinned build, the model it loads is here, and every
+    buffer it prints is the prediction within the print's precision."""
+    import signal
+    import time
+
+    log = tmp_path / "server.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen([llama_server, "-m", gemma, "-c", "4096", "-np", "2", "--no-repack", "-lv", "4",
+                                 "-t", "1", "--no-warmup", "--host", "127.0.0.1", "--port", str(_free_port())],
+                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while "server is listening" not in log.read_text(errors="replace") and "listening on" not in \
+                log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    ulog = read_user_log(log)
+    assert ulog.build == (0, "0c1e57098bba") and ulog.tool == "llama-server" and ulog.backend == "CPU"
+    assert ulog.model.path == gemma and ulog.breakdown and ulog.breakdown[0].name == "Host"
+    data = _json("--log", str(log))  # MODEL: the one the log loads
+    assert data["build"].startswith("llama.cpp b11312 0c1e57098") and data["model"] == gemma
+    assert data["config"]["n_ctx"] == 4096 and data["config"]["n_parallel"] == 2 and data["frontend"] == "server"
+    for r in data["rows"]:
+        lines = 2 if r["kind"] == "kv" else len(r["printed_buffers"])  # the iSWA model prints two KV caches
+        assert r["printed_bytes"] is not None and abs(r["diff_bytes"]) <= TOL * lines, r
+    cal = data["stored"]["calibration"]
+    assert cal["llama_cpp"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f" and cal["device"]["b"] == 1.0
