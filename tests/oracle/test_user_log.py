@@ -8,6 +8,7 @@ written where the log says which model it is and ggfit has a builder for its arc
   log                          tool        backend  build                     twin
   03-metal-b8999               llama-server Metal   b8999 (its build line)    Qwen3.5-9B, Q4_K_S mix
   10-metal-b9010               llama-cli   Metal    b9010 (its build line)    Qwen3-4B, Q4_K_M mix
+  05-cuda-bunknown             llama-server CUDA    none: --llama-build given  Qwen3.6-27B with its MTP layer (F16)
   07-cuda-bunknown             llama-server CUDA    none: --llama-build given  Llama 3.1 8B (F16)
   13-metal-bunknown            llama-server Metal   none: --llama-build given  Qwen3.6-35B-A3B (F16)
   20-metal-bunknown            llama-cli   Metal    none: --llama-build given  gpt-oss-20b (F16)
@@ -78,6 +79,11 @@ def twins() -> dict[str, str]:
     return {
         "03": _quantized("qwen35", "Q4_K_S", **_Q35_9B),
         "10": _quantized("qwen3", "Q4_K_M", **_Q3_4B),
+        # Qwen3.6-27B: 64 layers (16 with attention: 4 KV heads of 256), gated delta net 16 key / 48 value heads,
+        # one MTP layer (the log's recurrent state counts 65 layers)
+        "05": str(build("qwen35", sparse=True, n_layer=64, n_embd=5120, n_head=24, n_head_kv=4, head_dim=256, n_rot=64,
+                        n_ff=17408, full_attention_interval=4, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,
+                        ssm_dt_rank=48, n_vocab=248320, n_ctx_train=262144, n_nextn=1)),
         "07": str(build_shape("llama-8b")),
         "13": str(build_shape("qwen36-35b-a3b")),
         "20": str(build_shape("gpt-oss-20b")),
@@ -319,6 +325,8 @@ COMPUTE_TOLERANCE = {
     "03": {"device": 0.63, "host": 0.49},
     # b9010: logits for every token of the ubatch before PR #23861: 151,936 x 512 x 4 B = 296.75 MiB
     "10": {"device": 0.78},
+    # compared as a build of the log's date, 2026-05-14 (the log has no build line)
+    "05": {"device": 0.46, "host": 0.47},
     # compared as the pinned build (the log has no build line): CUDA0 +72 MiB
     "07": {"device": 0.30, "host": 0.001},
     "20": {"device": 0.05, "host": 0.48},
@@ -397,6 +405,20 @@ def test_cuda_log_without_build_line_needs_llama_build(store: Path, twins: dict[
         p, m = rows[key]
         assert m == mib(printed) and abs(p - m) <= TOL, (key, p, m)
     _check_compute("07", data)
+
+
+def test_cuda_server_log_of_a_hybrid_with_recurrent_state(store: Path, twins: dict[str, str]) -> None:
+    log = str(LOGS / "05-cuda-bunknown.log")
+    assert _ggfit("calibrate", "--log", log, twins["05"]).returncode == 2  # no build line (b484 is not llama.cpp's)
+    data = _json("--log", log, twins["05"], "--llama-build", "2026-05-14", "--no-store")
+    cfg = data["config"]
+    assert (cfg["n_ctx"], cfg["n_parallel"], cfg["kv_unified"], cfg["type_k"], cfg["flash_attn"]) == \
+        (131072, 4, True, "q8_0", "on")  # n_ctx from n_ctx_seq (unified), 4/1 seqs: -np auto
+    rows = _rows(data)
+    for key, printed in ((("kv", "device"), 4352.00), (("rs", "device"), 598.50), (("output", "host"), 3.79)):
+        p, m = rows[key]
+        assert m == mib(printed) and abs(p - m) <= TOL, (key, p, m)
+    _check_compute("05", data)
 
 
 def test_iswa_llama_cli_log_and_a_moe_hybrid(store: Path, twins: dict[str, str]) -> None:
