@@ -414,7 +414,7 @@ def compare_log(log: UserLog, model: str | None, *, backend: Backend | None = No
     Without a model (none given, and the one the log names is not on this machine) or without a backend ggfit
     models, the comparison holds only the log's side and `missing` says which argument would complete it.
     A log without a build line raises BuildError unless --llama-build names the build."""
-    out = LogComparison(log=log, backend=log_backend(log, backend))
+    out = LogComparison(log=log, backend=log_backend(log, backend), notes=list(log.notes))
     if model is None and log.model.path and Path(log.model.path).is_file():
         model = log.model.path
         out.notes.append(f"model: the log's own {model}")

@@ -125,6 +125,7 @@ class UserLog(BaseModel):
     # the tool's command line where the log echoes it ("$ llama-server -m ... -c 32768"): memory flags only,
     # by llama.cpp's long names (common/arg.cpp): {"--ctx-size": "32768", "--flash-attn": "on", ...}
     command_flags: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)  # what the log holds besides the run compared (_run_lines)
 
     @property
     def backend(self) -> str | None:
@@ -273,10 +274,11 @@ def parse_user_log(text: str, *, source: str = "<log>", bytes_read: int | None =
     # a '#' line is a comment someone put around a pasted log (the corpus's headers): not llama.cpp's
     raw = text.splitlines()
     lines = ["" if ln.lstrip().startswith("#") else clean_line(ln) for ln in raw]
-    report = parse_log("\n".join(lines))
+    keep, notes = _run_lines(lines)
+    report = parse_log("\n".join(ln if i in keep else "" for i, ln in enumerate(lines)))
     log = UserLog(source=source, bytes_read=len(text.encode()) if bytes_read is None else bytes_read,
-                  truncated=truncated, report=report, build=_build_line(lines), tool=_tool(lines))
-    _Extra(log).run(lines)
+                  truncated=truncated, report=report, build=_build_line(lines), tool=_tool(lines), notes=notes)
+    _Extra(log, keep).run(lines)
     if not _recognised(log):
         raise LogError(f"{source}: no line llama.cpp prints about memory (no buffer size, KV cache, context or "
                        f"memory breakdown line); give the log of llama-server, llama-cli or llama-fit-params")
@@ -296,6 +298,40 @@ def _build_line(lines: list[str]) -> tuple[int, str | None] | None:
     return build_in_text("\n".join(lines))
 
 
+_LOAD_LINE = ("llama_model_loader:", "print_info:", "load_tensors:", "llama_model_load_from_file")
+_DRY = re.compile(r"^print_info: no_alloc\s*= 1\s*$")
+
+
+def _run_lines(lines: list[str]) -> tuple[range, list[str]]:
+    """The lines of the run to compare, and what else the log holds.
+
+    One log may hold several model loads: with -v, llama-server's fit pass (common_params_fit: a dry load,
+    print_info no_alloc = 1) before the real one; a draft model's load after the target's. And one load several
+    contexts: the target's, then an MTP draft's. The run compared is the first load that is not a dry pass (else
+    the last dry one, a llama-fit-params log), up to its second context."""
+    starts, in_ctx = [0], False
+    for i, line in enumerate(lines):
+        if line.startswith("llama_context: constructing llama_context"):
+            in_ctx = True
+        elif in_ctx and line.startswith(_LOAD_LINE):
+            starts.append(i)
+            in_ctx = False
+    loads = [range(a, b) for a, b in zip(starts, starts[1:] + [len(lines)])]
+    dry = [any(_DRY.match(lines[i]) for i in r) for r in loads]
+    k = next((j for j, d in enumerate(dry) if not d), len(loads) - 1)
+    run, notes = loads[k], []
+    if sum(dry[:k]):
+        notes.append("the log's first load is llama.cpp's fit pass (a dry run, no_alloc): the run after it is compared")
+    if len(loads) > k + 1:
+        notes.append(f"the log loads {len(loads) - k - 1} more model(s) after the one compared (a draft model?): "
+                     f"their buffers are not compared")
+    ctx = [i for i in run if lines[i].startswith("llama_context: constructing llama_context")]
+    if len(ctx) > 1:
+        notes.append(f"the load holds {len(ctx)} contexts (the second: an MTP or draft context): the first is compared")
+        run = range(run.start, ctx[1])
+    return run, notes
+
+
 def _recognised(log: UserLog) -> bool:
     r = log.report
     return bool(r.buffers or r.kv_caches or r.recurrent or r.context or r.print_info or log.breakdown
@@ -306,8 +342,9 @@ def _recognised(log: UserLog) -> bool:
 class _Extra:
     """What parse_log leaves out: the lines of whole tools (server, fit-params), the model, the backend."""
 
-    def __init__(self, log: UserLog) -> None:
+    def __init__(self, log: UserLog, run: range) -> None:
         self.log = log
+        self.run_lines = run  # the run compared: offload and mmap lines count only there
         self.slots: tuple[int, bool] | None = None
         self.mmap: bool | None = None
         self.fit_print = False
@@ -365,10 +402,10 @@ class _Extra:
         if m := _SLOTS.search(line):
             self.slots = (int(m.group(1)), m.group(2) == "true")
             return
-        if m := _OFFLOADED.search(line):
+        if (m := _OFFLOADED.search(line)) and i - 1 in self.run_lines:
             log.settings.offloaded_layers, log.settings.total_layers = int(m.group(1)), int(m.group(2))
             return
-        if m := _MMAP.search(line):
+        if (m := _MMAP.search(line)) and i - 1 in self.run_lines:
             self.mmap = m.group(1) == "true"
             return
         if not log.command_flags and (m := _COMMAND.match(line.strip())):

@@ -528,15 +528,16 @@ def _free_port() -> int:
 
 def test_pinned_llama_server_log_matches_the_prediction(tmp_path: Path, store: Path, llama_server: str,
                                                         gemma: str) -> None:
-    """A whole real log (-lv 4) of the pinned llama-server, run here on the CPU: its build line
-    ("build 0 (0c1e57098bba)", no build number) is the pinned build, the model it loads is here, and every
-    buffer it prints is the prediction within the print's precision."""
+    """A whole real log (-v) of the pinned llama-server, run here on the CPU: its build line
+    ("build 0 (0c1e57098bba)", no build number) is the pinned build, the model it loads is here, the fit pass's
+    dry load before the run is set apart, and every buffer the run prints is the prediction within the print's
+    precision."""
     import signal
     import time
 
     log = tmp_path / "server.log"
     with log.open("wb") as f:
-        proc = subprocess.Popen([llama_server, "-m", gemma, "-c", "4096", "-np", "2", "--no-repack", "-lv", "4",
+        proc = subprocess.Popen([llama_server, "-m", gemma, "-c", "4096", "-np", "2", "--no-repack", "-v",
                                  "-t", "1", "--no-warmup", "--host", "127.0.0.1", "--port", str(_free_port())],
                                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -555,6 +556,8 @@ def test_pinned_llama_server_log_matches_the_prediction(tmp_path: Path, store: P
     ulog = read_user_log(log)
     assert ulog.build == (0, "0c1e57098bba") and ulog.tool == "llama-server" and ulog.backend == "CPU"
     assert ulog.model.path == gemma and ulog.breakdown and ulog.breakdown[0].name == "Host"
+    assert ulog.notes == ["the log's first load is llama.cpp's fit pass (a dry run, no_alloc): the run after it is "
+                          "compared"]
     data = _json("--log", str(log))  # MODEL: the one the log loads
     assert data["build"].startswith("llama.cpp b11312 0c1e57098") and data["model"] == gemma
     assert data["config"]["n_ctx"] == 4096 and data["config"]["n_parallel"] == 2 and data["frontend"] == "server"
