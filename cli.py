@@ -561,7 +561,7 @@ def calibrate(
     backend: BackendOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="List the stored calibrations.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
-    log: Annotated[Optional[str], typer.Option("--log", metavar="FILE", help="A llama-server, llama-cli or llama-fit-params log of your own llama.cpp: compare every buffer it printed with the prediction for its build and settings, and store the compute residual for that build and backend. MODEL is then optional (default: the model the log names, if it is on this machine).")] = None,
+    log: Annotated[Optional[str], typer.Option("--log", metavar="FILE", help="A llama-server, llama-cli or llama-fit-params log of your own llama.cpp: compare every buffer it printed with the prediction for its build and settings, and store the compute residual for that build and backend. MODEL is then optional (default: the model the log names, if it is on this machine); --backend defaults to the log's.")] = None,
     llama_build: Annotated[Optional[str], typer.Option("--llama-build", metavar="B", help="With --log: the log's llama.cpp build (b8193, a commit, a date, a llama-cpp-python version, or auto = the log's build line).")] = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="With --log: compare only, store nothing.")] = False,
     as_json: AsJson = False,

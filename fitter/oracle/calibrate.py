@@ -415,6 +415,8 @@ def compare_log(log: UserLog, model: str | None, *, backend: Backend | None = No
     models, the comparison holds only the log's side and `missing` says which argument would complete it.
     A log without a build line raises BuildError unless --llama-build names the build."""
     out = LogComparison(log=log, backend=log_backend(log, backend), notes=list(log.notes))
+    if backend is not None and log.backend and _BACKEND_OF_LOG.get(log.backend) != backend:
+        out.notes.append(f"the log's backend is {log.backend}: compared as {backend.value} (--backend)")
     if model is None and log.model.path and Path(log.model.path).is_file():
         model = log.model.path
         out.notes.append(f"model: the log's own {model}")

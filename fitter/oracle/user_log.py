@@ -323,8 +323,8 @@ def _run_lines(lines: list[str]) -> tuple[range, list[str]]:
     if sum(dry[:k]):
         notes.append("the log's first load is llama.cpp's fit pass (a dry run, no_alloc): the run after it is compared")
     if len(loads) > k + 1:
-        notes.append(f"the log loads {len(loads) - k - 1} more model(s) after the one compared (a draft model?): "
-                     f"their buffers are not compared")
+        notes.append(f"the log loads {len(loads) - k - 1} more model(s) after the one compared (a draft model, or "
+                     f"a restart): their buffers are not compared")
     ctx = [i for i in run if lines[i].startswith("llama_context: constructing llama_context")]
     if len(ctx) > 1:
         notes.append(f"the load holds {len(ctx)} contexts (the second: an MTP or draft context): the first is compared")
