@@ -613,13 +613,11 @@ def calibrate(
 def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None, llama_build: Optional[str],
                    no_store: bool, as_json: bool) -> None:
     """`ggfit calibrate --log FILE [MODEL]`: the log's buffers next to the prediction for its build and settings."""
-    from fitter.oracle.calibrate import compare_log, record_log  # pydantic and the model: not for --help
-    from fitter.oracle.user_log import read_user_log, summary
-
-    ulog = read_user_log(path)
+    ulog = fitter.read_user_log(path)
     be = fitter.Backend(backend.value) if backend else None
     try:
-        cmp = compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be, llama_build=llama_build)
+        cmp = fitter.compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be,
+                                 llama_build=llama_build)
     except GGFitError:
         if not as_json:  # what the log says, then why ggfit cannot predict it (one line on stderr)
             _print_log_side(ulog)
@@ -627,11 +625,11 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
     stored = None
     if cmp.prediction is not None and not no_store:
         try:
-            stored = record_log(cmp)
+            stored = fitter.record_log(cmp)
         except GGFitError as e:
             cmp.notes.append(str(e))
     if as_json:
-        out = {"log": summary(ulog), "build": cmp.build.label() if cmp.build else None,
+        out = {"log": fitter.log_summary(ulog), "build": cmp.build.label() if cmp.build else None,
                "backend": cmp.backend.value if cmp.backend else None, "model": cmp.model,
                "architecture": cmp.architecture, "frontend": cmp.frontend.value if cmp.frontend else None,
                "config": cmp.config.model_dump(mode="json") if cmp.config else None, "assumed": cmp.assumed,

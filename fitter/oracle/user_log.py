@@ -477,7 +477,7 @@ class _Extra:
         return s
 
 
-def summary(log: UserLog) -> dict[str, Any]:
+def log_summary(log: UserLog) -> dict[str, Any]:
     """The log's findings as plain data (for --json)."""
     return {
         "source": log.source, "bytes_read": log.bytes_read, "truncated": log.truncated, "tool": log.tool,
