@@ -660,11 +660,23 @@ def calibrate(
     backend: BackendOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="List the stored calibrations.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
+    log: Annotated[Optional[str], typer.Option("--log", metavar="FILE", help="A llama-server, llama-cli or llama-fit-params log of your own llama.cpp: compare every buffer it printed with the prediction for its build and settings, and store the compute residual for that build and backend. MODEL is then optional (default: the model the log names, if it is on this machine); --backend defaults to the log's.")] = None,
+    llama_build: Annotated[Optional[str], typer.Option("--llama-build", metavar="B", help="With --log: the log's llama.cpp build (b8193, a commit, a date, a llama-cpp-python version, or auto = the log's build line).")] = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="With --log: compare only, store nothing.")] = False,
     as_json: AsJson = False,
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
-    architecture, backend and llama.cpp build; later predictions use them."""
+    architecture, backend and llama.cpp build; later predictions use them. With --log, learn them from
+    a log of your own llama.cpp instead."""
 
+    if log is not None:
+        if list_ or clear:
+            raise fitter.ConfigError("--log with --list or --clear: use one at a time")
+        _calibrate_log(log, model, backend, llama_build, no_store, as_json)
+        return
+    if llama_build is not None or no_store:
+        raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE "
+                                 "(without it, calibrate measures the llama.cpp installed here)")
     if list_ or clear:
         if list_ and clear:
             raise fitter.ConfigError("--list and --clear: use one at a time")
@@ -697,8 +709,115 @@ def calibrate(
     print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}: {where}")
 
 
+def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None, llama_build: Optional[str],
+                   no_store: bool, as_json: bool) -> None:
+    """`ggfit calibrate --log FILE [MODEL]`: the log's buffers next to the prediction for its build and settings."""
+    ulog = fitter.read_user_log(path)
+    be = fitter.Backend(backend.value) if backend else None
+    try:
+        cmp = fitter.compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be,
+                                 llama_build=llama_build)
+    except GGFitError:
+        if not as_json:  # what the log says, then why ggfit cannot predict it (one line on stderr)
+            _print_log_side(ulog)
+        raise
+    stored = None
+    if cmp.prediction is not None and not no_store:
+        try:
+            stored = fitter.record_log(cmp)
+        except GGFitError as e:
+            cmp.notes.append(str(e))
+    if as_json:
+        out = {"log": fitter.log_summary(ulog), "build": cmp.build.label() if cmp.build else None,
+               "backend": cmp.backend.value if cmp.backend else None, "model": cmp.model,
+               "architecture": cmp.architecture, "frontend": cmp.frontend.value if cmp.frontend else None,
+               "config": cmp.config.model_dump(mode="json") if cmp.config else None, "assumed": cmp.assumed,
+               "rows": [dict(r.model_dump(mode="json"), diff_bytes=r.diff_bytes) for r in cmp.rows],
+               "notes": cmp.notes, "missing": cmp.missing,
+               "stored": {"calibration": stored[0].model_dump(mode="json"), "path": str(stored[1])} if stored else None}
+        print(json.dumps(out, indent=2))
+        return
+    _print_log_side(ulog, rows=False)
+    if cmp.build is not None:
+        print(f"build    {cmp.build.label()} ({cmp.build.how})")
+    if cmp.prediction is not None:
+        print(f"model    {cmp.model} ({cmp.architecture}), predicted as {cmp.prediction.backend.value}, "
+              f"{cmp.prediction.frontend.value} defaults")
+        if cmp.assumed:
+            print("assumed  " + ", ".join(f"{k} = {v}" for k, v in cmp.assumed.items()))
+    print()
+    if cmp.rows:
+        print(f"{'kind':<8} {'side':<6} {'buffer':<24} {'predicted MiB':>14} {'llama.cpp MiB':>14} {'diff MiB':>10} {'diff':>8}")
+    for r in cmp.rows:
+        names = "/".join(dict.fromkeys(r.printed_buffers or r.predicted_buffers))
+        p = "-" if r.predicted_bytes is None else f"{r.predicted_bytes / 2**20:,.2f}"
+        m = "-" if r.printed_bytes is None else f"{r.printed_bytes / 2**20:,.2f}"
+        d, pct = "-", "-"
+        if r.diff_bytes is not None:
+            d = f"{r.diff_bytes / 2**20:+,.2f}"
+            pct = f"{100 * r.diff_bytes / r.printed_bytes:+.1f}%" if r.printed_bytes else "-"
+        print(f"{r.kind:<8} {r.side:<6} {names:<24} {p:>14} {m:>14} {d:>10} {pct:>8}")
+    _print_log_extras(ulog)
+    for note in cmp.notes:
+        print(f"note: {note}")
+    if cmp.missing:
+        print(f"not predicted: {cmp.missing}")
+    if stored:
+        cal, where = stored
+        print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp} "
+              f"({len(cal.logs)} log{'s' if len(cal.logs) > 1 else ''}): {where}")
+        for line in _calibration_lines(cal):
+            print(f"  {line}")
+        flag = cal.llama_cpp if not cal.llama_cpp.startswith(fitter.LLAMA_CPP_COMMIT[:12]) else "pinned"
+        print(f"later predictions for llama.cpp {cal.llama_cpp[:12]} on {cal.backend} use it "
+              f"(ggfit fit ... --llama-build {flag} --backend {cal.backend})")
+
+
+def _print_log_side(ulog, *, rows: bool = True) -> None:
+    """What the log says: tool, build, backend, model, settings (and, with rows, every printed buffer)."""
+    tool = ulog.tool or "tool not named in the log"
+    print(f"log      {ulog.source}: {tool}, backend {', '.join(ulog.backends) or 'not named'}"
+          + (f", read the first {ulog.bytes_read:,} bytes" if ulog.truncated else ""))
+    if ulog.build:
+        print(f"         build line: b{ulog.build[0]}" + (f" ({ulog.build[1]})" if ulog.build[1] else ""))
+    m = ulog.model
+    named = [x for x in (m.name, m.path, m.arch, m.file_type,
+                         f"{m.file_size_mib:,.2f} MiB" if m.file_size_mib else None) if x]
+    if named:
+        print("         model: " + ", ".join(named))
+    s = ulog.settings.model_dump(exclude_none=True)
+    if s:
+        print("         printed: " + ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()))
+    if rows:
+        for kind, buf, n in ulog.buffers():
+            print(f"         {kind:<8} {buf:<14} {n / 2**20:>12,.2f} MiB")
+        _print_log_extras(ulog)
+
+
+def _print_log_extras(ulog) -> None:
+    """The memory breakdown table, llama-fit-params' figures and failed allocations, as printed."""
+    for b in ulog.breakdown:
+        line = f"breakdown {b.name}: model {b.model_mib} + context {b.context_mib} + compute {b.compute_mib} = {b.self_mib} MiB"
+        if b.unaccounted_mib is not None:
+            line += f"; total {b.total_mib}, free {b.free_mib}, unaccounted {b.unaccounted_mib} MiB"
+        print(line)
+    if ulog.fit_projected_mib is not None:
+        print(f"llama-fit-params projected {ulog.fit_projected_mib:,} MiB of device memory vs {ulog.fit_free_mib:,} MiB free")
+    for d in ulog.fit_devices:
+        if d.used_mib is not None:
+            print(f"llama-fit-params {d.name}: {d.used_mib:,} MiB used")
+        else:
+            print(f"llama-fit-params {d.name}: model {d.model_mib} context {d.context_mib} compute {d.compute_mib} MiB")
+    if ulog.fit_args:
+        print(f"llama-fit-params arguments: {ulog.fit_args[:200]}{' ...' if len(ulog.fit_args) > 200 else ''}")
+    for a in ulog.alloc_failures:
+        print(f"failed allocation: {a.buffer or 'a device buffer'} of {a.bytes:,} bytes ({a.bytes / 2**20:,.2f} MiB)")
+
+
 def _calibration_lines(cal) -> list[str]:
     out = []
+    if cal.source == "log":
+        out.append("learned from " + ", ".join(p.log for p in cal.logs))
     for name, c in (("device", cal.device), ("host", cal.host)):
         if c:
             out.append(f"{name} compute: measured = {c.a / 2**20:+.3f} MiB + {c.b:.5f} x predicted "

@@ -61,6 +61,10 @@ _EXPORTS: dict[str, str] = {
     "why_none_fits": "fitter.fit.quant_fit",
     "calibration": "fitter.fit.calibration",  # the module itself (the store: load, save, stored, clear)
     "calibrate": "fitter.oracle.calibrate",
+    "compare_log": "fitter.oracle.calibrate",  # calibrate --log: a user's log next to the prediction
+    "record_log": "fitter.oracle.calibrate",
+    "read_user_log": "fitter.oracle.user_log",
+    "log_summary": "fitter.oracle.user_log",
     # llama.cpp's own run (the oracle): child processes, log parser, check
     "dry_run_check": "fitter.oracle.check",
     "fit_params_binary": "fitter.oracle.fit_params",
@@ -98,7 +102,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
-    "calibrate", "calibration", "check_model_path", "child_env", "child_event", "child_events", "child_preexec", "config_error",
+    "calibrate", "calibration", "check_model_path", "compare_log", "log_summary", "read_user_log", "record_log", "child_env", "child_event", "child_events", "child_preexec", "config_error",
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
     "load_model_spec", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
@@ -177,7 +181,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         lib_type_name,
         load_ggml_base,
     )
-    from fitter.oracle.calibrate import calibrate
+    from fitter.oracle.calibrate import calibrate, compare_log, record_log
     from fitter.oracle.check import dry_run_check
     from fitter.oracle.fit_params import (
         FIT_PARAMS_FRONTEND,
@@ -200,4 +204,5 @@ if TYPE_CHECKING:  # the same names, for type checkers
         sigterm_cleanup,
         watchdog_for,
     )
+    from fitter.oracle.user_log import log_summary, read_user_log
     from fitter.progress import Progress

@@ -9,6 +9,13 @@ measurement itself (llama.cpp's dry runs) is fitter.oracle.calibrate's.
 
 A calibration is only stored with data behind it: the backend must be one the local llama.cpp has,
 and each stored line needs MIN_POINTS dry runs in which llama.cpp reported that very buffer.
+
+`ggfit calibrate --log` learns from a user's own log instead (fitter.oracle.calibrate.compare_log): each log
+is one point, (predicted, printed) per compute buffer, for the build and backend that printed it; the
+correction is a ratio, `printed = b x predicted`, fitted through the origin over every log stored for that
+architecture, backend and build (`fit_ratio`): a log holds one config, and what a build reserves beyond or
+short of the prediction grows with the buffer (a tensor per token or per cell), so a ratio carries to other
+contexts and batch sizes where an offset could go negative.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from fitter.build import LLAMA_CPP_COMMIT
+from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild
 from fitter.errors import GGFitError
 
 MIN_POINTS = 3  # dry runs in which llama.cpp reported the buffer, for a line to be stored
@@ -52,22 +60,41 @@ class Correction(BaseModel):
         return self.points >= MIN_POINTS and math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0
 
 
+class LogPoint(BaseModel):
+    """One user log's compute buffers: ggfit's prediction for the log's config and what llama.cpp printed."""
+
+    log: str  # the log file's name
+    predicted_device: int | None = None
+    printed_device: int | None = None
+    predicted_host: int | None = None
+    printed_host: int | None = None
+
+
 class Calibration(BaseModel):
     architecture: str
     backend: str
-    llama_cpp: str
+    llama_cpp: str  # the build's key (build_key): the full commit of the pinned build, else bNNNN, a commit or a date
     device: Correction | None = None
     host: Correction | None = None
     note: str | None = None  # e.g. why the host buffer has no line
+    source: Literal["dry-run", "log"] = "dry-run"  # llama.cpp's dry runs here, or users' logs (calibrate --log)
+    logs: list[LogPoint] = Field(default_factory=list)
 
     @property
     def identity(self) -> bool:
         return all(c is None or c.identity for c in (self.device, self.host))
 
     @property
+    def min_points(self) -> int:
+        """A dry-run line needs MIN_POINTS runs; a log is a real run of the user's own build: one is data."""
+        return 1 if self.source == "log" else MIN_POINTS
+
+    @property
     def sound(self) -> bool:
         """A device line, and every line with data behind it."""
-        return self.device is not None and all(c is None or c.sound for c in (self.device, self.host))
+        return self.device is not None and all(
+            c is None or (c.points >= self.min_points and math.isfinite(c.a) and math.isfinite(c.b) and c.b > 0)
+            for c in (self.device, self.host))
 
 
 class BufferChange(BaseModel):
@@ -97,6 +124,18 @@ def store_path() -> Path:
 
 def _key(arch: str, backend: str, build: str) -> str:
     return f"{arch}|{backend}|{build}"
+
+
+def build_key(build: LlamaBuild) -> str:
+    """How the store names a build: the pinned build by its full commit (what dry runs here record), another
+    by its number (bNNNN), else its commit, else its date; `--llama-build` given any of its names finds it."""
+    if build.is_pinned:
+        return LLAMA_CPP_COMMIT
+    if build.number is not None:
+        return f"b{build.number}"
+    if build.commit:
+        return build.commit[:12]
+    return build.date.isoformat()
 
 
 _WARNED: set[str] = set()
@@ -175,6 +214,33 @@ def save(cal: Calibration) -> Path:
     return path
 
 
+def add_log(arch: str, backend: str, build: str, point: LogPoint) -> tuple[Calibration, Path]:
+    """Store one log's compute residuals for this architecture, backend and build: the ratio is refitted over
+    every log stored there (the same log again replaces its point). A dry-run calibration of the same key is
+    replaced (a log is the user's own build at work). CalibrationError when the log printed no device compute."""
+    if point.predicted_device is None or point.printed_device is None:
+        raise CalibrationError("nothing stored: the log prints no compute buffer of the device that ggfit predicts")
+    path = store_path()
+    entries, why = _read_store(path)
+    if why:
+        _warn(why + "; replaced by this calibration")
+    old = entries.get(_key(arch, backend, build))
+    points = [p for p in (old.logs if old is not None and old.source == "log" else []) if p.log != point.log]
+    points.append(point)
+    dev = [(p.predicted_device, p.printed_device) for p in points
+           if p.predicted_device is not None and p.printed_device is not None]
+    host = [(p.predicted_host, p.printed_host) for p in points
+            if p.predicted_host is not None and p.printed_host is not None]
+    cal = Calibration(architecture=arch, backend=backend, llama_cpp=build, device=fit_ratio(dev),
+                      host=fit_ratio(host) if host else None, source="log", logs=points,
+                      note=None if host else "host compute left as predicted: no log printed it")
+    if not cal.sound:
+        raise CalibrationError("nothing stored: the log printed no compute on the device, or ggfit predicts none")
+    entries[_key(arch, backend, build)] = cal
+    _write(path, entries)
+    return cal, path
+
+
 def clear(arch: str | None = None) -> tuple[list[Calibration], Path]:
     """Remove every stored calibration, or those of one architecture; return what was removed."""
     path = store_path()
@@ -202,4 +268,13 @@ def fit_line(pairs: list[tuple[int, int]]) -> Correction:
     a = my - b * mx
     corr = Correction(a=a, b=b, points=n, max_abs_error_bytes=0)
     err = max(abs(corr.apply(x) - y) for x, y in pairs)
+    return corr.model_copy(update={"max_abs_error_bytes": err})
+
+
+def fit_ratio(pairs: list[tuple[int, int]]) -> Correction:
+    """Least squares of measured on predicted through the origin: measured = b x predicted."""
+    sxx = sum(p * p for p, _ in pairs)
+    b = sum(p * m for p, m in pairs) / sxx if sxx > 0 else 0.0
+    corr = Correction(a=0.0, b=b, points=len(pairs), max_abs_error_bytes=0)
+    err = max(abs(corr.apply(p) - m) for p, m in pairs)
     return corr.model_copy(update={"max_abs_error_bytes": err})

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fitter.build import PINNED, LlamaBuild
-from fitter.fit.calibration import Applied, BufferChange, Calibration, store_path
+from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
@@ -155,7 +155,7 @@ def predict(
 
     With `calibrated`, compute buffers use the corrections `ggfit calibrate` stored for this
     architecture, backend and llama.cpp build, if any."""
-    cal = _calibration(spec.architecture, backend) if calibrated else None
+    cal = _calibration(spec.architecture, backend, build) if calibrated else None
     config, fa_note = _resolve_fa_auto(spec, config, backend)
     cp = resolve_context(spec, config, frontend, build=build)
     if fa_note:
@@ -180,7 +180,7 @@ def predict(
         d_header, d_spec = draft
         draft_cp = _draft_context(d_spec, config, frontend, build)
         buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
-        d_cal = _calibration(d_spec.architecture, backend) if calibrated else None
+        d_cal = _calibration(d_spec.architecture, backend, build) if calibrated else None
         if d_cal is not cal:
             d_changed = []
         buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
@@ -251,7 +251,7 @@ def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, build
     return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
 
 
-_CAL_CACHE: dict[tuple[str, str], Calibration | None] = {}
+_CAL_CACHE: dict[tuple[str, str, str], Calibration | None] = {}
 
 
 def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
@@ -259,8 +259,9 @@ def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:
                    stored=str(store_path()), identity=cal.identity, changed=changed)
 
 
-def _calibration(arch: str, backend: Backend) -> Calibration | None:
-    key = (arch, backend.value)
+def _calibration(arch: str, backend: Backend, build: LlamaBuild) -> Calibration | None:
+    """The stored calibration of this architecture and backend for `build` (`ggfit calibrate`, `calibrate --log`)."""
+    key = (arch, backend.value, build_key(build))
     if key not in _CAL_CACHE:
-        _CAL_CACHE[key] = load_calibration(arch, backend.value)
+        _CAL_CACHE[key] = load_calibration(*key)
     return _CAL_CACHE[key]

@@ -1,4 +1,6 @@
-"""`ggfit calibrate`'s measurement: llama.cpp's own dry run over a small grid, fitted into a calibration.
+"""`ggfit calibrate`'s measurement: llama.cpp's own dry run over a small grid, fitted into a calibration;
+or (`calibrate --log`, `compare_log`) a user's own llama.cpp log, compared buffer by buffer with the prediction
+for the build and settings it printed.
 
 The fitted lines are stored by fitter.fit.calibration, which the prediction reads.
 """
@@ -9,14 +11,20 @@ import functools
 import json
 import subprocess
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from fitter.build import LLAMA_CPP_COMMIT
+from pydantic import BaseModel, ConfigDict, Field
+
+from fitter.build import LLAMA_CPP_COMMIT, BuildError, LlamaBuild, resolve_build
 from fitter.fit.calibration import (
     MIN_POINTS,
     Calibration,
     CalibrationError,
     Correction,
+    LogPoint,
+    add_log,
+    build_key,
     fit_line,
 )
 from fitter.fit.memory import Prediction, predict
@@ -24,7 +32,9 @@ from fitter.ggml import backends
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
+from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
 from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
+from fitter.oracle.user_log import UserLog
 from fitter.progress import Progress
 
 GRID = [  # (n_ctx, n_ubatch, flash_attn)
@@ -178,3 +188,297 @@ class _Points:
 def _full_commit(short: str) -> str:
     short = short.removesuffix("-dirty")
     return LLAMA_CPP_COMMIT if LLAMA_CPP_COMMIT.startswith(short) else short
+
+
+# --- calibrate --log: a user's own log, compared with the prediction for its build --------------------------
+
+_KIND_ORDER = ("model", "kv", "rs", "output", "context", "compute", "state", "lora", "other")
+_BACKEND_OF_LOG = {"Metal": Backend.METAL, "CUDA": Backend.CUDA, "CPU": Backend.CPU}
+
+
+class LogRow(BaseModel):
+    """One kind of buffer on one side (the device, or host memory next to it): ggfit's prediction for the log's
+    config and build, and what the log printed (None: that side has no such buffer)."""
+
+    kind: str
+    side: Literal["device", "host"]
+    predicted_buffers: list[str]
+    printed_buffers: list[str]
+    predicted_bytes: int | None
+    printed_bytes: int | None
+
+    @property
+    def diff_bytes(self) -> int | None:
+        if self.predicted_bytes is None or self.printed_bytes is None:
+            return None
+        return self.predicted_bytes - self.printed_bytes
+
+
+class LogComparison(BaseModel):
+    """`ggfit calibrate --log`: the log, the config and build read from it, the prediction and the rows."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    log: UserLog
+    build: LlamaBuild | None = None
+    backend: Backend | None = None
+    frontend: Frontend | None = None
+    config: RunConfig | None = None
+    assumed: dict[str, str] = Field(default_factory=dict)  # setting -> the value used, where the log is silent
+    model: str | None = None  # the model file predicted
+    architecture: str | None = None
+    prediction: Prediction | None = None
+    rows: list[LogRow] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    missing: str | None = None  # why nothing was predicted (which argument would let ggfit predict it)
+
+
+def _side(buffer: str, backend: Backend | None) -> Literal["device", "host"]:
+    """llama.cpp's buffer name: the device's own memory (CUDA0, MTL0, MTL0_Mapped, Vulkan1) or host memory
+    (CPU, CPU_Mapped, CUDA_Host). On the CPU backend every buffer is the device's."""
+    if backend == Backend.CPU:
+        return "device"
+    return "host" if buffer.startswith("CPU") or buffer.endswith("_Host") else "device"
+
+
+def log_backend(log: UserLog, given: Backend | None) -> Backend | None:
+    """--backend, else the backend the log's buffers name, when ggfit models it (Metal, CUDA, CPU)."""
+    if given is not None:
+        return given
+    b = log.backend
+    return _BACKEND_OF_LOG.get(b) if b else None
+
+
+def log_build(log: UserLog, value: str | None) -> LlamaBuild:
+    """--llama-build VALUE (`auto` or none: the log's build line). A log without one is the user's to name."""
+    if value not in (None, "auto"):
+        return resolve_build(value)
+    if log.build is not None and log.build[0] == 0 and log.build[1]:  # built without a number: its commit
+        b = resolve_build(log.build[1])
+        return b if b.is_pinned else LlamaBuild(date=b.date, number=b.number, commit=b.commit,
+                                                how=f"the log's build line: commit {log.build[1]}")
+    if log.build is None:
+        raise BuildError(f"{log.source}: no llama.cpp build line in it (like 'build: 9102 (7d442abf5)'), and what "
+                         f"llama.cpp reserves depends on the build; give it with --llama-build bNNNN, a commit or a "
+                         f"date (llama-server --version prints it)")
+    number, commit = log.build
+    try:
+        b = resolve_build(None, number=number, commit=commit)
+    except BuildError as e:
+        raise BuildError(f"{log.source}: its build line says b{number}: {str(e).split(': ', 1)[-1]}") from None
+    return LlamaBuild(date=b.date, number=number, commit=commit or b.commit, date_estimated=b.date_estimated,
+                      how=f"the log's build line: b{number}" + (f" ({commit})" if commit else "")
+                      + (", date estimated from its number" if b.date_estimated else ""))
+
+
+def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig, Frontend, dict[str, str]]:
+    """The log's settings as flags; each one the log does not print is filled with llama.cpp's default and
+    named in the returned dict."""
+    s, assumed, cmd = log.settings, {}, log.command_flags
+
+    def from_command(flag: str, name: str) -> int | None:
+        """An integer flag of the command line the log echoes, used where llama.cpp printed no value."""
+        try:
+            v = int(cmd[flag]) if flag in cmd else None
+        except ValueError:
+            return None
+        if v is not None:
+            assumed[name] = f"{v} ({flag} {v} on the log's command line)"
+        return v
+
+    n_seq = s.n_seq_max
+    if n_seq is None:
+        n_seq = from_command("--parallel", "n_seq_max")
+        if n_seq is None or n_seq < 1:
+            n_seq = 1
+            assumed["n_seq_max"] = "1 (not in the log)"
+    kv_unified = s.kv_unified
+    if kv_unified is None:
+        kv_unified = "--kv-unified" in cmd
+        if n_seq > 1:
+            assumed["kv_unified"] = f"{str(kv_unified).lower()} (not in the log)"
+    n_ctx = s.n_ctx
+    if n_ctx is None and s.n_ctx_seq is None:
+        n_ctx = from_command("--ctx-size", "n_ctx")
+    if n_ctx is None and s.n_ctx_seq is not None and (kv_unified or n_seq == 1):
+        n_ctx = s.n_ctx_seq
+    if n_ctx is None:
+        cells = [c for r, c in log.report.kv_cache_cells if r == "non-SWA"] or \
+                [k.cells for k in log.report.kv_caches if k.role in (None, "non-SWA")]
+        if cells:
+            n_ctx = cells[0] * (1 if kv_unified else n_seq)
+            assumed["n_ctx"] = f"{n_ctx} (the KV cache's cells; llama_context's n_ctx line is not in the log)"
+    if n_ctx is None:
+        n_ctx = 0
+        assumed["n_ctx"] = f"the training context, {spec.n_ctx_train} (not in the log)"
+    n_batch = s.n_batch or from_command("--batch-size", "n_batch")
+    if n_batch is None:
+        n_batch = 2048
+        assumed["n_batch"] = "2048 (llama.cpp's default; not in the log)"
+    n_ubatch = s.n_ubatch
+    if n_ubatch is None and log.worst_case is not None:
+        n_ubatch = log.worst_case[0]
+    if n_ubatch is None:
+        n_ubatch = from_command("--ubatch-size", "n_ubatch")
+    if n_ubatch is None:
+        n_ubatch = 512
+        assumed["n_ubatch"] = "512 (llama.cpp's default; not in the log)"
+    fa = "on" if s.flash_attn_resolved else "off" if s.flash_attn_resolved is False else \
+        {"enabled": "on", "disabled": "off"}.get(s.flash_attn or "", "auto")
+    if fa == "auto" and cmd.get("--flash-attn") in ("on", "off", "1", "0"):
+        fa = {"1": "on", "0": "off"}.get(cmd["--flash-attn"], cmd["--flash-attn"])
+        assumed["flash_attn"] = f"{fa} (-fa on the log's command line)"
+    elif fa == "auto":
+        assumed["flash_attn"] = "auto (not in the log)"
+    type_k, type_v = s.type_k or cmd.get("--cache-type-k", "f16"), s.type_v or cmd.get("--cache-type-v", "f16")
+    if s.type_k is None:
+        assumed["type_k/type_v"] = f"{type_k}/{type_v} (" + ("the log's command line" if "--cache-type-k" in cmd
+                                                             else "no KV cache size line in the log") + ")"
+    swa_full = s.swa_full
+    if swa_full is None and "--swa-full" in cmd:
+        swa_full = True
+    if swa_full is None:
+        swa_full = False
+        if any(layer.kind.value == "swa" for layer in spec.layers):
+            assumed["swa_full"] = "false (llama.cpp's common default; not in the log)"
+    ngl = -1
+    if backend != Backend.CPU:
+        if s.offloaded_layers is not None and s.total_layers is not None and s.offloaded_layers < s.total_layers:
+            ngl = s.offloaded_layers
+        elif s.offloaded_layers is None and "--n-gpu-layers" in log.command_flags:
+            v = log.command_flags["--n-gpu-layers"]
+            ngl = int(v) if v.lstrip("-").isdigit() else -1  # "all", "auto": every layer
+            assumed["n_gpu_layers"] = f"{v} (-ngl on the log's command line)"
+        elif s.offloaded_layers is None:
+            ngl, why = _ngl_from_kv_split(log, backend)
+            assumed["n_gpu_layers"] = why
+    frontend = Frontend.SERVER
+    if log.tool in ("llama-cli", "llama-fit-params"):
+        frontend = Frontend.LIBRARY  # common_context_params_to_llama: n_outputs_max = n_batch, as the library's
+    elif log.tool is None:
+        if s.n_outputs_max is not None and s.n_outputs_max == min(n_batch, n_ctx or n_batch) and s.n_outputs_max > n_seq:
+            frontend = Frontend.LIBRARY
+        else:
+            assumed["frontend"] = "llama-server (the log does not say which tool wrote it)"
+    # llama.cpp's extra CPU buffer types (use_extra_bufts) show as a CPU_REPACK model buffer
+    repack = any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers)
+    cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=fa,
+                    n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
+                    no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd), no_repack=not repack)
+    return cfg, frontend, assumed
+
+
+def _ngl_from_kv_split(log: UserLog, backend: Backend) -> tuple[int, str]:
+    """-ngl from a KV cache split between host and device: llama_kv_cache puts each layer's K/V with the layer,
+    and llama_model::load_tensors offloads the layers from i_gpu_start = n_layer + 1 - n_gpu_layers on (the +1 is
+    the output layer's): -ngl is the device's KV layers + 1. All layers when the log does not show a split."""
+    caches = log.report.kv_caches
+    kv = [(b.buffer, b.bytes) for b in log.report.buffers if b.kind == "kv" and not b.dummy and b.bytes > 0]
+    dev = sum(n for buf, n in kv if _side(buf, backend) == "device")
+    host = sum(n for buf, n in kv if _side(buf, backend) == "host")
+    if len(caches) == 1 and dev and host:
+        ngl = round(caches[0].layers * dev / (dev + host)) + 1
+        return ngl, (f"{ngl} (the KV cache's split: {dev / 2**20:,.2f} of {(dev + host) / 2**20:,.2f} MiB on the "
+                     f"device; the offload line is not in the log)")
+    return -1, "all (the offload line is not in the log)"
+
+
+def _rows(log: UserLog, pred: Prediction | None, backend: Backend | None) -> list[LogRow]:
+    """One row per kind and side: the printed buffers (summed: several KV caches, several GPUs) and the predicted."""
+    Key = tuple[str, Literal["device", "host"]]
+    printed: dict[Key, tuple[list[str], int]] = {}
+    predicted: dict[Key, tuple[list[str], int]] = {}
+    pairs = [(kind, buf, n, printed) for kind, buf, n in log.buffers()]
+    # whole-MiB tables (breakdown, --fit-print) print KV, recurrent state and outputs together as "context"
+    context = any(kind == "context" for kind, _, _, _ in pairs)
+    pairs += [("context" if context and b.kind in ("kv", "rs", "output") else b.kind, b.device, b.bytes, predicted)
+              for b in (pred.buffers if pred else []) if b.owner == "target"]
+    for kind, buf, n, into in pairs:
+        key: Key = (kind, _side(buf, backend))
+        names, total = into.get(key, ([], 0))
+        into[key] = (names + ([buf] if buf not in names else []), total + n)
+    rows = []
+    for key in sorted(set(printed) | set(predicted),
+                      key=lambda k: (_KIND_ORDER.index(k[0]) if k[0] in _KIND_ORDER else 99, k[1])):
+        p, m = predicted.get(key), printed.get(key)
+        rows.append(LogRow(kind=key[0], side=key[1], predicted_buffers=p[0] if p else [],
+                           printed_buffers=m[0] if m else [], predicted_bytes=p[1] if p else None,
+                           printed_bytes=m[1] if m else None))
+    return rows
+
+
+def compare_log(log: UserLog, model: str | None, *, backend: Backend | None = None,
+                llama_build: str | None = None) -> LogComparison:
+    """Predict the log's config for the log's build and put it next to every buffer the log printed.
+
+    Without a model (none given, and the one the log names is not on this machine) or without a backend ggfit
+    models, the comparison holds only the log's side and `missing` says which argument would complete it.
+    A log without a build line raises BuildError unless --llama-build names the build."""
+    out = LogComparison(log=log, backend=log_backend(log, backend), notes=list(log.notes))
+    if backend is not None and log.backend and _BACKEND_OF_LOG.get(log.backend) != backend:
+        out.notes.append(f"the log's backend is {log.backend}: compared as {backend.value} (--backend)")
+    if model is None and log.model.path and Path(log.model.path).is_file():
+        model = log.model.path
+        out.notes.append(f"model: the log's own {model}")
+    if model is None:
+        named = ", ".join(x for x in (log.model.name, log.model.path) if x)
+        out.missing = (f"the log's model{f' ({named})' if named else ''} is not on this machine: give it as MODEL "
+                       f"(a GGUF path, an http(s) URL or a bundled name) to predict the same config")
+    elif out.backend is None:
+        out.missing = (f"the log's backend is {log.backend or 'not named'}; ggfit models metal, cuda and cpu: give "
+                       f"--backend to compare it as one of them")
+    out.build = log_build(log, llama_build)  # after the log's side is known: the message is about the build
+    if out.missing is not None:
+        out.rows = _rows(log, None, out.backend)
+        return out
+    assert model is not None and out.backend is not None
+    header, spec = load_model_spec(model)
+    out.model, out.architecture = model, spec.architecture
+    if log.model.arch and log.model.arch != spec.architecture:
+        out.notes.append(f"the log's model is {log.model.arch}, MODEL is {spec.architecture}: not the same model")
+    cfg, fe, assumed = log_run_config(log, spec, out.backend)
+    out.config, out.frontend, out.assumed = cfg, fe, assumed
+    out.prediction = predict(header, spec, cfg, out.backend, fe, calibrated=False, build=out.build)
+    cp = out.prediction.context
+    for name, got in (("n_ctx", log.settings.n_ctx), ("n_ctx_seq", log.settings.n_ctx_seq),
+                      ("n_batch", log.settings.n_batch), ("n_ubatch", log.settings.n_ubatch),
+                      ("n_outputs_max", log.settings.n_outputs_max)):
+        want = getattr(cp, name)
+        if got is not None and got != want:
+            out.notes.append(f"{name}: the log printed {got}, ggfit resolves {want} for this build")
+    if any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers):
+        out.notes.append("the log's CPU_REPACK model buffer (llama.cpp's extra CPU buffer types, --repack) is not "
+                         "modelled by ggfit: the model rows differ by it")
+    if log.settings.n_rs_seq:
+        out.notes.append(f"n_rs_seq {log.settings.n_rs_seq}: an MTP draft context; only the target's buffers "
+                         f"are compared")
+    out.rows = _rows(log, out.prediction, out.backend)
+    return out
+
+
+def log_point(cmp: LogComparison) -> LogPoint:
+    """The comparison's compute rows as one calibration point. A printed figure within its print precision of
+    the prediction (PRINT_TOLERANCE_BYTES per line; a whole-MiB table: below the next MiB) is the prediction:
+    the log confirms it, and no ratio is learned from the rounding."""
+    row = {r.side: r for r in cmp.rows if r.kind == "compute"}
+    whole_mib = not cmp.log.report.buffers  # figures from the breakdown or --fit-print: floored to whole MiB
+
+    def printed(r: LogRow | None) -> int | None:
+        if r is None or r.printed_bytes is None or r.predicted_bytes is None:
+            return None
+        diff = r.predicted_bytes - r.printed_bytes
+        if (0 <= diff < 2**20 * len(r.printed_buffers)) if whole_mib else \
+                abs(diff) <= PRINT_TOLERANCE_BYTES * len(r.printed_buffers):
+            return r.predicted_bytes
+        return r.printed_bytes
+
+    dev, host = row.get("device"), row.get("host")
+    return LogPoint(log=Path(cmp.log.source).name,
+                    predicted_device=dev.predicted_bytes if dev else None, printed_device=printed(dev),
+                    predicted_host=host.predicted_bytes if host else None, printed_host=printed(host))
+
+
+def record_log(cmp: LogComparison) -> tuple[Calibration, Path]:
+    """Store the comparison's compute residuals for its architecture, backend and build (fitter.fit.calibration)."""
+    assert cmp.architecture is not None and cmp.backend is not None and cmp.build is not None
+    return add_log(cmp.architecture, cmp.backend.value, build_key(cmp.build), log_point(cmp))

@@ -287,7 +287,8 @@ _RESERVE = re.compile(r"sched_reserve: reserve took\s+" + _F + r" ms")
 _CTX_KV = re.compile(r"llama_context: (?P<key>\w+)\s+= (?P<val>\S+)\s*$")
 _LAYER = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+), is_swa = (\d+)")
 _LOAD_MODE = re.compile(r"loading model tensors, .*\(load_mode = (?P<m>[^)]+)\)")
-_FA_RESOLVED = re.compile(r"resolve_fused_ops: Flash Attention (?P<v>enabled|not supported, set to disabled)")
+_FA_RESOLVED = re.compile(r"(?:resolve_fused_ops: Flash Attention (?P<v>enabled|not supported, set to disabled)"
+                          r"|Flash Attention was auto, set to (?P<w>enabled|disabled))")
 _ABORT = re.compile(r"^(?P<msg>\S+\.(?:c|cc|cpp|cxx|h|hpp|cu|m|mm):\d+: .+)$")
 _TERMINATE = re.compile(r"^terminate called after throwing an instance of (?P<what>.+)$")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
@@ -384,11 +385,39 @@ def _hparams(pi: dict[str, str], layers: list[LayerInfo]) -> HParams:
     return HParams(**h)
 
 
+# What a user's copy of a log adds in front of llama.cpp's own text: colours (common_log's -co), common_log's
+# timestamp and level ("0.08.770.185 I ", --log-timestamps --log-prefix), a container or journal time stamp
+# ("2026-05-14 22:14:13.291 | "), a process id ("[34353] ").
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_LINE_PREFIX = re.compile(
+    r"^(?:\s*\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] "
+    r"|\s*\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\s*(?:\|\s*)?"
+    r"|\s*\[\d+\]\s+)+"
+)
+# functions whose lines parse_log anchors at the start; a module tag ("cmn  ", "srv  ") may precede them
+_ANCHORED = ("print_info:", "llama_context:")
+MAX_LINE_CHARS = 4096  # llama.cpp's memory lines are short; a longer line is cut (bounded regex work)
+
+
+def clean_line(line: str) -> str:
+    """A log line as llama.cpp printed it: without colours, time stamps and prefixes, cut at MAX_LINE_CHARS."""
+    line = line[:MAX_LINE_CHARS]
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    line = _LINE_PREFIX.sub("", line, count=1)
+    for token in _ANCHORED:
+        k = line.find(token)
+        if k > 0 and line[k - 1] in " |]\t" and not line.startswith(token):
+            return line[k:]
+    return line
+
+
 def parse_log(text: str) -> LlamaReport:
-    """Parse a llama.cpp log (any mix of levels; DEBUG lines add per-layer SWA flags and the fine compute check)."""
+    """Parse a llama.cpp log (any mix of levels; DEBUG lines add per-layer SWA flags and the fine compute check).
+    Lines may carry a user's terminal or container prefixes (`clean_line`)."""
     parser = _LogParser()
     for i, raw in enumerate(text.splitlines(), start=1):
-        parser.feed(i, raw.rstrip("\r\n"))
+        parser.feed(i, clean_line(raw.rstrip("\r\n")))
     return parser.report()
 
 
@@ -537,7 +566,7 @@ class _LogParser:
             return True
         m = _FA_RESOLVED.search(stripped)
         if m:
-            self.fa_resolved = m.group("v") == "enabled"
+            self.fa_resolved = (m.group("v") or m.group("w")) == "enabled"
             return True
         return False
 
