@@ -779,7 +779,8 @@ def _print_log_side(ulog, *, rows: bool = True) -> None:
     print(f"log      {ulog.source}: {tool}, backend {', '.join(ulog.backends) or 'not named'}"
           + (f", read the first {ulog.bytes_read:,} bytes" if ulog.truncated else ""))
     if ulog.build:
-        print(f"         build line: b{ulog.build[0]}" + (f" ({ulog.build[1]})" if ulog.build[1] else ""))
+        number, commit = ulog.build
+        print("         build line: " + " ".join(x for x in (f"b{number}" if number else "", f"({commit})" if commit else "") if x))
     m = ulog.model
     named = [x for x in (m.name, m.path, m.arch, m.file_type,
                          f"{m.file_size_mib:,.2f} MiB" if m.file_size_mib else None) if x]

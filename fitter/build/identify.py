@@ -43,12 +43,20 @@ def build_in_text(text: str) -> tuple[int | None, str | None] | None:
 
 def build_from_text(text: str, what: str) -> LlamaBuild:
     """The build a log (or --version output) names; `what` names the source in messages."""
-    found = build_in_text(text)
+    return build_from_line(build_in_text(text), what)
+
+
+def build_from_line(found: tuple[int | None, str | None] | None, what: str) -> LlamaBuild:
+    """The build of a build line's (number, commit) (see `build_in_text`); `what` names the source in messages."""
     if found is None:
-        raise BuildError(f"{what}: no llama.cpp build line (like 'build: 9102 (7d442abf5)') in it; "
-                         f"give the build with --llama-build bNNNN (llama-server --version prints it) or a date")
+        raise BuildError(f"{what}: no llama.cpp build line in it (like 'build: 9102 (7d442abf5)'), and what llama.cpp "
+                         f"reserves depends on the build; give it with --llama-build bNNNN, a commit or a date "
+                         f"(llama-server --version prints it)")
     number, commit = found
-    b = resolve_build(None, number=number, commit=commit)
+    try:
+        b = resolve_build(None, number=number, commit=commit)
+    except BuildError as e:
+        raise BuildError(f"{what}: its build line says b{number}: {str(e).split(': ', 1)[-1]}") from None
     if b.is_pinned:
         return b
     named = " ".join(x for x in (f"b{number}" if number else "", f"({commit})" if commit else "") if x)

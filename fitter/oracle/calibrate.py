@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.build import LLAMA_CPP_COMMIT, BuildError, LlamaBuild, resolve_build
+from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
+from fitter.build.identify import build_from_line
 from fitter.fit.calibration import (
     MIN_POINTS,
     Calibration,
@@ -253,22 +254,7 @@ def log_build(log: UserLog, value: str | None) -> LlamaBuild:
     """--llama-build VALUE (`auto` or none: the log's build line). A log without one is the user's to name."""
     if value not in (None, "auto"):
         return resolve_build(value)
-    if log.build is not None and log.build[0] == 0 and log.build[1]:  # built without a number: its commit
-        b = resolve_build(log.build[1])
-        return b if b.is_pinned else LlamaBuild(date=b.date, number=b.number, commit=b.commit,
-                                                how=f"the log's build line: commit {log.build[1]}")
-    if log.build is None:
-        raise BuildError(f"{log.source}: no llama.cpp build line in it (like 'build: 9102 (7d442abf5)'), and what "
-                         f"llama.cpp reserves depends on the build; give it with --llama-build bNNNN, a commit or a "
-                         f"date (llama-server --version prints it)")
-    number, commit = log.build
-    try:
-        b = resolve_build(None, number=number, commit=commit)
-    except BuildError as e:
-        raise BuildError(f"{log.source}: its build line says b{number}: {str(e).split(': ', 1)[-1]}") from None
-    return LlamaBuild(date=b.date, number=number, commit=commit or b.commit, date_estimated=b.date_estimated,
-                      how=f"the log's build line: b{number}" + (f" ({commit})" if commit else "")
-                      + (", date estimated from its number" if b.date_estimated else ""))
+    return build_from_line(log.build, log.source)
 
 
 def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig, Frontend, dict[str, str]]:

@@ -110,7 +110,7 @@ class UserLog(BaseModel):
     bytes_read: int
     truncated: bool = False  # longer than MAX_LOG_BYTES: only the start was read
     tool: Tool | None = None
-    build: tuple[int, str | None] | None = None  # (number, commit prefix) from the build line
+    build: tuple[int | None, str | None] | None = None  # (number or None, commit prefix) from the build line
     backends: list[str] = Field(default_factory=list)  # "Metal", "CUDA", "Vulkan", "ROCm", "CPU"
     model: ModelInfo = Field(default_factory=ModelInfo)
     settings: Settings = Field(default_factory=Settings)
@@ -285,16 +285,8 @@ def parse_user_log(text: str, *, source: str = "<log>", bytes_read: int | None =
     return log
 
 
-# common_params_print_info (2026 builds): "build 9943 (c15c5c77a) with GNU 15.2.0 for Linux x86_64"; a build made
-# from a source tree without git history (llama-cpp-python's vendored copy) says "build 0 (0c1e57098bba)"
-_PRINT_INFO_BUILD = re.compile(r"common_params_print_info: build (\d+) \(([0-9a-f]{7,40})\)")
-
-
-def _build_line(lines: list[str]) -> tuple[int, str | None] | None:
-    """(number, commit) of the log's build line; number 0 is a build without one (its commit names it)."""
-    for line in lines:
-        if m := _PRINT_INFO_BUILD.search(line):
-            return int(m.group(1)), m.group(2)
+def _build_line(lines: list[str]) -> tuple[int | None, str | None] | None:
+    """(number or None, commit) of the log's build line (a build without a number is named by its commit)."""
     return build_in_text("\n".join(lines))
 
 

@@ -554,7 +554,7 @@ def test_pinned_llama_server_log_matches_the_prediction(tmp_path: Path, store: P
             proc.kill()
             proc.wait()
     ulog = read_user_log(log)
-    assert ulog.build == (0, "0c1e57098bba") and ulog.tool == "llama-server" and ulog.backend == "CPU"
+    assert ulog.build == (None, "0c1e57098bba") and ulog.tool == "llama-server" and ulog.backend == "CPU"
     assert ulog.model.path == gemma and ulog.breakdown and ulog.breakdown[0].name == "Host"
     assert ulog.notes == ["the log's first load is llama.cpp's fit pass (a dry run, no_alloc): the run after it is "
                           "compared"]
