@@ -92,8 +92,9 @@ def _pred(header, spec, cfg: dict[str, Any], be: Backend, fe: Frontend, draft) -
         p = predict(header, spec, rc, be, fe, draft if rc.spec_type == "draft-simple" else None)
     except ConfigError as e:
         return {"refused": str(e)}
-    return {"context": p.context.model_dump(mode="json"),
-            "draft_context": p.draft_context.model_dump(mode="json") if p.draft_context else None,
+    # the build is the pinned one throughout (the grid predates it as a field)
+    return {"context": p.context.model_dump(mode="json", exclude={"build"}),
+            "draft_context": p.draft_context.model_dump(mode="json", exclude={"build"}) if p.draft_context else None,
             "buffers": [[b.owner, b.device, b.kind, b.bytes, b.counts] for b in p.buffers]}
 
 

@@ -110,9 +110,11 @@ CHANGES: tuple[Change, ...] = (
            window=_between("0.3.16", "0.3.17")),
     Change("attn_rot_quantized_kv", _d("2026-04-01"), (21038,), "all", "compute",
            "quantized K/V are not rotated (no Hadamard rotation inputs or rotated copies)"),
+    # #21332 was opened on 2026-04-02 and merged after f49e917 of that day (0.3.20's llama.cpp, which has #21277
+    # without the revert): builds of 2026-04-02 are taken to have the f16-only SWA cache
     Change("swa_cache_f16_only", _d("2026-04-01"), (21277,), "all", "KV",
            "the SWA cache takes -ctk/-ctv like the full cache",
-           until=_d("2026-04-02"), until_prs=(21332,)),
+           until=_d("2026-04-03"), until_prs=(21332,)),
     Change("quant_kv_block_check_fa_on", _d("2026-05-10"), (), "all", "none",
            "a quantized K/V whose block does not divide the head size is accepted with -fa on",
            window=_between("0.3.20", "0.3.23")),
@@ -142,4 +144,34 @@ CHANGES: tuple[Change, ...] = (
     Change("rs_ple_conv_state", _d("2026-10-01"), (), "all", "RS",
            "no PLE conv state",
            window=_between("0.3.35", "0.3.36")),
+)
+
+
+class ArchAdded(NamedTuple):
+    """The first llama.cpp with an architecture ggfit models (older builds fail to load it: "unknown model
+    architecture"). Only the architectures added after the oldest release ggfit knows (0.3.16, 2025-08-14)."""
+
+    arch: str
+    date: _dt.date  # merged (or, if unknown, the first date seen with it)
+    prs: tuple[int, ...]
+    source: str
+    first_build: int | None = None
+    window: tuple[_dt.date, _dt.date] | None = None  # the merge lies in it when the date is not known
+
+
+ARCHS_ADDED: tuple[ArchAdded, ...] = (
+    ArchAdded("qwen3next", _d("2025-11-28"), (16095,),
+              "PR #16095 merged 2025-11-28 (ollama/ollama#12349, abetlen/llama-cpp-python#2097); "
+              "0.3.16 refuses it, 0.3.17 loads it"),
+    ArchAdded("mistral3", _d("2025-12-01"), (17644,),
+              "PR #17644 'model: support Ministral3', 2025-12-01; 0.3.16 refuses it, 0.3.17 loads it"),
+    ArchAdded("qwen35", _d("2026-02-10"), (19468,),
+              "PR #19468 (after #19435 was reverted by #19453 on 2026-02-09), merged by 2026-02-24 "
+              "(SciSharp/LLamaSharp#1340); 0.3.16 refuses it, 0.3.17 loads it",
+              window=(_d("2026-02-09"), _d("2026-02-24"))),
+    ArchAdded("qwen35moe", _d("2026-02-10"), (19468,), "as qwen35 (the same PR)",
+              window=(_d("2026-02-09"), _d("2026-02-24"))),
+    ArchAdded("gemma4", _d("2026-04-02"), (21309,),
+              "PR #21309, in b8639 of 2026-04-02 (fragcolor-xyz/shards#1261); 0.3.17 (2026-03-22) refuses it, "
+              "0.3.20 (f49e917, 2026-04-02) knows it"),
 )
