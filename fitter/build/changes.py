@@ -70,6 +70,8 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(8284, _d("2026-03-11"), "00de61534", "github.com/ggml-org/llama.cpp/issues/20431"),
     Anchor(9102, _d("2026-05-10"), "7d442abf5", "llama-cpp-python 0.3.23's vendored llama.cpp, printed as 'llama-server v9102 (7d442abf5)' in a public issue"),
     Anchor(9525, _d("2026-06-05"), "ad1b88ca0", "github.com/ggml-org/llama.cpp/issues/24175"),
+    Anchor(9459, _d("2026-06-01"), "95b8b8ec1", "github.com/ggml-org/llama.cpp/issues/23978 ('version: 9459 (95b8b8ec1)', "
+           "filed 2026-06-01)"),
     Anchor(9625, _d("2026-06-13"), "f05cf4676", "llama-cpp-python 0.3.29's vendored llama.cpp, printed in a public log"),
     Anchor(9976, _d("2026-07-11"), "e3546c794", "llama-cpp-python 0.3.34's vendored llama.cpp, printed in public code"),
     Anchor(10454, _d("2026-08-16"), "4df29be4f", "llama-cpp-python 0.3.35's vendored llama.cpp, printed in a public benchmark"),
@@ -118,14 +120,24 @@ CHANGES: tuple[Change, ...] = (
     Change("quant_kv_block_check_fa_on", _d("2026-05-10"), (), "all", "none",
            "a quantized K/V whose block does not divide the head size is accepted with -fa on",
            window=_between("0.3.20", "0.3.23")),
+    # first build: b9410 ("llama.cpp b9410 uses f16 mask for Flash Attention", theneuralfeed.com/article/b9410)
     Change("kq_mask_f16_fa", _d("2026-05-27"), (23764,), "all", "compute",
-           "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)"),
-    Change("cuda_fa_f16_kv_reserve", _d("2026-05-30"), (23907,), "CUDA", "compute",
-           "CUDA reserves no f16 copy of a quantized K/V for flash attention"),
+           "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)",
+           first_build=9410),
+    # #23907 (f8f0a47a5) was opened 2026-05-30 and merged after 210a6570c of 2026-06-01 (0.3.25's llama.cpp, which
+    # lacks it) and before issue #24166 of 2026-06-05 bisected to it
+    Change("cuda_fa_f16_kv_reserve", _d("2026-06-02"), (23907,), "CUDA", "compute",
+           "CUDA reserves no f16 copy of a quantized K/V for flash attention",
+           window=(_d("2026-06-01"), _d("2026-06-05"))),
+    # merged 2026-06-01 (opened 2026-05-29 as "continue #23764"); its build number was not found: b9459 was out on
+    # 2026-06-01 (issue #23978) and 0.3.25's 210a6570c of that day has it. A build is placed by its date.
     Change("logits_whole_ubatch", _d("2026-06-01"), (23861,), "all", "compute",
            "the worst-case graph computes logits for every token of the ubatch (n_outputs_max does not exist)"),
     Change("embd_pre_norm_output", _d("2026-06-01"), (), "all", "output",
            "the output buffer holds no pre-norm embeddings for MTP",
+           window=_between("0.3.23", "0.3.25")),
+    Change("mtp_context", _d("2026-06-01"), (), "all", "none",
+           "no MTP draft context (LLAMA_CONTEXT_TYPE_MTP): --spec-type draft-mtp does not exist",
            window=_between("0.3.23", "0.3.25")),
     Change("rs_snapshots_n_rs_seq", _d("2026-06-01"), (), "all", "RS",
            "the recurrent state keeps no snapshots for speculative rollback (n_rs_seq)",
@@ -138,6 +150,16 @@ CHANGES: tuple[Change, ...] = (
            window=_between("0.3.34", "0.3.35")),
     Change("metal_fa_kv_f16_extra", _d("2026-08-20"), (27390,), "Metal", "compute",
            "Metal's flash attention reserves no f16 copy of K and V"),
+    Change("metal_mul_mat_id_amax", _d("2026-10-01"), (), "Metal", "compute",
+           "Metal's MUL_MAT_ID reserves no amax scales (8 + N_MM_NPART_AMAX x 4 B) after its output",
+           window=_between("0.3.35", "0.3.36")),
+    Change("metal_fa_sparse_idx", _d("2026-10-01"), (), "Metal", "compute",
+           "Metal's flash attention reserves no sparse KV index lists (n_kv_max hint)",
+           window=_between("0.3.35", "0.3.36")),
+    Change("cuda_fa_vec_f16_fallback", _d("2026-10-01"), (), "CUDA", "compute",
+           "CUDA's vec flash-attention kernel reserves f16 K/V copies only for f32 K/V (none for a type pair "
+           "without a compiled vec kernel)",
+           window=_between("0.3.35", "0.3.36")),
     Change("gallocr_clamp_inplace", _d("2026-10-01"), (), "all", "compute",
            "CLAMP is not computed in place",
            window=_between("0.3.35", "0.3.36")),

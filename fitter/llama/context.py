@@ -331,7 +331,7 @@ def compute_buffers(
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
     if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
-    impl = backends.get(backend)
+    impl = backends.get(backend).for_build(cp.build)  # the backend's alloc sizes as cp.build's ggml has them
     key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:

@@ -451,8 +451,14 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     applied: dict[str, str] = {}
     d = _front_end_defaults(config, frontend, applied)
     n_seq_max = max(1, d.n_parallel)
-    if n_seq_max > LLAMA_MAX_SEQ:
-        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
+    # llama_context::llama_context: LLAMA_MAX_SEQ was 64 before #15916 (0.3.16 src/llama-cparams.h)
+    max_seq = LLAMA_MAX_SEQ if build.has("max_seq_256") else 64
+    if n_seq_max > max_seq:
+        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {max_seq}" +
+                          ("" if max_seq == LLAMA_MAX_SEQ else f" in {build.label()}"))
+    if config.spec_type == "draft-mtp" and not build.has("mtp_context"):
+        raise ConfigError(f"--spec-type draft-mtp: {build.label()} has no MTP draft context "
+                          "(LLAMA_CONTEXT_TYPE_MTP came with llama-cpp-python 0.3.25's llama.cpp)")
 
     n_ctx = d.n_ctx or spec.n_ctx_train
     # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)

@@ -383,6 +383,8 @@ class GraphContext:
             weights = reshape(ctx0, weights, (n_used, n_tokens))
             wsum = sum_rows(ctx0, weights, f"ffn_moe_weights_sum-{il}")
             wsum = clamp(ctx0, wsum)
+            if not self.build.has("gallocr_clamp_inplace"):
+                wsum.inpl = False  # ggml_op_can_inplace has no GGML_OP_CLAMP before 0.3.36 (0.3.35 ggml-alloc.c)
             weights = div(ctx0, weights, wsum, f"ffn_moe_weights_norm-{il}")
             weights = reshape(ctx0, weights, (1, n_used, n_tokens))
         if w_scale != 0.0 and w_scale != 1.0:
