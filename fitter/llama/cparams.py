@@ -463,6 +463,8 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     n_ctx = d.n_ctx or spec.n_ctx_train
     # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
     n_batch = min(n_ctx, d.n_batch)
+    if not build.has("kq_mask_batch_pad_64"):
+        n_batch = max(n_batch, 64)  # 0.3.16 llama_context::llama_context: n_batch at least GGML_KQ_MASK_PAD
     n_ubatch = min(n_batch, d.n_ubatch)
     _check_batch_holds_slots(config, n_batch, n_seq_max, d.n_parallel)
 

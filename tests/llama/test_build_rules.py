@@ -94,3 +94,16 @@ def test_clamp_in_place_only_since_0_3_36():
         c.build_moe_ffn(x, spec.layers[0], 0, **c.moe_args(0))
         clamps = [t for t in c.g.nodes if t.op == "CLAMP"]
         assert clamps and all(t.inpl is inplace for t in clamps)
+
+
+def test_mask_rows_padded_to_64_before_the_ggml_sync():
+    spec = _spec("llama")
+    cfg = RunConfig(n_ctx=4096, n_batch=40, n_ubatch=40, n_parallel=1, kv_unified=False, flash_attn="off")
+    old = resolve_context(spec, cfg, Frontend.LIBRARY, build=OLD)
+    assert (old.n_batch, old.n_ubatch) == (64, 40)  # n_batch raised to GGML_KQ_MASK_PAD, n_ubatch kept
+    c = GraphContext(spec, old, default_details(spec))
+    mask = c._kq_mask(c._kv([0], old.n_ctx_seq))
+    assert list(mask.ne) == [4096, 64, 1, 1]  # GGML_PAD(40, 64) rows (0.3.16 build_attn_inp_kv_unified)
+    new = resolve_context(spec, cfg, Frontend.LIBRARY)
+    c = GraphContext(spec, new, default_details(spec))
+    assert list(c._kq_mask(c._kv([0], new.n_ctx_seq)).ne) == [4096, 40, 1, 1]

@@ -24,6 +24,10 @@ cuda FA f16 V          pad128(...) + 2*Dv*n_kv*n_head_kv*ns likewise for V, not 
                        q8_0-q8_0, bf16-bf16); ggml_cuda_get_best_fattn_kernel
 =====================  =========================================================  ==========================================
 
+Other llama.cpp builds (`backends.get("cuda").for_build(build)`): no FA f16 copies before #23907 (they came from the
+pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.build.changes:
+cuda_fa_f16_kv_reserve, cuda_fa_vec_f16_fallback). The kernel choice is the pinned build's for every build.
+
 Not in any ggml buffer, so not predicted here: the per-device memory pool (`ggml_cuda_pool`, VMM or
 legacy: q8_1 copies of matmul activations, FA partial results, MoE id maps, cuBLAS workspaces) and
 the CUDA context itself. Only measurement tells these.

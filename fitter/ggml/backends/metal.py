@@ -7,6 +7,12 @@ offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's grap
 alloc deps from ggml-metal-fusion.cpp, concurrency reordering from ggml-metal-common.cpp) is not
 modelled: Metal predictions are unverified.
 
+Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
+(ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
+tmp, MUL_MAT_ID tpe and ids, the CUMSUM/ARGSORT/TOP_K sizes; kv_f16 (and the f16 pad strides) since #27390, amax
+and idx since 0.3.36 (fitter.build.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
+metal_fa_sparse_idx).
+
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
 -------------------------------------------------------------------
 Notation: FLASH_ATTN_EXT has Q = src0 [Dk, n_q, n_head, n_stream] f32, K = src1 [Dk, n_kv, n_head_kv,
