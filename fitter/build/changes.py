@@ -67,7 +67,11 @@ RELEASES: tuple[Release, ...] = (
 
 # Builds whose number and date (or commit) public logs print together: what maps a build number to a date.
 ANCHORS: tuple[Anchor, ...] = (
+    Anchor(7380, _d("2025-12-13"), None, "github.com/ggml-org/llama.cpp/issues/18004 (filed 2025-12-13, bisecting b7296..b7380, "
+           "the newest build then: the date is an upper bound)"),
     Anchor(8284, _d("2026-03-11"), "00de61534", "github.com/ggml-org/llama.cpp/issues/20431"),
+    Anchor(8639, _d("2026-04-02"), None, "github.com/fragcolor-xyz/shards/pull/1261 ('Bump llama.cpp from b8575 to b8639 "
+           "(April 2, 2026)', Gemma 4 support)"),
     Anchor(9102, _d("2026-05-10"), "7d442abf5", "llama-cpp-python 0.3.23's vendored llama.cpp, printed as 'llama-server v9102 (7d442abf5)' in a public issue"),
     Anchor(9525, _d("2026-06-05"), "ad1b88ca0", "github.com/ggml-org/llama.cpp/issues/24175"),
     Anchor(9459, _d("2026-06-01"), "95b8b8ec1", "github.com/ggml-org/llama.cpp/issues/23978 ('version: 9459 (95b8b8ec1)', "

@@ -367,8 +367,11 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
 
     pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize)
+    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
+    if not c.build.has("gallocr_chunked_vbuffer"):
+        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
     ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
-                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
+                 max_buffer_size=[max_size, SIZE_MAX])
     r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
     out = []
     for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):
