@@ -99,15 +99,17 @@ CHANGES: tuple[Change, ...] = (
            "n_seq_max is at most 64"),
     Change("kv_size_pad_backend", _d("2025-11-06"), (16812, 17046), "all", "KV",
            "the KV cache size is padded to 256 cells with flash attention, 32 without; n_ctx is not padded"),
+    # "llama : update worst-case graph for unified cache" (#17379, 2025-11-19) was folded into #17276 ("think we can
+    # merge this into #17276", 2025-11-20); #17276's merge date was not found, hence the window up to 0.3.17
+    Change("reserve_n_seqs_unified", _d("2025-11-20"), (17379, 17276), "all", "compute",
+           "a unified KV cache reserves the worst-case graph for 1 sequence",
+           window=(_d("2025-11-19"), _R["0.3.17"])),
     Change("kq_mask_batch_pad_64", _d("2025-12-12"), (16148, 16309), "all", "compute",
            "the KQ mask has GGML_PAD(n_tokens, 64) rows"),
     Change("embd_input_always", _d("2026-01-18"), (18550, 18898), "all", "compute",
            "the token-embedding input is the only graph input of a token batch (no n_embd x n_ubatch f32 input)"),
     Change("mla_v_less_cache", _d("2026-01-24"), (19067,), "all", "KV",
            "MLA models cache V (kv_lora_rank per cell) besides the latent K"),
-    Change("reserve_n_seqs_unified", _d("2026-03-22"), (), "all", "compute",
-           "a unified KV cache reserves the worst-case graph for 1 sequence",
-           window=_between("0.3.16", "0.3.17")),
     Change("gallocr_chunked_vbuffer", _d("2026-03-22"), (), "all", "compute",
            "a compute buffer is one chunk (no split above the device's max buffer size)",
            window=_between("0.3.16", "0.3.17")),
@@ -128,11 +130,6 @@ CHANGES: tuple[Change, ...] = (
     Change("kq_mask_f16_fa", _d("2026-05-27"), (23764,), "all", "compute",
            "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)",
            first_build=9410),
-    # #23907 (f8f0a47a5) was opened 2026-05-30 and merged after 210a6570c of 2026-06-01 (0.3.25's llama.cpp, which
-    # lacks it) and before issue #24166 of 2026-06-05 bisected to it
-    Change("cuda_fa_f16_kv_reserve", _d("2026-06-02"), (23907,), "CUDA", "compute",
-           "CUDA reserves no f16 copy of a quantized K/V for flash attention",
-           window=(_d("2026-06-01"), _d("2026-06-05"))),
     # merged 2026-06-01 (opened 2026-05-29 as "continue #23764"); its build number was not found: b9459 was out on
     # 2026-06-01 (issue #23978) and 0.3.25's 210a6570c of that day has it. A build is placed by its date.
     Change("logits_whole_ubatch", _d("2026-06-01"), (23861,), "all", "compute",
@@ -146,6 +143,11 @@ CHANGES: tuple[Change, ...] = (
     Change("rs_snapshots_n_rs_seq", _d("2026-06-01"), (), "all", "RS",
            "the recurrent state keeps no snapshots for speculative rollback (n_rs_seq)",
            window=_between("0.3.23", "0.3.25")),
+    # #23907 (f8f0a47a5) was opened 2026-05-30 and merged after 210a6570c of 2026-06-01 (0.3.25's llama.cpp, which
+    # lacks it) and before issue #24166 of 2026-06-05 bisected to it
+    Change("cuda_fa_f16_kv_reserve", _d("2026-06-02"), (23907,), "CUDA", "compute",
+           "CUDA reserves no f16 copy of a quantized K/V for flash attention",
+           window=(_d("2026-06-01"), _d("2026-06-05"))),
     Change("kv_nextn_layers_main_ctx", _d("2026-06-13"), (), "all", "KV",
            "the main context's KV cache has no cells for the NextN (MTP) layers",
            window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,)),
