@@ -257,14 +257,12 @@ class MetalBackend(BackendImpl):
         if op == "FLASH_ATTN_EXT":
             s = flash_attn_shape_of(t)
             return size + sum(metal_fa_extras(s, self.build).values())
-        if not self.build.has("metal_alloc_size_extras"):
-            return size  # 0.3.16 ggml-metal.m: get_alloc_size NULL, ggml_nbytes for every op
-        if op in ("CUMSUM", "ARGSORT"):
-            return 2 * size
+        if op not in ("CUMSUM", "ARGSORT", "TOP_K") or not self.build.has("metal_alloc_size_extras"):
+            return size  # (0.3.16 ggml-metal.m: get_alloc_size NULL, ggml_nbytes for every op)
         if op == "TOP_K":
             sne = _ne4(t.src[0])
             return metal_top_k_alloc_size(sne[0] * sne[1] * sne[2] * sne[3])
-        return size
+        return 2 * size  # CUMSUM, ARGSORT
 
     def flash_attn_unsupported_reason(self, s: FlashAttnShape, *, has_bfloat: bool = True) -> str | None:
         return metal_fa_unsupported_reason(s.d_k, s.d_v, s.type_k, s.type_v, has_bfloat=has_bfloat)
