@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shutil
@@ -97,6 +98,12 @@ DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help=
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process) or server (llama-server).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="Path of the llama-server binary for the server runner (default: ggfit's pinned build, then PATH).")]
+AutoBinaryOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="With --llama-build auto: the llama-server (or llama-cli) binary to ask for its build.")]
+LlamaBuildOpt = Annotated[Optional[str], typer.Option(
+    "--llama-build", metavar="BUILD",
+    help="The llama.cpp build whose rules apply: a build number (b9430), a commit prefix, a date (2026-06-15), a "
+         "llama-cpp-python version (0.3.25), a llama.cpp log file, or auto (runs --llama-server PATH or the "
+         "llama-server on PATH with --version). Default: ggfit's pinned build.")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
@@ -207,6 +214,41 @@ def _run_config(**fields):
         raise fitter.config_error(e) from None
 
 
+def _llama_build(value: str | None, llama_server: str | None = None):
+    """--llama-build: the pinned build, a named build, a log's build line, or (auto) what a binary says it is."""
+    if value is None:
+        if llama_server:
+            raise fitter.ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
+                                     "add --llama-build auto")
+        return fitter.PINNED
+    if value == "auto":
+        binary = llama_server or shutil.which("llama-server")
+        if binary is None:
+            raise fitter.ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
+                                     "or the build itself (llama-server --version prints it: --llama-build b9430)")
+        return fitter.build_of_binary(binary)
+    if os.path.isfile(value):  # a log of the user's llama.cpp
+        with open(value, "rb") as f:
+            text = f.read(64 * 2**20).decode("utf-8", "replace")
+        return fitter.build_from_text(text, os.path.basename(value))
+    return fitter.resolve_build(value)
+
+
+def _print_build(build, differences) -> None:
+    """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
+    if build.is_pinned:
+        return
+    matter = [d for d in differences if d.device_bytes or d.uncertain]
+    print(f"build    {build.label()}: {build.how}")
+    if matter:
+        print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
+    for d in matter:
+        print(f"         - {d.line}")
+    if len(differences) > len(matter):
+        print(f"         ({len(differences) - len(matter)} other rules differ from the pinned build and change "
+              "nothing here)")
+
+
 def _warn_ctx_train(cp, spec) -> None:
     """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
     if cp.n_ctx_seq > spec.n_ctx_train:
@@ -257,10 +299,18 @@ def fit(
     draft_type_v: DraftTypeV = "f16",
     draft_n_max: DraftNMax = 3,
     check: Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")] = False,
+    llama_build: LlamaBuildOpt = None,
+    llama_server: AutoBinaryOpt = None,
+    llama_bin: Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
     be, fe = _backend(backend), _frontend(frontend)
+    fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
+    if fit_params is not None and llama_build is None:
+        build = fitter.build_of_binary(fit_params)
+    else:
+        build = _llama_build(llama_build, llama_server)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = fitter.parse_budget(budget, be.value)
@@ -277,10 +327,16 @@ def fit(
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
-                available=available, draft=draft, model_draft=model_draft)
+                available=available, draft=draft, model_draft=model_draft, build=build)
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+    if not build.is_pinned:
+        r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred)
     _warn_ctx_train(r.pred.context, spec)
-    if check:
+    if check and fit_params is not None:
+        ccfg = fitter.fit_params_check_config(r.pred, r.pred_config)
+        cpred = fitter.predict(header, spec, ccfg, be, fitter.FIT_PARAMS_FRONTEND, build=build)
+        r.fit_params = fitter.fit_params_check(fit_params, path, ccfg, cpred)
+    elif check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
         print(json.dumps(r.as_json(), indent=2))
@@ -303,16 +359,19 @@ class _FitRun:
     available: int
     draft: Any
     model_draft: str | None
+    build: Any
     solutions: list = field(default_factory=list)
+    differences: list = field(default_factory=list)
     rec: Any = None
     pred: Any = None
     measured: dict | None = None
+    fit_params: dict | None = None
 
     def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
         """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
-        h, spec, cfg, be, fe = self.header, self.spec, self.cfg, self.be, self.fe
+        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
         if not solve_ctx:
-            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft)
+            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft, build=b)
             return
         kwargs: dict[str, Any] = {}
         if kv_given:
@@ -320,10 +379,20 @@ class _FitRun:
         if n_ubatch:
             # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
             kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
-        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft, **kwargs)
+        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
+                                      build=b, **kwargs)
         self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
-        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft) if self.rec else
-                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft))
+        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
+                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
+
+    @property
+    def pred_config(self) -> Any:
+        """The config of the prediction shown (the recommended solution's when fit solved for the context)."""
+        return fitter.served_config(self.pred.context, self.cfg, self.model_draft if self.pred_draft else None)
+
+    @property
+    def pred_draft(self) -> Any:
+        return self.draft if (self.rec is None or self.rec.draft) else None
 
     @property
     def fits(self) -> bool:
@@ -338,7 +407,9 @@ class _FitRun:
         out = {
             "backend": self.be.value,
             "frontend": self.fe.value,
-            "llama_cpp": fitter.build_label(),
+            "llama_cpp": fitter.build_label() if self.build.is_pinned else self.build.label(),
+            "llama_build": {"label": self.build.label(), "how": self.build.how, "pinned": self.build.is_pinned,
+                            "differences": [d.model_dump(mode="json") for d in self.differences]},
             "budget_bytes": self.bud.bytes,
             "budget_source": self.bud.source,
             "margin_bytes": self.margin_bytes,
@@ -354,6 +425,8 @@ class _FitRun:
         }
         if self.measured is not None:
             out["check"] = self.measured
+        if self.fit_params is not None:
+            out["check"] = self.fit_params
         return out
 
 
@@ -362,7 +435,9 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     Exit code 1 when nothing fits."""
     spec, pred = r.spec, r.pred
     print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
-    print(f"backend  {r.be.value}, {r.fe.value} defaults, {fitter.build_label()}")
+    print(f"backend  {r.be.value}, {r.fe.value} defaults, "
+          + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
+    _print_build(r.build, r.differences)
     note = f" [{r.bud.note}]" if r.bud.note else ""
     print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)} -> {_mib(r.available)} available")
     if pred.context.defaults_applied:
@@ -380,11 +455,14 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.measured is not None:
         print()
         _print_check(r.measured)
+    if r.fit_params is not None:
+        print()
+        _print_fit_params(r.fit_params)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
         print()
-        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred)
+        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build)
         raise typer.Exit(1)
 
 
@@ -426,12 +504,24 @@ def _print_solutions(solutions) -> None:
         print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
 
 
-def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
+def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build) -> None:
     available = budget_bytes - margin_bytes
     over = pred.total_device_bytes - available
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred):
+    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
         print(f"  {alt.line}")
+
+
+def _print_fit_params(check: dict) -> None:
+    print(f"your llama-fit-params, predicted vs printed (MiB, rounded down as it prints them):\n  $ {check['command']}")
+    print("  (its context is common_params': logits for the whole batch, one KV stream per sequence; ggfit predicted "
+          "that context for this check)")
+    print(f"  {'device':<10}{'kind':<9}{'predicted':>11}{'printed':>9}{'diff':>7}")
+    for row in check["rows"]:
+        p, m = row["predicted_mib"], row["measured_mib"]
+        d = "-" if p is None or m is None else f"{p - m:+d}"
+        print(f"  {row['device']:<10}{row['kind']:<9}{'-' if p is None else p:>11}{'-' if m is None else m:>9}{d:>7}")
+    print("  exact" if check["exact"] else "  differs: see the rows above")
 
 
 def _print_check(measured: dict) -> None:
@@ -463,11 +553,14 @@ def quants(
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
+    llama_build: LlamaBuildOpt = None,
+    llama_server: AutoBinaryOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
 
     be, fe = _backend(backend), _frontend(frontend)
+    build = _llama_build(llama_build, llama_server)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none")
@@ -480,15 +573,18 @@ def quants(
 
         _warn_ctx_train(fitter.resolve_context(spec, cfg, fe), spec)
     cands = fitter.evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
-                     include_imatrix=not no_imatrix)
+                            include_imatrix=not no_imatrix, build=build)
     best = fitter.best_fit(cands)
     if as_json:
-        print(json.dumps({"backend": be.value, "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
+        print(json.dumps({"backend": be.value, "llama_cpp": fitter.build_label() if build.is_pinned else build.label(),
+                          "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
                           "candidates": [c.model_dump(mode="json") for c in cands],
                           "best": best.name if best else None, "best_rule": fitter.BEST_RULE}, indent=2))
         return
     ctx = cands[0].n_ctx if cands else 0
+    if not build.is_pinned:
+        print(f"rules of {build.label()} ({build.how})")
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
           f"-ctk {cfg.type_k} -ctv {cfg.type_v}; budget {_mib(bud.bytes)} - margin {_mib(margin_bytes)} = {_mib(available)}")
     print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{'headroom':>11}{'largest -c':>12}  verdict")
@@ -520,11 +616,13 @@ def optimise(
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
     no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
+    llama_build: LlamaBuildOpt = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from search.study import StudyInterrupted, run_study  # optuna: only for this command
 
+    build = _llama_build(llama_build, llama_server if llama_build == "auto" else None)
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
@@ -535,7 +633,8 @@ def optimise(
             result = run_study([fitter.resolve_model(m) for m in models], study, budget=budget, margin=margin,
                                backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
-                               progress=lambda line: print(line, file=sys.stderr, flush=True), live=live)
+                               progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,
+                               llama_build=build)
     except KeyboardInterrupt as e:
         hint = e.hint() if isinstance(e, StudyInterrupted) else "interrupted; run the same command to resume"
         print(f"ggfit: {hint}", file=sys.stderr)

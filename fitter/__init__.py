@@ -18,6 +18,11 @@ _EXPORTS: dict[str, str] = {
     "PINNED_COMMIT": "fitter.build",
     "PINNED_LLAMA_CPP_PYTHON": "fitter.build",
     "build_label": "fitter.build",
+    "LlamaBuild": "fitter.build",
+    "PINNED": "fitter.build",
+    "resolve_build": "fitter.build",
+    "build_from_text": "fitter.build.identify",
+    "build_of_binary": "fitter.build.identify",
     "resolve_model": "fitter.bundled",
     "Progress": "fitter.progress",
     # GGUF and the model
@@ -37,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "served_config": "fitter.llama.cparams",
     # the prediction, solver, budget, quants
     "predict": "fitter.fit.memory",
+    "build_differences": "fitter.fit.memory",
     "solve": "fitter.fit.solver",
     "recommend": "fitter.fit.solver",
     "prediction_for": "fitter.fit.solver",
@@ -57,10 +63,14 @@ _EXPORTS: dict[str, str] = {
     "calibrate": "fitter.oracle.calibrate",
     # llama.cpp's own run (the oracle): child processes, log parser, check
     "dry_run_check": "fitter.oracle.check",
+    "fit_params_binary": "fitter.oracle.fit_params",
+    "fit_params_check": "fitter.oracle.fit_params",
+    "fit_params_check_config": "fitter.oracle.fit_params",
+    "FIT_PARAMS_FRONTEND": "fitter.oracle.fit_params",
     "parse_log": "fitter.oracle.llama_log",
     "FLASH_ATTN": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
-    "LlamaBuild": "fitter.oracle.llama_run",
+    "BuildReport": "fitter.oracle.llama_run",
     "REPO_ROOT": "fitter.oracle.llama_run",
     "check_model_path": "fitter.oracle.llama_run",
     "child_env": "fitter.oracle.llama_run",
@@ -84,14 +94,14 @@ _EXPORTS: dict[str, str] = {
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
-    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
+    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
-    "LlamaBuild", "MiB", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
-    "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_info", "build_label",
+    "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
+    "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
     "calibrate", "calibration", "check_model_path", "child_env", "child_event", "child_events", "child_preexec", "config_error",
-    "dry_run_check", "emit_event", "evaluate", "largest_context", "lib_type_name", "load_ggml_base",
+    "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
     "load_model_spec", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
-    "read_header", "recommend", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
+    "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
 ]
 
@@ -112,10 +122,14 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.build import (
         LLAMA_CPP_COMMIT,
+        PINNED,
         PINNED_COMMIT,
         PINNED_LLAMA_CPP_PYTHON,
+        LlamaBuild,
         build_label,
+        resolve_build,
     )
+    from fitter.build.identify import build_from_text, build_of_binary
     from fitter.bundled import resolve_model
     from fitter.errors import GGFitError
     from fitter.fit import calibration
@@ -127,7 +141,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         parse_margin,
         parse_size,
     )
-    from fitter.fit.memory import predict
+    from fitter.fit.memory import build_differences, predict
     from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (
         Alternative,
@@ -165,11 +179,17 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.oracle.calibrate import calibrate
     from fitter.oracle.check import dry_run_check
+    from fitter.oracle.fit_params import (
+        FIT_PARAMS_FRONTEND,
+        fit_params_binary,
+        fit_params_check,
+        fit_params_check_config,
+    )
     from fitter.oracle.llama_log import parse_log
     from fitter.oracle.llama_run import (
         FLASH_ATTN,
         REPO_ROOT,
-        LlamaBuild,
+        BuildReport,
         check_model_path,
         child_env,
         child_event,

@@ -9,11 +9,12 @@ build the `python` probe runner loads, so both runners measure the same code. It
 sdist already extracted into the cache, else `pip download --no-deps --no-binary :all:
 llama-cpp-python==0.3.36` (served from pip's cache when offline) extracted into the cache.
 
-Only the `llama-server` target is built: CMake, Release, `-DGGML_NATIVE=ON`, static libraries (the
+Only the `llama-server` and `llama-fit-params` targets are built (the second is seconds more, and is what
+`ggfit fit --check --llama-bin` runs): CMake, Release, `-DGGML_NATIVE=ON`, static libraries (the
 binary is self-contained and cannot pick up another libllama), no curl/OpenSSL, no web UI (nothing is
 downloaded at build time), build info stamped with the pinned commit. The result is
-`${GGFIT_CACHE:-~/.cache/ggfit}/llama-server-<commit>/bin/llama-server`, reused when present and
-runnable. A file lock makes concurrent callers (parallel test sessions) wait for one build.
+`${GGFIT_CACHE:-~/.cache/ggfit}/llama-server-<commit>/bin/llama-server` (and llama-fit-params beside it),
+reused when both are present and llama-server runs. A file lock makes concurrent callers (parallel test sessions) wait for one build.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ def server_binary(commit: str = PINNED_COMMIT) -> Path:
     return server_dir(commit) / "bin" / "llama-server"
 
 
+TOOLS = ("llama-server", "llama-fit-params")  # llama-fit-params: `ggfit fit --check --llama-bin` (tests)
+
+
 def _usable(binary: Path) -> bool:
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
+    """llama-server answers --version, and llama-fit-params is there beside it."""
+    if not all((binary.parent / t).is_file() and os.access(binary.parent / t, os.X_OK) for t in TOOLS):
         return False
     try:
         r = subprocess.run([str(binary), "--version"], capture_output=True, timeout=30)
@@ -134,7 +139,7 @@ def build_llama_server(*, force: bool = False, jobs: int | None = None, log=prin
         log(f"building llama-server {PINNED_COMMIT} from {src} into {out} ({jobs} jobs)")
         steps = [
             ["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS, f"-DLLAMA_BUILD_COMMIT={PINNED_COMMIT}"],
-            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+            ["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)],
         ]
         logf = out / "build.log"
         with open(logf, "w") as lf:
@@ -145,13 +150,14 @@ def build_llama_server(*, force: bool = False, jobs: int | None = None, log=prin
                 if r.returncode != 0:
                     tail = logf.read_text(errors="replace").strip().splitlines()[-15:]
                     raise BuildError(f"`{' '.join(cmd[:3])} ...` failed (exit {r.returncode}); log {logf}:\n" + "\n".join(tail))
-        built = build / "bin" / "llama-server"
-        if not built.is_file():
-            raise BuildError(f"the build finished but {built} does not exist; log {logf}")
         binary.parent.mkdir(parents=True, exist_ok=True)
-        tmp = binary.with_suffix(".tmp")
-        shutil.copy2(built, tmp)
-        os.replace(tmp, binary)
+        for tool in TOOLS:
+            built = build / "bin" / tool
+            if not built.is_file():
+                raise BuildError(f"the build finished but {built} does not exist; log {logf}")
+            tmp = (binary.parent / tool).with_suffix(".tmp")
+            shutil.copy2(built, tmp)
+            os.replace(tmp, binary.parent / tool)
         secs = time.perf_counter() - t0
         (out / "build_seconds").write_text(f"{secs:.1f}\n")
         log(f"built {binary} in {secs:.0f} s")

@@ -8,7 +8,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter import LlamaBuild, RunConfig, parse_log, short_abort
+from fitter import BuildReport, RunConfig, parse_log, short_abort
 from search.workload import Workload
 
 Status = Literal["ok", "oom", "crash", "timeout", "error"]
@@ -127,7 +127,7 @@ class ProbeResult(BaseModel):
     budget_bytes: int | None = None
     budget: dict[str, Any] = Field(default_factory=dict)  # how the limit was applied (enforced, limit, baseline)
 
-    build: LlamaBuild = Field(default_factory=LlamaBuild)
+    build: BuildReport = Field(default_factory=BuildReport)
     command: list[str] | None = None  # server runner: the argv; python runner: the child's argv
     params: dict[str, Any] = Field(default_factory=dict)  # python runner: the llama.cpp parameters passed
 

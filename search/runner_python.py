@@ -14,7 +14,7 @@ from fitter import (
     FLASH_ATTN,
     GGML_TYPES,
     REPO_ROOT,
-    LlamaBuild,
+    BuildReport,
     Progress,
     RunConfig,
     check_model_path,
@@ -135,7 +135,7 @@ def _read_events(res: ProbeResult, proc: Proc) -> tuple[dict[str, dict[str, Any]
     res.signal = signal_name(proc.returncode)
     res.peak_rss_bytes = proc.peak_rss_bytes
     b = events.get("build", {})
-    res.build = LlamaBuild(**{k: v for k, v in b.items() if k in LlamaBuild.model_fields})
+    res.build = BuildReport(**{k: v for k, v in b.items() if k in BuildReport.model_fields})
     if "limit" in events:
         res.budget = {k: v for k, v in events["limit"].items() if k != "event"}
     done = events.get("done")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter import LlamaBuild, Progress, RunConfig, check_model_path, signal_name
+from fitter import BuildReport, Progress, RunConfig, check_model_path, signal_name
 from search import probe_result as pr
 from search.errors import ProbeError
 from search.probe_result import ProbeResult, RunSample, Status
@@ -106,7 +106,7 @@ def _read_server(res: ProbeResult, srv: LlamaServer, binary: str, config: RunCon
     rc = srv.proc.returncode
     res.exit_code = rc
     res.peak_rss_bytes = srv.proc.peak_rss_bytes
-    res.build = LlamaBuild(**parse_build(server_version(binary), srv.log))
+    res.build = BuildReport(**parse_build(server_version(binary), srv.log))
     spec_off = [text for _, text in parsed if pr._SPEC_OFF.search(text)]
     if config.spec_type != "none":
         res.speculation = "off" if spec_off else "on"

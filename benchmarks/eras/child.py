@@ -4,7 +4,8 @@ Run as `python benchmarks/eras/child.py '<json>'` with PYTHONPATH pointing at th
 (`/work/eras/site/0.3.N`), so that release's llama_cpp is imported. Only the standard library and
 llama_cpp are imported here. Unlike fitter/_llama_child.py it sets only the params this release has:
 
-  request: {"model_path": str, "contexts": [{"id": str, "fields": {...}}, ...]}
+  request: {"model_path": str, "n_gpu_layers": int (default 0; -1 = all, on a GPU build),
+            "contexts": [{"id": str, "fields": {...}}, ...]}
       fields are llama_context_params fields; "flash_attn" ("on"/"off") is mapped to flash_attn_type
       (enum, newer releases) or flash_attn (bool, older releases); a field the release's
       llama_context_params lacks is skipped and reported.
@@ -70,7 +71,7 @@ def main() -> int:
     if "use_extra_bufts" in mfields:
         mp.use_extra_bufts = False
         applied["use_extra_bufts"] = False
-    mp.n_gpu_layers = 0
+    mp.n_gpu_layers = int(req.get("n_gpu_layers", 0))
     model = llama_cpp.llama_model_load_from_file(req["model_path"].encode(), mp)
     log = take()
     if not model:

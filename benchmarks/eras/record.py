@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fitter.llama_log import parse_log  # noqa: E402
+from fitter.oracle.llama_log import parse_log  # noqa: E402
 from tests.synth import REGISTRY, build  # noqa: E402
 
 # llama-cpp-python release -> vendored llama.cpp (vendor/llama.cpp submodule at the release tag), see ERAS.md
@@ -80,8 +80,12 @@ def _buffer_map(rep) -> dict:
     return out
 
 
+N_GPU_LAYERS = 0  # --gpu: -1, every layer on the GPU
+
+
 def _run_child(env, model_path: str, contexts: list[dict], timeout: int = 600) -> list[dict]:
-    req = {"model_path": model_path, "contexts": [{"id": c["id"], "fields": c["fields"]} for c in contexts]}
+    req = {"model_path": model_path, "n_gpu_layers": N_GPU_LAYERS,
+           "contexts": [{"id": c["id"], "fields": c["fields"]} for c in contexts]}
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks/eras/child.py"), json.dumps(req)],
                        env=env, capture_output=True, text=True, timeout=timeout)
     events = []
@@ -172,7 +176,10 @@ def main() -> int:
     ap.add_argument("--site", default=None)
     ap.add_argument("--arch", nargs="*", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (a CUDA build): eras-cuda-<release>.json")
     a = ap.parse_args()
+    global N_GPU_LAYERS
+    N_GPU_LAYERS = -1 if a.gpu else 0
     site = a.site or f"/work/eras/site/{a.release}"
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
@@ -187,7 +194,7 @@ def main() -> int:
     if not ver or ver[0] != a.release:
         sys.exit(f"record: {site} holds llama-cpp-python {ver or 'nothing'}, not {a.release}")
     out = {"release": a.release, "llama_cpp_commit": meta.get("commit"), "llama_cpp_date": meta.get("date"),
-           "llama_cpp_build": meta.get("build"), "backend": "CPU", "dry_run": None,
+           "llama_cpp_build": meta.get("build"), "backend": "CUDA" if a.gpu else "CPU", "dry_run": None,
            "grid": {"id": "<frontend>-c<n_ctx>-ub<n_ubatch>-<type_k = type_v>-fa<flash_attn>", "frontends": FRONTENDS, "n_ctx": N_CTX, "n_ubatch": N_UBATCH,
                     "kv_fa": [{"type_kv": k, "flash_attn": f} for k, f in KV_FA]}, "models": []}
     models = [(arch, {}) for arch in archs] + [m for m in EXTRA_MODELS if not a.arch or m[0] in a.arch]
@@ -197,7 +204,7 @@ def main() -> int:
         out["models"].append(entry)
         if entry["status"] == "ok" and out["dry_run"] is None:
             out["dry_run"] = bool(entry["load_applied"].get("no_alloc", False))
-    dest = Path(a.out or ROOT / f"benchmarks/results/eras-cpu-{a.release}.json")
+    dest = Path(a.out or ROOT / f"benchmarks/results/eras-{'cuda' if a.gpu else 'cpu'}-{a.release}.json")
     dest.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"wrote {dest} ({dest.stat().st_size} bytes)")
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 
 from fitter.build.changes import ANCHORS, CHANGES, RELEASES, Change, Release
@@ -40,6 +40,7 @@ class LlamaBuild:
     commit: str | None = None
     how: str = ""
     date_estimated: bool = False
+    flipped: frozenset[str] = frozenset()  # changes taken the other way (to measure what one change costs)
 
     def has(self, change_id: str) -> bool:
         """Whether this build has the change (fitter.build.changes)."""
@@ -48,7 +49,12 @@ class LlamaBuild:
             on = self.number >= c.first_build
         else:
             on = self.date >= c.date
-        return on and (c.until is None or self.date < c.until)
+        on = on and (c.until is None or self.date < c.until)
+        return on != (change_id in self.flipped)
+
+    def flip(self, change_id: str) -> LlamaBuild:
+        """This build with one change taken the other way: what-if predictions ("this rule costs +X MiB")."""
+        return replace(self, flipped=self.flipped ^ {change_id})
 
     def uncertain(self, change_id: str) -> bool:
         """The change's merge date is unknown and this build lies inside the window that holds it."""
@@ -98,6 +104,8 @@ def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
 
 def _by_commit(prefix: str) -> LlamaBuild | None:
     prefix = prefix.lower()
+    if LLAMA_CPP_COMMIT.startswith(prefix):
+        return PINNED
     for r in RELEASES:
         if r.commit.startswith(prefix):
             return LlamaBuild(date=r.date, number=r.number, commit=r.commit,
@@ -121,8 +129,8 @@ def resolve_build(value: str | None, *, number: int | None = None, commit: str |
             return PINNED
         return _from_parts(number, commit, date)
     v = value.strip()
-    if m := re.fullmatch(r"[bB]?(\d{3,6})", v):
-        n = int(m.group(1))
+    if m := re.fullmatch(r"[bB](\d{1,6})|(\d{3,6})", v):
+        n = int(m.group(1) or m.group(2))
         if n == PINNED_BUILD_NUMBER:
             return PINNED
         d, est = date_of_build_number(n)

@@ -47,6 +47,7 @@ class Change(NamedTuple):
     window: tuple[_dt.date, _dt.date] | None = None  # (last release without, first release with) when date unknown
     until: _dt.date | None = None  # reverted or fixed on that day (then builds from it on are without it again)
     until_prs: tuple[int, ...] = ()
+    after: str = ""  # what a build with it does, where that is not the pinned build's rule (a reverted change)
 
 
 def _d(s: str) -> _dt.date:
@@ -122,7 +123,8 @@ CHANGES: tuple[Change, ...] = (
     # without the revert): builds of 2026-04-02 are taken to have the f16-only SWA cache
     Change("swa_cache_f16_only", _d("2026-04-01"), (21277,), "all", "KV",
            "the SWA cache takes -ctk/-ctv like the full cache",
-           until=_d("2026-04-03"), until_prs=(21332,)),
+           until=_d("2026-04-03"), until_prs=(21332,),
+           after="the SWA cache is f16 whatever -ctk/-ctv say (#21277, reverted by #21332)"),
     Change("quant_kv_block_check_fa_on", _d("2026-05-10"), (), "all", "none",
            "a quantized K/V whose block does not divide the head size is accepted with -fa on",
            window=_between("0.3.20", "0.3.23")),
@@ -150,7 +152,8 @@ CHANGES: tuple[Change, ...] = (
            window=(_d("2026-06-01"), _d("2026-06-05"))),
     Change("kv_nextn_layers_main_ctx", _d("2026-06-13"), (), "all", "KV",
            "the main context's KV cache has no cells for the NextN (MTP) layers",
-           window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,)),
+           window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,),
+           after="the main context's KV cache holds cells for the NextN (MTP) layers too (fixed by #28630)"),
     Change("n_outputs_max_per_seq", _d("2026-08-16"), (), "all", "compute",
            "speculative drafts reserve logits for n_parallel outputs (one per sequence)",
            window=_between("0.3.34", "0.3.35")),

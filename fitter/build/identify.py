@@ -1,8 +1,11 @@
 """Which llama.cpp build a binary or a log is: the line llama.cpp prints about itself.
 
-`llama-server --version` prints `version: 9102 (7d442abf5)`; every tool's log starts with
-`build: 9102 (7d442abf5) with <compiler> for <target>` (common/common.cpp, common_params print_build_info);
-release archives and containers name themselves `b9102-7d442abf5`.
+`--version` printed `version: 9102 (7d442abf5)` until 2026; the pinned build prints
+`version: <version> (build 11312, commit 0c1e57098bba)` (common/build-info.cpp.in, llama_print_build_info).
+Logs start with `build: 9102 (7d442abf5) with <compiler> for <target>`, now `common_params_print_info: build 11312
+(0c1e57098) with ...` (common/common.cpp). Release archives and containers name themselves `b9102-7d442abf5`.
+A build made outside a git checkout (llama-cpp-python's sdist) has build number 0: then only its commit says
+which it is.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 from fitter.build import BuildError, LlamaBuild, resolve_build
 
 _PATTERNS = (
-    re.compile(r"\b(?:version|build)\s*[:=]\s*b?(\d{3,6})\s*\(([0-9a-f]{7,40})\)"),
+    re.compile(r"\(build\s+(\d{1,6}),\s*commit\s+([0-9a-f]{7,40})\)"),
+    re.compile(r"\bbuild\s+b?(\d{1,6})\s*\(([0-9a-f]{7,40})\)"),
+    re.compile(r"\b(?:version|build)\s*[:=]\s*b?(\d{1,6})\s*\(([0-9a-f]{7,40})\)"),
     re.compile(r"\b(?:version|build)\s*[:=]\s*b(\d{3,6})-([0-9a-f]{7,40})\b"),
     re.compile(r"\bllama\.cpp\s+(?:build\s+)?b(\d{3,6})\s*\(([0-9a-f]{7,40})\)"),
     re.compile(r"(?<![\w.])b(\d{4,6})-([0-9a-f]{7,40})\b"),
@@ -23,14 +28,14 @@ _PATTERNS = (
 _NUMBER_ONLY = re.compile(r"\b(?:version|build)\s*[:=]\s*b?(\d{3,6})\b(?!\s*\()")
 
 
-def build_in_text(text: str) -> tuple[int, str | None] | None:
-    """The first build line in a log or `--version` output: (number, commit prefix or None)."""
+def build_in_text(text: str) -> tuple[int | None, str | None] | None:
+    """The first build line in a log or `--version` output: (number or None for build 0, commit prefix or None)."""
     for line in text.splitlines():
         if line.lstrip().startswith("#"):  # a comment someone added around a pasted log
             continue
         for p in _PATTERNS:
             if m := p.search(line):
-                return int(m.group(1)), m.group(2)
+                return int(m.group(1)) or None, m.group(2)
         if m := _NUMBER_ONLY.search(line):
             return int(m.group(1)), None
     return None
@@ -44,9 +49,12 @@ def build_from_text(text: str, what: str) -> LlamaBuild:
                          f"give the build with --llama-build bNNNN (llama-server --version prints it) or a date")
     number, commit = found
     b = resolve_build(None, number=number, commit=commit)
-    return LlamaBuild(date=b.date, number=number, commit=commit or b.commit, date_estimated=b.date_estimated,
-                      how=f"{what}: build b{number}" + (f" ({commit})" if commit else "")
-                      + (", date estimated from its number" if b.date_estimated else ""))
+    if b.is_pinned:
+        return b
+    named = " ".join(x for x in (f"b{number}" if number else "", f"({commit})" if commit else "") if x)
+    return LlamaBuild(date=b.date, number=number or b.number, commit=commit or b.commit,
+                      date_estimated=b.date_estimated,
+                      how=f"{what}: build {named}" + (", date estimated from its number" if b.date_estimated else ""))
 
 
 def build_of_binary(path: str | os.PathLike[str]) -> LlamaBuild:

@@ -192,6 +192,39 @@ def predict(
                       calibration=applied)
 
 
+class BuildDifference(BaseModel):
+    """One rule of the user's llama.cpp build that is not the pinned build's, and what it does to this prediction."""
+
+    change: str  # the id in fitter.build.changes
+    prs: list[int]
+    rule: str  # what this build does, in one line
+    device_bytes: int  # the total against the budget with this build's rule minus with the pinned build's
+    uncertain: bool  # the change's merge date is unknown and the build lies in the window that holds it
+
+    @property
+    def line(self) -> str:
+        prs = f" (#{', #'.join(map(str, self.prs))})" if self.prs else ""
+        cost = f": {self.device_bytes / 2**20:+,.2f} MiB" if self.device_bytes else ""
+        return f"{self.rule}{prs}{cost}" + (" [uncertain for this build: merge date unknown]" if self.uncertain else "")
+
+
+def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Backend, frontend: Frontend,
+                      draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[BuildDifference]:
+    """The rules in which the prediction's build differs from the pinned one that can apply on this backend, each
+    with what it costs here: the same prediction with that one rule taken the pinned build's way."""
+    build = pred.context.build
+    out = []
+    for c in build.differences():
+        if c.backend != "all" and c.backend.lower() != backend.value:
+            continue
+        alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id))
+        rule = c.before if not build.has(c.id) else (c.after or c.id)
+        out.append(BuildDifference(change=c.id, prs=list(c.until_prs if build.has(c.id) and c.after else c.prs),
+                                   rule=rule, device_bytes=pred.total_device_bytes - alt.total_device_bytes,
+                                   uncertain=build.uncertain(c.id)))
+    return out
+
+
 def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tuple[RunConfig, str | None]:
     """-fa auto on Metal: llama_context::resolve_fused_ops turns flash attention off when a layer's
     FLASH_ATTN_EXT cannot run on the device (ggml_metal_device_supports_op), unless a quantized V cache

@@ -14,6 +14,7 @@ from dataclasses import replace as dc_replace
 
 from pydantic import BaseModel
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
@@ -92,6 +93,7 @@ def evaluate(
     candidates: Sequence[str] = (),
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
     include_imatrix: bool = True,
+    build: LlamaBuild = PINNED,
 ) -> list[Candidate]:
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size."""
     available = budget_bytes - margin_bytes
@@ -119,11 +121,11 @@ def evaluate(
         s = model_spec_from_header(h)
         if s.architecture != spec.architecture or s.n_layer != spec.n_layer:
             raise ConfigError(f"--candidate {name}: a {s.architecture} with {s.n_layer} layers, not the same model")
-        pred = predict(h, s, cfg, backend, frontend, draft)
+        pred = predict(h, s, cfg, backend, frontend, draft, build=build)
         total = pred.total_device_bytes
         big = largest_context(h, s, cfg, backend, frontend, available, n_ubatch=pred.context.n_ubatch,
                               type_k=pred.context.type_k, type_v=pred.context.type_v, with_draft=draft is not None,
-                              draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx))
+                              draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build)
         out.append(Candidate(
             name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
             headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
@@ -103,10 +104,12 @@ def largest_context(
     with_draft: bool,
     draft: tuple[GGUFHeader, ModelSpec] | None,
     ctx_max: int,
+    build: LlamaBuild = PINNED,
 ) -> Solution:
     def total(steps: int) -> int:
         cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
-        return predict(header, spec, cfg, backend, frontend, draft if with_draft else None).total_device_bytes
+        return predict(header, spec, cfg, backend, frontend, draft if with_draft else None,
+                       build=build).total_device_bytes
 
     steps, best_total = largest_fitting(total, available, ctx_max // CTX_STEP)
     n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
@@ -129,6 +132,7 @@ def solve(
     ubatches: tuple[int, ...] = UBATCHES,
     kv_pairs: tuple[tuple[str, str], ...] = KV_PAIRS,
     ctx_max: int | None = None,
+    build: LlamaBuild = PINNED,
 ) -> list[Solution]:
     """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head)."""
     available = budget_bytes - margin_bytes
@@ -144,7 +148,7 @@ def solve(
                     out.append(
                         largest_context(
                             header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
-                            with_draft=with_draft, draft=draft, ctx_max=ctx_max,
+                            with_draft=with_draft, draft=draft, ctx_max=ctx_max, build=build,
                         )
                     )
                 except ConfigError:
@@ -168,10 +172,10 @@ def recommend(solutions: list[Solution], ctx_target: int) -> Solution | None:
 
 def prediction_for(
     header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend, s: Solution,
-    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None, *, build: LlamaBuild = PINNED,
 ) -> Prediction:
     cfg = _config_for(base, s.n_ctx, s.n_ubatch, s.type_k, s.type_v, s.draft)
-    return predict(header, spec, cfg, backend, frontend, draft if s.draft else None)
+    return predict(header, spec, cfg, backend, frontend, draft if s.draft else None, build=build)
 
 
 class Alternative(BaseModel):
@@ -190,7 +194,8 @@ class Alternative(BaseModel):
 
 
 def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backend, frontend: Frontend,
-                   available: int, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[Alternative]:
+                   available: int, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction, *,
+                   build: LlamaBuild = PINNED) -> list[Alternative]:
     """For a prediction over budget: the largest context that fits, and each other single change (a quantized K/V
     cache, a smaller ubatch, no draft) that keeps the requested context."""
     cp = pred.context
@@ -200,7 +205,8 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
     def largest(base: RunConfig, *, ub: int = cp.n_ubatch, tk: str = cp.type_k, tv: str = cp.type_v,
                 drafted: bool = with_draft) -> int:
         return largest_context(header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
-                               with_draft=drafted, draft=draft if drafted else None, ctx_max=cp.n_ctx).n_ctx
+                               with_draft=drafted, draft=draft if drafted else None, ctx_max=cp.n_ctx,
+                               build=build).n_ctx
 
     n_ctx = largest(cfg)
     out = [Alternative(flags=[f"-c {n_ctx}"], reason="largest context that fits") if n_ctx

@@ -171,7 +171,7 @@ class LlamaParams(BaseModel):
         return out
 
 
-class LlamaBuild(BaseModel):
+class BuildReport(BaseModel):
     """The llama.cpp build that answered, as the library reports it at run time."""
 
     llama_cpp_python: str | None = None
@@ -220,7 +220,7 @@ class LlamaRun(BaseModel):
     signal: str | None = None  # "SIGABRT", "SIGSEGV", "SIGILL", "SIGKILL" ...
     wall_s: float = 0.0  # spawn to exit, parent side (includes Python start and `import llama_cpp`)
     timings: dict[str, float] = Field(default_factory=dict)  # child side: import_s, model_s, context_s, free_s, total_s
-    build: LlamaBuild = Field(default_factory=LlamaBuild)
+    build: BuildReport = Field(default_factory=BuildReport)
     api: dict[str, Any] = Field(default_factory=dict)  # exact values from the C API (model_size, n_ctx, ...)
     breakdown: list[BreakdownRow] | None = None
     # measure(device_memory=True): {"stage": start|model|context|decode, "devices": [{device, free, total}]}
@@ -541,7 +541,7 @@ def _assemble(
     sig = signal_name(rc)
     done = events.get("done")
 
-    build = LlamaBuild(**{k: v for k, v in events.get("build", {}).items() if k in LlamaBuild.model_fields})
+    build = BuildReport(**{k: v for k, v in events.get("build", {}).items() if k in BuildReport.model_fields})
     api: dict[str, Any] = {}
     api.update(events.get("model", {}).get("api", {}))
     api.update({f"ctx_{k}": v for k, v in events.get("context", {}).get("api", {}).items()})

@@ -16,7 +16,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import Backend, ConfigError, Frontend, MiB, Progress, load_model_spec, predict
+from fitter import PINNED, Backend, ConfigError, Frontend, LlamaBuild, MiB, Progress, load_model_spec, predict
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef
@@ -28,8 +28,8 @@ from search.workload import Workload
 class Predictor:
     """`fitter.memory.predict` for a candidate, each model file read once."""
 
-    def __init__(self, backend: Backend, frontend: Frontend):
-        self.backend, self.frontend = backend, frontend
+    def __init__(self, backend: Backend, frontend: Frontend, build: LlamaBuild = PINNED):
+        self.backend, self.frontend, self.build = backend, frontend, build
         self._specs: dict[str, Any] = {}
 
     def spec(self, path: str):
@@ -41,7 +41,7 @@ class Predictor:
         header, spec = self.spec(cand.model_path)
         dm = cand.config.draft_model
         draft = self.spec(dm) if cand.config.spec_type == "draft-simple" and dm else None
-        return predict(header, spec, cand.config, self.backend, self.frontend, draft)
+        return predict(header, spec, cand.config, self.backend, self.frontend, draft, build=self.build)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,19 @@ from typing import Any, Callable, Literal, Sequence
 
 import optuna
 
-from fitter import Backend, Budget, Frontend, MiB, Progress, available_bytes, parse_budget, parse_margin, resolve_model
+from fitter import (
+    PINNED,
+    Backend,
+    Budget,
+    Frontend,
+    LlamaBuild,
+    MiB,
+    Progress,
+    available_bytes,
+    parse_budget,
+    parse_margin,
+    resolve_model,
+)
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
@@ -102,7 +114,7 @@ def _ctx_choices(d: StudyDef, dist: LengthDistribution | None, n_ctx_train: int,
 
 def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Frontend, n_trials: int | None,
           runner: str, drafts: Sequence[str | os.PathLike[str]], workload: Workload | None,
-          confirm_rounds: int) -> _Plan:
+          confirm_rounds: int, build: LlamaBuild) -> _Plan:
     d = load_study(study_def)
     if workload is not None:
         d = d.model_copy(update={"workload": workload})
@@ -118,7 +130,7 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
     b = _as_budget(budget, backend)
     margin_bytes = margin if isinstance(margin, int) else parse_margin(margin)
     avail = available_bytes(b, margin_bytes)
-    predictor = Predictor(backend, frontend)
+    predictor = Predictor(backend, frontend, build)
     spec0 = _same_model(predictor, models)
     for dr in drafts_l:
         predictor.spec(dr)
@@ -228,6 +240,7 @@ def run_study(
     feasibility: bool = True,
     probe: Callable[..., ProbeResult] = run_probe,
     enqueue_defaults: bool = True,
+    llama_build: LlamaBuild = PINNED,
 ) -> StudyResult:
     """Run (or resume, or join) the study and return its best config, measured against llama.cpp's defaults.
 
@@ -239,7 +252,8 @@ def run_study(
     llama.cpp's defaults (with the best config's -c) and the best config again, `confirm_rounds` times each,
     alternating, and report the ratio (not counted in `n_trials`; skipped when the best config is the defaults).
     `progress` receives the lasting lines (each trial's outcome); `live` (a `fitter.progress.Progress`) shows what
-    runs now: the probe in flight, the best so far.
+    runs now: the probe in flight, the best so far. `llama_build`: the llama.cpp build whose memory rules decide
+    which configs are feasible (the one `llama_server` is, when the study probes a user's binary).
 
     For benchmarks: ``feasibility=False`` probes every valid proposal whatever its prediction (the sampler then learns
     the budget from OOMs only); ``probe`` replaces `run_probe` (same signature), e.g. a lookup in measured results;
@@ -247,7 +261,7 @@ def run_study(
     """
     backend = Backend(backend)
     p = _plan(model, study_def, budget=budget, margin=margin, backend=backend, frontend=frontend, n_trials=n_trials,
-              runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds)
+              runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build)
     d, say = p.d, _Say(progress, live)
     sname = name or study_name(d, p.models, budget_bytes=p.budget.bytes, margin_bytes=p.margin_bytes, backend=backend,
                                runner=runner, drafts=p.drafts)
