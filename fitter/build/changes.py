@@ -157,6 +157,12 @@ CHANGES: tuple[Change, ...] = (
     Change("n_outputs_max_per_seq", _d("2026-08-16"), (), "all", "compute",
            "speculative drafts reserve logits for n_parallel outputs (one per sequence)",
            window=_between("0.3.34", "0.3.35")),
+    # "ggml: allow passing alloc dependencies in graph_optimize" (#27301, opened 2026-08-18, merge date not found)
+    # and CUDA's use of it for its MoE fusions; 0.3.35 (2026-08-16) has neither, 0.3.36 both
+    Change("cuda_fusion_alloc_deps", _d("2026-08-18"), (27301,), "CUDA", "compute",
+           "CUDA keeps no tensor alive longer for its fusions (graph_optimize adds no alloc deps: MoE weighted "
+           "reduction, top-k MoE routing)",
+           window=(_R["0.3.35"], _R["0.3.36"])),
     Change("metal_fa_kv_f16_extra", _d("2026-08-20"), (27390,), "Metal", "compute",
            "Metal's flash attention reserves no f16 copy of K and V"),
     Change("metal_mul_mat_id_amax", _d("2026-10-01"), (), "Metal", "compute",

@@ -292,4 +292,7 @@ class CUDABackend(BackendImpl):
         return super().op_batch_size(t)
 
     def graph_optimize(self, segments: list) -> None:
-        cuda_alloc_deps(segments)
+        # alloc deps exist since 0.3.36 (ggml_backend_graph_optimize_params.add_alloc_dep); before, CUDA's
+        # graph_optimize only reordered for stream concurrency, off by default (0.3.35 ggml-cuda.cu, GGML_CUDA_GRAPH_OPT)
+        if self.build.has("cuda_fusion_alloc_deps"):
+            cuda_alloc_deps(segments)
