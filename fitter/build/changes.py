@@ -68,9 +68,15 @@ RELEASES: tuple[Release, ...] = (
 
 # Builds whose number and date (or commit) public logs print together: what maps a build number to a date.
 ANCHORS: tuple[Anchor, ...] = (
+    Anchor(7380, _d("2025-12-13"), None, "github.com/ggml-org/llama.cpp/issues/18004 (filed 2025-12-13, bisecting b7296..b7380, "
+           "the newest build then: the date is an upper bound)"),
     Anchor(8284, _d("2026-03-11"), "00de61534", "github.com/ggml-org/llama.cpp/issues/20431"),
+    Anchor(8639, _d("2026-04-02"), None, "github.com/fragcolor-xyz/shards/pull/1261 ('Bump llama.cpp from b8575 to b8639 "
+           "(April 2, 2026)', Gemma 4 support)"),
     Anchor(9102, _d("2026-05-10"), "7d442abf5", "llama-cpp-python 0.3.23's vendored llama.cpp, printed as 'llama-server v9102 (7d442abf5)' in a public issue"),
     Anchor(9525, _d("2026-06-05"), "ad1b88ca0", "github.com/ggml-org/llama.cpp/issues/24175"),
+    Anchor(9459, _d("2026-06-01"), "95b8b8ec1", "github.com/ggml-org/llama.cpp/issues/23978 ('version: 9459 (95b8b8ec1)', "
+           "filed 2026-06-01)"),
     Anchor(9625, _d("2026-06-13"), "f05cf4676", "llama-cpp-python 0.3.29's vendored llama.cpp, printed in a public log"),
     Anchor(9976, _d("2026-07-11"), "e3546c794", "llama-cpp-python 0.3.34's vendored llama.cpp, printed in public code"),
     Anchor(10454, _d("2026-08-16"), "4df29be4f", "llama-cpp-python 0.3.35's vendored llama.cpp, printed in a public benchmark"),
@@ -94,15 +100,17 @@ CHANGES: tuple[Change, ...] = (
            "n_seq_max is at most 64"),
     Change("kv_size_pad_backend", _d("2025-11-06"), (16812, 17046), "all", "KV",
            "the KV cache size is padded to 256 cells with flash attention, 32 without; n_ctx is not padded"),
+    # "llama : update worst-case graph for unified cache" (#17379, 2025-11-19) was folded into #17276 ("think we can
+    # merge this into #17276", 2025-11-20); #17276's merge date was not found, hence the window up to 0.3.17
+    Change("reserve_n_seqs_unified", _d("2025-11-20"), (17379, 17276), "all", "compute",
+           "a unified KV cache reserves the worst-case graph for 1 sequence",
+           window=(_d("2025-11-19"), _R["0.3.17"])),
     Change("kq_mask_batch_pad_64", _d("2025-12-12"), (16148, 16309), "all", "compute",
            "the KQ mask has GGML_PAD(n_tokens, 64) rows"),
     Change("embd_input_always", _d("2026-01-18"), (18550, 18898), "all", "compute",
            "the token-embedding input is the only graph input of a token batch (no n_embd x n_ubatch f32 input)"),
     Change("mla_v_less_cache", _d("2026-01-24"), (19067,), "all", "KV",
            "MLA models cache V (kv_lora_rank per cell) besides the latent K"),
-    Change("reserve_n_seqs_unified", _d("2026-03-22"), (), "all", "compute",
-           "a unified KV cache reserves the worst-case graph for 1 sequence",
-           window=_between("0.3.16", "0.3.17")),
     Change("gallocr_chunked_vbuffer", _d("2026-03-22"), (), "all", "compute",
            "a compute buffer is one chunk (no split above the device's max buffer size)",
            window=_between("0.3.16", "0.3.17")),
@@ -111,25 +119,37 @@ CHANGES: tuple[Change, ...] = (
            window=_between("0.3.16", "0.3.17")),
     Change("attn_rot_quantized_kv", _d("2026-04-01"), (21038,), "all", "compute",
            "quantized K/V are not rotated (no Hadamard rotation inputs or rotated copies)"),
+    # #21332 was opened on 2026-04-02 and merged after f49e917 of that day (0.3.20's llama.cpp, which has #21277
+    # without the revert): builds of 2026-04-02 are taken to have the f16-only SWA cache
     Change("swa_cache_f16_only", _d("2026-04-01"), (21277,), "all", "KV",
            "the SWA cache takes -ctk/-ctv like the full cache",
-           until=_d("2026-04-02"), until_prs=(21332,),
+           until=_d("2026-04-03"), until_prs=(21332,),
            after="the SWA cache is f16 whatever -ctk/-ctv say (#21277, reverted by #21332)"),
     Change("quant_kv_block_check_fa_on", _d("2026-05-10"), (), "all", "none",
            "a quantized K/V whose block does not divide the head size is accepted with -fa on",
            window=_between("0.3.20", "0.3.23")),
+    # first build: b9410 ("llama.cpp b9410 uses f16 mask for Flash Attention", theneuralfeed.com/article/b9410)
     Change("kq_mask_f16_fa", _d("2026-05-27"), (23764,), "all", "compute",
-           "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)"),
-    Change("cuda_fa_f16_kv_reserve", _d("2026-05-30"), (23907,), "CUDA", "compute",
-           "CUDA reserves no f16 copy of a quantized K/V for flash attention"),
+           "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)",
+           first_build=9410),
+    # merged 2026-06-01 (opened 2026-05-29 as "continue #23764"); its build number was not found: b9459 was out on
+    # 2026-06-01 (issue #23978) and 0.3.25's 210a6570c of that day has it. A build is placed by its date.
     Change("logits_whole_ubatch", _d("2026-06-01"), (23861,), "all", "compute",
            "the worst-case graph computes logits for every token of the ubatch (n_outputs_max does not exist)"),
     Change("embd_pre_norm_output", _d("2026-06-01"), (), "all", "output",
            "the output buffer holds no pre-norm embeddings for MTP",
            window=_between("0.3.23", "0.3.25")),
+    Change("mtp_context", _d("2026-06-01"), (), "all", "none",
+           "no MTP draft context (LLAMA_CONTEXT_TYPE_MTP): --spec-type draft-mtp does not exist",
+           window=_between("0.3.23", "0.3.25")),
     Change("rs_snapshots_n_rs_seq", _d("2026-06-01"), (), "all", "RS",
            "the recurrent state keeps no snapshots for speculative rollback (n_rs_seq)",
            window=_between("0.3.23", "0.3.25")),
+    # #23907 (f8f0a47a5) was opened 2026-05-30 and merged after 210a6570c of 2026-06-01 (0.3.25's llama.cpp, which
+    # lacks it) and before issue #24166 of 2026-06-05 bisected to it
+    Change("cuda_fa_f16_kv_reserve", _d("2026-06-02"), (23907,), "CUDA", "compute",
+           "CUDA reserves no f16 copy of a quantized K/V for flash attention",
+           window=(_d("2026-06-01"), _d("2026-06-05"))),
     Change("kv_nextn_layers_main_ctx", _d("2026-06-13"), (), "all", "KV",
            "the main context's KV cache has no cells for the NextN (MTP) layers",
            window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,),
@@ -137,12 +157,58 @@ CHANGES: tuple[Change, ...] = (
     Change("n_outputs_max_per_seq", _d("2026-08-16"), (), "all", "compute",
            "speculative drafts reserve logits for n_parallel outputs (one per sequence)",
            window=_between("0.3.34", "0.3.35")),
+    # "ggml: allow passing alloc dependencies in graph_optimize" (#27301, opened 2026-08-18, merge date not found)
+    # and CUDA's use of it for its MoE fusions; 0.3.35 (2026-08-16) has neither, 0.3.36 both
+    Change("cuda_fusion_alloc_deps", _d("2026-08-18"), (27301,), "CUDA", "compute",
+           "CUDA keeps no tensor alive longer for its fusions (graph_optimize adds no alloc deps: MoE weighted "
+           "reduction, top-k MoE routing)",
+           window=(_R["0.3.35"], _R["0.3.36"])),
     Change("metal_fa_kv_f16_extra", _d("2026-08-20"), (27390,), "Metal", "compute",
            "Metal's flash attention reserves no f16 copy of K and V"),
+    Change("metal_mul_mat_id_amax", _d("2026-10-01"), (), "Metal", "compute",
+           "Metal's MUL_MAT_ID reserves no amax scales (8 + N_MM_NPART_AMAX x 4 B) after its output",
+           window=_between("0.3.35", "0.3.36")),
+    Change("metal_fa_sparse_idx", _d("2026-10-01"), (), "Metal", "compute",
+           "Metal's flash attention reserves no sparse KV index lists (n_kv_max hint)",
+           window=_between("0.3.35", "0.3.36")),
+    Change("cuda_fa_vec_f16_fallback", _d("2026-10-01"), (), "CUDA", "compute",
+           "CUDA's vec flash-attention kernel reserves f16 K/V copies only for f32 K/V (none for a type pair "
+           "without a compiled vec kernel)",
+           window=_between("0.3.35", "0.3.36")),
     Change("gallocr_clamp_inplace", _d("2026-10-01"), (), "all", "compute",
            "CLAMP is not computed in place",
            window=_between("0.3.35", "0.3.36")),
     Change("rs_ple_conv_state", _d("2026-10-01"), (), "all", "RS",
            "no PLE conv state",
            window=_between("0.3.35", "0.3.36")),
+)
+
+
+class ArchAdded(NamedTuple):
+    """The first llama.cpp with an architecture ggfit models (older builds fail to load it: "unknown model
+    architecture"). Only the architectures added after the oldest release ggfit knows (0.3.16, 2025-08-14)."""
+
+    arch: str
+    date: _dt.date  # merged (or, if unknown, the first date seen with it)
+    prs: tuple[int, ...]
+    source: str
+    first_build: int | None = None
+    window: tuple[_dt.date, _dt.date] | None = None  # the merge lies in it when the date is not known
+
+
+ARCHS_ADDED: tuple[ArchAdded, ...] = (
+    ArchAdded("qwen3next", _d("2025-11-28"), (16095,),
+              "PR #16095 merged 2025-11-28 (ollama/ollama#12349, abetlen/llama-cpp-python#2097); "
+              "0.3.16 refuses it, 0.3.17 loads it"),
+    ArchAdded("mistral3", _d("2025-12-01"), (17644,),
+              "PR #17644 'model: support Ministral3', 2025-12-01; 0.3.16 refuses it, 0.3.17 loads it"),
+    ArchAdded("qwen35", _d("2026-02-10"), (19468,),
+              "PR #19468 (after #19435 was reverted by #19453 on 2026-02-09), merged by 2026-02-24 "
+              "(SciSharp/LLamaSharp#1340); 0.3.16 refuses it, 0.3.17 loads it",
+              window=(_d("2026-02-09"), _d("2026-02-24"))),
+    ArchAdded("qwen35moe", _d("2026-02-10"), (19468,), "as qwen35 (the same PR)",
+              window=(_d("2026-02-09"), _d("2026-02-24"))),
+    ArchAdded("gemma4", _d("2026-04-02"), (21309,),
+              "PR #21309, in b8639 of 2026-04-02 (fragcolor-xyz/shards#1261); 0.3.17 (2026-03-22) refuses it, "
+              "0.3.20 (f49e917, 2026-04-02) knows it"),
 )

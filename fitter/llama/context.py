@@ -331,7 +331,7 @@ def compute_buffers(
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
     if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
-    impl = backends.get(backend)
+    impl = backends.get(backend).for_build(cp.build)  # the backend's alloc sizes as cp.build's ggml has them
     key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:
@@ -367,8 +367,11 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
 
     pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize)
+    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
+    if not c.build.has("gallocr_chunked_vbuffer"):
+        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
     ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
-                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
+                 max_buffer_size=[max_size, SIZE_MAX])
     r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
     out = []
     for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):

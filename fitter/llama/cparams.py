@@ -15,7 +15,8 @@ from typing import Any, Literal, NamedTuple, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fitter.build import PINNED, LlamaBuild
-from fitter.errors import GGFitError
+from fitter.build.changes import ARCHS_ADDED
+from fitter.errors import GGFitError, UnsupportedModelError
 from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
 from fitter.ggml.types import BLCK, GGML_TYPES, pad
 from fitter.llama.hparams import ModelSpec
@@ -392,16 +393,20 @@ def _check_batch_holds_slots(config: RunConfig, n_batch: int, n_seq_max: int, n_
                       f"use -c {n_seq_max} or more (llama.cpp rounds n_ctx up to 256 anyway), or fewer slots")
 
 
-def _check_cache_types(spec: ModelSpec, config: RunConfig) -> bool:
+def _check_cache_types(spec: ModelSpec, config: RunConfig, build: LlamaBuild = PINNED) -> bool:
     """flash_attn as llama_init_from_model resolves it, after refusing the K/V cache types llama.cpp refuses."""
     quant_v = BLCK[GGML_TYPES[config.type_v]] > 1
+    if config.flash_attn == "auto" and not build.has("fa_default_auto"):
+        # before flash_attn_type (0.3.16 llama_context_params.flash_attn, a bool): no auto, off unless asked for
+        config = config.model_copy(update={"flash_attn": "off"})
     # llama_init_from_model: quantized V needs flash attention; auto is switched on for it
     if config.flash_attn == "off" and quant_v:
         raise ConfigError(f"-ctv {config.type_v} with -fa off: llama.cpp refuses a quantized V cache without flash attention")
     flash_attn = config.flash_attn != "off"  # auto resolves to enabled when every layer's KV sits with its FA op
     if spec.is_mla and config.type_k != config.type_v:
         raise ConfigError(f"{spec.architecture} (MLA) does not support different K ({config.type_k}) and V ({config.type_v}) cache types")
-    if flash_attn:
+    # llama_init_from_model: the block check applies to -fa auto only before 0.3.23, to -fa on as well since
+    if config.flash_attn == "auto" or (flash_attn and build.has("quant_kv_block_check_fa_on")):
         for tname, name, attr in ((config.type_k, "K", "n_embd_head_k"), (config.type_v, "V", "n_embd_head_v")):
             block = BLCK[GGML_TYPES[tname]]
             if block > 1:
@@ -411,21 +416,55 @@ def _check_cache_types(spec: ModelSpec, config: RunConfig) -> bool:
                             f"{name} cache type {tname} with block size {block} does not divide "
                             f"{attr}={getattr(layer, attr)}"
                         )
+    elif flash_attn:
+        # unchecked (0.3.20 llama_init_from_model): a cache row that is not whole blocks makes a K/V view overrun its
+        # cache, and llama.cpp aborts in ggml_new_tensor_impl (GGML_ASSERT ... <= ggml_nbytes(view_src))
+        for tname, name, attr in ((config.type_k, "K", "n_embd_k_gqa"), (config.type_v, "V", "n_embd_v_gqa")):
+            block = BLCK[GGML_TYPES[tname]]
+            for layer in spec.layers[: spec.n_layer]:
+                if block > 1 and layer.kind.value != "recurrent" and getattr(layer, attr) % block:
+                    raise ConfigError(f"{build.label()} aborts with a {name} cache of type {tname}: {attr}="
+                                      f"{getattr(layer, attr)} is not a multiple of its block size {block}")
     return flash_attn
+
+
+_ARCHS_ADDED = {a.arch: a for a in ARCHS_ADDED}
+
+
+def check_arch_known(architecture: str, build: LlamaBuild) -> None:
+    """Refuse a model the build cannot load: its architecture was added to llama.cpp after the build (llama_model_loader:
+    "unknown model architecture"). fitter.build.changes.ARCHS_ADDED dates each one."""
+    a = _ARCHS_ADDED.get(architecture)
+    if a is None:
+        return
+    known = build.number >= a.first_build if a.first_build is not None and build.number is not None else build.date >= a.date
+    if not known:
+        raise UnsupportedModelError(
+            f"{build.label()} does not know architecture {architecture} (added by PR "
+            f"{', '.join(f'#{n}' for n in a.prs)}, {'about ' if a.window else ''}{a.date}); use a later build")
 
 
 def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, mtp: bool = False,
                     build: LlamaBuild = PINNED) -> ContextParams:
     """Mirror llama_context::llama_context's cparams, after the front end's defaults, for `build`."""
+    check_arch_known(spec.architecture, build)
     applied: dict[str, str] = {}
     d = _front_end_defaults(config, frontend, applied)
     n_seq_max = max(1, d.n_parallel)
-    if n_seq_max > LLAMA_MAX_SEQ:
-        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {LLAMA_MAX_SEQ}")
+    # llama_context::llama_context: LLAMA_MAX_SEQ was 64 before #15916 (0.3.16 src/llama-cparams.h)
+    max_seq = LLAMA_MAX_SEQ if build.has("max_seq_256") else 64
+    if n_seq_max > max_seq:
+        raise ConfigError(f"-np {n_seq_max}: n_seq_max must be <= {max_seq}" +
+                          ("" if max_seq == LLAMA_MAX_SEQ else f" in {build.label()}"))
+    if config.spec_type == "draft-mtp" and not build.has("mtp_context"):
+        raise ConfigError(f"--spec-type draft-mtp: {build.label()} has no MTP draft context "
+                          "(LLAMA_CONTEXT_TYPE_MTP came with llama-cpp-python 0.3.25's llama.cpp)")
 
     n_ctx = d.n_ctx or spec.n_ctx_train
     # causal models: n_batch <= n_ctx, n_ubatch <= n_batch (llama_context::llama_context)
     n_batch = min(n_ctx, d.n_batch)
+    if not build.has("kq_mask_batch_pad_64"):
+        n_batch = max(n_batch, 64)  # 0.3.16 llama_context::llama_context: n_batch at least GGML_KQ_MASK_PAD
     n_ubatch = min(n_batch, d.n_ubatch)
     _check_batch_holds_slots(config, n_batch, n_seq_max, d.n_parallel)
 
@@ -437,16 +476,23 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     else:
         n_outputs_max = n_batch
 
-    n_ctx = pad(n_ctx, 256)
-    if d.kv_unified:
-        n_ctx_seq = n_ctx
+    flash_attn = _check_cache_types(spec, config, build)
+    if not build.has("kv_size_pad_backend"):
+        # before #16812/#17046 (0.3.16 llama_model::create_memory): n_ctx is not padded; the cache of each stream
+        # is, to llama_kv_cache_unified::get_padding (256 with flash attention, 32 without)
+        n_pad = 256 if flash_attn else 32
+        n_ctx_seq = pad(n_ctx if d.kv_unified else -(-n_ctx // n_seq_max), n_pad)
+        n_ctx = n_ctx_seq if d.kv_unified else n_ctx_seq * n_seq_max
     else:
-        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
-        if n_ctx_seq == 0:
-            raise ConfigError("n_ctx_seq == 0")
-        n_ctx = n_ctx_seq * n_seq_max
+        n_ctx = pad(n_ctx, 256)
+        if d.kv_unified:
+            n_ctx_seq = n_ctx
+        else:
+            n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+            if n_ctx_seq == 0:
+                raise ConfigError("n_ctx_seq == 0")
+            n_ctx = n_ctx_seq * n_seq_max
 
-    flash_attn = _check_cache_types(spec, config)
     # common_params_speculative::need_n_rs_seq: MTP keeps draft.n_max recurrent snapshots per sequence
     # (clamped to 0 for architectures without recurrent rollback: llm_arch_supports_rs_rollback)
     n_rs_seq = config.draft_n_max if config.spec_type == "draft-mtp" and spec.supports_rs_rollback and not mtp else 0

@@ -63,7 +63,7 @@ from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
 from fitter.llama.cparams import ContextParams
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
-from fitter.llama.kv_cache_iswa import swa_cells
+from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
 
 # a family's build_graph: yields the embeddings, then each layer's output; the driver sends (layer, input)
 # pairs and (None, last output) for the epilogue (see fitter.llama.context)
@@ -95,10 +95,18 @@ class GraphContext:
         self.arch = spec.architecture
         self.fa = cp.flash_attn
         n_seqs = cp.n_seq_max
+        self.build = cp.build
+        # MLA caches only the latent K (V is a view of it) since #19067; before, V had a cache of its own (0.3.16)
+        self.v_less = spec.is_mla and self.build.has("mla_v_less_cache")
+        if not self.build.has("reserve_n_seqs_unified"):
+            n_seqs = 1 if cp.kv_unified else n_seqs  # llama_context::llama_context (0.3.16): unified reserves 1 seq
         n_tokens = min(cp.n_ctx, cp.n_ubatch)  # llama_context::sched_reserve
         self.n_outputs = min(n_tokens, cp.n_outputs_max)
         if n_tokens % n_seqs:  # llama_context::graph_reserve
             n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
+        if not self.build.has("logits_whole_ubatch"):
+            # before #23861, llama_context::llama_context: graph_reserve(n_tokens, n_seqs, n_tokens) (0.3.23)
+            self.n_outputs = n_tokens
         self.n_tokens = n_tokens
         self.n_seqs = n_seqs
         self.n_stream = 1 if cp.kv_unified else n_seqs
@@ -114,6 +122,11 @@ class GraphContext:
         ctx0 = self.ctx0
         n_embd_inp = n_embd_inp or self.n_embd
         tokens = inp(ctx0, I32, (self.n_tokens,), "inp_tokens")
+        if not self.build.has("embd_input_always"):
+            # before #18898 (0.3.16 build_inp_embd): a token batch has only the tokens input
+            cur = get_rows(ctx0, weight(ctx0, (n_embd_inp, self.spec.n_vocab), "token_embd", host=True), tokens, "embd")
+            self.g.expand(cur)
+            return cur
         embd = inp(ctx0, F32, (n_embd_inp, self.n_tokens), "inp_embd")
         cur = get_rows(ctx0, weight(ctx0, (n_embd_inp, self.spec.n_vocab), "token_embd", host=True), tokens, "embd")
         # ggml_build_forward_select: both alternatives enter the graph, the unused one as a leaf
@@ -129,26 +142,28 @@ class GraphContext:
         ctx0 = self.ctx0
         return inp(ctx0, I32, (self.n_outputs,), "out_ids")
 
-    def _kv(self, layers: list[int], size: int) -> KVCacheView:
+    def _kv(self, layers: list[int], size: int, types: tuple[str, str] | None = None) -> KVCacheView:
         cp = self.cp
-        tk, tv = type_of(cp.type_k), type_of(cp.type_v)
+        tk, tv = type_of((types or (cp.type_k, cp.type_v))[0]), type_of((types or (cp.type_k, cp.type_v))[1])
         # llama_kv_cache::llama_kv_cache: attn_rot_k / attn_rot_v (Hadamard rotation for quantized caches)
         hk = {self.spec.layers[il].n_embd_head_k for il in layers}
         hv = {self.spec.layers[il].n_embd_head_v for il in layers}
         head_k_all = hk.pop() if len(hk) == 1 else (-1 if hk else 0)
         head_v_all = hv.pop() if len(hv) == 1 else (-1 if hv else 0)
-        if self.spec.is_mla:
+        if self.v_less:
             head_v_all = 0  # MLA caches have no V
         # hparams.n_embd_head_k() / n_embd_head_v(): the default argument is layer 0
         full_k = self.spec.layers[0].n_embd_head_k
         full_v = self.spec.layers[0].n_embd_head_v
         rot_k = rot_v = 0
+        if not self.build.has("attn_rot_quantized_kv"):  # before #21038 (0.3.17 llama_kv_cache): no rotation
+            head_k_all = head_v_all = 0
         if head_k_all > 0 and BLCK[tk] > 1 and full_k % 64 == 0:
             n = 64
             while head_k_all % n == 0:
                 n *= 2
             rot_k = n // 2
-        if head_v_all > 0 and BLCK[tv] > 1 and full_v % 64 == 0 and not self.spec.is_mla:
+        if head_v_all > 0 and BLCK[tv] > 1 and full_v % 64 == 0 and not self.v_less:
             rot_v = 64
         return KVCacheView(size, self.n_stream, tk, tv, not self.fa, rot_k, rot_v, list(layers))
 
@@ -161,14 +176,21 @@ class GraphContext:
             l = self.spec.layers[il]
             k = cache(ctx0, kv.type_k, (l.n_embd_k_gqa, kv.size, kv.n_stream), f"cache_k_l{il}")
             v = None
-            if not self.spec.is_mla:
+            if not self.v_less:
                 v = cache(ctx0, kv.type_v, ((self.v_gqa_max if kv.v_trans else l.n_embd_v_gqa), kv.size, kv.n_stream), f"cache_v_l{il}")
             t = kv.tensors[il] = (k, v)
         return t
 
     def _kq_mask(self, kv: KVCacheView) -> Tensor:  # build_attn_inp_kq_mask
         ctx0 = self.ctx0
-        return inp(ctx0, F16 if self.fa else F32, (kv.size, self.n_tokens // self.n_stream, 1, self.n_stream), "attn_inp_kq_mask")
+        rows = self.n_tokens // self.n_stream
+        if not self.build.has("kq_mask_batch_pad_64"):
+            rows = -(-rows // 64) * 64  # GGML_PAD(n_tokens/n_stream, GGML_KQ_MASK_PAD) (0.3.16 build_attn_inp_kv_unified)
+        if self.build.has("kq_mask_f16_fa"):
+            return inp(ctx0, F16 if self.fa else F32, (kv.size, rows, 1, self.n_stream), "attn_inp_kq_mask")
+        # before #23764 (0.3.23 build_attn_inp_kq_mask): an f32 input, cast to f16 for flash attention
+        mask = inp(ctx0, F32, (kv.size, rows, 1, self.n_stream), "attn_inp_kq_mask")
+        return cast(ctx0, mask, F16) if self.fa else mask
 
     def _attn_inputs(self, kv: KVCacheView, with_v: bool = True) -> dict:
         ctx0 = self.ctx0
@@ -225,7 +247,7 @@ class GraphContext:
         sp = self.spec
         trunk = [l for l in sp.layers[: sp.n_layer] if l.has_kv]
         base = self._kv([l.index for l in trunk if l.kind != LayerKind.SWA], self.cp.n_ctx_seq)
-        swa = self._kv([l.index for l in trunk if l.kind == LayerKind.SWA], swa_cells(sp, self.cp))
+        swa = self._kv([l.index for l in trunk if l.kind == LayerKind.SWA], swa_cells(sp, self.cp), swa_cache_types(self.cp))
         # llama_model::create_memory (gemma3n / gemma4): layers past n_layer_kv_from_start reuse the KV
         # of the last layer of their kind that has one
         for l in sp.layers[: sp.n_layer]:
@@ -361,6 +383,8 @@ class GraphContext:
             weights = reshape(ctx0, weights, (n_used, n_tokens))
             wsum = sum_rows(ctx0, weights, f"ffn_moe_weights_sum-{il}")
             wsum = clamp(ctx0, wsum)
+            if not self.build.has("gallocr_clamp_inplace"):
+                wsum.inpl = False  # ggml_op_can_inplace has no GGML_OP_CLAMP before 0.3.36 (0.3.35 ggml-alloc.c)
             weights = div(ctx0, weights, wsum, f"ffn_moe_weights_norm-{il}")
             weights = reshape(ctx0, weights, (1, n_used, n_tokens))
         if w_scale != 0.0 and w_scale != 1.0:

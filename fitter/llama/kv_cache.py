@@ -16,7 +16,7 @@ from fitter.ggml import backends
 from fitter.ggml.types import F32, pad, row_size, type_of
 from fitter.llama.cparams import Backend, ContextParams
 from fitter.llama.hparams import LayerKind, ModelSpec
-from fitter.llama.kv_cache_iswa import swa_cells
+from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
 from fitter.llama.models import rules_of
 
 # TENSOR_ALIGNMENT of the CPU buffer type: what llama.cpp's KV / RS buffer sizes pad each tensor to here
@@ -45,21 +45,25 @@ class CacheBuffer(BaseModel):
 
 
 def _kv_cache(
-    name: str, spec: ModelSpec, cp: ContextParams, layers: list[int], kv_size: int
+    name: str, spec: ModelSpec, cp: ContextParams, layers: list[int], kv_size: int,
+    types: tuple[str, str] | None = None,
 ) -> CacheBuffer:
     # llama_kv_cache::llama_kv_cache
     n_stream = 1 if cp.kv_unified else cp.n_seq_max
     v_trans = not cp.flash_attn
-    tk, tv = type_of(cp.type_k), type_of(cp.type_v)
+    type_k, type_v = types or (cp.type_k, cp.type_v)
+    tk, tv = type_of(type_k), type_of(type_v)
     # [TAG_V_CACHE_VARIABLE]: without FA the V cache is padded to the widest layer of the whole model
     v_max = max(layer.n_embd_v_gqa for layer in spec.layers)
     k_total = v_total = buf = 0
+    # MLA: no V cache since #19067 (llama_kv_cache::llama_kv_cache); 0.3.16 cached V (kv_lora_rank wide) as well
+    v_less = spec.is_mla and cp.build.has("mla_v_less_cache")
     for il in layers:
         layer = spec.layers[il]
         k = row_size(tk, layer.n_embd_k_gqa) * kv_size * n_stream
         k_total += k
         buf += pad(k, BUFFER_ALIGNMENT)
-        if not spec.is_mla:
+        if not v_less:
             v = row_size(tv, v_max if v_trans else layer.n_embd_v_gqa) * kv_size * n_stream
             v_total += v
             buf += pad(v, BUFFER_ALIGNMENT)
@@ -69,8 +73,8 @@ def _kv_cache(
         cells=kv_size,
         n_stream=n_stream,
         layers=layers,
-        type_k=cp.type_k,
-        type_v=None if spec.is_mla else cp.type_v,
+        type_k=type_k,
+        type_v=None if v_less else type_v,
         k_bytes=k_total,
         v_bytes=v_total,
         buffer_bytes=buf,
@@ -117,6 +121,8 @@ def memory_caches(spec: ModelSpec, cp: ContextParams, *, mtp: bool = False) -> l
         if not spec.layers[il].has_kv:  # llama_hparams::has_kv (gemma4's shared-KV layers reuse others)
             return False
         if spec.n_layer_nextn > 0:
+            if cp.build.has("kv_nextn_layers_main_ctx"):
+                return True  # 0.3.29 llama_kv_cache: every layer of n_layer_all, no NextN filter (fixed by #28630)
             return il >= n_layer if mtp else il < n_layer
         return True
 
@@ -124,5 +130,6 @@ def memory_caches(spec: ModelSpec, cp: ContextParams, *, mtp: bool = False) -> l
     if spec.is_swa_any:
         base = [il for il in layers if spec.layers[il].kind != LayerKind.SWA]
         swa = [il for il in layers if spec.layers[il].kind == LayerKind.SWA]
-        return [_kv_cache("kv", spec, cp, base, kv_size), _kv_cache("kv_swa", spec, cp, swa, swa_cells(spec, cp))]
+        return [_kv_cache("kv", spec, cp, base, kv_size), _kv_cache("kv_swa", spec, cp, swa, swa_cells(spec, cp),
+                                                                    swa_cache_types(cp))]
     return [_kv_cache("kv", spec, cp, layers, kv_size)]

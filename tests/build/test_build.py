@@ -53,7 +53,9 @@ def test_has_follows_dates_and_reverts():
     """#21277 (SWA cache f16 only) lived one day, 2026-04-01, before its revert #21332: of the releases only 0.3.20
     (2026-04-02's commit f49e917, taken before the revert) has it... as the recordings show."""
     assert resolve_build("2026-04-01").has("swa_cache_f16_only")
-    assert not resolve_build("2026-04-02").has("swa_cache_f16_only")
+    # the revert was merged on 2026-04-02 after f49e917 (0.3.20): a build of that day is taken to have #21277
+    assert resolve_build("0.3.20").has("swa_cache_f16_only") and resolve_build("2026-04-02").has("swa_cache_f16_only")
+    assert not resolve_build("2026-04-03").has("swa_cache_f16_only")
     assert not PINNED.has("swa_cache_f16_only")
     assert not resolve_build("0.3.23").has("logits_whole_ubatch") and resolve_build("0.3.25").has("logits_whole_ubatch")
     assert PINNED.has("logits_whole_ubatch") != PINNED.flip("logits_whole_ubatch").has("logits_whole_ubatch")

@@ -13,10 +13,12 @@ differ most between backends; the alloc-size tables of each backend are in its m
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
@@ -147,6 +149,15 @@ class BackendImpl:
     host_alignment = HOST_ALIGNMENT
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
     is_gpu = False
+    build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
+
+    def for_build(self, build: LlamaBuild) -> BackendImpl:
+        """This backend as `build`'s ggml has it (a bound copy; itself for the build it already mirrors)."""
+        if build == self.build:
+            return self
+        bound = copy.copy(self)
+        bound.build = build
+        return bound
 
     def is_device_buffer(self, buffer: str) -> bool:
         """Whether llama.cpp's buffer (type) name is this device's own memory ("CUDA0"), not host memory next to it

@@ -24,6 +24,10 @@ cuda FA f16 V          pad128(...) + 2*Dv*n_kv*n_head_kv*ns likewise for V, not 
                        q8_0-q8_0, bf16-bf16); ggml_cuda_get_best_fattn_kernel
 =====================  =========================================================  ==========================================
 
+Other llama.cpp builds (`backends.get("cuda").for_build(build)`): no FA f16 copies before #23907 (they came from the
+pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.build.changes:
+cuda_fa_f16_kv_reserve, cuda_fa_vec_f16_fallback). The kernel choice is the pinned build's for every build.
+
 Not in any ggml buffer, so not predicted here: the per-device memory pool (`ggml_cuda_pool`, VMM or
 legacy: q8_1 copies of matmul activations, FA partial results, MoE id maps, cuBLAS workspaces) and
 the CUDA context itself. Only measurement tells these.
@@ -34,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
@@ -189,19 +194,26 @@ def cuda_fa_kernel(s: FlashAttnShape, cc: int = CUDA_CC_HOPPER) -> CudaFAKernel:
 
 
 def cuda_fa_extras(s: FlashAttnShape, cc: int = CUDA_CC_HOPPER,
-                   vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT) -> dict[str, int]:
+                   vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT,
+                   build: LlamaBuild = PINNED) -> dict[str, int]:
     """The f16 K/V conversion buffers ggml_cuda_flash_attn_ext_get_alloc_size appends to the output.
 
     ggml_cuda_flash_attn_ext_get_f16_extra_data (fattn-common.cuh): each copy starts at a 128-byte
     boundary after the previous end; the result is end - dst->data (dst->data is aligned, so the
-    padding is computed from offset 0).
+    padding is computed from offset 0). Builds before #23907 reserve none (0.3.25 ggml-cuda.cu
+    get_alloc_size: ggml_nbytes of the FA output; the copies came from the CUDA pool). The kernel choice
+    is the pinned build's ggml_cuda_get_best_fattn_kernel for every build.
     """
+    if not build.has("cuda_fa_f16_kv_reserve"):
+        return {"f16_k": 0, "f16_v": 0}
     kernel = cuda_fa_kernel(s, cc)
     need_k = need_v = False
     if kernel in ("tile", "mma_f16"):
         need_k = need_v = True
     elif kernel == "vec":
-        fallback = not cuda_fa_vec_case_exists(s.d_k, s.type_k, s.type_v, vec_pairs)
+        # 0.3.29-0.3.35 fattn.cu: the vec kernel needs f16 only for f32 K/V
+        fallback = (build.has("cuda_fa_vec_f16_fallback")
+                    and not cuda_fa_vec_case_exists(s.d_k, s.type_k, s.type_v, vec_pairs))
         need_k = type_name(s.type_k) == "f32" or fallback
         need_v = type_name(s.type_v) == "f32" or fallback
     end = s.out_nbytes
@@ -219,9 +231,10 @@ def cuda_fa_extras(s: FlashAttnShape, cc: int = CUDA_CC_HOPPER,
 
 
 def cuda_fa_alloc_size(s: FlashAttnShape, cc: int = CUDA_CC_HOPPER,
-                       vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT) -> int:
+                       vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT,
+                       build: LlamaBuild = PINNED) -> int:
     """ggml_backend_cuda_buffer_type_get_alloc_size of a FLASH_ATTN_EXT node (f32 output: no row padding)."""
-    return s.out_nbytes + sum(cuda_fa_extras(s, cc, vec_pairs).values())
+    return s.out_nbytes + sum(cuda_fa_extras(s, cc, vec_pairs, build).values())
 
 
 class CUDABackend(BackendImpl):
@@ -240,7 +253,7 @@ class CUDABackend(BackendImpl):
         """ggml_backend_cuda_buffer_type_get_alloc_size: FA's f16 K/V copies, quantized row padding."""
         size = _nbytes_of(t)
         if _op(t) == "FLASH_ATTN_EXT":
-            size = cuda_fa_alloc_size(flash_attn_shape_of(t), cc, vec_pairs)
+            size = cuda_fa_alloc_size(flash_attn_shape_of(t), cc, vec_pairs, self.build)
         return size + cuda_quant_row_padding(t.type, _ne4(t)[0])
 
     def tensor_alloc_size(self, t: Any, ne: tuple[int, ...], size: int | None = None) -> int:
@@ -279,4 +292,7 @@ class CUDABackend(BackendImpl):
         return super().op_batch_size(t)
 
     def graph_optimize(self, segments: list) -> None:
-        cuda_alloc_deps(segments)
+        # alloc deps exist since 0.3.36 (ggml_backend_graph_optimize_params.add_alloc_dep); before, CUDA's
+        # graph_optimize only reordered for stream concurrency, off by default (0.3.35 ggml-cuda.cu, GGML_CUDA_GRAPH_OPT)
+        if self.build.has("cuda_fusion_alloc_deps"):
+            cuda_alloc_deps(segments)

@@ -7,6 +7,12 @@ offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's grap
 alloc deps from ggml-metal-fusion.cpp, concurrency reordering from ggml-metal-common.cpp) is not
 modelled: Metal predictions are unverified.
 
+Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
+(ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
+tmp, MUL_MAT_ID tpe and ids, the CUMSUM/ARGSORT/TOP_K sizes; kv_f16 (and the f16 pad strides) since #27390, amax
+and idx since 0.3.36 (fitter.build.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
+metal_fa_sparse_idx).
+
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
 -------------------------------------------------------------------
 Notation: FLASH_ATTN_EXT has Q = src0 [Dk, n_q, n_head, n_stream] f32, K = src1 [Dk, n_kv, n_head_kv,
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
     SIZE_MAX,
     Backend,
@@ -94,9 +101,10 @@ def metal_fa_n_kv_max_sparse(s: FlashAttnShape) -> int:
     return s.n_kv_max
 
 
-def metal_fa_extra_pad(s: FlashAttnShape) -> int:
+def metal_fa_extra_pad(s: FlashAttnShape, build: LlamaBuild = PINNED) -> int:
     """ggml_metal_op_flash_attn_ext_extra_pad: a 64-cell tail of K, V and mask (always reserved)."""
-    use_kv_f16 = metal_fa_use_kv_f16(s)
+    # the tail is copied from the f16 scratch since #27390; before (0.3.35 ggml-metal-ops.cpp), K's and V's own strides
+    use_kv_f16 = metal_fa_use_kv_f16(s) and build.has("metal_fa_kv_f16_extra")
     nb11, nb21 = s.nb11, s.nb21
     if use_kv_f16:
         nb11 = 2 * s.d_k  # sizeof(ggml_fp16_t)*ne10
@@ -144,33 +152,35 @@ def metal_fa_extra_idx(s: FlashAttnShape) -> int:
     return pad(4 * pad(n_kv_max, METAL_FA_VEC_NCPSG) * s.n_q * 1 * s.n_stream, 16)
 
 
-def metal_fa_extras(s: FlashAttnShape) -> dict[str, int]:
-    """Each term ggml_backend_metal_buffer_type_get_alloc_size adds to a FLASH_ATTN_EXT output."""
-    return {
-        "pad": metal_fa_extra_pad(s),
-        "blk": metal_fa_extra_blk(s),
-        "tmp": metal_fa_extra_tmp(s),
-        "kv_f16": metal_fa_extra_kv_f16(s),
-        "idx": metal_fa_extra_idx(s),
-    }
+def metal_fa_extras(s: FlashAttnShape, build: LlamaBuild = PINNED) -> dict[str, int]:
+    """Each term ggml_backend_metal_buffer_type_get_alloc_size adds to a FLASH_ATTN_EXT output, in `build`'s ggml."""
+    if not build.has("metal_alloc_size_extras"):
+        return {}  # 0.3.16 ggml-metal.m: no get_alloc_size (ggml_nbytes)
+    out = {"pad": metal_fa_extra_pad(s, build), "blk": metal_fa_extra_blk(s), "tmp": metal_fa_extra_tmp(s)}
+    if build.has("metal_fa_kv_f16_extra"):  # #27390 (0.3.36 ggml-metal.cpp); 0.3.17-0.3.35: pad, blk, tmp only
+        out["kv_f16"] = metal_fa_extra_kv_f16(s)
+    if build.has("metal_fa_sparse_idx"):
+        out["idx"] = metal_fa_extra_idx(s)
+    return out
 
 
-def metal_fa_alloc_size(s: FlashAttnShape) -> int:
+def metal_fa_alloc_size(s: FlashAttnShape, build: LlamaBuild = PINNED) -> int:
     """ggml_backend_metal_buffer_type_get_alloc_size of a FLASH_ATTN_EXT node."""
-    return s.out_nbytes + sum(metal_fa_extras(s).values())
+    return s.out_nbytes + sum(metal_fa_extras(s, build).values())
 
 
-def metal_mul_mat_id_extras(n_expert: int, n_tokens: int) -> dict[str, int]:
+def metal_mul_mat_id_extras(n_expert: int, n_tokens: int, build: LlamaBuild = PINNED) -> dict[str, int]:
     """ggml_metal_op_mul_mat_id_extra_{tpe,ids,amax}: routing scratch after every MUL_MAT_ID output.
 
     n_expert = src0->ne[2] (experts in the weight), n_tokens = src2->ne[1] (ids [n_expert_used, n_tokens]).
     Always added by ggml_backend_metal_buffer_type_get_alloc_size, whichever kernel runs.
     """
-    return {
-        "tpe": 4 * n_expert,
-        "ids": 4 * n_expert * n_tokens,
-        "amax": 8 + METAL_N_MM_NPART_AMAX * 4,
-    }
+    if not build.has("metal_alloc_size_extras"):
+        return {}  # 0.3.16 ggml-metal.m: no get_alloc_size
+    out = {"tpe": 4 * n_expert, "ids": 4 * n_expert * n_tokens}
+    if build.has("metal_mul_mat_id_amax"):  # 0.3.36 ggml-metal.cpp; 0.3.17-0.3.35: tpe and ids only
+        out["amax"] = 8 + METAL_N_MM_NPART_AMAX * 4
+    return out
 
 
 def mul_mat_id_nbytes(n_out: int, n_expert_used: int, n_tokens: int) -> int:
@@ -178,8 +188,10 @@ def mul_mat_id_nbytes(n_out: int, n_expert_used: int, n_tokens: int) -> int:
     return 4 * n_out * n_expert_used * n_tokens
 
 
-def metal_mul_mat_id_alloc_size(n_out: int, n_expert_used: int, n_tokens: int, n_expert: int) -> int:
-    return mul_mat_id_nbytes(n_out, n_expert_used, n_tokens) + sum(metal_mul_mat_id_extras(n_expert, n_tokens).values())
+def metal_mul_mat_id_alloc_size(n_out: int, n_expert_used: int, n_tokens: int, n_expert: int,
+                                build: LlamaBuild = PINNED) -> int:
+    return mul_mat_id_nbytes(n_out, n_expert_used, n_tokens) + sum(
+        metal_mul_mat_id_extras(n_expert, n_tokens, build).values())
 
 
 def metal_top_k_alloc_size(src_nelements: int) -> int:
@@ -241,16 +253,16 @@ class MetalBackend(BackendImpl):
                     raise ValueError("MUL_MAT_ID without its weight in src needs .n_expert")
                 n_expert = _ne4(t.src[0])[2]
             n_tokens = _ne4(t.src[-1])[1]  # ids [n_expert_used, n_tokens] is the last source
-            return size + sum(metal_mul_mat_id_extras(n_expert, n_tokens).values())
+            return size + sum(metal_mul_mat_id_extras(n_expert, n_tokens, self.build).values())
         if op == "FLASH_ATTN_EXT":
             s = flash_attn_shape_of(t)
-            return size + sum(metal_fa_extras(s).values())
-        if op in ("CUMSUM", "ARGSORT"):
-            return 2 * size
+            return size + sum(metal_fa_extras(s, self.build).values())
+        if op not in ("CUMSUM", "ARGSORT", "TOP_K") or not self.build.has("metal_alloc_size_extras"):
+            return size  # (0.3.16 ggml-metal.m: get_alloc_size NULL, ggml_nbytes for every op)
         if op == "TOP_K":
             sne = _ne4(t.src[0])
             return metal_top_k_alloc_size(sne[0] * sne[1] * sne[2] * sne[3])
-        return size
+        return 2 * size  # CUMSUM, ARGSORT
 
     def flash_attn_unsupported_reason(self, s: FlashAttnShape, *, has_bfloat: bool = True) -> str | None:
         return metal_fa_unsupported_reason(s.d_k, s.d_v, s.type_k, s.type_v, has_bfloat=has_bfloat)

@@ -95,12 +95,11 @@ def default_details(spec: ModelSpec, every: frozenset[int], moe_layers: frozense
 def build_graph(c: GraphContext) -> Iterator:
     """deepseek2: src/models/deepseek2.cpp (MLA with the absorbed K/V projections, or legacy MHA)."""
     ctx0 = c.ctx0
-    sp = c.spec
     d = c.d
     inpL = c.build_inp_embd()
     attn_scale = inp(ctx0, F32, (1, 1, c.n_tokens), "inp_attn_scale") if d.attn_temperature_scale else None
     inp_pos = c.build_inp_pos()
-    ai = c.build_attn_inp_k() if sp.is_mla else c.build_attn_inp_kv()
+    ai = c.build_attn_inp_k() if c.v_less else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
     yield from build_moe_lead_dense_layers(
         c, inpL, out_ids, lambda cur, il: _deepseek2_attn(c, cur, inp_pos, ai, il, attn_scale), "ffn_norm", _GATING)
@@ -113,4 +112,4 @@ def _mtp_layer(c: GraphContext, cur: Tensor, inpSA: Tensor, inp_pos: Tensor, ai:
 
 def build_graph_mtp(c: GraphContext) -> None:
     """graph_mtp of src/models/deepseek2.cpp (MLA: the K-only cache input)."""
-    build_mtp(c, _mtp_layer, k_only=c.spec.is_mla)
+    build_mtp(c, _mtp_layer, k_only=c.v_less)
