@@ -75,7 +75,7 @@ SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559M
 # One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
 # meaning, common/arg.cpp) and ggfit's own budget/backend options.
 BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit).")]
-MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default 1024MiB, like llama.cpp's --fit-target).")]
+MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default: what the backend holds outside its buffers plus a 256 MiB safety share: CUDA 1028MiB, Metal 768MiB, CPU 304MiB).")]
 BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
 FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
 Ctx = Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="N", help="n_ctx: context size in tokens, 0 = the model's training context (fit: omit to solve for the largest that fits).")]
@@ -97,13 +97,12 @@ DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", 
 DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process) or server (llama-server).")]
-LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="Path of the llama-server binary for the server runner (default: ggfit's pinned build, then PATH).")]
-AutoBinaryOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="With --llama-build auto: the llama-server (or llama-cli) binary to ask for its build.")]
+LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="A llama-server binary: the one the server runner starts (default: ggfit's pinned build, then PATH), and the one --llama-build auto asks for its build.")]
 LlamaBuildOpt = Annotated[Optional[str], typer.Option(
     "--llama-build", metavar="BUILD",
     help="The llama.cpp build whose rules apply: a build number (b9430), a commit prefix, a date (2026-06-15), a "
          "llama-cpp-python version (0.3.25), a llama.cpp log file, or auto (runs --llama-server PATH or the "
-         "llama-server on PATH with --version). Default: ggfit's pinned build.")]
+         "llama-server on PATH with --version). Default: ggfit's pinned build (calibrate --log: the log's build line).")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
@@ -238,7 +237,7 @@ def _print_build(build, differences) -> None:
     """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
     if build.is_pinned:
         return
-    matter = [d for d in differences if d.device_bytes or d.uncertain]
+    matter = [d for d in differences if d.device_bytes]
     print(f"build    {build.label()}: {build.how}")
     if matter:
         print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
@@ -300,7 +299,7 @@ def fit(
     draft_n_max: DraftNMax = 3,
     check: Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")] = False,
     llama_build: LlamaBuildOpt = None,
-    llama_server: AutoBinaryOpt = None,
+    llama_server: LlamaServerOpt = None,
     llama_bin: Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -314,7 +313,7 @@ def fit(
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     bud = fitter.parse_budget(budget, be.value)
-    margin_bytes = fitter.parse_margin(margin)
+    margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
@@ -327,7 +326,7 @@ def fit(
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
-                available=available, draft=draft, model_draft=model_draft, build=build)
+                available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None)
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
     if not build.is_pinned:
         r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred)
@@ -360,6 +359,7 @@ class _FitRun:
     draft: Any
     model_draft: str | None
     build: Any
+    margin_default: bool = False
     solutions: list = field(default_factory=list)
     differences: list = field(default_factory=list)
     rec: Any = None
@@ -413,6 +413,7 @@ class _FitRun:
             "budget_bytes": self.bud.bytes,
             "budget_source": self.bud.source,
             "margin_bytes": self.margin_bytes,
+            "margin_source": fitter.margin_note(self.be.value) if self.margin_default else "--margin",
             "config": self.pred.context.model_dump(mode="json"),
             "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
             "total_device_bytes": total,
@@ -439,7 +440,9 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
           + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
     _print_build(r.build, r.differences)
     note = f" [{r.bud.note}]" if r.bud.note else ""
-    print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)} -> {_mib(r.available)} available")
+    why = f" ({fitter.margin_note(r.be.value)})" if r.margin_default else ""
+    print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)}{why} -> "
+          f"{_mib(r.available)} available")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
@@ -554,7 +557,7 @@ def quants(
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
     llama_build: LlamaBuildOpt = None,
-    llama_server: AutoBinaryOpt = None,
+    llama_server: LlamaServerOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
@@ -565,7 +568,7 @@ def quants(
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none")
     bud = fitter.parse_budget(budget, be.value)
-    margin_bytes = fitter.parse_margin(margin)
+    margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     header, spec = fitter.load_model_spec(fitter.resolve_model(model))
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
@@ -661,7 +664,7 @@ def calibrate(
     list_: Annotated[bool, typer.Option("--list", help="List the stored calibrations.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
     log: Annotated[Optional[str], typer.Option("--log", metavar="FILE", help="A llama-server, llama-cli or llama-fit-params log of your own llama.cpp: compare every buffer it printed with the prediction for its build and settings, and store the compute residual for that build and backend. MODEL is then optional (default: the model the log names, if it is on this machine); --backend defaults to the log's.")] = None,
-    llama_build: Annotated[Optional[str], typer.Option("--llama-build", metavar="B", help="With --log: the log's llama.cpp build (b8193, a commit, a date, a llama-cpp-python version, or auto = the log's build line).")] = None,
+    llama_build: LlamaBuildOpt = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="With --log: compare only, store nothing.")] = False,
     as_json: AsJson = False,
 ) -> None:

@@ -41,6 +41,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import GGFitError
+from fitter.fit.margin import default_margin
 
 MiB = 1024**2
 GiB = 1024**3
@@ -121,12 +122,14 @@ def parse_size(text: str, *, what: str = "--margin") -> int:
     return value
 
 
-def parse_margin(text: str | None) -> int:
-    """--margin: a size (zero allowed); None gives DEFAULT_MARGIN_BYTES (llama.cpp's --fit-target default)."""
+def parse_margin(text: str | None, backend: str | None = None) -> int:
+    """--margin: a size (zero allowed); None gives the backend's default (fitter.fit.margin: what the buffers leave
+    out, plus a safety share), or without a backend DEFAULT_MARGIN_BYTES (llama.cpp's --fit-target default)."""
     if text is None:
-        return DEFAULT_MARGIN_BYTES
+        return default_margin(backend) if backend else DEFAULT_MARGIN_BYTES
     if str(text).strip().lower() == "auto":
-        raise BudgetError(f"--margin 'auto': the margin is a size; use {ACCEPTED} (default 1024MiB, like llama.cpp's {FIT_TARGET_NAME})")
+        raise BudgetError(f"--margin 'auto': the margin is a size; use {ACCEPTED} (by default the backend's modelled "
+                          f"overhead plus a safety share; llama.cpp's {FIT_TARGET_NAME} is 1024MiB)")
     return parse_size(text, what="--margin")
 
 

@@ -128,7 +128,7 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
         raise StudyError("no model file given")
     drafts_l = [str(Path(x).expanduser()) for x in drafts]
     b = _as_budget(budget, backend)
-    margin_bytes = margin if isinstance(margin, int) else parse_margin(margin)
+    margin_bytes = margin if isinstance(margin, int) else parse_margin(margin, backend.value)
     avail = available_bytes(b, margin_bytes)
     predictor = Predictor(backend, frontend, build)
     spec0 = _same_model(predictor, models)

@@ -31,7 +31,8 @@ def test_json_schema_and_totals() -> None:
     for key in ("backend", "budget_bytes", "margin_bytes", "config", "buffers", "total_device_bytes", "fits",
                 "headroom_bytes", "solutions"):
         assert key in data
-    assert data["budget_bytes"] == 2 * 2**30 and data["margin_bytes"] == 1024 * 2**20
+    assert data["budget_bytes"] == 2 * 2**30 and data["margin_bytes"] == (48 + 256) * 2**20  # the CPU default
+    assert data["margin_source"].startswith("cpu default: ")
     kinds = {b["kind"] for b in data["buffers"]}
     assert kinds == {"model", "kv", "output", "compute"}
     for b in data["buffers"]:

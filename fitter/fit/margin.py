@@ -1,0 +1,46 @@
+"""The default --margin of each backend: what a llama.cpp process holds outside the buffers it prints, plus a
+stated safety share.
+
+llama.cpp's own default is one flat figure, 1024 MiB per device (common_params::fit_params_target, `--fit-target`).
+ggfit predicts the buffers to the byte, so its margin is only what the buffers leave out, measured where it could
+be, and a safety share for what varies between machines (driver, GPU, other processes).
+
+| backend | outside the buffers (modelled) | evidence |
+|---|---|---|
+| CUDA | 527 MiB CUDA context + 245 MiB CUDA pool and cuBLAS workspace | H200, driver 580.159, CUDA 13: cudaMemGetInfo around 15 real loads and decodes (benchmarks/results/gpu-load-h200.json: context 526.8 MiB every time, pool 84..245 MiB after the first decode) |
+| Metal | 512 MiB | no public log measures it (Metal's breakdown prints a negative `unaccounted`: free memory is read before the allocations); bounded above by the issue-13 seed on a 32 GB M4 (b9430, Qwen3.6-35B-A3B Q4_K_M, q8_0, -c 262144 -ub 2048 ran; ggfit predicts 24,657.71 MiB for it, which leaves 901 MiB of the 25,559 MiB working set) |
+| CPU | 48 MiB | llama-server's resident memory beyond its buffers after a decode, measured here (pinned build, gemma3-270m: 12 MiB of program text, 30 MiB of heap and thread stacks) |
+
+The safety share is 256 MiB on every backend.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+MiB = 1024**2
+SAFETY_BYTES = 256 * MiB
+
+
+class Overhead(NamedTuple):
+    bytes: int
+    what: str
+
+
+OVERHEAD: dict[str, Overhead] = {
+    "cuda": Overhead(772 * MiB, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)"),
+    "metal": Overhead(512 * MiB, "Metal's own allocations, estimated (at most 901 MiB by the b9430 seed)"),
+    "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
+}
+
+
+def default_margin(backend: str) -> int:
+    """The --margin a backend gets when none is given: its modelled overhead plus the safety share."""
+    o = OVERHEAD.get(backend)
+    return (o.bytes if o else 0) + SAFETY_BYTES
+
+
+def margin_note(backend: str) -> str:
+    o = OVERHEAD.get(backend)
+    head = f"{o.what}" if o else "nothing modelled outside the buffers"
+    return f"{backend} default: {head} + {SAFETY_BYTES // MiB} MiB safety share"
