@@ -36,6 +36,11 @@ class Placement:
     supports: Callable[[Tensor], bool]
     offload: Callable[[Tensor], bool]
     graph_optimize: Callable[[list[Segment]], None]  # the backend's graph_optimize (alloc deps of fusions)
+    op_offload: bool = True  # llama_context_params.op_offload (--no-op-offload: False)
+    kv_host: bool = False  # -nkvo (offload_kqv false): every KV cache and recurrent state in host memory
+    # tensor overrides: (GGUF tensor name without ".weight", layer or None) -> the backend holding it, or None
+    # where no override applies (the layer's device then)
+    weight_override: Callable[[str, "int | None"], "int | None"] | None = None
 
     def sup(self, b: int, node: Tensor) -> bool:  # ggml_backend_supports_op
         return b == HOST or self.supports(node)
@@ -57,7 +62,7 @@ def _backend_id_from_cur(pl: Placement, t: Tensor) -> int:  # ggml_backend_sched
         for src in t.src:
             if src is not None and src.w == IS_WEIGHT:
                 b = src.be
-                if b == HOST and pl.sup(GPU, t) and pl.offload(t):
+                if b == HOST and pl.op_offload and pl.sup(GPU, t) and pl.offload(t):
                     return GPU  # "1.off"
                 return b if pl.sup(b, t) else -1
     return -1

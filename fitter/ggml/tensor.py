@@ -78,7 +78,7 @@ class Context:
     e.g. "ffn_up").
     """
 
-    __slots__ = ("track", "dev", "layer", "weights", "wtype")
+    __slots__ = ("track", "dev", "layer", "weights", "wtype", "wdev", "kv_dev")
 
     def __init__(self) -> None:
         self.track: list[Tensor] | None = None
@@ -86,6 +86,9 @@ class Context:
         self.layer: int | None = None
         self.weights = False
         self.wtype: Callable[[str], int] = _default_wtype
+        # a weight's backend by (name, the backend it has without tensor overrides)
+        self.wdev: Callable[[str, int], int] | None = None
+        self.kv_dev: int | None = None  # the caches' backend when not the layer's (-nkvo: HOST)
 
     def add(self, t: Tensor) -> Tensor:
         if self.track is not None:
@@ -144,6 +147,8 @@ def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False,
     t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
     t.w = IS_WEIGHT
     t.be = HOST if host else ctx.dev
+    if ctx.wdev is not None:
+        t.be = ctx.wdev(name, t.be)
     return t
 
 
@@ -162,7 +167,7 @@ def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
     ne = list(ne) + [1] * (4 - len(list(ne)))
     t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
-    t.be = ctx.dev  # a layer's KV / recurrent state lives on that layer's device
+    t.be = ctx.dev if ctx.kv_dev is None else ctx.kv_dev  # a layer's KV / recurrent state lives on its device
     return t
 
 

@@ -40,12 +40,12 @@ from fitter.ggml.sched import Placement, split_graph
 from fitter.ggml.tensor import HOST, Context, Tensor
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
-from fitter.llama.cparams import ContextParams
+from fitter.llama.cparams import ConfigError, ContextParams
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
-from fitter.llama.weights import gpu_layer_start
+from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_placement
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 _WEIGHT_OF = {
@@ -57,6 +57,9 @@ _WEIGHT_OF = {
     "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
     "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
     "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
+    # the experts' biases (ADD_ID): the overrides of their experts' tensor names match them too
+    "ffn_moe_gate_up_b": "ffn_gate_up_exps", "ffn_moe_up_b": "ffn_up_exps", "ffn_moe_gate_b": "ffn_gate_exps",
+    "ffn_moe_down_b": "ffn_down_exps",
 }
 
 
@@ -99,9 +102,18 @@ def _layer_keys(c: GraphContext) -> list[tuple]:
     return keys
 
 
-def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None) -> None:
-    """Let ops read their weights (the scheduler places ops by them), typed as the header says."""
+def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None, pl: Placement | None = None) -> None:
+    """Let ops read their weights (the scheduler places ops by them), typed as the header says, placed where the
+    tensor overrides put them."""
     lt, gt, dflt = c.d.layer_types, c.d.global_types, _default_weight_type(c.spec)
+    override = pl.weight_override if pl else None
+    if override is not None:
+        def wdev(name: str, default: int) -> int:
+            il = ctx.layer if layer_only is None else layer_only
+            be = override(_WEIGHT_OF.get(name, name), il)
+            return default if be is None else be
+
+        ctx.wdev = wdev
 
     def wtype(name: str) -> int:
         suffix = _WEIGHT_OF.get(name, name)
@@ -123,6 +135,8 @@ def _begin_segment(c: GraphContext, dev: int, layer: int | None) -> None:
 
 
 def _end_build(ctx: Context) -> None:
+    ctx.wdev = None
+    ctx.kv_dev = None
     ctx.track = None
     ctx.dev = 0
     ctx.layer = None
@@ -144,7 +158,11 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
     n = c.spec.n_layer
     lt = c.d.layer_types
 
+    override = pl.weight_override
+
     def wkey(il: int) -> tuple:
+        if override is not None:  # which weights the overrides moved, and their types (their copies' sizes)
+            return tuple(sorted((k, v[il], override(k, il)) for k, v in lt.items() if il in v))
         if dev(il) != HOST:
             return ()
         return tuple(sorted((k, v[il]) for k, v in lt.items() if il in v))
@@ -165,7 +183,8 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     gen = m.build_graph(c)
     dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
     if pl:
-        _track_weights(c, ctx)
+        _track_weights(c, ctx, pl=pl)
+        ctx.kv_dev = HOST if pl.kv_host else None
     try:
         _begin_segment(c, pl.dev_in if pl else 0, None)
         x0 = next(gen)
@@ -224,7 +243,8 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     ctx = c.ctx0
     dev = pl.layer_dev[il] if pl else 0
     if pl:
-        _track_weights(c, ctx, layer_only=il)
+        _track_weights(c, ctx, layer_only=il, pl=pl)
+        ctx.kv_dev = HOST if pl.kv_host else None
     try:
         _begin_segment(c, dev, il)
         m = model_of(sp.architecture)
@@ -318,6 +338,9 @@ def compute_buffers(
     details: GraphDetails | None = None,
     metal_max_buffer_length: int | None = None,
     mtp: bool = False,
+    placement: WeightPlacement | None = None,
+    kv_host: bool = False,
+    op_offload: bool = True,
 ) -> list[ComputeBuffer]:
     """The compute buffers llama.cpp reserves for this model and context (llama_context::sched_reserve).
 
@@ -325,14 +348,17 @@ def compute_buffers(
     that holds the graph inputs and the CPU-side ops (token embeddings); see `Placement` for what
     is and is not modelled there. Pass `details=graph_details(header)` for the exact graph of a file;
     without it the architecture's usual tensors are assumed (`default_details`). `mtp=True`: the
-    draft context of native MTP speculative decoding (its graph is the NextN block alone).
+    draft context of native MTP speculative decoding (its graph is the NextN block alone). `placement`: where
+    llama_model::load_tensors put the weights (-ngl, tensor overrides, one GPU), `kv_host` (-nkvo) the caches in
+    host memory, `op_offload` False (--no-op-offload) keeps ops on host weights on the CPU.
     """
     if model_of(spec.architecture) is None:
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
     if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
     impl = backends.get(backend)
-    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
+    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp, placement,
+           kv_host, op_offload)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:
         return hit[2]
@@ -340,7 +366,7 @@ def compute_buffers(
     c = GraphContext(spec, cp, d)
     c.mtp = mtp
     if impl.is_gpu:
-        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length)
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload)
     else:
         ga = Gallocr(impl.alignment, trace=True)
         r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
@@ -352,26 +378,45 @@ def compute_buffers(
     return out
 
 
-def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
-                 metal_max_buffer_length: int | None) -> list[ComputeBuffer]:
+def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None,
+                 placement: WeightPlacement | None = None, kv_host: bool = False,
+                 op_offload: bool = True) -> list[ComputeBuffer]:
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
-    i_gpu_start = gpu_layer_start(n_all, n_gpu_layers)
-    layer_dev = [0 if il >= i_gpu_start else 1 for il in range(n_all)]
+    wp = placement or weight_placement(n_all, impl.kind, n_gpu_layers)
+    gpus = wp.gpus
+    if len(gpus) > 1:
+        # weights and caches per GPU are; the scheduler over several GPUs (pipeline parallelism: GGML_SCHED_MAX_COPIES
+        # copies of every split input, ggml_backend_sched_split_graph) is not
+        raise ConfigError(f"-sm layer over {len(gpus)} GPUs: ggfit does not model the compute buffers of a graph "
+                          f"split across GPUs yet; use -sm none (one GPU, -mg to pick it)")
+    gpu = gpus[0] if gpus else 0
+    layer_dev = [HOST if d == CPU_DEV else 0 for d in wp.layer_dev]
 
     def dev_size(t: Tensor) -> int:
         if t.op == "NONE":  # a split input copy
             return impl.copy_size(t)
         return impl.alloc_size(t)
 
-    pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
-                   impl.offload_op, graph_optimize=impl.graph_optimize)
+    override = None
+    if wp.overrides:
+        def override(suffix: str, il: int | None) -> int | None:
+            name = f"blk.{il}.{suffix}.weight" if il is not None else f"{suffix}.weight"
+            for pattern, d in wp.overrides:
+                if pattern.search(name):
+                    return HOST if d == CPU_DEV else 0
+            return None
+
+    pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
+                   impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
+                   weight_override=override)
     ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
                  max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
     r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
     out = []
-    for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):
+    for i, (name, align) in enumerate(((device_buffer_name(impl, gpu), impl.alignment),
+                                       (impl.host_buffer_name, impl.host_alignment))):
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             terms, top = _terms(r.peaks[i], r.sizes[i], align)
             out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))
