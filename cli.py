@@ -73,7 +73,7 @@ SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559M
 
 # One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
 # meaning, common/arg.cpp) and ggfit's own budget/backend options.
-BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit).")]
+BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit); one per GPU separated by commas (24GiB,24GiB).")]
 MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default 1024MiB, like llama.cpp's --fit-target).")]
 BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
 FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
@@ -87,6 +87,15 @@ Parallel = Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N
 KVUnified = Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="One KV buffer shared by all slots (default: on with -np auto).")]
 SwaFull = Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full", help="Full-size sliding-window KV cache (llama-server default: off).")]
 GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="Layers on the GPU; -1 = all.")]
+NCpuMoe = Annotated[int, typer.Option("-ncmoe", "--n-cpu-moe", metavar="N", help="Keep the MoE expert weights of the first N layers on the CPU.")]
+CpuMoe = Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Keep every MoE expert weight on the CPU.")]
+OverrideTensor = Annotated[Optional[list[str]], typer.Option("-ot", "--override-tensor", metavar="PATTERN=BUFT", help="Tensors whose name matches the regex go to that buffer type: CPU, CUDA0, CUDA1, ... (repeatable; comma-separated lists too).")]
+NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep the KV cache (and recurrent state) in host memory.")]
+NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
+SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
+MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
+TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
+HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the weights into memory instead of mapping the file.")]
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")]
 ModelDraft = Annotated[Optional[str], typer.Option("-md", "--model-draft", metavar="MODEL", help="A draft model for speculative decoding (path, URL or bundled name).")]
@@ -207,6 +216,24 @@ def _run_config(**fields):
         raise fitter.config_error(e) from None
 
 
+def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
+                      no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
+                      budgets: list) -> dict[str, Any]:
+    """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
+    budgets (llama.cpp splits by free memory)."""
+    ts: tuple[float, ...] | None = None
+    if tensor_split is not None:
+        try:
+            ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
+        except ValueError:
+            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
+    elif len(budgets) > 1:
+        ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
+    return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
+                no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
+                tensor_split=ts)
+
+
 def _warn_ctx_train(cp, spec) -> None:
     """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
     if cp.n_ctx_seq > spec.n_ctx_train:
@@ -249,6 +276,15 @@ def fit(
     kv_unified: KVUnified = None,
     swa_full: SwaFull = None,
     n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
+    no_op_offload: NoOpOffload = False,
+    split_mode: SplitModeOpt = "layer",
+    main_gpu: MainGpu = 0,
+    tensor_split: TensorSplit = None,
+    host_budget: HostBudgetOpt = None,
     no_mmap: NoMmap = False,
     repack: Repack = False,
     model_draft: ModelDraft = None,
@@ -263,22 +299,29 @@ def fit(
     be, fe = _backend(backend), _frontend(frontend)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
-    bud = fitter.parse_budget(budget, be.value)
+    buds = fitter.parse_budgets(budget, be.value)
+    bud = buds[main_gpu] if split_mode == "none" and main_gpu < len(buds) else buds[0]
     margin_bytes = fitter.parse_margin(margin)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
+    for b in buds[1:]:
+        fitter.available_bytes(b, margin_bytes)
+    host = fitter.parse_host_budget(host_budget) if be.value != "cpu" else None
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn.value, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
         n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
+        **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
+                            tensor_split, buds),
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
-                available=available, draft=draft, model_draft=model_draft)
+                available=available, draft=draft, model_draft=model_draft, host=host, n_gpus=len(buds))
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+    r.solve_placement()
     _warn_ctx_train(r.pred.context, spec)
     if check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
@@ -303,10 +346,15 @@ class _FitRun:
     available: int
     draft: Any
     model_draft: str | None
+    host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
+    n_gpus: int = 1
     solutions: list = field(default_factory=list)
     rec: Any = None
     pred: Any = None
     measured: dict | None = None
+    placement: Any = None  # a PlacementChoice when the config as given does not fit
+    placement_why: str = ""
+    placement_cfg: Any = None
 
     def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
         """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
@@ -325,9 +373,39 @@ class _FitRun:
         self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft) if self.rec else
                      fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft))
 
+    def solve_placement(self) -> None:
+        """When the config does not fit (or the context solved for stops short of the training context): the
+        placement (--n-cpu-moe, else -ngl) that fits at the asked context (else the training context)."""
+        cp = self.pred.context
+        if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
+            return
+        if self.be.value == "cpu":
+            return
+        target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
+        base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
+                                           "type_v": cp.type_v})
+        if self.rec is not None:
+            base = base.model_copy(update={"n_batch": self.rec.n_batch})
+        host = self.host.bytes if self.host is not None else None
+        self.placement, self.placement_why = fitter.solve_placement(
+            self.header, self.spec, base, self.be, self.fe, self.available, host,
+            draft=self.draft if (self.rec is None or self.rec.draft) else None)
+        if self.placement is not None:
+            self.placement_cfg = base.model_copy(update={self.placement.lever: self.placement.value})
+
     @property
     def fits(self) -> bool:
+        # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
+        if self.host is not None and self.pred.host_bytes > self.host.bytes:
+            return False
         return self.pred.total_device_bytes <= self.available
+
+    def placement_flags(self) -> list[str]:
+        pcfg = self.placement_cfg
+        pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
+                              self.draft if (self.rec is None or self.rec.draft) else None)
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return _flags(self.path, pred.context, pcfg, draft)
 
     def flags(self) -> list[str]:
         draft = self.model_draft if (self.rec is None or self.rec.draft) else None
@@ -351,6 +429,12 @@ class _FitRun:
             "recommended": self.rec.model_dump(mode="json") if self.rec else None,
             "flags": self.flags() if self.fits else None,
             "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
+            "host_bytes": self.pred.host_bytes,
+            "host_budget_bytes": self.host.bytes if self.host is not None else None,
+            "host_budget_source": self.host.source if self.host is not None else None,
+            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
+                          if self.placement is not None else None),
+            "placement_note": self.placement_why or None,
         }
         if self.measured is not None:
             out["check"] = self.measured
@@ -380,12 +464,34 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.measured is not None:
         print()
         _print_check(r.measured)
+    if r.host is not None:
+        hb = pred.host_bytes
+        print(f"host memory: {_mib(hb)} of the {_mib(r.host.bytes)} host budget ({r.host.source}): "
+              + ("fits" if hb <= r.host.bytes else "does NOT fit"))
+    _print_placement(r)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
         print()
         _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred)
         raise typer.Exit(1)
+
+
+def _print_placement(r: _FitRun) -> None:
+    p = r.placement
+    if p is None:
+        if r.placement_why:
+            print(f"\nplacement: {r.placement_why}")
+        return
+    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
+            else "{v} layers on the GPU").format(v=p.value)
+    print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {_mib(p.total_device_bytes)} "
+          f"(headroom {_mib(p.headroom_bytes)}), host {_mib(p.host_bytes)}")
+    if p.table:
+        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
+        print(f"  largest -c that fits the device, by {lever}: "
+              + ", ".join(f"{v}: {c:,}" for v, c in p.table))
+    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
 
 
 def _print_recommendation(r: _FitRun) -> None:

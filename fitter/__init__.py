@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "dry_run_check": "fitter.oracle.check",
     "parse_log": "fitter.oracle.llama_log",
     "FLASH_ATTN": "fitter.oracle.llama_run",
+    "SPLIT_MODES": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
     "LlamaBuild": "fitter.oracle.llama_run",
     "REPO_ROOT": "fitter.oracle.llama_run",
@@ -80,14 +81,21 @@ _EXPORTS: dict[str, str] = {
     "emit_event": "fitter.oracle._llama_child",
     "load_ggml_base": "fitter.oracle._llama_child",
     "lib_type_name": "fitter.oracle._llama_child",
+    "apply_placement": "fitter.oracle._llama_child",
+    # placement: where weights go (-ngl, -ot, --n-cpu-moe), host memory, and the solver over placements
+    "parse_budgets": "fitter.fit.budget",
+    "parse_host_budget": "fitter.fit.budget",
+    "solve_placement": "fitter.fit.solver",
+    "PlacementChoice": "fitter.fit.solver",
 }
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
-    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
+    "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
+    "solve_placement", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "LlamaBuild", "MiB", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
-    "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_info", "build_label",
+    "SERVER_FLAGS", "SPLIT_MODES", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_info", "build_label",
     "calibrate", "calibration", "check_model_path", "child_env", "child_event", "child_events", "child_preexec", "config_error",
     "dry_run_check", "emit_event", "evaluate", "largest_context", "lib_type_name", "load_ggml_base",
     "load_model_spec", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
@@ -124,6 +132,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
         MiB,
         available_bytes,
         parse_budget,
+        parse_budgets,
+        parse_host_budget,
         parse_margin,
         parse_size,
     )
@@ -131,10 +141,12 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (
         Alternative,
+        PlacementChoice,
         largest_context,
         prediction_for,
         recommend,
         solve,
+        solve_placement,
         what_to_change,
     )
     from fitter.ggml.types import GGML_TYPES
@@ -158,6 +170,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         GGML_LOG_INFO,
         ChildLog,
         apply_fields,
+        apply_placement,
         build_info,
         emit_event,
         lib_type_name,
@@ -169,6 +182,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.oracle.llama_run import (
         FLASH_ATTN,
         REPO_ROOT,
+        SPLIT_MODES,
         LlamaBuild,
         check_model_path,
         child_env,

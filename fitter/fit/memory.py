@@ -57,12 +57,30 @@ class Prediction(BaseModel):
     def total_host_bytes(self) -> int:
         return sum(b.bytes for b in self.buffers if not b.counts)
 
+    def device_totals(self) -> dict[str, int]:
+        """Bytes per device buffer type that counts against a device budget (CUDA0, CUDA1, MTL0, or CPU alone)."""
+        out: dict[str, int] = {}
+        for b in self.buffers:
+            if b.counts:
+                out[b.device.removesuffix("_Mapped")] = out.get(b.device.removesuffix("_Mapped"), 0) + b.bytes
+        return out
+
+    @property
+    def host_bytes(self) -> int:
+        """What lands in system RAM next to a GPU: host buffers (CUDA_Host, CPU), and of mmapped weights
+        (CPU_Mapped) the tensors' own bytes, the pages a decode touches; 0 on the CPU backend, where everything
+        counts against the one budget."""
+        return sum((b.tensor_bytes or b.bytes) if b.device.endswith("_Mapped") else b.bytes
+                   for b in self.buffers if not b.counts)
+
     def by_kind(self, kind: Kind, owner: Owner | None = None) -> int:
         return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
 
 
 def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> WeightPlacement:
-    """Where llama.cpp puts each layer and tensor for these flags (-ngl, -ot, --cpu-moe, --n-cpu-moe, -sm, -mg, -ts)."""
+    """Where llama.cpp puts each layer and tensor for these flags (-ngl, -ot, --cpu-moe, --n-cpu-moe, -sm, -mg, -ts).
+    There are at least as many GPUs as -ts has proportions and -mg needs."""
+    n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1)
     return weight_placement(len(spec.layers), backend, config.n_gpu_layers, overrides=config.tensor_overrides(),
                             n_gpus=n_gpus, tensor_split=config.tensor_split, split_mode=config.split_mode,
                             main_gpu=config.main_gpu)

@@ -8,12 +8,14 @@ inside an exact bracket (`largest_fitting`), in a handful of predictions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from fitter.fit.memory import Prediction, predict
+from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader
-from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
 
 UBATCHES = (256, 512, 1024, 2048, 4096)
@@ -222,4 +224,122 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
             break
     if with_draft and largest(cfg, drafted=False) >= cp.n_ctx:
         out.append(Alternative(flags=[], reason=f"drop the draft model ({fits_at})"))
+    return out
+
+
+class PlacementChoice(BaseModel):
+    """Where the weights go when the model does not fit the device as given: MoE experts of the first N layers on
+    the CPU (--n-cpu-moe N, every layer still on the GPU), or fewer layers on the GPU (-ngl N) for a dense model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lever: Literal["n_cpu_moe", "n_gpu_layers"]
+    value: int
+    n_ctx: int  # the context it was solved for
+    total_device_bytes: int
+    host_bytes: int  # what lands in system RAM (Prediction.host_bytes)
+    headroom_bytes: int  # device budget - margin - total
+    host_headroom_bytes: int | None  # host budget - host bytes (None: no host budget)
+    table: list[tuple[int, int]] = []  # (value of the lever, the largest context that fits the device with it)
+
+    @property
+    def flags(self) -> list[str]:
+        return ["--n-cpu-moe", str(self.value)] if self.lever == "n_cpu_moe" else ["-ngl", str(self.value)]
+
+
+def solve_placement(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    base: RunConfig,
+    backend: Backend,
+    frontend: Frontend,
+    available: int,
+    host_available: int | None,
+    *,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    table: bool = True,
+) -> tuple[PlacementChoice | None, str]:
+    """The placement that fits `base` (its -c, -ub, K/V types) on the device with the most on the GPU: for a MoE
+    model every layer stays on the GPU and the experts of the first N layers go to the CPU, the smallest N that fits
+    (what --n-cpu-moe does; llama.cpp's --fit also moves experts first); a dense model, or a MoE model whose
+    attention and shared weights alone do not fit, gets the largest -ngl that fits. Host memory grows as the device's
+    shrinks: a placement over `host_available` is refused. Returns the choice, or None and why not."""
+    impl = backends.get(backend)
+    if not impl.is_gpu:
+        return None, "the CPU backend has no GPU to offload from"
+    if backend == Backend.METAL:
+        return None, ("Metal's memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) stay "
+                      "in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
+    n_layer = spec.n_layer
+
+    def pred(cfg: RunConfig) -> Prediction:
+        return predict(header, spec, cfg, backend, frontend, draft)
+
+    def fits(p: Prediction) -> bool:
+        return p.total_device_bytes <= available
+
+    def choice(lever: Literal["n_cpu_moe", "n_gpu_layers"], value: int, p: Prediction) -> tuple[PlacementChoice | None, str]:
+        host = p.host_bytes
+        if host_available is not None and host > host_available:
+            what = "--n-cpu-moe" if lever == "n_cpu_moe" else "-ngl"
+            return None, (f"{what} {value} fits the device but needs {host / 2**20:,.0f} MiB of host memory, over the "
+                          f"{host_available / 2**20:,.0f} MiB host budget")
+        rows = _placement_table(header, spec, base, backend, frontend, available, draft, lever, value) if table else []
+        return PlacementChoice(
+            lever=lever, value=value, n_ctx=p.context.n_ctx, total_device_bytes=p.total_device_bytes, host_bytes=host,
+            headroom_bytes=available - p.total_device_bytes,
+            host_headroom_bytes=None if host_available is None else host_available - host, table=rows), ""
+
+    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor:
+        def at(n: int) -> Prediction:
+            return pred(base.model_copy(update={"n_cpu_moe": n}))
+
+        if fits(at(base.n_cpu_moe)):
+            return choice("n_cpu_moe", base.n_cpu_moe, at(base.n_cpu_moe))
+        if fits(at(n_layer)):
+            lo, hi = base.n_cpu_moe, n_layer  # at(lo) does not fit, at(hi) does: device bytes fall as N grows
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if fits(at(mid)):
+                    hi = mid
+                else:
+                    lo = mid
+            return choice("n_cpu_moe", hi, at(hi))
+        base = base.model_copy(update={"n_cpu_moe": n_layer})  # experts all on the CPU, and fewer layers too
+    n_all = len(spec.layers) + 1  # -ngl counts the output layer
+
+    def at_ngl(n: int) -> Prediction:
+        return pred(base.model_copy(update={"n_gpu_layers": n}))
+
+    if not fits(at_ngl(0)):
+        return None, "not even -ngl 0 fits: the context alone is over the budget (lower -c, -ub or the K/V type)"
+    lo, hi = 0, min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
+    if fits(at_ngl(hi)):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(at_ngl(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return choice("n_gpu_layers", lo, at_ngl(lo))
+
+
+def _placement_table(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
+                     available: int, draft: tuple[GGUFHeader, ModelSpec] | None, lever: str, chosen: int) -> list[tuple[int, int]]:
+    """The largest context that fits the device at a few values of the lever around the choice (the trade-off: more
+    on the GPU, or a longer context)."""
+    top = spec.n_layer if lever == "n_cpu_moe" else len(spec.layers) + 1
+    values = sorted({v for v in (0, top // 4, top // 2, 3 * top // 4, top, chosen) if 0 <= v <= top})
+    cp = resolve_context(spec, base, frontend)
+    out = []
+    for v in values:
+        cfg = base.model_copy(update={lever: v})
+        try:
+            s = largest_context(header, spec, cfg, backend, frontend, available, n_ubatch=cp.n_ubatch,
+                                type_k=cp.type_k, type_v=cp.type_v, with_draft=draft is not None, draft=draft,
+                                ctx_max=spec.n_ctx_train)
+        except ConfigError:
+            continue
+        out.append((v, s.n_ctx))
     return out

@@ -207,12 +207,12 @@ class RunConfig(BaseModel):
             out.append(["-lm", "none"])  # arg.cpp of the pinned build: -lm/--load-mode (it has no --no-mmap)
         if self.embeddings:
             out.append(["--embeddings"])
-        out += self._placement_args()
+        out += self.placement_args()
         out += self._draft_args(draft_model or self.draft_model)
         out.append(["--no-repack"] if self.no_repack else ["--repack"])
         return out + [list(g) for g in extra]
 
-    def _placement_args(self) -> list[list[str]]:
+    def placement_args(self) -> list[list[str]]:
         out: list[list[str]] = [["-ot", o] for o in self.override_tensor]
         if self.cpu_moe:
             out.append(["--cpu-moe"])

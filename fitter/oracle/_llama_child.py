@@ -256,8 +256,9 @@ class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_overrid
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
-    """tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers."""
+def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
+    """Pops tensor_buft_overrides ([pattern, buffer type name] pairs) and tensor_split from `fields` and sets them on
+    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers."""
     overrides = fields.pop("tensor_buft_overrides", None)
     if overrides:
         bufts = _buft_by_name(llama_cpp)
@@ -280,7 +281,7 @@ def _placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
 def _model_params(llama_cpp: Any, req: dict[str, Any]) -> Any:
     mp = llama_cpp.llama_model_default_params()
     model_fields = dict(req.get("model", {}))
-    _placement(llama_cpp, mp, model_fields)
+    apply_placement(llama_cpp, mp, model_fields)
     load_mode = model_fields.pop("load_mode", None)
     if load_mode is not None:
         mp.load_mode = _LOAD_MODES[load_mode]
