@@ -393,6 +393,47 @@ def phase_budget(out: Path, budget_mib: int, only: str = "") -> None:
                   f"{pred.total_device_bytes / MiB:,.1f} MiB of {budget_mib:,} -> {res.status}: {res.summary()}", flush=True)
 
 
+def phase_experts(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
+    """Issue 15's held-down case (a 3090-sized GPU): with `budget_mib` free, `ggfit fit -c 262144` on the
+    Qwen3.6-35B-A3B shape proposes --n-cpu-moe N; that config must load and decode, one predicted 512 MiB over
+    the free memory must end as `oom`, and the process's peak RSS must stay within the predicted host bytes plus the
+    Python/llama.cpp baseline (recorded, not asserted here). The llama-fit-params comparison is left to a later run."""
+    from search.probe import run_probe
+    from search.workload import Workload
+
+    log = Log(out, "experts")
+    path = model_file("qwen36-35b-a3b", filled=True)
+    header, spec = load_model_spec(path)
+    work = Workload(kind="prose", prompt_tokens=4096, gen_tokens=32, repeats=1, warmup=0)
+    with held_to(budget_mib * MiB, out) as free:
+        log.doc["free_bytes_held_to"] = free
+        r = ggfit("fit", path, "--backend", "cuda", "--budget", "auto", "-c", str(n_ctx), "--json")
+        fit = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+        log.doc["fit"] = {k: fit.get(k) for k in ("budget_bytes", "margin_bytes", "placement", "host_budget_bytes")}
+        p = fit.get("placement")
+        if not p:
+            raise RuntimeError(f"ggfit fit proposed no placement: {r.stderr.strip() or r.stdout[-2000:]}")
+        cfg = RunConfig.from_server_args([a for f in p["flags"][1:] for a in f.split(" ", 1)]).config
+        cases = [("placement from ggfit fit", cfg)]
+        # 512 MiB over what is free: fewer experts on the CPU, the total just above free + 512 MiB
+        for n in range(cfg.n_cpu_moe, -1, -1):
+            c = cfg.model_copy(update={"n_cpu_moe": n})
+            if predict(header, spec, c, Backend.CUDA, Frontend.SERVER).total_device_bytes >= free + 512 * MiB:
+                cases.append((f"512 MiB over (--n-cpu-moe {n})", c))
+                break
+        for label, c in cases:
+            pred = predict(header, spec, c, Backend.CUDA, Frontend.SERVER)
+            t = time.time()
+            res = run_probe(path, c, work, timeout=500)
+            log.add({"case": label, "config": c.model_dump(exclude_defaults=True),
+                     "predicted_device_bytes": pred.total_device_bytes, "predicted_host_bytes": pred.host_bytes,
+                     "free_bytes": free, "status": res.status, "message": res.message, "summary": res.summary(),
+                     "peak_rss_bytes": res.peak_rss_bytes, "wall_s": round(time.time() - t, 1),
+                     "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps})
+            print(f"experts: {label}: predicted {pred.total_device_bytes / MiB:,.1f} MiB device, "
+                  f"{pred.host_bytes / MiB:,.1f} MiB host -> {res.status}: {res.summary()}", flush=True)
+
+
 def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], study_args: list[str]) -> None:
     """`study_args` replace `--budget auto` (e.g. an overstated --budget with --margin 0, so that trials
     ggfit believes fit run out of the GPU's real memory and must end as failed trials, not a dead study)."""
@@ -415,7 +456,7 @@ def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], stu
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement"])
+    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement", "experts"])
     ap.add_argument("--shapes", default=ALL_SHAPES)
     ap.add_argument("--keep", default="qwen36-35b-a3b,qwen35-0.8b", help="load: filled files kept for later phases")
     ap.add_argument("--workers", type=int, default=4)
@@ -434,6 +475,8 @@ def main() -> int:
         ap.error(f"unknown shapes {unknown}")
     if args.phase == "dry":
         phase_dry(out, shapes, args.workers)
+    elif args.phase == "experts":
+        phase_experts(out, args.budget_mib)
     elif args.phase == "placement":
         phase_placement(out, shapes, args.workers, args.gpus)
     elif args.phase == "load":

@@ -386,7 +386,7 @@ def config_error(e: ValidationError) -> ConfigError:
         return ConfigError(f"{flag}: not a llama-server option ggfit knows")
     if "input" in err and err["type"] not in ("missing",):
         val = err["input"]
-        val = ("on" if val else "off") if isinstance(val, bool) else val
+        val = ("on" if val else "off") if isinstance(val, bool) else ",".join(map(str, val)) if isinstance(val, (tuple, list)) else val
         return ConfigError(f"{flag} {val}: {msg}")
     return ConfigError(f"{flag}: {msg}")
 
