@@ -36,11 +36,11 @@ from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
 from fitter.ggml.backends.base import BackendImpl
 from fitter.ggml.graph import Graph, Segment
-from fitter.ggml.sched import Placement, split_graph
+from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
 from fitter.ggml.tensor import HOST, Context, Tensor
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
-from fitter.llama.cparams import ConfigError, ContextParams
+from fitter.llama.cparams import ContextParams
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
@@ -385,14 +385,11 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     sp = c.spec
     n_all = len(sp.layers)
     wp = placement or weight_placement(n_all, impl.kind, n_gpu_layers)
-    gpus = wp.gpus
-    if len(gpus) > 1:
-        # weights and caches per GPU are; the scheduler over several GPUs (pipeline parallelism: GGML_SCHED_MAX_COPIES
-        # copies of every split input, ggml_backend_sched_split_graph) is not
-        raise ConfigError(f"-sm layer over {len(gpus)} GPUs: ggfit does not model the compute buffers of a graph "
-                          f"split across GPUs yet; use -sm none (one GPU, -mg to pick it)")
-    gpu = gpus[0] if gpus else 0
-    layer_dev = [HOST if d == CPU_DEV else 0 for d in wp.layer_dev]
+    gpus = wp.gpus or [0]
+    # backend ids: the first GPU 0, the CPU (HOST) 1, the other GPUs 2, 3, ... (fitter.ggml.sched.Placement.order)
+    be_of = {g: (0 if k == 0 else k + 1) for k, g in enumerate(gpus)}
+    be_of[CPU_DEV] = HOST
+    layer_dev = [be_of[d] for d in wp.layer_dev]
 
     def dev_size(t: Tensor) -> int:
         if t.op == "NONE":  # a split input copy
@@ -405,18 +402,27 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
             name = f"blk.{il}.{suffix}.weight" if il is not None else f"{suffix}.weight"
             for pattern, d in wp.overrides:
                 if pattern.search(name):
-                    return HOST if d == CPU_DEV else 0
+                    return be_of.get(d, 0)
             return None
 
+    # llama_context::llama_context: pipeline parallelism with several GPUs, every layer offloaded, -sm layer, the KV
+    # cache offloaded and no tensor overrides (ggml_backend_sched_new(..., parallel) -> GGML_SCHED_MAX_COPIES copies)
+    n_layer_all_on_gpu = n_gpu_layers < 0 or n_gpu_layers > n_all
+    pipeline = len(wp.devices) > 1 and n_layer_all_on_gpu and not kv_host and not wp.overrides
     pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
-                   weight_override=override)
-    ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
-                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX])
+                   weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1)
+    n_extra = len(gpus) - 1
+    ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
+                 [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=True,
+                 max_buffer_size=[impl.max_size(metal_max_buffer_length=metal_max_buffer_length), SIZE_MAX]
+                 + [impl.max_size()] * n_extra)
     r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
+    names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
+    names += [(device_buffer_name(impl, g), impl.alignment) for g in gpus[1:]]
     out = []
-    for i, (name, align) in enumerate(((device_buffer_name(impl, gpu), impl.alignment),
-                                       (impl.host_buffer_name, impl.host_alignment))):
+    for i in (0, *range(2, len(names)), 1):  # the GPUs, then the host
+        name, align = names[i]
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             terms, top = _terms(r.peaks[i], r.sizes[i], align)
             out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))

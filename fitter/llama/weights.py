@@ -63,6 +63,7 @@ class WeightPlacement:
 
     layer_dev: tuple[int, ...]  # n_layer_all + 1 entries
     overrides: tuple[tuple[re.Pattern[str], int], ...] = ()
+    devices: tuple[int, ...] = ()  # llama_model::devices: the GPUs the model may use (-sm none: the main GPU alone)
 
     @property
     def gpus(self) -> list[int]:
@@ -121,7 +122,7 @@ def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1,
         k = next((i for i, p in enumerate(points) if _f32(p) > x), len(points) - 1)
         layer_dev.append(devices[min(k, len(devices) - 1)])
     names = [device_buffer_name(impl, i) for i in range(n_gpus)]
-    return WeightPlacement(tuple(layer_dev), _overrides(overrides, impl, names))
+    return WeightPlacement(tuple(layer_dev), _overrides(overrides, impl, names), tuple(devices))
 
 
 def _f32(x: float) -> float:

@@ -6,9 +6,8 @@ exact bytes per buffer type from its memory breakdown) on the full-size Qwen3.6-
 --no-op-offload; one GPU (CUDA_VISIBLE_DEVICES=0), then both GPUs with -sm layer / none, -mg and -ts. These tests
 predict the same configs again, without a GPU.
 
-Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact on one GPU
-except the residuals pinned in RESIDUAL (ggfit minus llama.cpp, bytes); over two GPUs with -sm layer ggfit refuses
-to predict them (the pipeline-parallel scheduler is not modelled).
+Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact too, pipeline
+parallelism over two GPUs included, except the residuals pinned in RESIDUAL (ggfit minus llama.cpp, bytes).
 """
 
 from __future__ import annotations
@@ -16,11 +15,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from fitter.fit import memory
 from fitter.fit.memory import predict
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
@@ -47,6 +44,9 @@ RESIDUAL = {
     ("gpt-oss-20b-1-override_tensor['attn_.*=CPU']", "CUDA0"): 8083712,
     ("gpt-oss-20b-1-override_tensor['output=CPU']", "CUDA0"): -5890048,
     ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
+    ("qwen36-35b-a3b-2-no_kv_offloadTrue", "CUDA0"): 20963328,
+    ("qwen36-35b-a3b-2-n_cpu_moe20", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-2-n_cpu_moe4-tensor_split[1.0, 1.0]", "CUDA0"): 4194304,
 }
 
 
@@ -59,13 +59,9 @@ def _model(shape: str):
     return load_model_spec(str(build_shape(shape, tensor_types=q4_k_m_types(shape))))
 
 
-def _predict(row: dict, *, compute: bool = True):
+def _predict(row: dict):
     header, spec = _model(row["shape"])
-    cfg = RunConfig(**row["config"])
-    if compute:
-        return predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER, n_gpus=row["gpus"])
-    with mock.patch.object(memory, "compute_buffers", lambda *a, **k: []):
-        return predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER, n_gpus=row["gpus"])
+    return predict(header, spec, RunConfig(**row["config"]), Backend.CUDA, Frontend.SERVER, n_gpus=row["gpus"])
 
 
 def _diffs(pred, row: dict, kinds: dict[str, tuple[str, ...]]) -> dict[tuple[str, str], int]:
@@ -82,17 +78,15 @@ def _diffs(pred, row: dict, kinds: dict[str, tuple[str, ...]]) -> dict[tuple[str
     return out
 
 
-_MEM = {"model": ("model",), "context": ("kv", "rs")}
-ONE_GPU = [r for r in ROWS if r["gpus"] == 1]
-TWO_GPUS = [r for r in ROWS if r["gpus"] == 2 and r["status"] == "ok"]
+_KINDS = {"model": ("model",), "context": ("kv", "rs"), "compute": ("compute",)}
+LOADED = [r for r in ROWS if r["status"] == "ok"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", ONE_GPU, ids=_row_id)
-def test_one_gpu_every_buffer_matches_llama_cpp(row: dict) -> None:
-    assert row["status"] == "ok"
+@pytest.mark.parametrize("row", LOADED, ids=_row_id)
+def test_every_buffer_of_every_device_matches_llama_cpp(row: dict) -> None:
     pred = _predict(row)
-    diffs = _diffs(pred, row, {**_MEM, "compute": ("compute",)})
+    diffs = _diffs(pred, row, _KINDS)
     rid = _row_id(row)
     for (buft, field), d in diffs.items():
         want = RESIDUAL.get((rid, buft), 0) if field == "compute" else 0
@@ -103,14 +97,18 @@ def test_one_gpu_every_buffer_matches_llama_cpp(row: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", TWO_GPUS, ids=_row_id)
-def test_two_gpus_weights_and_caches_per_device_match_llama_cpp(row: dict) -> None:
-    diffs = _diffs(_predict(row, compute=False), row, _MEM)
-    assert all(d == 0 for d in diffs.values()), diffs
-    buffers = {m["buffer_type"] for m in row["measured"]}
-    if {"CUDA0", "CUDA1"} <= buffers:  # the graph spans both GPUs: refused, in one line
-        with pytest.raises(ConfigError, match="-sm layer over 2 GPUs"):
-            _predict(row)
+def test_pipeline_parallelism_copies_every_input_four_times() -> None:
+    """Two GPUs, every layer offloaded: llama.cpp's host compute buffer holds GGML_SCHED_MAX_COPIES copies of every
+    graph input; with -nkvo (no pipeline parallelism) it is the one-GPU buffer again."""
+    by = {_row_id(r): r for r in LOADED}
+    host = {k: next(m["compute"] for m in by[k]["measured"] if m["buffer_type"] == "CUDA_Host")
+            for k in ("llama-8b-1-", "llama-8b-2-", "llama-8b-2-split_modenone")}
+    assert host["llama-8b-2-"] > 3 * host["llama-8b-1-"] and host["llama-8b-2-split_modenone"] == host["llama-8b-1-"]
+    assert _buffer(_predict(by["llama-8b-2-"]), "CUDA_Host") == host["llama-8b-2-"]
+
+
+def _buffer(pred, device: str) -> int:
+    return sum(b.bytes for b in pred.buffers if b.kind == "compute" and b.device == device)
 
 
 @pytest.mark.slow
