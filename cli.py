@@ -303,6 +303,9 @@ def fit(
     bud = buds[main_gpu] if split_mode == "none" and main_gpu < len(buds) else buds[0]
     margin_bytes = fitter.parse_margin(margin)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
+    # one budget per GPU: each device within its own (the layers split by the budgets unless -ts says otherwise)
+    per_device = ({f"CUDA{i}": b.bytes for i, b in enumerate(buds)} if len(buds) > 1 and split_mode != "none"
+                  else None)
     for b in buds[1:]:
         fitter.available_bytes(b, margin_bytes)
     host = fitter.parse_host_budget(host_budget) if be.value != "cpu" else None
@@ -319,7 +322,8 @@ def fit(
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
-                available=available, draft=draft, model_draft=model_draft, host=host, n_gpus=len(buds))
+                available=available, draft=draft, model_draft=model_draft, host=host, n_gpus=len(buds),
+                per_device=per_device)
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
     r.solve_placement()
     _warn_ctx_train(r.pred.context, spec)
@@ -348,6 +352,14 @@ class _FitRun:
     model_draft: str | None
     host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
     n_gpus: int = 1
+    per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
+
+    @property
+    def avail(self) -> Any:
+        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
+        if self.per_device:
+            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
+        return self.available
     solutions: list = field(default_factory=list)
     rec: Any = None
     pred: Any = None
@@ -368,7 +380,8 @@ class _FitRun:
         if n_ubatch:
             # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
             kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
-        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft, **kwargs)
+        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
+                                      per_device=self.per_device, **kwargs)
         self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
         self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft) if self.rec else
                      fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft))
@@ -388,7 +401,7 @@ class _FitRun:
             base = base.model_copy(update={"n_batch": self.rec.n_batch})
         host = self.host.bytes if self.host is not None else None
         self.placement, self.placement_why = fitter.solve_placement(
-            self.header, self.spec, base, self.be, self.fe, self.available, host,
+            self.header, self.spec, base, self.be, self.fe, self.avail, host,
             draft=self.draft if (self.rec is None or self.rec.draft) else None)
         if self.placement is not None:
             self.placement_cfg = base.model_copy(update={self.placement.lever: self.placement.value})
@@ -398,7 +411,7 @@ class _FitRun:
         # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
         if self.host is not None and self.pred.host_bytes > self.host.bytes:
             return False
-        return self.pred.total_device_bytes <= self.available
+        return fitter.excess(self.pred, self.avail) <= 0
 
     def placement_flags(self) -> list[str]:
         pcfg = self.placement_cfg
@@ -424,7 +437,8 @@ class _FitRun:
             "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
             "total_device_bytes": total,
             "fits": self.fits,
-            "headroom_bytes": self.available - total,
+            "headroom_bytes": -fitter.excess(self.pred, self.avail),
+            "device_totals": self.pred.device_totals(),
             "solutions": [s.model_dump(mode="json") for s in self.solutions],
             "recommended": self.rec.model_dump(mode="json") if self.rec else None,
             "flags": self.flags() if self.fits else None,
@@ -460,6 +474,9 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
         _print_recommendation(r)
     print()
     _print_breakdown(pred, r.available)
+    if r.per_device:
+        totals = pred.device_totals()
+        print("per GPU: " + ", ".join(f"{name} {_mib(totals.get(name, 0))} of {_mib(a)}" for name, a in r.avail.items()))
     _print_calibration(pred)
     if r.measured is not None:
         print()
@@ -473,7 +490,7 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
         print()
-        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred)
+        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.avail)
         raise typer.Exit(1)
 
 
@@ -532,9 +549,12 @@ def _print_solutions(solutions) -> None:
         print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
 
 
-def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred) -> None:
-    available = budget_bytes - margin_bytes
-    over = pred.total_device_bytes - available
+def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, avail=None) -> None:
+    available = budget_bytes - margin_bytes if avail is None else avail
+    over = fitter.excess(pred, available)
+    if over <= 0:
+        print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
+        return
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
     for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred):
         print(f"  {alt.line}")

@@ -86,13 +86,14 @@ _EXPORTS: dict[str, str] = {
     "parse_budgets": "fitter.fit.budget",
     "parse_host_budget": "fitter.fit.budget",
     "solve_placement": "fitter.fit.solver",
+    "excess": "fitter.fit.solver",
     "PlacementChoice": "fitter.fit.solver",
 }
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
-    "solve_placement", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
+    "solve_placement", "excess", "Backend", "Budget", "ChildLog", "ConfigError", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "LlamaBuild", "MiB", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
     "SERVER_FLAGS", "SPLIT_MODES", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_info", "build_label",

@@ -18,6 +18,19 @@ from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
 
+# what the prediction may use: one number (the device total), or per device buffer name (CUDA0, CUDA1, ...: one
+# budget per GPU, each less the margin)
+Available = int | dict[str, int]
+
+
+def excess(pred: Prediction, available: Available) -> int:
+    """How far over its budget the fullest device is (<= 0: it fits)."""
+    if isinstance(available, int):
+        return pred.total_device_bytes - available
+    totals = pred.device_totals()
+    return max(totals.get(name, 0) - a for name, a in available.items())
+
+
 UBATCHES = (256, 512, 1024, 2048, 4096)
 KV_PAIRS = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
 KV_QUALITY = {"f32": 4, "f16": 3, "bf16": 3, "q8_0": 2, "q5_1": 1, "q5_0": 1, "q4_1": 0, "q4_0": 0, "iq4_nl": 0}
@@ -97,7 +110,7 @@ def largest_context(
     base: RunConfig,
     backend: Backend,
     frontend: Frontend,
-    available: int,
+    available: Available,
     *,
     n_ubatch: int,
     type_k: str,
@@ -106,15 +119,20 @@ def largest_context(
     draft: tuple[GGUFHeader, ModelSpec] | None,
     ctx_max: int,
 ) -> Solution:
-    def total(steps: int) -> int:
-        cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
-        return predict(header, spec, cfg, backend, frontend, draft if with_draft else None).total_device_bytes
+    totals: dict[int, int] = {}
 
-    steps, best_total = largest_fitting(total, available, ctx_max // CTX_STEP)
+    def over(steps: int) -> int:  # monotone in the context on every device
+        cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
+        p = predict(header, spec, cfg, backend, frontend, draft if with_draft else None)
+        totals[steps] = p.total_device_bytes
+        return excess(p, available)
+
+    steps, worst = largest_fitting(over, 0, ctx_max // CTX_STEP)
     n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
-        n_ctx=steps * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,
+        n_ctx=steps * CTX_STEP, total_device_bytes=totals.get(steps, 0) if steps else 0,
+        headroom_bytes=-worst if steps else (available if isinstance(available, int) else min(available.values())),
     )
 
 
@@ -131,9 +149,13 @@ def solve(
     ubatches: tuple[int, ...] = UBATCHES,
     kv_pairs: tuple[tuple[str, str], ...] = KV_PAIRS,
     ctx_max: int | None = None,
+    per_device: dict[str, int] | None = None,
 ) -> list[Solution]:
-    """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head)."""
-    available = budget_bytes - margin_bytes
+    """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head). `per_device`: the budget
+    of each GPU by buffer name (the margin is taken from each)."""
+    available: Available = budget_bytes - margin_bytes
+    if per_device:
+        available = {name: b - margin_bytes for name, b in per_device.items()}
     ctx_max = ctx_max or spec.n_ctx_train
     has_spec = draft is not None or base.spec_type == "draft-mtp"
     out = []
@@ -192,7 +214,7 @@ class Alternative(BaseModel):
 
 
 def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backend, frontend: Frontend,
-                   available: int, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[Alternative]:
+                   available: Available, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[Alternative]:
     """For a prediction over budget: the largest context that fits, and each other single change (a quantized K/V
     cache, a smaller ubatch, no draft) that keeps the requested context."""
     cp = pred.context
@@ -253,7 +275,7 @@ def solve_placement(
     base: RunConfig,
     backend: Backend,
     frontend: Frontend,
-    available: int,
+    available: Available,
     host_available: int | None,
     *,
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
@@ -276,7 +298,7 @@ def solve_placement(
         return predict(header, spec, cfg, backend, frontend, draft)
 
     def fits(p: Prediction) -> bool:
-        return p.total_device_bytes <= available
+        return excess(p, available) <= 0
 
     def choice(lever: Literal["n_cpu_moe", "n_gpu_layers"], value: int, p: Prediction) -> tuple[PlacementChoice | None, str]:
         host = p.host_bytes
@@ -287,7 +309,7 @@ def solve_placement(
         rows = _placement_table(header, spec, base, backend, frontend, available, draft, lever, value) if table else []
         return PlacementChoice(
             lever=lever, value=value, n_ctx=p.context.n_ctx, total_device_bytes=p.total_device_bytes, host_bytes=host,
-            headroom_bytes=available - p.total_device_bytes,
+            headroom_bytes=-excess(p, available),
             host_headroom_bytes=None if host_available is None else host_available - host, table=rows), ""
 
     if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor:
@@ -326,7 +348,8 @@ def solve_placement(
 
 
 def _placement_table(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
-                     available: int, draft: tuple[GGUFHeader, ModelSpec] | None, lever: str, chosen: int) -> list[tuple[int, int]]:
+                     available: Available, draft: tuple[GGUFHeader, ModelSpec] | None, lever: str,
+                     chosen: int) -> list[tuple[int, int]]:
     """The largest context that fits the device at a few values of the lever around the choice (the trade-off: more
     on the GPU, or a longer context)."""
     top = spec.n_layer if lever == "n_cpu_moe" else len(spec.layers) + 1

@@ -184,3 +184,17 @@ def test_the_cpu_builds_dry_run_takes_the_overrides() -> None:
             assert run.breakdown_total("model") == sum(b.tensor_bytes or b.bytes for b in p.buffers if b.kind == "model")
         else:
             assert "unknown buffer type 'CUDA0'" in run.message
+
+
+@pytest.mark.slow
+def test_fit_with_a_budget_per_gpu_splits_by_the_budgets_and_checks_each_gpu() -> None:
+    path = str(build_shape("qwen36-35b-a3b", tensor_types=q4_k_m_types("qwen36-35b-a3b")))
+    r = subprocess.run([sys.executable, "cli.py", "fit", path, "--backend", "cuda", "--budget", "16GiB,8GiB", "-c",
+                        "65536", "--host-budget", "64GiB", "--json"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    out = json.loads(r.stdout)
+    totals = out["device_totals"]
+    assert set(totals) == {"CUDA0", "CUDA1"} and totals["CUDA0"] > totals["CUDA1"]  # -ts 16,8 from the budgets
+    assert out["headroom_bytes"] == max(totals["CUDA0"] - 15 * GiB, totals["CUDA1"] - 7 * GiB) * -1
+    p = out["placement"]
+    assert p is not None and "-ts 16,8" in p["flags"] and p["headroom_bytes"] >= 0
