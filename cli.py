@@ -481,6 +481,9 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.measured is not None:
         print()
         _print_check(r.measured)
+    if r.be.value == "metal" and (r.cfg.n_cpu_moe or r.cfg.cpu_moe or r.cfg.override_tensor or r.cfg.n_gpu_layers >= 0):
+        print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
+              "Metal buffers but stay in the same RAM, so they free nothing overall")
     if r.host is not None:
         hb = pred.host_bytes
         print(f"host memory: {_mib(hb)} of the {_mib(r.host.bytes)} host budget ({r.host.source}): "
@@ -646,6 +649,12 @@ def optimise(
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
     no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
+    n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
+    no_op_offload: NoOpOffload = False,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -655,10 +664,23 @@ def optimise(
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
         raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+    # placement flags every trial shares: the study's [fixed] settings (the study file's [space] may search
+    # n_cpu_moe / n_gpu_layers instead)
+    given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
+                                     ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
+                                     ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False))
+             if v != dflt}
+    study_def: Any = study
+    if given:
+        from search.study.define import StudyDef, load_study
+
+        _run_config(**given)  # one line for a value llama.cpp refuses
+        d = load_study(study)
+        study_def = StudyDef(**{**d.model_dump(), "fixed": {**d.fixed, **given}})
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with fitter.Progress("optimise") as live:
-            result = run_study([fitter.resolve_model(m) for m in models], study, budget=budget, margin=margin,
+            result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget, margin=margin,
                                backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live)
