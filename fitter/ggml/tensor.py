@@ -142,17 +142,19 @@ def nelements(t: Tensor) -> int:
 # --- op constructors (ggml.c), only what shapes and ownership need ---------------------------------
 
 
-def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32) -> Tensor:
+def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32,
+           user: str = "") -> Tensor:
+    """A model weight; `user`: the op reading it, for a small weight whose own name is generic (bias, norm)."""
     ne = list(ne) + [1] * (4 - len(list(ne)))
     t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
     t.w = IS_WEIGHT
     t.be = HOST if host else ctx.dev
     if ctx.wdev is not None:
-        t.be = ctx.wdev(name, t.be)
+        t.be = ctx.wdev(user or name, t.be)
     return t
 
 
-def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -> Tensor | None:
+def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False, user: str = "") -> Tensor | None:
     """The weight an op reads, when the scheduler needs to see it (see Context.weights)."""
     if not ctx.weights:
         return None
@@ -161,7 +163,7 @@ def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -
     ne = list(ne)
     if BLCK[t] > 1 and ne[0] % BLCK[t]:
         t = F16
-    return weight(ctx, ne, base, type_=t)
+    return weight(ctx, ne, base, type_=t, user=user)
 
 
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
@@ -209,13 +211,13 @@ def srcs(*src: Tensor | None) -> tuple:
 
 def add(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (bias)
     if b is None:
-        b = op_weight(ctx, (a.ne[0],), "bias", small=True)
+        b = op_weight(ctx, (a.ne[0],), "bias", small=True, user=name)
     return dup(ctx, "ADD", a, (a, b) if b is not None else (a,), name)
 
 
 def mul(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (norm, scale)
     if b is None:
-        b = op_weight(ctx, (a.ne[0],), "norm", small=True)
+        b = op_weight(ctx, (a.ne[0],), "norm", small=True, user=name)
     return dup(ctx, "MUL", a, (a, b) if b is not None else (a,), name)
 
 

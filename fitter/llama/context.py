@@ -63,6 +63,14 @@ _WEIGHT_OF = {
 }
 
 
+# the ops that read a norm or bias weight (named after the op: fitter.ggml.tensor.add / mul) -> the weight's GGUF
+# name, for the tensor overrides (-ot attn_.*=CPU moves attention norms and biases too)
+_SMALL_WEIGHT_OF = {
+    "attn_out_b": "attn_output", "wqkv_b": "attn_qkv", "Qcur_normed": "attn_q_norm", "Kcur_normed": "attn_k_norm",
+    "result_norm": "output_norm", "attn_post_norm": "post_attention_norm",
+}
+
+
 def _build_full(spec: ModelSpec, cp: ContextParams, details: GraphDetails | None = None) -> GraphContext:
     """The whole graph, layer after layer, exactly as llama_model::build_graph emits it."""
     c = GraphContext(spec, cp, details or default_details(spec))
@@ -110,7 +118,8 @@ def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None,
     if override is not None:
         def wdev(name: str, default: int) -> int:
             il = ctx.layer if layer_only is None else layer_only
-            be = override(_WEIGHT_OF.get(name, name), il)
+            base = name.split("-", 1)[0].removesuffix("op_weight")  # an op's name: "attn_norm-3op_weight"
+            be = override(_WEIGHT_OF.get(base, _SMALL_WEIGHT_OF.get(base, base)), il)
             return default if be is None else be
 
         ctx.wdev = wdev

@@ -30,7 +30,6 @@ _BASE = ("n_ctx", "n_ubatch", "flash_attn", "no_mmap")
 # (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's; every other compute buffer is exact
 RESIDUAL = {
     ("qwen36-35b-a3b-1-no_kv_offloadTrue", "CUDA0"): 20963328,
-    ("qwen36-35b-a3b-1-override_tensor['attn_.*=CPU']", "CUDA0"): 1601536,
     ("qwen36-35b-a3b-1-n_cpu_moe4", "CUDA0"): 4194304,
     ("qwen36-35b-a3b-1-n_cpu_moe20", "CUDA0"): 4194304,
     ("qwen36-35b-a3b-1-n_cpu_moe39", "CUDA0"): 4194304,
@@ -41,8 +40,6 @@ RESIDUAL = {
     ("qwen36-35b-a3b-1-n_cpu_moe4-no_kv_offloadTrue", "CUDA0"): 36864,
     ("qwen36-35b-a3b-1-override_tensor['ffn_down_exps=CPU']", "CUDA0"): 4194304,
     ("qwen36-35b-a3b-1-n_batch2048-override_tensor['blk\\\\.[0-9]\\\\.ffn_(up|gate)_exps=CPU']", "CUDA0"): 8388608,
-    ("gpt-oss-20b-1-override_tensor['attn_.*=CPU']", "CUDA0"): 8083712,
-    ("gpt-oss-20b-1-override_tensor['output=CPU']", "CUDA0"): -5890048,
     ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
     ("qwen36-35b-a3b-2-no_kv_offloadTrue", "CUDA0"): 20963328,
     ("qwen36-35b-a3b-2-n_cpu_moe20", "CUDA0"): 4194304,
