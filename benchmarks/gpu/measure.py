@@ -424,7 +424,7 @@ def phase_experts(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
         for label, c in cases:
             pred = predict(header, spec, c, Backend.CUDA, Frontend.SERVER)
             t = time.time()
-            res = run_probe(path, c, work, timeout=500)
+            res = run_probe(path, c, work, timeout=240)
             log.add({"case": label, "config": c.model_dump(exclude_defaults=True),
                      "predicted_device_bytes": pred.total_device_bytes, "predicted_host_bytes": pred.host_bytes,
                      "free_bytes": free, "status": res.status, "message": res.message, "summary": res.summary(),

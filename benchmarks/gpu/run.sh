@@ -41,6 +41,7 @@ for arg in "${@:-dry}"; do
     [ "$phase" = study ] && extra+=(--study-args "${STUDY_ARGS:-}")  # e.g. "--budget 26583MiB --margin 0"
     [ "$phase" = budget ] && extra+=(--cases "${BUDGET_CASES:-}")  # e.g. "drafter": only the cases naming it
     [ "$phase" = placement ] && extra+=(--gpus "${GPUS:-1}" --workers "${WORKERS:-8}")  # GPUS=2: the split-mode grid too
+    [ "$phase" = experts ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")  # a 3090-sized GPU
     echo "=== phase $arg ($(date +%T))"
     python3 benchmarks/gpu/measure.py --out "$OUT" --phase "$phase" "${extra[@]}"
 done
