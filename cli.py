@@ -512,6 +512,9 @@ def _print_placement(r: _FitRun) -> None:
         print(f"  largest -c that fits the device, by {lever}: "
               + ", ".join(f"{v}: {c:,}" for v, c in p.table))
     print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
+    if not r.cfg.no_mmap:
+        print("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole file "
+              "through the page cache, so the process's peak RSS reaches the file size while it loads")
 
 
 def _print_recommendation(r: _FitRun) -> None:

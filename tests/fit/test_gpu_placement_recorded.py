@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fitter.fit.memory import predict
+from fitter.fit.solver import solve_placement
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from tests.synth.shapes import build_shape, q4_k_m_types
@@ -114,3 +115,26 @@ def test_split_mode_row_is_refused_as_llama_cpp_fails_it() -> None:
     assert rows and all(r["status"] == "error" and "does not support split buffers" in r["message"] for r in rows)
     with pytest.raises(ConfigError, match="-sm row: llama.cpp fails the load"):
         _predict(rows[0])
+
+
+EXPERTS = json.loads((RESULTS / "gpu-experts-h200.json").read_text())
+
+
+@pytest.mark.slow
+def test_recorded_expert_placement_loaded_and_one_predicted_over_ran_out_of_memory() -> None:
+    """A 3090-sized GPU (22,000 MiB held free on an H200): `ggfit fit -c 262144` proposed --n-cpu-moe 11, which
+    loaded, prefilled 4096 tokens and decoded; --n-cpu-moe 7, predicted 640 MiB over what was free, ran out of memory.
+    Today's solver proposes the same placement with the same bytes."""
+    header, spec = _model("qwen36-35b-a3b")
+    free, fit = EXPERTS["free_bytes_held_to"], EXPERTS["fit"]
+    available = fit["budget_bytes"] - fit["margin_bytes"]
+    choice, _ = solve_placement(header, spec, RunConfig(n_ctx=262144), Backend.CUDA, Frontend.SERVER, available, None,
+                                table=False)
+    assert choice is not None and (choice.lever, choice.value) == ("n_cpu_moe", fit["placement"]["value"]) == ("n_cpu_moe", 11)
+    rows = {r["case"].split(" (")[0]: r for r in EXPERTS["rows"]}
+    ok, over = rows["placement from ggfit fit"], rows["512 MiB over"]
+    for r in (ok, over):
+        pred = predict(header, spec, RunConfig(**r["config"]), Backend.CUDA, Frontend.SERVER)
+        assert pred.total_device_bytes == r["predicted_device_bytes"]
+    assert ok["status"] == "ok" and ok["decode_tps"] > 0 and ok["predicted_device_bytes"] <= available
+    assert over["status"] == "oom" and over["predicted_device_bytes"] >= free + 512 * 2**20
