@@ -592,6 +592,11 @@ def quants(
     type_v: CacheV = None,
     flash_attn: FlashAttn = FlashAttnMode.auto,
     n_parallel: Parallel = None,
+    n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
@@ -602,7 +607,9 @@ def quants(
     be, fe = _backend(backend), _frontend(frontend)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
-                      spec_type="draft-simple" if model_draft else "none")
+                      spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
+                      n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
+                      no_kv_offload=no_kv_offload)
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
