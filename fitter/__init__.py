@@ -143,6 +143,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.fit.solver import (
         Alternative,
         PlacementChoice,
+        excess,
         largest_context,
         prediction_for,
         recommend,
