@@ -59,6 +59,7 @@ def test_n_cpu_moe_patterns_match_only_their_layers_experts() -> None:
     assert hits == ["blk.0.ffn_up_exps.weight", "blk.1.ffn_gate_up_exps.weight", "blk.1.ffn_down_exps.bias"]
 
 
+@pytest.mark.slow
 def test_weights_follow_the_overrides_and_the_layer_split() -> None:
     header, spec = _model("qwen36-35b-a3b")
     wp = placement_of(spec, RunConfig(n_cpu_moe=4), Backend.CUDA)
@@ -72,6 +73,7 @@ def test_weights_follow_the_overrides_and_the_layer_split() -> None:
     assert placement_of(spec, RunConfig(split_mode="none", main_gpu=1), Backend.CUDA).gpus == [1]
 
 
+@pytest.mark.slow
 def test_host_bytes_count_mapped_weights_by_their_tensors() -> None:
     header, spec = _model("qwen36-35b-a3b")
     cfg = RunConfig(n_ctx=4096, n_cpu_moe=8)
@@ -154,6 +156,7 @@ def test_fit_proposes_an_expert_placement_with_flags_and_json() -> None:
     assert text.returncode == 1 and f"placement for -c 262144: --n-cpu-moe {n}" in text.stdout
 
 
+@pytest.mark.slow
 def test_unknown_buffer_type_and_row_split_are_refused() -> None:
     header, spec = _model("llama-8b")
     with pytest.raises(ConfigError, match="CUDA0, CUDA1"):
@@ -171,6 +174,7 @@ def test_study_space_searches_placement() -> None:
     assert ["--n-cpu-moe", "8"] in cand.config.to_server_args()
 
 
+@pytest.mark.slow
 def test_the_cpu_builds_dry_run_takes_the_overrides() -> None:
     """llama.cpp itself parses the overrides here: CPU is a buffer type of this build, CUDA0 is not."""
     path = resolve_model("gemma3-270m")
