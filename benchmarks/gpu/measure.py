@@ -434,6 +434,46 @@ def phase_experts(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
                   f"{pred.host_bytes / MiB:,.1f} MiB host -> {res.status}: {res.summary()}", flush=True)
 
 
+def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
+    """ggfit's placement against llama.cpp's own --fit (llama-fit-params of the pinned build, path in
+    $LLAMA_FIT_PARAMS; run.sh builds it) on the same held budget: each tool's flags, whether they load, and prefill /
+    decode tok/s at 4K and 32K prompts, in the same run. NOT YET RUN on a device (an entry point for it)."""
+    import os
+    import shlex
+
+    from search.probe import run_probe
+    from search.workload import Workload
+
+    log = Log(out, "fitparams")
+    path = model_file("qwen36-35b-a3b", filled=True)
+    binary = os.environ.get("LLAMA_FIT_PARAMS", "llama-fit-params")
+    with held_to(budget_mib * MiB, out) as free:
+        log.doc["free_bytes_held_to"] = free
+        r = ggfit("fit", path, "--backend", "cuda", "--budget", "auto", "-c", str(n_ctx), "--json")
+        fit = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+        p = fit.get("placement") or {}
+        configs: dict[str, RunConfig] = {}
+        if p:
+            configs["ggfit"] = RunConfig.from_server_args([a for f in p["flags"][1:] for a in f.split(" ", 1)]).config
+        f = subprocess.run([binary, "-m", path, "-c", str(n_ctx), "-fa", "on"], capture_output=True, text=True,
+                           timeout=600)
+        line = (f.stdout.strip().splitlines() or [""])[-1]  # "-c N -ngl N [-ts ...] [-ot "a=CPU,b=CPU"]"
+        log.doc["llama_fit_params"] = {"rc": f.returncode, "stdout": line, "stderr_tail": f.stderr[-3000:]}
+        if f.returncode == 0 and line:
+            args = shlex.split(line)
+            # the server defaults ggfit's flags spell out (-np auto: 4 slots, unified KV), for the same runs
+            configs["llama.cpp --fit"] = RunConfig.from_server_args(args + ["-fa", "on", "-np", "4", "--kv-unified"]).config
+        for label, cfg in configs.items():
+            for prompt in (4096, 32768):
+                work = Workload(kind="prose", prompt_tokens=prompt, gen_tokens=64, repeats=1, warmup=0)
+                t = time.time()
+                res = run_probe(path, cfg, work, timeout=400)
+                log.add({"tool": label, "prompt_tokens": prompt, "flags": cfg.to_server_args(), "status": res.status,
+                         "message": res.message, "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
+                         "peak_rss_bytes": res.peak_rss_bytes, "wall_s": round(time.time() - t, 1)})
+                print(f"fitparams: {label} @ {prompt}: {res.status}: {res.summary()}", flush=True)
+
+
 def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], study_args: list[str]) -> None:
     """`study_args` replace `--budget auto` (e.g. an overstated --budget with --margin 0, so that trials
     ggfit believes fit run out of the GPU's real memory and must end as failed trials, not a dead study)."""
@@ -456,7 +496,7 @@ def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], stu
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement", "experts"])
+    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement", "experts", "fitparams"])
     ap.add_argument("--shapes", default=ALL_SHAPES)
     ap.add_argument("--keep", default="qwen36-35b-a3b,qwen35-0.8b", help="load: filled files kept for later phases")
     ap.add_argument("--workers", type=int, default=4)
@@ -477,6 +517,8 @@ def main() -> int:
         phase_dry(out, shapes, args.workers)
     elif args.phase == "experts":
         phase_experts(out, args.budget_mib)
+    elif args.phase == "fitparams":
+        phase_fitparams(out, args.budget_mib)
     elif args.phase == "placement":
         phase_placement(out, shapes, args.workers, args.gpus)
     elif args.phase == "load":
