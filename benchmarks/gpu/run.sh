@@ -42,6 +42,7 @@ for arg in "${@:-dry}"; do
     [ "$phase" = budget ] && extra+=(--cases "${BUDGET_CASES:-}")  # e.g. "drafter": only the cases naming it
     [ "$phase" = placement ] && extra+=(--gpus "${GPUS:-1}" --workers "${WORKERS:-8}")  # GPUS=2: the split-mode grid too
     [ "$phase" = experts ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")  # a 3090-sized GPU
+    [ "$phase" = study ] && [ -n "${BUDGET_MIB:-}" ] && extra+=(--budget-mib "$BUDGET_MIB")  # held free meanwhile
     if [ "$phase" = fitparams ]; then  # llama.cpp's own --fit tool from the pinned source (not built by the wheel)
         extra+=(--budget-mib "${BUDGET_MIB:-22000}")
         if [ ! -x /tmp/fitp/bin/llama-fit-params ]; then
