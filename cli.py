@@ -308,7 +308,10 @@ def fit(
                   else None)
     for b in buds[1:]:
         fitter.available_bytes(b, margin_bytes)
-    host = fitter.parse_host_budget(host_budget) if be.value != "cpu" else None
+    # system RAM next to the GPU (default: what is available now); on the CPU everything is the one budget, and a
+    # Mac's unified memory is the Metal budget already (a host budget there only when given)
+    host = (fitter.parse_host_budget(host_budget) if be.value == "cuda" or (host_budget and be.value != "cpu")
+            else None)
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn.value, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
