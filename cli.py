@@ -247,10 +247,17 @@ def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
     return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
 
 
-def _print_breakdown(pred, available: int) -> None:
+def _print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
     print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
     for b in pred.buffers:
         print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
+    if per_device:  # one budget per GPU
+        totals = pred.device_totals()
+        for name, a in per_device.items():
+            t = totals.get(name, 0)
+            print(f"{name} against its budget: {_mib(t)} of {_mib(a)} available: "
+                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
+        return
     total = pred.total_device_bytes
     verdict = "fits" if total <= available else "does NOT fit"
     print(f"total against the budget: {_mib(total)} of {_mib(available)} available: {verdict}, "
@@ -476,10 +483,7 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.solutions:
         _print_recommendation(r)
     print()
-    _print_breakdown(pred, r.available)
-    if r.per_device:
-        totals = pred.device_totals()
-        print("per GPU: " + ", ".join(f"{name} {_mib(totals.get(name, 0))} of {_mib(a)}" for name, a in r.avail.items()))
+    _print_breakdown(pred, r.available, r.avail if r.per_device else None)
     _print_calibration(pred)
     if r.measured is not None:
         print()
