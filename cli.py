@@ -414,7 +414,7 @@ class _FitRun:
             self.header, self.spec, base, self.be, self.fe, self.avail, host,
             draft=self.draft if (self.rec is None or self.rec.draft) else None)
         if self.placement is not None:
-            self.placement_cfg = base.model_copy(update={self.placement.lever: self.placement.value})
+            self.placement_cfg = base.model_copy(update=self.placement.update)
 
     @property
     def fits(self) -> bool:
@@ -511,7 +511,7 @@ def _print_placement(r: _FitRun) -> None:
             print(f"\nplacement: {r.placement_why}")
         return
     what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
-            else "{v} layers on the GPU").format(v=p.value)
+            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
     print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {_mib(p.total_device_bytes)} "
           f"(headroom {_mib(p.headroom_bytes)}), host {_mib(p.host_bytes)}")
     if p.table:

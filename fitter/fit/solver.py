@@ -263,10 +263,21 @@ class PlacementChoice(BaseModel):
     headroom_bytes: int  # device budget - margin - total
     host_headroom_bytes: int | None  # host budget - host bytes (None: no host budget)
     table: list[tuple[int, int]] = []  # (value of the lever, the largest context that fits the device with it)
+    n_cpu_moe: int = 0  # with -ngl as the lever: the experts already all on the CPU when the model is MoE
+
+    @property
+    def update(self) -> dict[str, int]:
+        """The RunConfig fields of this placement."""
+        out: dict[str, int] = {self.lever: self.value}
+        if self.lever == "n_gpu_layers" and self.n_cpu_moe:
+            out["n_cpu_moe"] = self.n_cpu_moe
+        return out
 
     @property
     def flags(self) -> list[str]:
-        return ["--n-cpu-moe", str(self.value)] if self.lever == "n_cpu_moe" else ["-ngl", str(self.value)]
+        if self.lever == "n_cpu_moe":
+            return ["--n-cpu-moe", str(self.value)]
+        return (["--n-cpu-moe", str(self.n_cpu_moe)] if self.n_cpu_moe else []) + ["-ngl", str(self.value)]
 
 
 def solve_placement(
@@ -310,7 +321,8 @@ def solve_placement(
         return PlacementChoice(
             lever=lever, value=value, n_ctx=p.context.n_ctx, total_device_bytes=p.total_device_bytes, host_bytes=host,
             headroom_bytes=-excess(p, available),
-            host_headroom_bytes=None if host_available is None else host_available - host, table=rows), ""
+            host_headroom_bytes=None if host_available is None else host_available - host, table=rows,
+            n_cpu_moe=base.n_cpu_moe), ""
 
     if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor:
         def at(n: int) -> Prediction:

@@ -202,3 +202,14 @@ def test_fit_with_a_budget_per_gpu_splits_by_the_budgets_and_checks_each_gpu() -
     assert out["headroom_bytes"] == max(totals["CUDA0"] - 15 * GiB, totals["CUDA1"] - 7 * GiB) * -1
     p = out["placement"]
     assert p is not None and "-ts 16,8" in p["flags"] and p["headroom_bytes"] >= 0
+
+
+@pytest.mark.slow
+def test_a_moe_model_too_big_even_with_every_expert_on_the_cpu_gets_fewer_layers_too() -> None:
+    header, spec = _model("qwen36-35b-a3b")
+    base = RunConfig(n_ctx=32768)
+    choice, _ = solve_placement(header, spec, base, Backend.CUDA, Frontend.SERVER, 2 * GiB, None, table=False)
+    assert choice is not None and choice.lever == "n_gpu_layers" and choice.n_cpu_moe == spec.n_layer
+    assert choice.flags == ["--n-cpu-moe", str(spec.n_layer), "-ngl", str(choice.value)]
+    cfg = base.model_copy(update=choice.update)
+    assert predict(header, spec, cfg, Backend.CUDA).total_device_bytes == choice.total_device_bytes <= 2 * GiB
