@@ -74,7 +74,7 @@ SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559M
 
 # One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
 # meaning, common/arg.cpp) and ggfit's own budget/backend options.
-BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit).")]
+BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit); one per GPU separated by commas (24GiB,24GiB).")]
 MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default: what the backend holds outside its buffers plus a 256 MiB safety share: CUDA 1028MiB, Metal 768MiB, CPU 304MiB).")]
 BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
 FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
@@ -88,6 +88,15 @@ Parallel = Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N
 KVUnified = Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="One KV buffer shared by all slots (default: on with -np auto).")]
 SwaFull = Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full", help="Full-size sliding-window KV cache (llama-server default: off).")]
 GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="Layers on the GPU; -1 = all.")]
+NCpuMoe = Annotated[int, typer.Option("-ncmoe", "--n-cpu-moe", metavar="N", help="Keep the MoE expert weights of the first N layers on the CPU.")]
+CpuMoe = Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Keep every MoE expert weight on the CPU.")]
+OverrideTensor = Annotated[Optional[list[str]], typer.Option("-ot", "--override-tensor", metavar="PATTERN=BUFT", help="Tensors whose name matches the regex go to that buffer type: CPU, CUDA0, CUDA1, ... (repeatable; comma-separated lists too).")]
+NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep the KV cache (and recurrent state) in host memory.")]
+NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
+SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
+MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
+TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
+HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the weights into memory instead of mapping the file.")]
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")]
 ModelDraft = Annotated[Optional[str], typer.Option("-md", "--model-draft", metavar="MODEL", help="A draft model for speculative decoding (path, URL or bundled name).")]
@@ -248,6 +257,24 @@ def _print_build(build, differences) -> None:
               "nothing here)")
 
 
+def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
+                      no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
+                      budgets: list) -> dict[str, Any]:
+    """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
+    budgets (llama.cpp splits by free memory)."""
+    ts: tuple[float, ...] | None = None
+    if tensor_split is not None:
+        try:
+            ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
+        except ValueError:
+            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
+    elif len(budgets) > 1:
+        ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
+    return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
+                no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
+                tensor_split=ts)
+
+
 def _warn_ctx_train(cp, spec) -> None:
     """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
     if cp.n_ctx_seq > spec.n_ctx_train:
@@ -261,10 +288,17 @@ def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
     return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
 
 
-def _print_breakdown(pred, available: int) -> None:
+def _print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
     print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
     for b in pred.buffers:
         print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
+    if per_device:  # one budget per GPU
+        totals = pred.device_totals()
+        for name, a in per_device.items():
+            t = totals.get(name, 0)
+            print(f"{name} against its budget: {_mib(t)} of {_mib(a)} available: "
+                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
+        return
     total = pred.total_device_bytes
     verdict = "fits" if total <= available else "does NOT fit"
     print(f"total against the budget: {_mib(total)} of {_mib(available)} available: {verdict}, "
@@ -290,6 +324,15 @@ def fit(
     kv_unified: KVUnified = None,
     swa_full: SwaFull = None,
     n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
+    no_op_offload: NoOpOffload = False,
+    split_mode: SplitModeOpt = "layer",
+    main_gpu: MainGpu = 0,
+    tensor_split: TensorSplit = None,
+    host_budget: HostBudgetOpt = None,
     no_mmap: NoMmap = False,
     repack: Repack = False,
     model_draft: ModelDraft = None,
@@ -312,24 +355,39 @@ def fit(
         build = _llama_build(llama_build, llama_server)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
-    bud = fitter.parse_budget(budget, be.value)
+    buds = fitter.parse_budgets(budget, be.value)
+    bud = buds[main_gpu] if split_mode == "none" and main_gpu < len(buds) else buds[0]
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
+    # one budget per GPU: each device within its own (the layers split by the budgets unless -ts says otherwise)
+    per_device = ({f"CUDA{i}": b.bytes for i, b in enumerate(buds)} if len(buds) > 1 and split_mode != "none"
+                  else None)
+    for b in buds[1:]:
+        fitter.available_bytes(b, margin_bytes)
+    # system RAM next to the GPU (default: what is available now); on the CPU everything is the one budget, and a
+    # Mac's unified memory is the Metal budget already (a host budget there only when given)
+    host = (fitter.parse_host_budget(host_budget) if be.value == "cuda" or (host_budget and be.value != "cpu")
+            else None)
     cfg = _run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn.value, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
         n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
+        **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
+                            tensor_split, buds),
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
-                available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None)
+                available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None,
+                host=host, n_gpus=len(buds), per_device=per_device)
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+    r.solve_placement()
     if not build.is_pinned:
-        r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred)
+        r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
+                                                 n_gpus=r.n_gpus)
     _warn_ctx_train(r.pred.context, spec)
     if check and fit_params is not None:
         ccfg = fitter.fit_params_check_config(r.pred, r.pred_config)
@@ -360,12 +418,25 @@ class _FitRun:
     model_draft: str | None
     build: Any
     margin_default: bool = False
+    host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
+    n_gpus: int = 1
+    per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
+
+    @property
+    def avail(self) -> Any:
+        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
+        if self.per_device:
+            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
+        return self.available
     solutions: list = field(default_factory=list)
     differences: list = field(default_factory=list)
     rec: Any = None
     pred: Any = None
     measured: dict | None = None
     fit_params: dict | None = None
+    placement: Any = None  # a PlacementChoice when the config as given does not fit
+    placement_why: str = ""
+    placement_cfg: Any = None
 
     def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
         """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
@@ -380,7 +451,7 @@ class _FitRun:
             # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
             kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
         self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
-                                      build=b, **kwargs)
+                                      build=b, per_device=self.per_device, **kwargs)
         self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
         self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
                      fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
@@ -394,9 +465,39 @@ class _FitRun:
     def pred_draft(self) -> Any:
         return self.draft if (self.rec is None or self.rec.draft) else None
 
+    def solve_placement(self) -> None:
+        """When the config does not fit (or the context solved for stops short of the training context): the
+        placement (--n-cpu-moe, else -ngl) that fits at the asked context (else the training context)."""
+        cp = self.pred.context
+        if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
+            return
+        if self.be.value == "cpu":
+            return
+        target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
+        base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
+                                           "type_v": cp.type_v})
+        if self.rec is not None:
+            base = base.model_copy(update={"n_batch": self.rec.n_batch})
+        host = self.host.bytes if self.host is not None else None
+        self.placement, self.placement_why = fitter.solve_placement(
+            self.header, self.spec, base, self.be, self.fe, self.avail, host,
+            draft=self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
+        if self.placement is not None:
+            self.placement_cfg = base.model_copy(update=self.placement.update)
+
     @property
     def fits(self) -> bool:
-        return self.pred.total_device_bytes <= self.available
+        # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
+        if self.host is not None and self.pred.host_bytes > self.host.bytes:
+            return False
+        return fitter.excess(self.pred, self.avail) <= 0
+
+    def placement_flags(self) -> list[str]:
+        pcfg = self.placement_cfg
+        pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
+                              self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return _flags(self.path, pred.context, pcfg, draft)
 
     def flags(self) -> list[str]:
         draft = self.model_draft if (self.rec is None or self.rec.draft) else None
@@ -418,11 +519,18 @@ class _FitRun:
             "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
             "total_device_bytes": total,
             "fits": self.fits,
-            "headroom_bytes": self.available - total,
+            "headroom_bytes": -fitter.excess(self.pred, self.avail),
+            "device_totals": self.pred.device_totals(),
             "solutions": [s.model_dump(mode="json") for s in self.solutions],
             "recommended": self.rec.model_dump(mode="json") if self.rec else None,
             "flags": self.flags() if self.fits else None,
             "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
+            "host_bytes": self.pred.host_bytes,
+            "host_budget_bytes": self.host.bytes if self.host is not None else None,
+            "host_budget_source": self.host.source if self.host is not None else None,
+            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
+                          if self.placement is not None else None),
+            "placement_note": self.placement_why or None,
         }
         if self.measured is not None:
             out["check"] = self.measured
@@ -453,7 +561,7 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.solutions:
         _print_recommendation(r)
     print()
-    _print_breakdown(pred, r.available)
+    _print_breakdown(pred, r.available, r.avail if r.per_device else None)
     _print_calibration(pred)
     if r.measured is not None:
         print()
@@ -461,12 +569,40 @@ def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
     if r.fit_params is not None:
         print()
         _print_fit_params(r.fit_params)
+    if r.be.value == "metal" and (r.cfg.n_cpu_moe or r.cfg.cpu_moe or r.cfg.override_tensor or r.cfg.n_gpu_layers >= 0):
+        print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
+              "Metal buffers but stay in the same RAM, so they free nothing overall")
+    if r.host is not None:
+        hb = pred.host_bytes
+        print(f"host memory: {_mib(hb)} of the {_mib(r.host.bytes)} host budget ({r.host.source}): "
+              + ("fits" if hb <= r.host.bytes else "does NOT fit"))
+    _print_placement(r)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
         print()
-        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build)
+        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build, r.avail)
         raise typer.Exit(1)
+
+
+def _print_placement(r: _FitRun) -> None:
+    p = r.placement
+    if p is None:
+        if r.placement_why:
+            print(f"\nplacement: {r.placement_why}")
+        return
+    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
+            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
+    print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {_mib(p.total_device_bytes)} "
+          f"(headroom {_mib(p.headroom_bytes)}), host {_mib(p.host_bytes)}")
+    if p.table:
+        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
+        print(f"  largest -c that fits the device, by {lever}: "
+              + ", ".join(f"{v}: {c:,}" for v, c in p.table))
+    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
+    if not r.cfg.no_mmap:
+        print("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole file "
+              "through the page cache, so the process's peak RSS reaches the file size while it loads")
 
 
 def _print_recommendation(r: _FitRun) -> None:
@@ -507,9 +643,12 @@ def _print_solutions(solutions) -> None:
         print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
 
 
-def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build) -> None:
-    available = budget_bytes - margin_bytes
-    over = pred.total_device_bytes - available
+def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build, avail=None) -> None:
+    available = budget_bytes - margin_bytes if avail is None else avail
+    over = fitter.excess(pred, available)
+    if over <= 0:
+        print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
+        return
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
     for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
         print(f"  {alt.line}")
@@ -553,6 +692,11 @@ def quants(
     type_v: CacheV = None,
     flash_attn: FlashAttn = FlashAttnMode.auto,
     n_parallel: Parallel = None,
+    n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
@@ -566,7 +710,9 @@ def quants(
     build = _llama_build(llama_build, llama_server)
     cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
-                      spec_type="draft-simple" if model_draft else "none")
+                      spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
+                      n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
+                      no_kv_offload=no_kv_offload)
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
@@ -619,6 +765,12 @@ def optimise(
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
     no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
+    n_gpu_layers: GpuLayers = -1,
+    n_cpu_moe: NCpuMoe = 0,
+    cpu_moe: CpuMoe = False,
+    override_tensor: OverrideTensor = None,
+    no_kv_offload: NoKvOffload = False,
+    no_op_offload: NoOpOffload = False,
     llama_build: LlamaBuildOpt = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
@@ -630,10 +782,23 @@ def optimise(
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
         raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+    # placement flags every trial shares: the study's [fixed] settings (the study file's [space] may search
+    # n_cpu_moe / n_gpu_layers instead)
+    given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
+                                     ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
+                                     ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False))
+             if v != dflt}
+    study_def: Any = study
+    if given:
+        from search.study.define import StudyDef, load_study
+
+        _run_config(**given)  # one line for a value llama.cpp refuses
+        d = load_study(study)
+        study_def = StudyDef(**{**d.model_dump(), "fixed": {**d.fixed, **given}})
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with fitter.Progress("optimise") as live:
-            result = run_study([fitter.resolve_model(m) for m in models], study, budget=budget, margin=margin,
+            result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget, margin=margin,
                                backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,

@@ -75,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "FIT_PARAMS_FRONTEND": "fitter.oracle.fit_params",
     "parse_log": "fitter.oracle.llama_log",
     "FLASH_ATTN": "fitter.oracle.llama_run",
+    "SPLIT_MODES": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
     "BuildReport": "fitter.oracle.llama_run",
     "REPO_ROOT": "fitter.oracle.llama_run",
@@ -96,11 +97,19 @@ _EXPORTS: dict[str, str] = {
     "emit_event": "fitter.oracle._llama_child",
     "load_ggml_base": "fitter.oracle._llama_child",
     "lib_type_name": "fitter.oracle._llama_child",
+    "apply_placement": "fitter.oracle._llama_child",
+    # placement: where weights go (-ngl, -ot, --n-cpu-moe), host memory, and the solver over placements
+    "parse_budgets": "fitter.fit.budget",
+    "parse_host_budget": "fitter.fit.budget",
+    "solve_placement": "fitter.fit.solver",
+    "excess": "fitter.fit.solver",
+    "PlacementChoice": "fitter.fit.solver",
 }
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
-    "Alternative", "BEST_RULE", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
+    "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
+    "solve_placement", "excess", "SPLIT_MODES", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
@@ -144,6 +153,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
         MiB,
         available_bytes,
         parse_budget,
+        parse_budgets,
+        parse_host_budget,
         parse_margin,
         parse_size,
     )
@@ -152,10 +163,13 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (
         Alternative,
+        PlacementChoice,
+        excess,
         largest_context,
         prediction_for,
         recommend,
         solve,
+        solve_placement,
         what_to_change,
     )
     from fitter.ggml.types import GGML_TYPES
@@ -179,6 +193,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         GGML_LOG_INFO,
         ChildLog,
         apply_fields,
+        apply_placement,
         build_info,
         emit_event,
         lib_type_name,
@@ -196,6 +211,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.oracle.llama_run import (
         FLASH_ATTN,
         REPO_ROOT,
+        SPLIT_MODES,
         BuildReport,
         check_model_path,
         child_env,

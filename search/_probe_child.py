@@ -48,6 +48,7 @@ from fitter import (
     GGML_LOG_INFO,
     ChildLog,
     apply_fields,
+    apply_placement,
     build_info,
     emit_event,
     lib_type_name,
@@ -336,6 +337,10 @@ class _Child:
         lm = fields.pop("load_mode", None)
         if lm is not None:
             mp.load_mode = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}[lm]
+        try:
+            apply_placement(self.l, mp, fields)  # -ot / --n-cpu-moe overrides, -ts
+        except ValueError as e:
+            raise _Stop("error", str(e)) from None
         apply_fields(mp, fields)
         return mp
 

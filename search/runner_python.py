@@ -14,6 +14,7 @@ from fitter import (
     FLASH_ATTN,
     GGML_TYPES,
     REPO_ROOT,
+    SPLIT_MODES,
     BuildReport,
     Progress,
     RunConfig,
@@ -53,12 +54,18 @@ def resolve_server_defaults(config: RunConfig, *, threads: int, use_extra_bufts:
     n_batch = c.n_batch if c.n_batch is not None else 2048
     n_ubatch = c.n_ubatch if c.n_ubatch is not None else 512
     n_draft = c.draft_n_max if c.spec_type != "none" else 0
-    model = {
+    model: dict[str, Any] = {
         "n_gpu_layers": c.n_gpu_layers,
         "load_mode": "none" if c.no_mmap else "auto",
         "use_extra_bufts": use_extra_bufts,
         "load_mtp": c.spec_type == "draft-mtp",
+        "split_mode": SPLIT_MODES[c.split_mode],
+        "main_gpu": c.main_gpu,
     }
+    if c.tensor_overrides():
+        model["tensor_buft_overrides"] = [list(o) for o in c.tensor_overrides()]
+    if c.tensor_split:
+        model["tensor_split"] = list(c.tensor_split)
     context = {
         "n_ctx": c.n_ctx if c.n_ctx is not None else 0,
         "n_batch": n_batch,
@@ -74,8 +81,8 @@ def resolve_server_defaults(config: RunConfig, *, threads: int, use_extra_bufts:
         "flash_attn_type": FLASH_ATTN[c.flash_attn],
         "swa_full": bool(c.swa_full),
         "kv_unified": kv_unified,
-        "offload_kqv": True,
-        "op_offload": True,
+        "offload_kqv": not c.no_kv_offload,
+        "op_offload": not c.no_op_offload,
         "embeddings": bool(c.embeddings),
     }
     return model, context
@@ -94,7 +101,8 @@ def _speculation(config: RunConfig, model: dict[str, Any], context: dict[str, An
     return {
         "type": config.spec_type,
         "draft_model": check_model_path(config.draft_model) if config.draft_model else None,
-        "draft_model_params": dict(model, n_gpu_layers=-1, load_mtp=False),
+        "draft_model_params": {k: v for k, v in dict(model, n_gpu_layers=-1, load_mtp=False).items()
+                               if k != "tensor_buft_overrides"},
         "draft_context": dctx,
         "n_max": config.draft_n_max,
         "n_min": SPEC_DEFAULT_N_MIN if draft_n_min is None else draft_n_min,

@@ -234,6 +234,8 @@ def server_command(
         cmd += ["--swa-full"]
     if c.n_gpu_layers != -1:
         cmd += ["-ngl", str(c.n_gpu_layers)]
+    for group in c.placement_args():  # -ot, --cpu-moe, --n-cpu-moe, -nkvo, --no-op-offload, -sm, -mg, -ts
+        cmd += group
     if c.no_mmap:
         cmd += ["-lm", "none"]  # the pinned build spells --no-mmap as --load-mode none
     cmd += ["--repack" if use_extra_bufts else "--no-repack"]

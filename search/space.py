@@ -15,6 +15,9 @@ Parameters (Optuna names; each one is only suggested when the study gives it mor
 - ``threads``: -t and -tb together (run_probe sets both; separate -tb needs a run_probe option).
 - ``type_k``, ``type_v`` (``type_v = "same"`` ties V to K: one parameter ``kv_type``), ``flash_attn``.
 - ``quant``: which of the model files given to the run (several GGUF files of the same model); only when several.
+- ``n_cpu_moe`` (--n-cpu-moe: experts of the first N layers on the CPU) and ``n_gpu_layers`` (-ngl): placement, for a
+  model larger than the GPU. More on the GPU or a longer context: which is faster depends on the prompt length, so a
+  prefill study and a decode study may pick differently.
 - ``draft``: ``none``, a draft file's name, or ``mtp``; with a drafter, ``draft_n_max``, ``draft_p_min`` and the
   draft cache type ``draft_kv_type`` (conditional parameters: TPE samples them with ``group=True``).
 
@@ -111,6 +114,8 @@ class SpaceDef(BaseModel):
     type_k: list[KvType] = Field(["f16"], min_length=1)
     type_v: list[KvType] | Literal["same"] = "same"
     flash_attn: list[Literal["on", "off", "auto"]] = Field(["auto"], min_length=1)
+    n_cpu_moe: IntSpec | None = None  # None: the [fixed] value or llama-server's default (0)
+    n_gpu_layers: IntSpec | None = None  # None: the [fixed] value or all layers
     draft: DraftSpace | None = None
 
     @field_validator("n_batch_factor")
@@ -239,6 +244,10 @@ class SearchSpace:
             self._put("type_k", list(dict.fromkeys(space.type_k)))
             self._put("type_v", list(dict.fromkeys(space.type_v)))
         self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
+        for name in ("n_cpu_moe", "n_gpu_layers"):
+            spec = getattr(space, name)
+            if spec is not None:
+                self._put(name, self._ints(spec, name))
 
         self._draft_dim(space, drafts, has_mtp, runner)
 
@@ -366,6 +375,9 @@ class SearchSpace:
         fields: dict[str, Any] = dict(self.fixed)
         fields.update(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch * int(p["n_batch_factor"]),
                       type_k=kv_k, type_v=kv_v, flash_attn=p["flash_attn"])
+        for name in ("n_cpu_moe", "n_gpu_layers"):
+            if name in p:
+                fields[name] = int(p[name])
         draft = p.get("draft", "none")
         p_min = None
         if draft != "none":

@@ -40,6 +40,21 @@ for arg in "${@:-dry}"; do
     fi
     [ "$phase" = study ] && extra+=(--study-args "${STUDY_ARGS:-}")  # e.g. "--budget 26583MiB --margin 0"
     [ "$phase" = budget ] && extra+=(--cases "${BUDGET_CASES:-}")  # e.g. "drafter": only the cases naming it
+    [ "$phase" = placement ] && extra+=(--gpus "${GPUS:-1}" --workers "${WORKERS:-8}")  # GPUS=2: the split-mode grid too
+    [ "$phase" = experts ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")  # a 3090-sized GPU
+    [ "$phase" = study ] && [ -n "${BUDGET_MIB:-}" ] && extra+=(--budget-mib "$BUDGET_MIB")  # held free meanwhile
+    if [ "$phase" = fitparams ]; then  # llama.cpp's own --fit tool from the pinned source (not built by the wheel)
+        extra+=(--budget-mib "${BUDGET_MIB:-22000}")
+        if [ ! -x /tmp/fitp/bin/llama-fit-params ]; then
+            mkdir -p /tmp/src && [ -d /tmp/src/llama_cpp_python-0.3.36 ] || tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src
+            ( cd /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B /tmp/fitp -DGGML_CUDA=on \
+                -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+                -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=/tmp/fitp/bin > "$OUT/fitp-build.log" 2>&1 && \
+              cmake --build /tmp/fitp --target llama-fit-params -j "$(nproc)" >> "$OUT/fitp-build.log" 2>&1 )
+            echo "llama-fit-params: build exit $?"
+        fi
+        export LLAMA_FIT_PARAMS=/tmp/fitp/bin/llama-fit-params
+    fi
     echo "=== phase $arg ($(date +%T))"
     python3 benchmarks/gpu/measure.py --out "$OUT" --phase "$phase" "${extra[@]}"
 done

@@ -144,6 +144,35 @@ def parse_budget(text: str, backend: str = "cpu", **probes) -> Budget:
     return Budget(bytes=value, source=f"--budget {raw.strip()}")
 
 
+def parse_budgets(text: str, backend: str = "cpu", **probes) -> list[Budget]:
+    """--budget for one GPU or several: one value, or one per GPU separated by commas (`24GiB,24GiB`); the number of
+    values is the number of GPUs llama.cpp spreads the layers over (CUDA0, CUDA1, ... in order)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) == 1:
+        return [parse_budget(text, backend, **probes)]
+    if backend == "metal" or backend == "cpu":
+        raise BudgetError(f"--budget {text}: one value per GPU is for CUDA; {backend} has one device")
+    if any(p.lower() == "auto" for p in parts):
+        raise BudgetError(f"--budget {text}: auto reads one GPU; give a size per GPU ({ACCEPTED})")
+    out = []
+    for i, p in enumerate(parts):
+        b = parse_budget(p, backend)
+        out.append(b.model_copy(update={"source": f"--budget {p} (GPU {i})"}))
+    return out
+
+
+def parse_host_budget(text: str | None, **probes) -> Budget:
+    """--host-budget: what may land in system RAM (weights left on the CPU, mapped or not, KV on the host, host
+    compute and output buffers). Default (None or auto): the RAM available now (MemAvailable)."""
+    if text is None or str(text).strip().lower() == "auto":
+        b = auto_budget("cpu", **probes)
+        return b.model_copy(update={"source": f"available RAM ({b.source})"})
+    value = parse_size(text, what="--host-budget")
+    if value == 0:
+        raise BudgetError(f"--host-budget {text!r}: must be more than zero; use {ACCEPTED} or auto")
+    return Budget(bytes=value, source=f"--host-budget {str(text).strip()}")
+
+
 def available_bytes(budget: Budget | int, margin: int) -> int:
     """What the prediction may use: the budget minus the margin (which must leave something)."""
     total = budget.bytes if isinstance(budget, Budget) else int(budget)

@@ -24,7 +24,7 @@ from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, 
 from fitter.llama.graph_details import graph_details
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.kv_cache import memory_caches
-from fitter.llama.weights import gpu_layer_start, weight_buffers
+from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
 
 Owner = Literal["target", "draft", "mtp"]
 Kind = Literal["model", "kv", "rs", "output", "compute"]
@@ -58,8 +58,33 @@ class Prediction(BaseModel):
     def total_host_bytes(self) -> int:
         return sum(b.bytes for b in self.buffers if not b.counts)
 
+    def device_totals(self) -> dict[str, int]:
+        """Bytes per device buffer type that counts against a device budget (CUDA0, CUDA1, MTL0, or CPU alone)."""
+        out: dict[str, int] = {}
+        for b in self.buffers:
+            if b.counts:
+                out[b.device.removesuffix("_Mapped")] = out.get(b.device.removesuffix("_Mapped"), 0) + b.bytes
+        return out
+
+    @property
+    def host_bytes(self) -> int:
+        """What lands in system RAM next to a GPU: host buffers (CUDA_Host, CPU), and of mmapped weights
+        (CPU_Mapped) the tensors' own bytes, the pages a decode touches; 0 on the CPU backend, where everything
+        counts against the one budget."""
+        return sum((b.tensor_bytes or b.bytes) if b.device.endswith("_Mapped") else b.bytes
+                   for b in self.buffers if not b.counts)
+
     def by_kind(self, kind: Kind, owner: Owner | None = None) -> int:
         return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
+
+
+def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> WeightPlacement:
+    """Where llama.cpp puts each layer and tensor for these flags (-ngl, -ot, --cpu-moe, --n-cpu-moe, -sm, -mg, -ts).
+    There are at least as many GPUs as -ts has proportions and -mg needs."""
+    n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1)
+    return weight_placement(len(spec.layers), backend, config.n_gpu_layers, overrides=config.tensor_overrides(),
+                            n_gpus=n_gpus, tensor_split=config.tensor_split, split_mode=config.split_mode,
+                            main_gpu=config.main_gpu)
 
 
 def _context_buffers(
@@ -69,6 +94,9 @@ def _context_buffers(
     backend: Backend,
     n_gpu_layers: int,
     *,
+    placement: WeightPlacement | None = None,
+    kv_host: bool = False,
+    op_offload: bool = True,
     mtp: bool = False,
     calibration: Calibration | None = None,
     details=None,
@@ -76,27 +104,33 @@ def _context_buffers(
 ) -> list[Buffer]:
     cpu = backend == Backend.CPU
     impl = backends.get(backend)
-    dev = impl.name
+    wp = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
     out: list[Buffer] = []
-    # llama_context::output_reserve(n_seq_max): logits for n_seq_max outputs (+ embeddings), host memory
+    # llama_context::output_reserve(n_seq_max): logits for n_seq_max outputs (+ embeddings), in the host buffer
+    # type of the output layer's device (the CPU's own when the output layer stays on the CPU)
     n_out = cp.n_seq_max
     output = spec.n_vocab * n_out * 4 + (spec.n_embd * n_out * 4 if cp.embeddings else 0)
-    out.append(Buffer(owner=owner, device=impl.host_buffer_name, kind="output", bytes=output, counts=cpu,
+    out_host = impl.host_buffer_name if wp.layer_dev[-1] != CPU_DEV else "CPU"
+    out.append(Buffer(owner=owner, device=out_host, kind="output", bytes=output, counts=cpu,
                       detail=f"logits {spec.n_vocab} x {n_out} outputs x f32"))
-    i_gpu_start = gpu_layer_start(len(spec.layers), n_gpu_layers)
     for cache in memory_caches(spec, cp, mtp=mtp):
-        on_gpu = [il for il in cache.layers if not cpu and il >= i_gpu_start]
-        on_cpu = [il for il in cache.layers if cpu or il < i_gpu_start]
+        # llama_kv_cache / llama_memory_recurrent: the layer's device when offloaded (offload_kqv), else the CPU
+        by_dev: dict[int, list[int]] = {}
+        for il in cache.layers:
+            d = CPU_DEV if cpu or kv_host else wp.layer_dev[il]
+            by_dev.setdefault(d, []).append(il)
         what = f"{cache.name}: {cache.cells} cells x {cache.n_stream} stream(s), {len(cache.layers)} layers"
         if cache.kind == "kv":
             what += f", K {cache.type_k}" + (f" V {cache.type_v}" if cache.type_v else " (MLA: no V)")
-        for layers, device, counts in ((on_gpu, dev, True), (on_cpu, "CPU", cpu)):
-            if not layers:
-                continue
+        for d in sorted(by_dev, key=lambda d: (d == CPU_DEV, d)):
+            layers = by_dev[d]
+            device = "CPU" if d == CPU_DEV else device_buffer_name(impl, d)
             share = cache.bytes * len(layers) // max(1, len(cache.layers))
-            out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=counts, detail=what))
-    for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp):
-        on_device = cpu or impl.is_device_buffer(cb.device)
+            out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=cpu or d != CPU_DEV,
+                              detail=what))
+    for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp,
+                              placement=wp, kv_host=kv_host, op_offload=op_offload):
+        on_device = cpu or impl.is_device_buffer(cb.device) or cb.device in {device_buffer_name(impl, g) for g in wp.gpus}
         size = cb.bytes
         detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
         corr = calibration and (calibration.device if on_device else calibration.host)
@@ -114,13 +148,14 @@ def _context_buffers(
 _WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = {}
 
 
-def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool) -> list[Buffer]:
+def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool,
+                 placement: WeightPlacement) -> list[Buffer]:
     # weights do not depend on the context: the solver asks for the same rows many times
-    key = (id(header), owner, backend, config.n_gpu_layers, config.no_mmap, load_mtp)
+    key = (id(header), owner, backend, placement, config.no_mmap, load_mtp)
     hit = _WEIGHT_CACHE.get(key)
     if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
         return list(hit[1])
-    rows = _weight_rows_uncached(owner, header, spec, backend, config, load_mtp)
+    rows = _weight_rows_uncached(owner, header, spec, backend, config, load_mtp, placement)
     if len(_WEIGHT_CACHE) > 32:
         _WEIGHT_CACHE.clear()
     _WEIGHT_CACHE[key] = (header, rows)
@@ -128,11 +163,12 @@ def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Bac
 
 
 def _weight_rows_uncached(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig,
-                          load_mtp: bool) -> list[Buffer]:
+                          load_mtp: bool, placement: WeightPlacement) -> list[Buffer]:
     rows = []
     for wb in weight_buffers(
         header, spec, backend, n_gpu_layers=config.n_gpu_layers, use_mmap=not config.no_mmap, load_mtp=load_mtp,
         alloc_size=tensor_info_alloc_size,  # CUDA pads quantized rows (ggml_backend_cuda_buffer_type_get_alloc_size)
+        placement=placement,
     ):
         rows.append(Buffer(owner=owner, device=wb.buffer, kind="model", bytes=wb.bytes,
                            counts=backend == Backend.CPU or wb.on_device, detail=f"{wb.n_tensors} tensors",
@@ -150,22 +186,26 @@ def predict(
     *,
     calibrated: bool = True,
     build: LlamaBuild = PINNED,
+    n_gpus: int = 1,
 ) -> Prediction:
     """Predict every buffer of a llama.cpp run (target, then draft or MTP context).
 
     With `calibrated`, compute buffers use the corrections `ggfit calibrate` stored for this
-    architecture, backend and llama.cpp build, if any."""
+    architecture, backend and llama.cpp build, if any. `n_gpus`: how many GPUs llama.cpp sees (-sm, -ts, -mg
+    spread the layers over them)."""
     cal = _calibration(spec.architecture, backend, build) if calibrated else None
     config, fa_note = _resolve_fa_auto(spec, config, backend)
     cp = resolve_context(spec, config, frontend, build=build)
     if fa_note:
         cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
     use_mtp = config.spec_type == "draft-mtp"
-    buffers = _weight_rows("target", header, spec, backend, config, load_mtp=use_mtp)
+    wp = placement_of(spec, config, backend, n_gpus)
+    ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
+    buffers = _weight_rows("target", header, spec, backend, config, use_mtp, wp)
     details = graph_details(header)
     changed: list[BufferChange] = []
     buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal, details=details,
-                                changed=changed)
+                                changed=changed, **ctx_kw)
     d_cal, d_changed = None, changed
 
     draft_cp = None
@@ -175,16 +215,20 @@ def predict(
         # common_base_params_to_speculative: same context, draft cache types, n_outputs_max = n_parallel
         draft_cp = _draft_context(spec, config, frontend, build, mtp=True)
         buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
-                                    details=details, changed=changed)
+                                    details=details, changed=changed, **ctx_kw)
     elif draft is not None:
         d_header, d_spec = draft
         draft_cp = _draft_context(d_spec, config, frontend, build)
-        buffers += _weight_rows("draft", d_header, d_spec, backend, config, load_mtp=False)
+        # the draft model takes the target's -ngl but none of its tensor overrides (-otd, -cmoed are not modelled)
+        d_cfg = config.model_copy(update={"override_tensor": (), "cpu_moe": False, "n_cpu_moe": 0})
+        d_wp = placement_of(d_spec, d_cfg, backend, n_gpus)
+        buffers += _weight_rows("draft", d_header, d_spec, backend, config, False, d_wp)
         d_cal = _calibration(d_spec.architecture, backend, build) if calibrated else None
         if d_cal is not cal:
             d_changed = []
         buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
-                                    details=graph_details(d_header), changed=d_changed)
+                                    details=graph_details(d_header), changed=d_changed, placement=d_wp,
+                                    kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
     applied = [_applied(cal, changed)] if cal else []
     if d_cal is not None and d_cal is not cal:
         applied.append(_applied(d_cal, d_changed))
@@ -209,7 +253,8 @@ class BuildDifference(BaseModel):
 
 
 def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Backend, frontend: Frontend,
-                      draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction) -> list[BuildDifference]:
+                      draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction, *,
+                      n_gpus: int = 1) -> list[BuildDifference]:
     """The rules in which the prediction's build differs from the pinned one that can apply on this backend, each
     with what it costs here: the same prediction with that one rule taken the pinned build's way."""
     build = pred.context.build
@@ -217,7 +262,7 @@ def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, ba
     for c in build.differences():
         if c.backend != "all" and c.backend.lower() != backend.value:
             continue
-        alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id))
+        alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id), n_gpus=n_gpus)
         rule = c.before if not build.has(c.id) else (c.after or c.id)
         out.append(BuildDifference(change=c.id, prs=list(c.until_prs if build.has(c.id) and c.after else c.prs),
                                    rule=rule, device_bytes=pred.total_device_bytes - alt.total_device_bytes,

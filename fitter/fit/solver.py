@@ -8,14 +8,29 @@ inside an exact bracket (`largest_fitting`), in a handful of predictions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
+from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader
-from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
+
+# what the prediction may use: one number (the device total), or per device buffer name (CUDA0, CUDA1, ...: one
+# budget per GPU, each less the margin)
+Available = int | dict[str, int]
+
+
+def excess(pred: Prediction, available: Available) -> int:
+    """How far over its budget the fullest device is (<= 0: it fits)."""
+    if isinstance(available, int):
+        return pred.total_device_bytes - available
+    totals = pred.device_totals()
+    return max(totals.get(name, 0) - a for name, a in available.items())
+
 
 UBATCHES = (256, 512, 1024, 2048, 4096)
 KV_PAIRS = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
@@ -96,7 +111,7 @@ def largest_context(
     base: RunConfig,
     backend: Backend,
     frontend: Frontend,
-    available: int,
+    available: Available,
     *,
     n_ubatch: int,
     type_k: str,
@@ -106,16 +121,20 @@ def largest_context(
     ctx_max: int,
     build: LlamaBuild = PINNED,
 ) -> Solution:
-    def total(steps: int) -> int:
-        cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
-        return predict(header, spec, cfg, backend, frontend, draft if with_draft else None,
-                       build=build).total_device_bytes
+    totals: dict[int, int] = {}
 
-    steps, best_total = largest_fitting(total, available, ctx_max // CTX_STEP)
+    def over(steps: int) -> int:  # monotone in the context on every device
+        cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
+        p = predict(header, spec, cfg, backend, frontend, draft if with_draft else None, build=build)
+        totals[steps] = p.total_device_bytes
+        return excess(p, available)
+
+    steps, worst = largest_fitting(over, 0, ctx_max // CTX_STEP)
     n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
-        n_ctx=steps * CTX_STEP, total_device_bytes=best_total, headroom_bytes=available - best_total,
+        n_ctx=steps * CTX_STEP, total_device_bytes=totals.get(steps, 0) if steps else 0,
+        headroom_bytes=-worst if steps else (available if isinstance(available, int) else min(available.values())),
     )
 
 
@@ -133,9 +152,13 @@ def solve(
     kv_pairs: tuple[tuple[str, str], ...] = KV_PAIRS,
     ctx_max: int | None = None,
     build: LlamaBuild = PINNED,
+    per_device: dict[str, int] | None = None,
 ) -> list[Solution]:
-    """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head)."""
-    available = budget_bytes - margin_bytes
+    """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head). `per_device`: the budget
+    of each GPU by buffer name (the margin is taken from each)."""
+    available: Available = budget_bytes - margin_bytes
+    if per_device:
+        available = {name: b - margin_bytes for name, b in per_device.items()}
     ctx_max = ctx_max or spec.n_ctx_train
     has_spec = draft is not None or base.spec_type == "draft-mtp"
     out = []
@@ -194,7 +217,7 @@ class Alternative(BaseModel):
 
 
 def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backend, frontend: Frontend,
-                   available: int, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction, *,
+                   available: Available, draft: tuple[GGUFHeader, ModelSpec] | None, pred: Prediction, *,
                    build: LlamaBuild = PINNED) -> list[Alternative]:
     """For a prediction over budget: the largest context that fits, and each other single change (a quantized K/V
     cache, a smaller ubatch, no draft) that keeps the requested context."""
@@ -228,4 +251,137 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
             break
     if with_draft and largest(cfg, drafted=False) >= cp.n_ctx:
         out.append(Alternative(flags=[], reason=f"drop the draft model ({fits_at})"))
+    return out
+
+
+class PlacementChoice(BaseModel):
+    """Where the weights go when the model does not fit the device as given: MoE experts of the first N layers on
+    the CPU (--n-cpu-moe N, every layer still on the GPU), or fewer layers on the GPU (-ngl N) for a dense model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lever: Literal["n_cpu_moe", "n_gpu_layers"]
+    value: int
+    n_ctx: int  # the context it was solved for
+    total_device_bytes: int
+    host_bytes: int  # what lands in system RAM (Prediction.host_bytes)
+    headroom_bytes: int  # device budget - margin - total
+    host_headroom_bytes: int | None  # host budget - host bytes (None: no host budget)
+    table: list[tuple[int, int]] = []  # (value of the lever, the largest context that fits the device with it)
+    n_cpu_moe: int = 0  # with -ngl as the lever: the experts already all on the CPU when the model is MoE
+
+    @property
+    def update(self) -> dict[str, int]:
+        """The RunConfig fields of this placement."""
+        out: dict[str, int] = {self.lever: self.value}
+        if self.lever == "n_gpu_layers" and self.n_cpu_moe:
+            out["n_cpu_moe"] = self.n_cpu_moe
+        return out
+
+    @property
+    def flags(self) -> list[str]:
+        if self.lever == "n_cpu_moe":
+            return ["--n-cpu-moe", str(self.value)]
+        return (["--n-cpu-moe", str(self.n_cpu_moe)] if self.n_cpu_moe else []) + ["-ngl", str(self.value)]
+
+
+def solve_placement(
+    header: GGUFHeader,
+    spec: ModelSpec,
+    base: RunConfig,
+    backend: Backend,
+    frontend: Frontend,
+    available: Available,
+    host_available: int | None,
+    *,
+    draft: tuple[GGUFHeader, ModelSpec] | None = None,
+    table: bool = True,
+    build: LlamaBuild = PINNED,
+) -> tuple[PlacementChoice | None, str]:
+    """The placement that fits `base` (its -c, -ub, K/V types) on the device with the most on the GPU: for a MoE
+    model every layer stays on the GPU and the experts of the first N layers go to the CPU, the smallest N that fits
+    (what --n-cpu-moe does; llama.cpp's --fit also moves experts first); a dense model, or a MoE model whose
+    attention and shared weights alone do not fit, gets the largest -ngl that fits. Host memory grows as the device's
+    shrinks: a placement over `host_available` is refused. Returns the choice, or None and why not."""
+    impl = backends.get(backend)
+    if not impl.is_gpu:
+        return None, "the CPU backend has no GPU to offload from"
+    if backend == Backend.METAL:
+        return None, ("Metal's memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) stay "
+                      "in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
+    n_layer = spec.n_layer
+
+    def pred(cfg: RunConfig) -> Prediction:
+        return predict(header, spec, cfg, backend, frontend, draft, build=build)
+
+    def fits(p: Prediction) -> bool:
+        return excess(p, available) <= 0
+
+    def choice(lever: Literal["n_cpu_moe", "n_gpu_layers"], value: int, p: Prediction) -> tuple[PlacementChoice | None, str]:
+        host = p.host_bytes
+        if host_available is not None and host > host_available:
+            what = "--n-cpu-moe" if lever == "n_cpu_moe" else "-ngl"
+            return None, (f"{what} {value} fits the device but needs {host / 2**20:,.0f} MiB of host memory, over the "
+                          f"{host_available / 2**20:,.0f} MiB host budget")
+        rows = (_placement_table(header, spec, base, backend, frontend, available, draft, lever, value, build)
+                if table else [])
+        return PlacementChoice(
+            lever=lever, value=value, n_ctx=p.context.n_ctx, total_device_bytes=p.total_device_bytes, host_bytes=host,
+            headroom_bytes=-excess(p, available),
+            host_headroom_bytes=None if host_available is None else host_available - host, table=rows,
+            n_cpu_moe=base.n_cpu_moe), ""
+
+    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor:
+        def at(n: int) -> Prediction:
+            return pred(base.model_copy(update={"n_cpu_moe": n}))
+
+        if fits(at(base.n_cpu_moe)):
+            return choice("n_cpu_moe", base.n_cpu_moe, at(base.n_cpu_moe))
+        if fits(at(n_layer)):
+            lo, hi = base.n_cpu_moe, n_layer  # at(lo) does not fit, at(hi) does: device bytes fall as N grows
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if fits(at(mid)):
+                    hi = mid
+                else:
+                    lo = mid
+            return choice("n_cpu_moe", hi, at(hi))
+        base = base.model_copy(update={"n_cpu_moe": n_layer})  # experts all on the CPU, and fewer layers too
+    n_all = len(spec.layers) + 1  # -ngl counts the output layer
+
+    def at_ngl(n: int) -> Prediction:
+        return pred(base.model_copy(update={"n_gpu_layers": n}))
+
+    if not fits(at_ngl(0)):
+        return None, "not even -ngl 0 fits: the context alone is over the budget (lower -c, -ub or the K/V type)"
+    lo, hi = 0, min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
+    if fits(at_ngl(hi)):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(at_ngl(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return choice("n_gpu_layers", lo, at_ngl(lo))
+
+
+def _placement_table(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
+                     available: Available, draft: tuple[GGUFHeader, ModelSpec] | None, lever: str,
+                     chosen: int, build: LlamaBuild) -> list[tuple[int, int]]:
+    """The largest context that fits the device at a few values of the lever around the choice (the trade-off: more
+    on the GPU, or a longer context)."""
+    top = spec.n_layer if lever == "n_cpu_moe" else len(spec.layers) + 1
+    values = sorted({v for v in (0, top // 4, top // 2, 3 * top // 4, top, chosen) if 0 <= v <= top})
+    cp = resolve_context(spec, base, frontend, build=build)
+    out = []
+    for v in values:
+        cfg = base.model_copy(update={lever: v})
+        try:
+            s = largest_context(header, spec, cfg, backend, frontend, available, n_ubatch=cp.n_ubatch,
+                                type_k=cp.type_k, type_v=cp.type_v, with_draft=draft is not None, draft=draft,
+                                ctx_max=spec.n_ctx_train, build=build)
+        except ConfigError:
+            continue
+        out.append((v, s.n_ctx))
     return out

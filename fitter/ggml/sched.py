@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from fitter.ggml.graph import Segment
-from fitter.ggml.tensor import FLAG_INPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
+from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
 
-GPU = 0  # backend index of the GPU (the highest-priority backend)
+GGML_SCHED_MAX_COPIES = 4  # ggml-backend.h: copies of the inputs with pipeline parallelism
+GPU = 0  # backend index of the first GPU (the highest-priority backend); more GPUs are 2, 3, ... (HOST stays 1)
 
 
 @dataclass
@@ -36,6 +37,18 @@ class Placement:
     supports: Callable[[Tensor], bool]
     offload: Callable[[Tensor], bool]
     graph_optimize: Callable[[list[Segment]], None]  # the backend's graph_optimize (alloc deps of fusions)
+    op_offload: bool = True  # llama_context_params.op_offload (--no-op-offload: False)
+    kv_host: bool = False  # -nkvo (offload_kqv false): every KV cache and recurrent state in host memory
+    # tensor overrides: (GGUF tensor name without ".weight", layer or None) -> the backend holding it, or None
+    # where no override applies (the layer's device then)
+    weight_override: Callable[[str, "int | None"], "int | None"] | None = None
+    n_gpus: int = 1  # GPU backends: 0, then 2, 3, ... (in llama.cpp's priority order, the CPU last)
+    n_copies: int = 1  # pipeline parallelism (several GPUs, every layer offloaded): GGML_SCHED_MAX_COPIES
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Backend ids in the scheduler's priority order: the GPUs, then the CPU."""
+        return (GPU, *range(2, self.n_gpus + 1), HOST)
 
     def sup(self, b: int, node: Tensor) -> bool:  # ggml_backend_supports_op
         return b == HOST or self.supports(node)
@@ -57,7 +70,7 @@ def _backend_id_from_cur(pl: Placement, t: Tensor) -> int:  # ggml_backend_sched
         for src in t.src:
             if src is not None and src.w == IS_WEIGHT:
                 b = src.be
-                if b == HOST and pl.sup(GPU, t) and pl.offload(t):
+                if b == HOST and pl.op_offload and pl.sup(GPU, t) and pl.offload(t):
                     return GPU  # "1.off"
                 return b if pl.sup(b, t) else -1
     return -1
@@ -106,7 +119,7 @@ def _pass3_upgrade(nodes: list[Tensor], pl: Placement) -> None:
         if node.op in VIEW_OPS or node.be != -1:
             continue
         best = -1
-        for b in (GPU, HOST):
+        for b in pl.order:
             if not pl.sup(b, node):
                 continue
             n = sum(1 for src in node.src if src is not None and _be_of(src) != -1 and _be_of(src) == b)
@@ -127,9 +140,12 @@ def _pass4_views_and_sources(nodes: list[Tensor], pl: Placement) -> None:
             node.be = GPU if pl.sup(GPU, node) else HOST
 
 
-def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> None:
-    """Pass 5: splits and the copies of their inputs (inserted before each split's first node)."""
+def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int], n_copies: int = 1) -> None:
+    """Pass 5: splits and the copies of their inputs (inserted before each split's first node). With pipeline
+    parallelism (n_copies > 1) every input copy exists n_copies times, flagged input and output: graph leafs
+    allocated first and never freed (pass 6 and the graph copy of ggml_backend_sched_split_graph)."""
     copies: dict[tuple[int, int], Tensor] = {}
+    extra_leafs: list[Tensor] = []
     cur = -1
     n_inputs = 0
     pending: list[Tensor] = []
@@ -166,6 +182,10 @@ def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> Non
                 if cp is None:
                     dep, cp = _input_copy(src, cur, sb, copy_size)
                     copies[(id(src), cur)] = cp
+                    if n_copies > 1:
+                        cp.flags |= FLAG_INPUT | FLAG_OUTPUT
+                        cp.glob = True  # allocated once, up front, for every layer
+                        extra_leafs += [cp] + [_dup(cp) for _ in range(n_copies - 1)]
                     pending += [dep, cp]
                     n_inputs += 1
                 if srcs is None:
@@ -178,6 +198,25 @@ def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int]) -> Non
         inserts.append((start[0], start[1], pending))
     for seg, at, new in reversed(inserts):
         seg.nodes[at:at] = new
+    if n_copies > 1:
+        # the graph inputs' copies (pass 6: the original is one of them, input and output), then the split inputs'
+        inputs = [leaf for seg in seq for leaf in seg.leafs if leaf.flags & FLAG_INPUT]
+        first: list[Tensor] = []
+        for leaf in inputs:
+            leaf.flags |= FLAG_OUTPUT
+            leaf.glob = True
+            first += [leaf] + [_dup(leaf) for _ in range(n_copies - 1)]
+        seq[0].leafs[0:0] = first + extra_leafs
+
+
+def _dup(t: Tensor) -> Tensor:
+    """One more copy of a pipeline-parallel input: same layout and backend, never freed."""
+    d = Tensor("NONE", t.type, list(t.ne), list(t.nb), (), None, t.name + "#pp")
+    d.flags = FLAG_INPUT | FLAG_OUTPUT
+    d.be = t.be
+    d.size = t.size
+    d.glob = True
+    return d
 
 
 def _input_copy(src: Tensor, cur: int, sb: int, copy_size: Callable[[Tensor], int]) -> tuple[Tensor, Tensor]:
@@ -185,7 +224,7 @@ def _input_copy(src: Tensor, cur: int, sb: int, copy_size: Callable[[Tensor], in
     cp = Tensor("NONE", src.type, list(src.ne), list(src.nb), (), None, src.name + "#copy")
     cp.be = cur
     cp.glob = src.glob
-    cp.size = copy_size(cp) if cur == GPU else nbytes_strided(cp)
+    cp.size = copy_size(cp) if cur != HOST else nbytes_strided(cp)
     dep = Tensor("NONE", src.type, list(src.ne), list(src.nb), (src,), src.vs or src, src.name + "#dep")
     dep.be = sb
     dep.glob = src.glob
@@ -208,4 +247,4 @@ def split_graph(seq: list[Segment], pl: Placement, copy_size: Callable[[Tensor],
     _pass3_upgrade(nodes, pl)
     _pass4_views_and_sources(nodes, pl)
     _placeholders(seq, src_of)
-    _pass5_splits(seq, copy_size)
+    _pass5_splits(seq, copy_size, pl.n_copies)

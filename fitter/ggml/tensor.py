@@ -78,7 +78,7 @@ class Context:
     e.g. "ffn_up").
     """
 
-    __slots__ = ("track", "dev", "layer", "weights", "wtype")
+    __slots__ = ("track", "dev", "layer", "weights", "wtype", "wdev", "kv_dev")
 
     def __init__(self) -> None:
         self.track: list[Tensor] | None = None
@@ -86,6 +86,9 @@ class Context:
         self.layer: int | None = None
         self.weights = False
         self.wtype: Callable[[str], int] = _default_wtype
+        # a weight's backend by (name, the backend it has without tensor overrides)
+        self.wdev: Callable[[str, int], int] | None = None
+        self.kv_dev: int | None = None  # the caches' backend when not the layer's (-nkvo: HOST)
 
     def add(self, t: Tensor) -> Tensor:
         if self.track is not None:
@@ -139,15 +142,19 @@ def nelements(t: Tensor) -> int:
 # --- op constructors (ggml.c), only what shapes and ownership need ---------------------------------
 
 
-def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32) -> Tensor:
+def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32,
+           user: str = "") -> Tensor:
+    """A model weight; `user`: the op reading it, for a small weight whose own name is generic (bias, norm)."""
     ne = list(ne) + [1] * (4 - len(list(ne)))
     t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
     t.w = IS_WEIGHT
     t.be = HOST if host else ctx.dev
+    if ctx.wdev is not None:
+        t.be = ctx.wdev(user or name, t.be)
     return t
 
 
-def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -> Tensor | None:
+def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False, user: str = "") -> Tensor | None:
     """The weight an op reads, when the scheduler needs to see it (see Context.weights)."""
     if not ctx.weights:
         return None
@@ -156,13 +163,13 @@ def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -
     ne = list(ne)
     if BLCK[t] > 1 and ne[0] % BLCK[t]:
         t = F16
-    return weight(ctx, ne, base, type_=t)
+    return weight(ctx, ne, base, type_=t, user=user)
 
 
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
     ne = list(ne) + [1] * (4 - len(list(ne)))
     t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
-    t.be = ctx.dev  # a layer's KV / recurrent state lives on that layer's device
+    t.be = ctx.dev if ctx.kv_dev is None else ctx.kv_dev  # a layer's KV / recurrent state lives on its device
     return t
 
 
@@ -204,13 +211,13 @@ def srcs(*src: Tensor | None) -> tuple:
 
 def add(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (bias)
     if b is None:
-        b = op_weight(ctx, (a.ne[0],), "bias", small=True)
+        b = op_weight(ctx, (a.ne[0],), "bias", small=True, user=name)
     return dup(ctx, "ADD", a, (a, b) if b is not None else (a,), name)
 
 
 def mul(ctx: Context, a: Tensor, b: Tensor | None = None, name: str = "") -> Tensor:  # b None: a weight (norm, scale)
     if b is None:
-        b = op_weight(ctx, (a.ne[0],), "norm", small=True)
+        b = op_weight(ctx, (a.ne[0],), "norm", small=True, user=name)
     return dup(ctx, "MUL", a, (a, b) if b is not None else (a,), name)
 
 

@@ -36,7 +36,7 @@ from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
 from fitter.ggml.backends.base import BackendImpl
 from fitter.ggml.graph import Graph, Segment
-from fitter.ggml.sched import Placement, split_graph
+from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
 from fitter.ggml.tensor import HOST, Context, Tensor
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
@@ -45,7 +45,7 @@ from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
-from fitter.llama.weights import gpu_layer_start
+from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_placement
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 _WEIGHT_OF = {
@@ -57,6 +57,17 @@ _WEIGHT_OF = {
     "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
     "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
     "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
+    # the experts' biases (ADD_ID): the overrides of their experts' tensor names match them too
+    "ffn_moe_gate_up_b": "ffn_gate_up_exps", "ffn_moe_up_b": "ffn_up_exps", "ffn_moe_gate_b": "ffn_gate_exps",
+    "ffn_moe_down_b": "ffn_down_exps",
+}
+
+
+# the ops that read a norm or bias weight (named after the op: fitter.ggml.tensor.add / mul) -> the weight's GGUF
+# name, for the tensor overrides (-ot attn_.*=CPU moves attention norms and biases too)
+_SMALL_WEIGHT_OF = {
+    "attn_out_b": "attn_output", "wqkv_b": "attn_qkv", "Qcur_normed": "attn_q_norm", "Kcur_normed": "attn_k_norm",
+    "result_norm": "output_norm", "attn_post_norm": "post_attention_norm",
 }
 
 
@@ -99,9 +110,19 @@ def _layer_keys(c: GraphContext) -> list[tuple]:
     return keys
 
 
-def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None) -> None:
-    """Let ops read their weights (the scheduler places ops by them), typed as the header says."""
+def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None, pl: Placement | None = None) -> None:
+    """Let ops read their weights (the scheduler places ops by them), typed as the header says, placed where the
+    tensor overrides put them."""
     lt, gt, dflt = c.d.layer_types, c.d.global_types, _default_weight_type(c.spec)
+    override = pl.weight_override if pl else None
+    if override is not None:
+        def wdev(name: str, default: int) -> int:
+            il = ctx.layer if layer_only is None else layer_only
+            base = name.split("-", 1)[0].removesuffix("op_weight")  # an op's name: "attn_norm-3op_weight"
+            be = override(_WEIGHT_OF.get(base, _SMALL_WEIGHT_OF.get(base, base)), il)
+            return default if be is None else be
+
+        ctx.wdev = wdev
 
     def wtype(name: str) -> int:
         suffix = _WEIGHT_OF.get(name, name)
@@ -123,6 +144,8 @@ def _begin_segment(c: GraphContext, dev: int, layer: int | None) -> None:
 
 
 def _end_build(ctx: Context) -> None:
+    ctx.wdev = None
+    ctx.kv_dev = None
     ctx.track = None
     ctx.dev = 0
     ctx.layer = None
@@ -144,7 +167,11 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
     n = c.spec.n_layer
     lt = c.d.layer_types
 
+    override = pl.weight_override
+
     def wkey(il: int) -> tuple:
+        if override is not None:  # which weights the overrides moved, and their types (their copies' sizes)
+            return tuple(sorted((k, v[il], override(k, il)) for k, v in lt.items() if il in v))
         if dev(il) != HOST:
             return ()
         return tuple(sorted((k, v[il]) for k, v in lt.items() if il in v))
@@ -165,7 +192,8 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     gen = m.build_graph(c)
     dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
     if pl:
-        _track_weights(c, ctx)
+        _track_weights(c, ctx, pl=pl)
+        ctx.kv_dev = HOST if pl.kv_host else None
     try:
         _begin_segment(c, pl.dev_in if pl else 0, None)
         x0 = next(gen)
@@ -224,7 +252,8 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     ctx = c.ctx0
     dev = pl.layer_dev[il] if pl else 0
     if pl:
-        _track_weights(c, ctx, layer_only=il)
+        _track_weights(c, ctx, layer_only=il, pl=pl)
+        ctx.kv_dev = HOST if pl.kv_host else None
     try:
         _begin_segment(c, dev, il)
         m = model_of(sp.architecture)
@@ -318,6 +347,9 @@ def compute_buffers(
     details: GraphDetails | None = None,
     metal_max_buffer_length: int | None = None,
     mtp: bool = False,
+    placement: WeightPlacement | None = None,
+    kv_host: bool = False,
+    op_offload: bool = True,
 ) -> list[ComputeBuffer]:
     """The compute buffers llama.cpp reserves for this model and context (llama_context::sched_reserve).
 
@@ -325,14 +357,17 @@ def compute_buffers(
     that holds the graph inputs and the CPU-side ops (token embeddings); see `Placement` for what
     is and is not modelled there. Pass `details=graph_details(header)` for the exact graph of a file;
     without it the architecture's usual tensors are assumed (`default_details`). `mtp=True`: the
-    draft context of native MTP speculative decoding (its graph is the NextN block alone).
+    draft context of native MTP speculative decoding (its graph is the NextN block alone). `placement`: where
+    llama_model::load_tensors put the weights (-ngl, tensor overrides, one GPU), `kv_host` (-nkvo) the caches in
+    host memory, `op_offload` False (--no-op-offload) keeps ops on host weights on the CPU.
     """
     if model_of(spec.architecture) is None:
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
     if mtp and (not has_mtp_graph(spec.architecture) or not spec.has_mtp):
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
     impl = backends.get(backend).for_build(cp.build)  # the backend's alloc sizes as cp.build's ggml has them
-    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp)
+    key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp, placement,
+           kv_host, op_offload)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:
         return hit[2]
@@ -340,7 +375,7 @@ def compute_buffers(
     c = GraphContext(spec, cp, d)
     c.mtp = mtp
     if impl.is_gpu:
-        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length)
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload)
     else:
         ga = Gallocr(impl.alignment, trace=True)
         r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
@@ -352,29 +387,53 @@ def compute_buffers(
     return out
 
 
-def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int,
-                 metal_max_buffer_length: int | None) -> list[ComputeBuffer]:
+def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None,
+                 placement: WeightPlacement | None = None, kv_host: bool = False,
+                 op_offload: bool = True) -> list[ComputeBuffer]:
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
-    i_gpu_start = gpu_layer_start(n_all, n_gpu_layers)
-    layer_dev = [0 if il >= i_gpu_start else 1 for il in range(n_all)]
+    wp = placement or weight_placement(n_all, impl.kind, n_gpu_layers)
+    gpus = wp.gpus or [0]
+    # backend ids: the first GPU 0, the CPU (HOST) 1, the other GPUs 2, 3, ... (fitter.ggml.sched.Placement.order)
+    be_of = {g: (0 if k == 0 else k + 1) for k, g in enumerate(gpus)}
+    be_of[CPU_DEV] = HOST
+    layer_dev = [be_of[d] for d in wp.layer_dev]
 
     def dev_size(t: Tensor) -> int:
         if t.op == "NONE":  # a split input copy
             return impl.copy_size(t)
         return impl.alloc_size(t)
 
-    pl = Placement(layer_dev, layer_dev[0] if n_all else 0, 0 if n_all >= i_gpu_start else 1, impl.supports_op,
-                   impl.offload_op, graph_optimize=impl.graph_optimize)
+    override = None
+    if wp.overrides:
+        def override(suffix: str, il: int | None) -> int | None:
+            name = f"blk.{il}.{suffix}.weight" if il is not None else f"{suffix}.weight"
+            for pattern, d in wp.overrides:
+                if pattern.search(name):
+                    return be_of.get(d, 0)
+            return None
+
+    # llama_context::llama_context: pipeline parallelism with several GPUs, every layer offloaded, -sm layer, the KV
+    # cache offloaded and no tensor overrides (ggml_backend_sched_new(..., parallel) -> GGML_SCHED_MAX_COPIES copies)
+    n_layer_all_on_gpu = n_gpu_layers < 0 or n_gpu_layers > n_all
+    pipeline = len(wp.devices) > 1 and n_layer_all_on_gpu and not kv_host and not wp.overrides
+    pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
+                   impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
+                   weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1)
+    n_extra = len(gpus) - 1
     max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
     if not c.build.has("gallocr_chunked_vbuffer"):
         max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
-    ga = Gallocr([impl.alignment, impl.host_alignment], [dev_size, Tensor.nbytes], trace=True,
-                 max_buffer_size=[max_size, SIZE_MAX])
+    ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
+                 [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=True,
+                 max_buffer_size=[max_size, SIZE_MAX] + [max_size] * n_extra)
     r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
+    names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
+    names += [(device_buffer_name(impl, g), impl.alignment) for g in gpus[1:]]
     out = []
-    for i, (name, align) in enumerate(((impl.name, impl.alignment), (impl.host_buffer_name, impl.host_alignment))):
+    for i in (0, *range(2, len(names)), 1):  # the GPUs, then the host
+        name, align = names[i]
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             terms, top = _terms(r.peaks[i], r.sizes[i], align)
             out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))

@@ -9,6 +9,7 @@ library's (`llama_context_default_params`). The two differ in ways that move hun
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Any, Literal, NamedTuple, Sequence
 
@@ -35,8 +36,17 @@ FLAG_OF = {
     "n_parallel": "-np", "kv_unified": "--kv-unified", "swa_full": "--swa-full", "n_gpu_layers": "-ngl",
     "no_mmap": "--no-mmap", "no_repack": "--no-repack", "embeddings": "--embeddings", "spec_type": "--spec-type",
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
-    "draft_n_max": "--spec-draft-n-max",
+    "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
+    "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
+    "tensor_split": "-ts",
 }
+
+# common/common.h: the tensor-name patterns --cpu-moe and --n-cpu-moe turn into overrides to the CPU buffer type
+LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def llm_ffn_block_regex(il: int, ffn_regex: str = LLM_FFN_EXPS_REGEX) -> str:  # common/common.h llm_ffn_block_regex
+    return rf"blk\.{il}{ffn_regex}"
 
 
 class ConfigError(GGFitError):
@@ -51,6 +61,7 @@ class Frontend(str, Enum):
 
 
 SpecType = Literal["none", "draft-simple", "draft-mtp"]
+SplitMode = Literal["none", "layer", "row", "tensor"]
 
 
 
@@ -79,8 +90,17 @@ class RunConfig(BaseModel):
     draft_type_k: str = Field("f16", description="--spec-draft-type-k")
     draft_type_v: str = Field("f16", description="--spec-draft-type-v")
     draft_n_max: int = Field(3, description="--spec-draft-n-max")
+    # placement (llama_model_params): where weights, KV and ops go
+    n_cpu_moe: int = Field(0, description="--n-cpu-moe: the expert weights of the first N layers stay on the CPU")
+    cpu_moe: bool = Field(False, description="--cpu-moe: every expert weight stays on the CPU")
+    override_tensor: tuple[str, ...] = Field((), description="-ot PATTERN=BUFT, in order (first match wins)")
+    no_kv_offload: bool = Field(False, description="-nkvo: the KV cache in host memory")
+    no_op_offload: bool = Field(False, description="--no-op-offload")
+    split_mode: SplitMode = Field("layer", description="-sm")
+    main_gpu: int = Field(0, description="-mg")
+    tensor_split: tuple[float, ...] | None = Field(None, description="-ts: a proportion per GPU")
 
-    @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max")
+    @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max", "n_cpu_moe", "main_gpu")
     @classmethod
     def _int32(cls, v: int | None, info) -> int | None:
         # llama-server reads these with std::stoi (common/arg.cpp): a value beyond int32 is refused
@@ -118,6 +138,48 @@ class RunConfig(BaseModel):
             raise ValueError("must be 0 or more")
         return v
 
+    @field_validator("n_cpu_moe", "main_gpu")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        if v < 0:  # common/arg.cpp --n-cpu-moe: "invalid value" below 0; -mg indexes a device
+            raise ValueError("must be 0 or more")
+        return v
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _overrides(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # common/arg.cpp parse_tensor_buffer_overrides: comma-separated PATTERN=BUFT (the buffer type is checked
+        # against the devices at prediction time)
+        out: list[str] = []
+        for item in v:
+            for one in item.split(","):
+                pattern, eq, buft = one.partition("=")
+                if not eq or not buft:
+                    raise ValueError(f"invalid value {one!r}: use <tensor name pattern>=<buffer type>, e.g. exps=CPU")
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"invalid pattern {pattern!r}: {e}") from None
+                out.append(one)
+        return tuple(out)
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _split(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (any(x < 0 for x in v) or not any(x > 0 for x in v)):
+            raise ValueError("use non-negative proportions, at least one above 0 (e.g. 3,1)")
+        return v
+
+    def tensor_overrides(self) -> list[tuple[str, str]]:
+        """llama_model_params.tensor_buft_overrides as (pattern, buffer type name), first match wins: -ot, then
+        --cpu-moe, then --n-cpu-moe's one pattern per layer (common/common.h llm_add_n_cpu_ffn_overrides).
+        llama-server keeps the command line's order; ggfit writes and reads them in this one."""
+        out = [(p, b) for p, _, b in (o.partition("=") for o in self.override_tensor)]
+        if self.cpu_moe:
+            out.append((LLM_FFN_EXPS_REGEX, "CPU"))
+        out += [(llm_ffn_block_regex(il), "CPU") for il in range(self.n_cpu_moe)]
+        return out
+
     @field_validator("type_k", "type_v", "draft_type_k", "draft_type_v")
     @classmethod
     def _kv_type(cls, v: str) -> str:
@@ -147,9 +209,28 @@ class RunConfig(BaseModel):
             out.append(["-lm", "none"])  # arg.cpp of the pinned build: -lm/--load-mode (it has no --no-mmap)
         if self.embeddings:
             out.append(["--embeddings"])
+        out += self.placement_args()
         out += self._draft_args(draft_model or self.draft_model)
         out.append(["--no-repack"] if self.no_repack else ["--repack"])
         return out + [list(g) for g in extra]
+
+    def placement_args(self) -> list[list[str]]:
+        out: list[list[str]] = [["-ot", o] for o in self.override_tensor]
+        if self.cpu_moe:
+            out.append(["--cpu-moe"])
+        if self.n_cpu_moe:
+            out.append(["--n-cpu-moe", str(self.n_cpu_moe)])
+        if self.no_kv_offload:
+            out.append(["-nkvo"])
+        if self.no_op_offload:
+            out.append(["--no-op-offload"])
+        if self.split_mode != "layer":
+            out.append(["-sm", self.split_mode])
+        if self.main_gpu:
+            out.append(["-mg", str(self.main_gpu)])
+        if self.tensor_split is not None:
+            out.append(["-ts", ",".join(f"{x:g}" for x in self.tensor_split)])
+        return out
 
     def _draft_args(self, draft: str | None) -> list[list[str]]:
         out: list[list[str]] = [["--spec-type", self.spec_type]] if self.spec_type != "none" else []
@@ -189,6 +270,8 @@ class RunConfig(BaseModel):
                 continue
             val, i = _value(args, i, name, eq, inline)
             v = _convert(name, kind, val)
+            if kind == "list":  # -ot appends (common_params.tensor_buft_overrides)
+                v = (*fields.get(field, ()), v)
             if field.startswith("@"):
                 opts[field[1:]] = v
             else:
@@ -234,6 +317,16 @@ _FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("--spec-draft-n-min",), "@draft_n_min", "int"),
     (("--draft-p-min", "--spec-draft-p-min"), "@draft_p_min", "float"),
     (("-t", "--threads"), "@threads", "int"),
+    (("-ncmoe", "--n-cpu-moe"), "n_cpu_moe", "int"),
+    (("-cmoe", "--cpu-moe"), "cpu_moe", "true"),
+    (("-ot", "--override-tensor"), "override_tensor", "list"),
+    (("-nkvo", "--no-kv-offload"), "no_kv_offload", "true"),
+    (("-kvo", "--kv-offload"), "no_kv_offload", "false"),
+    (("--no-op-offload",), "no_op_offload", "true"),
+    (("--op-offload",), "no_op_offload", "false"),
+    (("-sm", "--split-mode"), "split_mode", "str"),
+    (("-mg", "--main-gpu"), "main_gpu", "int"),
+    (("-ts", "--tensor-split"), "tensor_split", "floats"),
 )
 SERVER_FLAGS: dict[str, tuple[str, str]] = {n: (field, kind) for names, field, kind in _FLAG_TABLE for n in names}
 
@@ -257,6 +350,8 @@ def _convert(name: str, kind: str, val: str) -> Any:
             return -1 if val in ("all", "auto") else int(val)
         if kind == "load_mode":
             return _LOAD_MODES[val]
+        if kind == "floats":  # common/arg.cpp -ts: split by , and /
+            return tuple(float(x) for x in re.split(r"[,/]+", val) if x)
     except ValueError:
         raise ConfigError(f"{name}: invalid value {val!r}") from None
     return val
@@ -293,7 +388,7 @@ def config_error(e: ValidationError) -> ConfigError:
         return ConfigError(f"{flag}: not a llama-server option ggfit knows")
     if "input" in err and err["type"] not in ("missing",):
         val = err["input"]
-        val = ("on" if val else "off") if isinstance(val, bool) else val
+        val = ("on" if val else "off") if isinstance(val, bool) else ",".join(map(str, val)) if isinstance(val, (tuple, list)) else val
         return ConfigError(f"{flag} {val}: {msg}")
     return ConfigError(f"{flag}: {msg}")
 

@@ -394,26 +394,26 @@ class GraphContext:
         if gate_up:
             gu = mul_mat_id(ctx0, 2 * n_ff, cur, selected, f"ffn_moe_gate_up-{il}", n_expert)
             if exps_b:
-                gu = dup(ctx0, "ADD_ID", gu, srcs(gu, op_weight(ctx0, (gu.ne[0], n_expert), "bias", True), selected))
+                gu = dup(ctx0, "ADD_ID", gu, srcs(gu, op_weight(ctx0, (gu.ne[0], n_expert), "ffn_moe_gate_up_b", True), selected))
             cur = view(ctx0, gu, (n_ff, gu.ne[1], gu.ne[2]), (gu.nb[1], gu.nb[2]), f"ffn_moe_gate-{il}")
             up = view(ctx0, gu, (n_ff, gu.ne[1], gu.ne[2]), (gu.nb[1], gu.nb[2]), f"ffn_moe_up-{il}")
         else:
             up = mul_mat_id(ctx0, n_ff, cur, selected, f"ffn_moe_up-{il}", n_expert)
             if exps_b:
-                up = dup(ctx0, "ADD_ID", up, srcs(up, op_weight(ctx0, (up.ne[0], n_expert), "bias", True), selected), f"ffn_moe_up_biased-{il}")
+                up = dup(ctx0, "ADD_ID", up, srcs(up, op_weight(ctx0, (up.ne[0], n_expert), "ffn_moe_up_b", True), selected), f"ffn_moe_up_biased-{il}")
             if has_gate:
                 cur = mul_mat_id(ctx0, n_ff, cur, selected, f"ffn_moe_gate-{il}", n_expert)
             else:
                 cur = up
             if exps_b:
-                cur = dup(ctx0, "ADD_ID", cur, srcs(cur, op_weight(ctx0, (cur.ne[0], n_expert), "bias", True), selected), f"ffn_moe_gate_biased-{il}")
+                cur = dup(ctx0, "ADD_ID", cur, srcs(cur, op_weight(ctx0, (cur.ne[0], n_expert), "ffn_moe_gate_b", True), selected), f"ffn_moe_gate_biased-{il}")
         if act == "swiglu_oai" or has_gate or gate_up:
             cur = glu_split(ctx0, cur, up, f"ffn_moe_{act}-{il}")
         else:
             cur = unary(ctx0, cur, f"ffn_moe_{act}-{il}")
         experts = mul_mat_id(ctx0, n_embd, cur, selected, f"ffn_moe_down-{il}", n_expert)
         if exps_b:
-            experts = dup(ctx0, "ADD_ID", experts, srcs(experts, op_weight(ctx0, (experts.ne[0], n_expert), "bias", True), selected), f"ffn_moe_down_biased-{il}")
+            experts = dup(ctx0, "ADD_ID", experts, srcs(experts, op_weight(ctx0, (experts.ne[0], n_expert), "ffn_moe_down_b", True), selected), f"ffn_moe_down_biased-{il}")
         experts = mul(ctx0, experts, weights, f"ffn_moe_weighted-{il}")
         g.expand(experts)
         views = []

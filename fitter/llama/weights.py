@@ -9,13 +9,16 @@ backend that can wrap host memory (CPU, Metal) maps the mmapped file range of it
 from __future__ import annotations
 
 import re
+import struct
+from dataclasses import dataclass
+from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
-from fitter.llama.cparams import Backend
+from fitter.llama.cparams import Backend, ConfigError
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
 from fitter.llama.models import rules_of
 
@@ -42,6 +45,101 @@ def gpu_layer_start(n_layer_all: int, n_gpu_layers: int) -> int:
     """i_gpu_start in llama_model::load_tensors; a negative n_gpu_layers offloads everything."""
     n_gpu = n_layer_all + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer_all + 1)
     return max(n_layer_all + 1 - n_gpu, 0)
+
+
+CPU_DEV = -1  # a tensor, layer or cache in host memory (the CPU device's buffer types)
+
+
+def device_buffer_name(impl: backends.BackendImpl, i: int) -> str:
+    """GPU number i's buffer type name (ggml_backend_cuda_buffer_type(i): CUDA0, CUDA1, ...)."""
+    return re.sub(r"\d+$", str(i), impl.name)
+
+
+@dataclass(frozen=True)
+class WeightPlacement:
+    """Where llama_model::load_tensors puts each tensor: the device of each layer (the output layer last;
+    llama-model.cpp get_layer_buft_list), then the tensor overrides (llama_model_loader::create_tensor:
+    the first pattern std::regex_search finds in the name wins). A device is a GPU index or CPU_DEV."""
+
+    layer_dev: tuple[int, ...]  # n_layer_all + 1 entries
+    overrides: tuple[tuple[re.Pattern[str], int], ...] = ()
+    devices: tuple[int, ...] = ()  # llama_model::devices: the GPUs the model may use (-sm none: the main GPU alone)
+
+    @property
+    def gpus(self) -> list[int]:
+        return sorted({d for d in self.layer_dev if d != CPU_DEV} | {d for _, d in self.overrides if d != CPU_DEV})
+
+    def default_dev(self, where: int | str) -> int:
+        if where == "input":
+            return CPU_DEV  # dev_input is always the CPU
+        return self.layer_dev[-1] if where == "output" else self.layer_dev[int(where)]
+
+    def device_of(self, name: str, where: int | str) -> int:
+        for pattern, dev in self.overrides:
+            if pattern.search(name):
+                return dev
+        return self.default_dev(where)
+
+
+def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1, *,
+                     overrides: Sequence[tuple[str, str]] = (), n_gpus: int = 1,
+                     tensor_split: Sequence[float] | None = None, split_mode: str = "layer",
+                     main_gpu: int = 0) -> WeightPlacement:
+    """llama_model::load_tensors' layer assignment (llama-model.cpp) and the overrides' buffer types by name, as
+    common/arg.cpp parse_tensor_buffer_overrides accepts them (each device's default buffer type: CPU, CUDA0, ...).
+    Without -ts the layers split by free memory, taken as equal on every GPU."""
+    impl = backends.get(backend)
+    if not impl.is_gpu:
+        return WeightPlacement((CPU_DEV,) * (n_layer_all + 1), _overrides(overrides, impl, []))
+    if split_mode in ("row", "tensor"):
+        # make_gpu_buft_list: the pinned build's CUDA backend registers no split buffer type
+        raise ConfigError(f"-sm {split_mode}: llama.cpp fails the load here (\"device {impl.name} does not support "
+                          f"split buffers\"); use -sm layer or -sm none")
+    if n_gpus > 1 and backend == Backend.METAL:
+        raise ConfigError(f"{n_gpus} GPUs (-ts, -mg): Metal has one device (MTL0)")
+    if main_gpu >= n_gpus:
+        raise ConfigError(f"-mg {main_gpu}: there are {n_gpus} GPU(s) (0 to {n_gpus - 1})")
+    if tensor_split is not None and len(tensor_split) > n_gpus:
+        raise ConfigError(f"-ts {','.join(f'{x:g}' for x in tensor_split)}: {len(tensor_split)} proportions for "
+                          f"{n_gpus} GPU(s)")
+    # llama_model_load: -sm none keeps the main GPU alone
+    devices = [main_gpu] if split_mode == "none" else list(range(n_gpus))
+    ts = list(tensor_split or ())[: len(devices)] if split_mode != "none" else []
+    ts += [0.0] * (len(devices) - len(ts))
+    splits = ts if any(x > 0 for x in ts) else [1.0] * len(devices)
+    total, acc = sum(splits), 0.0
+    points = []
+    for x in splits:
+        acc += x
+        points.append(acc / total)
+    i_gpu_start = gpu_layer_start(n_layer_all, n_gpu_layers)
+    act = min(n_layer_all + 1 if n_gpu_layers < 0 else n_gpu_layers, n_layer_all + 1)
+    layer_dev = []
+    for il in range(n_layer_all + 1):
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            layer_dev.append(CPU_DEV)
+            continue
+        # std::upper_bound over the split points, in float as llama.cpp computes it
+        x = _f32(float(il - i_gpu_start) / act)
+        k = next((i for i, p in enumerate(points) if _f32(p) > x), len(points) - 1)
+        layer_dev.append(devices[min(k, len(devices) - 1)])
+    names = [device_buffer_name(impl, i) for i in range(n_gpus)]
+    return WeightPlacement(tuple(layer_dev), _overrides(overrides, impl, names), tuple(devices))
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _overrides(overrides: Sequence[tuple[str, str]], impl: backends.BackendImpl, gpu_names: list[str]) -> tuple:
+    known = {"CPU": CPU_DEV, **{n: i for i, n in enumerate(gpu_names)}}
+    out = []
+    for pattern, buft in overrides:
+        if buft not in known:
+            raise ConfigError(f"-ot {pattern}={buft}: unknown buffer type (llama.cpp's available buffer types here: "
+                              f"{', '.join(sorted(known))})")
+        out.append((re.compile(pattern), known[buft]))
+    return tuple(out)
 
 
 # Tensors the architectures' load_tensors create once per layer: the first normally, the rest with
@@ -101,54 +199,49 @@ def weight_buffers(
     use_mmap: bool = True,
     load_mtp: bool = False,
     alloc_size=None,
+    placement: WeightPlacement | None = None,
 ) -> list[WeightBuffer]:
     """The model buffers llama.cpp creates. `alloc_size(tensor, backend)` may inflate tensor sizes
-    (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes."""
-    n_layer_all = len(spec.layers)
-    i_gpu_start = gpu_layer_start(n_layer_all, n_gpu_layers)
+    (CUDA pads quantized rows); by default a tensor takes its ggml_nbytes. `placement` (default: -ngl alone on one
+    GPU) says which device holds each tensor."""
     device = backends.get(backend)
+    pl = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
 
-    def on_gpu(where: int | str) -> bool:
-        if not device.is_gpu or where == "input":
-            return False  # dev_input is always the CPU
-        if where == "output":
-            return n_layer_all >= i_gpu_start
-        return int(where) >= i_gpu_start
-
-    groups: dict[tuple[bool, int], list[TensorInfo]] = {}
-    created: set[tuple[bool, str]] = set()
+    groups: dict[tuple[int, int], list[TensorInfo]] = {}
+    created: set[tuple[int, str]] = set()
     for inst in tensor_instances(header, spec, load_mtp=load_mtp):
-        gpu = on_gpu(inst.where)
-        key = (gpu, inst.tensor.name)
+        d = pl.device_of(inst.tensor.name, inst.where) if device.is_gpu else CPU_DEV
+        key = (d, inst.tensor.name)
         if inst.duplicated and key in created and not inst.created_first:
             continue  # create_tensor found the original in this buffer type's context and reused it
         created.add(key)
-        groups.setdefault((gpu, inst.tensor.shard), []).append(inst.tensor)
+        groups.setdefault((d, inst.tensor.shard), []).append(inst.tensor)
 
     out: list[WeightBuffer] = []
-    for gpu in (False, True):
+    for d in [CPU_DEV] + sorted({g for g, _ in groups if g != CPU_DEV}):
+        gpu = d != CPU_DEV
         dev_backend = backend if gpu else Backend.CPU
         impl = backends.get(dev_backend)
-        dev = impl.name
-        shards = sorted(s for (g, s) in groups if g == gpu)
+        name = device_buffer_name(impl, d) if gpu else impl.name
+        shards = sorted(s for (g, s) in groups if g == d)
         if not shards:
             continue
         if use_mmap and impl.maps_host_memory:
             # one buffer per file, spanning the file range of its tensors (get_mapping_range)
             for s in shards:
-                ts = list({t.name: t for t in groups[(gpu, s)]}.values())
+                ts = list({t.name: t for t in groups[(d, s)]}.values())
                 first = min(t.offset for t in ts)
                 last = max(t.offset + t.nbytes for t in ts)
-                out.append(WeightBuffer(buffer=f"{dev}_Mapped", on_device=gpu, bytes=last - first,
+                out.append(WeightBuffer(buffer=f"{name}_Mapped", on_device=gpu, bytes=last - first,
                                         tensor_bytes=sum(t.nbytes for t in ts), n_tensors=len(ts), shard=s))
         else:
             # ggml_backend_alloc_ctx_tensors_from_buft: every instance padded to the buffer's alignment;
             # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
             align = impl.alignment
             if not gpu:
-                dev = device.host_buffer_name
-            ts = [t for s in shards for t in groups[(gpu, s)]]
+                name = device.host_buffer_name
+            ts = [t for s in shards for t in groups[(d, s)]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
-            out.append(WeightBuffer(buffer=dev, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
+            out.append(WeightBuffer(buffer=name, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
                                     n_tensors=len(ts), shard=shards[0]))
     return out

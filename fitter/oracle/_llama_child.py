@@ -228,9 +228,60 @@ def apply_fields(struct: Any, fields: dict[str, Any]) -> None:
 _LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}  # enum llama_load_mode
 
 
+_KEEP: list[Any] = []  # ctypes arrays the model params point to (alive until the process exits)
+
+
+def _buft_by_name(llama_cpp: Any) -> dict[str, int]:
+    """Each device's default buffer type by its name, as common/arg.cpp parse_tensor_buffer_overrides lists them."""
+    ggml = load_ggml_base(llama_cpp, "ggml")
+    base = load_ggml_base(llama_cpp)
+    if ggml is None or base is None:
+        return {}
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    out = {}
+    for i in range(ggml.ggml_backend_dev_count()):
+        buft = base.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_get(i))
+        if buft:
+            out[(base.ggml_backend_buft_name(buft) or b"?").decode()] = buft
+    return out
+
+
+class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
+    """Pops tensor_buft_overrides ([pattern, buffer type name] pairs) and tensor_split from `fields` and sets them on
+    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers."""
+    overrides = fields.pop("tensor_buft_overrides", None)
+    if overrides:
+        bufts = _buft_by_name(llama_cpp)
+        unknown = [b for _, b in overrides if b not in bufts]
+        if unknown:
+            raise ValueError(f"unknown buffer type {unknown[0]!r} (this build has {', '.join(sorted(bufts))})")
+        arr = (_BuftOverride * (len(overrides) + 1))()
+        for i, (pat, b) in enumerate(overrides):
+            arr[i].pattern = pat.encode()
+            arr[i].buft = bufts[b]
+        _KEEP.append(arr)
+        mp.tensor_buft_overrides = ctypes.addressof(arr)
+    split = fields.pop("tensor_split", None)
+    if split:
+        ts = (ctypes.c_float * max(len(split), llama_cpp.llama_max_devices()))(*split)
+        _KEEP.append(ts)
+        mp.tensor_split = ctypes.cast(ts, ctypes.POINTER(ctypes.c_float))
+
+
 def _model_params(llama_cpp: Any, req: dict[str, Any]) -> Any:
     mp = llama_cpp.llama_model_default_params()
     model_fields = dict(req.get("model", {}))
+    apply_placement(llama_cpp, mp, model_fields)
     load_mode = model_fields.pop("load_mode", None)
     if load_mode is not None:
         mp.load_mode = _LOAD_MODES[load_mode]
@@ -314,7 +365,10 @@ def main() -> int:
     run = _Run(llama_cpp, req)
     llama_cpp.llama_backend_init()
     run.memory("start")
-    mp = _model_params(llama_cpp, req)
+    try:
+        mp = _model_params(llama_cpp, req)
+    except ValueError as e:
+        return run.done("error", str(e))
     cp, why = _context_params(llama_cpp, run.ggml, req)
     if why:
         return run.done("error", why)

@@ -35,6 +35,12 @@ def llama_params(cp: ContextParams, cfg: RunConfig) -> LlamaParams:
         swa_full=cp.swa_full,
         kv_unified=cp.kv_unified,
         embeddings=cp.embeddings,
+        tensor_buft_overrides=tuple(cfg.tensor_overrides()) or None,
+        offload_kqv=False if cfg.no_kv_offload else None,
+        op_offload=False if cfg.no_op_offload else None,
+        split_mode=cfg.split_mode if cfg.split_mode != "layer" else None,
+        main_gpu=cfg.main_gpu or None,
+        tensor_split=cfg.tensor_split,
     )
 
 

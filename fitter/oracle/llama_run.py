@@ -83,6 +83,9 @@ class LlamaParams(BaseModel):
     use_extra_bufts: bool = False  # NOT the library default (True): see the module docstring
     no_host: bool | None = None
     load_mtp: bool | None = None
+    # (pattern, buffer type name as ggml_backend_buft_name says it: CPU, CUDA0, ...), in order (-ot, --n-cpu-moe)
+    tensor_buft_overrides: tuple[tuple[str, str], ...] | None = None
+    tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per device
     check_tensors: bool | None = None
 
     # llama_context_params
@@ -147,6 +150,10 @@ class LlamaParams(BaseModel):
         out["use_extra_bufts"] = self.use_extra_bufts
         if self.split_mode is not None:
             out["split_mode"] = SPLIT_MODES[self.split_mode]
+        if self.tensor_buft_overrides:
+            out["tensor_buft_overrides"] = [list(o) for o in self.tensor_buft_overrides]
+        if self.tensor_split:
+            out["tensor_split"] = list(self.tensor_split)
         if self.load_mode is not None:
             out["load_mode"] = self.load_mode
         elif self.use_mmap is not None:

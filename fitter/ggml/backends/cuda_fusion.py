@@ -9,7 +9,7 @@ ggml_can_fuse_subgraph (ggml/src/ggml-impl.h). Each kept set becomes an "alloc_d
 from __future__ import annotations
 
 from fitter.ggml.graph import Segment
-from fitter.ggml.tensor import FLAG_OUTPUT, IS_WEIGHT, Tensor, is_contiguous
+from fitter.ggml.tensor import FLAG_OUTPUT, HOST, IS_WEIGHT, Tensor, is_contiguous
 from fitter.ggml.types import F32
 
 
@@ -43,7 +43,7 @@ def cuda_alloc_deps(seq: list[Segment]) -> None:
         i = 0
         while i < n_nodes:
             node = nodes[i]
-            if node.be != 0:
+            if node.be == HOST:  # the CPU's nodes (CUDA's graph_optimize sees its own splits only)
                 i += 1
                 continue
             m = _match_moe_reduction(nodes, i, uses)

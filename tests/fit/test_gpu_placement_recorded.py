@@ -1,0 +1,140 @@
+"""ggfit's placement model against llama.cpp's CUDA dry runs with placement flags, recorded on two H200s.
+
+benchmarks/gpu/run.sh placement (benchmarks/gpu/measure.py phase_placement) ran llama.cpp's dry run (no_alloc,
+exact bytes per buffer type from its memory breakdown) on the full-size Qwen3.6-35B-A3B, gpt-oss 20B and Llama 3.1
+8B shapes (Q4_K_M mix) with -ngl 0 / half / all, --n-cpu-moe at several values, --cpu-moe, -ot patterns, -nkvo,
+--no-op-offload; one GPU (CUDA_VISIBLE_DEVICES=0), then both GPUs with -sm layer / none, -mg and -ts. These tests
+predict the same configs again, without a GPU.
+
+Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact too, pipeline
+parallelism over two GPUs included, except the residuals pinned in RESIDUAL (ggfit minus llama.cpp, bytes).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from fitter.fit.memory import predict
+from fitter.fit.solver import solve_placement
+from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
+from fitter.llama.model import load_model_spec
+from tests.synth.shapes import build_shape, q4_k_m_types
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+ROWS = json.loads((RESULTS / "gpu-placement-h200.json").read_text())["rows"]
+_BASE = ("n_ctx", "n_ubatch", "flash_attn", "no_mmap")
+
+# (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's; every other compute buffer is exact
+RESIDUAL = {
+    ("qwen36-35b-a3b-1-no_kv_offloadTrue", "CUDA0"): 20963328,
+    ("qwen36-35b-a3b-1-n_cpu_moe4", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_cpu_moe20", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_cpu_moe39", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_cpu_moe40", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-cpu_moeTrue", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_batch2048-n_cpu_moe20", "CUDA0"): 16777216,
+    ("qwen36-35b-a3b-1-type_kq8_0-type_vq8_0-n_cpu_moe20", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_cpu_moe4-no_kv_offloadTrue", "CUDA0"): 36864,
+    ("qwen36-35b-a3b-1-override_tensor['ffn_down_exps=CPU']", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-1-n_batch2048-override_tensor['blk\\\\.[0-9]\\\\.ffn_(up|gate)_exps=CPU']", "CUDA0"): 8388608,
+    ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
+    ("qwen36-35b-a3b-2-no_kv_offloadTrue", "CUDA0"): 20963328,
+    ("qwen36-35b-a3b-2-n_cpu_moe20", "CUDA0"): 4194304,
+    ("qwen36-35b-a3b-2-n_cpu_moe4-tensor_split[1.0, 1.0]", "CUDA0"): 4194304,
+}
+
+
+def _row_id(r: dict) -> str:
+    return f"{r['shape']}-{r['gpus']}-" + "-".join(f"{k}{v}" for k, v in r["config"].items() if k not in _BASE)
+
+
+@lru_cache(maxsize=None)
+def _model(shape: str):
+    return load_model_spec(str(build_shape(shape, tensor_types=q4_k_m_types(shape))))
+
+
+def _predict(row: dict):
+    header, spec = _model(row["shape"])
+    return predict(header, spec, RunConfig(**row["config"]), Backend.CUDA, Frontend.SERVER, n_gpus=row["gpus"])
+
+
+def _diffs(pred, row: dict, kinds: dict[str, tuple[str, ...]]) -> dict[tuple[str, str], int]:
+    out = {}
+    for m in row["measured"]:
+        ours = [b for b in pred.buffers if b.owner == "target" and b.device == m["buffer_type"]]
+        for field, ks in kinds.items():
+            out[(m["buffer_type"], field)] = sum(b.bytes for b in ours if b.kind in ks) - m[field]
+    # no buffer llama.cpp did not report (the output buffer is not in its breakdown)
+    names = {m["buffer_type"] for m in row["measured"]}
+    extra = [(b.device, b.kind) for b in pred.buffers if b.owner == "target" and b.kind in sum(kinds.values(), ())
+             and b.bytes and b.device not in names]
+    assert not extra, extra
+    return out
+
+
+_KINDS = {"model": ("model",), "context": ("kv", "rs"), "compute": ("compute",)}
+LOADED = [r for r in ROWS if r["status"] == "ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", LOADED, ids=_row_id)
+def test_every_buffer_of_every_device_matches_llama_cpp(row: dict) -> None:
+    pred = _predict(row)
+    diffs = _diffs(pred, row, _KINDS)
+    rid = _row_id(row)
+    for (buft, field), d in diffs.items():
+        want = RESIDUAL.get((rid, buft), 0) if field == "compute" else 0
+        assert d == want, (buft, field)
+    # llama.cpp's device buffers count against the GPU, the host ones (CUDA_Host, CPU) do not
+    host = {m["buffer_type"] for m in row["measured"] if m["is_host"]}
+    assert all(b.counts == (b.device not in host) for b in pred.buffers if b.kind != "output" and b.owner == "target")
+
+
+@pytest.mark.slow
+def test_pipeline_parallelism_copies_every_input_four_times() -> None:
+    """Two GPUs, every layer offloaded: llama.cpp's host compute buffer holds GGML_SCHED_MAX_COPIES copies of every
+    graph input; with -nkvo (no pipeline parallelism) it is the one-GPU buffer again."""
+    by = {_row_id(r): r for r in LOADED}
+    host = {k: next(m["compute"] for m in by[k]["measured"] if m["buffer_type"] == "CUDA_Host")
+            for k in ("llama-8b-1-", "llama-8b-2-", "llama-8b-2-split_modenone")}
+    assert host["llama-8b-2-"] > 3 * host["llama-8b-1-"] and host["llama-8b-2-split_modenone"] == host["llama-8b-1-"]
+    assert _buffer(_predict(by["llama-8b-2-"]), "CUDA_Host") == host["llama-8b-2-"]
+
+
+def _buffer(pred, device: str) -> int:
+    return sum(b.bytes for b in pred.buffers if b.kind == "compute" and b.device == device)
+
+
+@pytest.mark.slow
+def test_split_mode_row_is_refused_as_llama_cpp_fails_it() -> None:
+    rows = [r for r in ROWS if r["config"].get("split_mode") == "row"]
+    assert rows and all(r["status"] == "error" and "does not support split buffers" in r["message"] for r in rows)
+    with pytest.raises(ConfigError, match="-sm row: llama.cpp fails the load"):
+        _predict(rows[0])
+
+
+EXPERTS = json.loads((RESULTS / "gpu-experts-h200.json").read_text())
+
+
+@pytest.mark.slow
+def test_recorded_expert_placement_loaded_and_one_predicted_over_ran_out_of_memory() -> None:
+    """A 3090-sized GPU (22,000 MiB held free on an H200): `ggfit fit -c 262144` proposed --n-cpu-moe 11, which
+    loaded, prefilled 4096 tokens and decoded; --n-cpu-moe 7, predicted 640 MiB over what was free, ran out of memory.
+    Today's solver proposes the same placement with the same bytes."""
+    header, spec = _model("qwen36-35b-a3b")
+    free, fit = EXPERTS["free_bytes_held_to"], EXPERTS["fit"]
+    available = fit["budget_bytes"] - fit["margin_bytes"]
+    choice, _ = solve_placement(header, spec, RunConfig(n_ctx=262144), Backend.CUDA, Frontend.SERVER, available, None,
+                                table=False)
+    assert choice is not None and (choice.lever, choice.value) == ("n_cpu_moe", fit["placement"]["value"]) == ("n_cpu_moe", 11)
+    rows = {r["case"].split(" (")[0]: r for r in EXPERTS["rows"]}
+    ok, over = rows["placement from ggfit fit"], rows["512 MiB over"]
+    for r in (ok, over):
+        pred = predict(header, spec, RunConfig(**r["config"]), Backend.CUDA, Frontend.SERVER)
+        assert pred.total_device_bytes == r["predicted_device_bytes"]
+    assert ok["status"] == "ok" and ok["decode_tps"] > 0 and ok["predicted_device_bytes"] <= available
+    assert over["status"] == "oom" and over["predicted_device_bytes"] >= free + 512 * 2**20
