@@ -61,6 +61,9 @@ class FileSource:
         self.bytes_fetched += len(data)
         return data
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -1,0 +1,154 @@
+"""A parsed GGUF header kept on disk, so that reading the same local file again skips the walk.
+
+Reading a big vocabulary's header walks every token and merge string (~500K length-prefixed strings,
+40-60 ms in Python); the result is the same until the file changes. An entry is used only when
+everything that could change the parse is unchanged:
+
+- the path as given, and the file's device, inode, size, mtime and ctime (ns), from the open
+  descriptor (`os.fstat`), so the entry describes the very file being read. ctime cannot be set by a
+  user: any write, truncation, `touch -d` or rename onto the path moves it (or the inode);
+- ggfit's reader: a digest of the reader's and the constants' source, and of gguf-py's constants.
+
+A file whose ctime is less than `RACY_NS` old when it is read is not stored ("racily clean", as git
+calls it): it could still change within the clock tick that stamped it, without its times moving. A
+file that changed while it was read (fstat differs before and after) is not stored either.
+
+Entries are `${GGFIT_CACHE:-~/.cache/ggfit}/headers/<hash of the path as given>.pkl`: one per path,
+a changed or replaced file replaces its entry. An entry is a magic line, a BLAKE2b digest of the rest, and a pickle
+of (key, header) read by an unpickler that only builds the reader's own classes; anything else (a
+truncated, corrupt or foreign entry, a stale key) is a miss, never an error. Writes go through a
+temporary file and `os.replace`; a cache that cannot be written is skipped silently.
+
+Off unless enabled: `ggfit`'s command line turns it on (`with enabled(): ...`); library callers and
+tests read the file every time unless they opt in. `GGFIT_NO_HEADER_CACHE=1` turns it off everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import time
+from collections.abc import Iterator
+from typing import Any
+
+MAGIC = b"ggfit-header-cache 1\n"
+RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
+_DIGEST = 32
+
+_on = False
+_fingerprint: bytes | None = None
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True) -> Iterator[None]:
+    """Use (and fill) the on-disk header cache inside this block."""
+    global _on
+    before = _on
+    _on = on and not os.environ.get("GGFIT_NO_HEADER_CACHE")
+    try:
+        yield
+    finally:
+        _on = before
+
+
+def is_enabled() -> bool:
+    return _on
+
+
+def cache_dir() -> str:
+    base = os.environ.get("GGFIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ggfit")
+    return os.path.join(base, "headers")
+
+
+def _code_fingerprint() -> bytes:
+    """The reader's own code: an entry written by another reader is a miss."""
+    global _fingerprint
+    if _fingerprint is None:
+        import sys
+
+        from fitter.gguf import constants, reader
+
+        h = hashlib.blake2b(MAGIC, digest_size=16)
+        gguf_constants = sys.modules.get("gguf.constants")
+        for path in (reader.__file__, constants.__file__, __file__, getattr(gguf_constants, "__file__", None)):
+            if path:
+                with open(path, "rb") as f:
+                    h.update(f.read())
+        _fingerprint = h.digest()
+    return _fingerprint
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _entry_path(location: str, shard: int) -> str:
+    name = hashlib.blake2b(f"{location}\0{shard}".encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    return os.path.join(cache_dir(), name + ".pkl")
+
+
+def _key(location: str, shard: int, st: os.stat_result) -> tuple:
+    return (location, shard, _stat_key(st), _code_fingerprint())
+
+
+class _Unpickler(pickle.Unpickler):
+    """Builds only the reader's classes and the enums they hold; any other global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        from fitter.gguf import reader
+
+        allowed = {
+            "GGUFHeader": reader.GGUFHeader, "TensorInfo": reader.TensorInfo, "ShardInfo": reader.ShardInfo,
+            "SkippedArray": reader.SkippedArray, "SkippedString": reader.SkippedString,
+            "GGUFValueType": reader.GGUFValueType, "GGMLQuantizationType": reader.GGMLQuantizationType,
+        }
+        cls = allowed.get(name)
+        if cls is None or cls.__module__ != module:
+            raise pickle.UnpicklingError(f"{module}.{name} is not a header class")
+        return cls
+
+
+def load(location: str, shard: int, st: os.stat_result) -> Any | None:
+    """The cached header of this file as it is now (`st`: its fstat), or None."""
+    from fitter.gguf.reader import GGUFHeader
+
+    try:
+        with open(_entry_path(location, shard), "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(MAGIC):
+            return None
+        digest = data[len(MAGIC):len(MAGIC) + _DIGEST]
+        payload = memoryview(data)[len(MAGIC) + _DIGEST:]
+        if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
+            return None
+        key, header = _Unpickler(io.BytesIO(payload)).load()
+        if key != _key(location, shard, st) or not isinstance(header, GGUFHeader):
+            return None
+        return header
+    except Exception:  # a corrupt or foreign entry is a miss, whatever the unpickler says
+        return None
+
+
+def store(location: str, shard: int, before: os.stat_result, after: os.stat_result, header: Any) -> None:
+    """Keep the header read between two fstats of the file, if the file held still and is not racily new."""
+    if _stat_key(before) != _stat_key(after) or time.time_ns() - after.st_ctime_ns < RACY_NS:
+        return
+    tmp = None
+    try:
+        payload = pickle.dumps((_key(location, shard, after), header), protocol=pickle.HIGHEST_PROTOCOL)
+        path = _entry_path(location, shard)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + hashlib.blake2b(payload, digest_size=_DIGEST).digest() + payload)
+        os.replace(tmp, path)
+    except Exception:  # a cache that cannot be written (read-only, full, unpicklable) is skipped
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
