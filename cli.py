@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import platform
 import re
 import shutil
 import sys
@@ -178,6 +177,8 @@ def inspect(
 
 
 def _detect_backend() -> str:
+    import platform  # only without --backend
+
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return "metal"
     if shutil.which("nvidia-smi"):

@@ -14,7 +14,7 @@ calls it): it could still change within the clock tick that stamped it, without 
 file that changed while it was read (fstat differs before and after) is not stored either.
 
 Entries are `${GGFIT_CACHE:-~/.cache/ggfit}/headers/<hash of the path as given>.pkl`: one per path,
-a changed or replaced file replaces its entry. An entry is a magic line, a BLAKE2b digest of the rest, and a pickle
+a changed or replaced file replaces its entry. An entry is a magic line, a CRC-32 and Adler-32 of the rest, and a pickle
 of (key, header) read by an unpickler that only builds the reader's own classes; anything else (a
 truncated, corrupt or foreign entry, a stale key) is a miss, never an error. Writes go through a
 temporary file and `os.replace`; a cache that cannot be written is skipped silently.
@@ -26,17 +26,17 @@ tests read the file every time unless they opt in. `GGFIT_NO_HEADER_CACHE=1` tur
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import pickle
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
-MAGIC = b"ggfit-header-cache 1\n"
+MAGIC = b"ggfit-header-cache 2\n"
 RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
-_DIGEST = 32
+_DIGEST = 8
 
 _on = False
 _fingerprint: bytes | None = None
@@ -71,13 +71,13 @@ def _code_fingerprint() -> bytes:
 
         from fitter.gguf import constants, reader
 
-        h = hashlib.blake2b(MAGIC, digest_size=16)
+        parts = [MAGIC]
         gguf_constants = sys.modules.get("gguf.constants")
         for path in (reader.__file__, constants.__file__, __file__, getattr(gguf_constants, "__file__", None)):
             if path:
                 with open(path, "rb") as f:
-                    h.update(f.read())
-        _fingerprint = h.digest()
+                    parts.append(f.read())
+        _fingerprint = _digest(b"\0".join(parts))
     return _fingerprint
 
 
@@ -85,8 +85,14 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _digest(data: bytes | memoryview) -> bytes:
+    """CRC-32 and Adler-32 (zlib, already loaded: hashlib would load OpenSSL, ~1 ms): an entry's check
+    against a torn or corrupt write, not a secret (the key inside is compared in full)."""
+    return zlib.crc32(data).to_bytes(4, "little") + zlib.adler32(data).to_bytes(4, "little")
+
+
 def _entry_path(location: str, shard: int) -> str:
-    name = hashlib.blake2b(f"{location}\0{shard}".encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    name = _digest(f"{location}\0{shard}".encode("utf-8", "surrogateescape")).hex()
     return os.path.join(cache_dir(), name + ".pkl")
 
 
@@ -125,7 +131,7 @@ def load(location: str, shard: int, st: os.stat_result) -> Any | None:
             return None
         digest = data[len(MAGIC):len(MAGIC) + _DIGEST]
         payload = memoryview(data)[len(MAGIC) + _DIGEST:]
-        if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
+        if _digest(payload) != digest:
             return None
         key, header = _Unpickler(io.BytesIO(payload)).load()
         if key != _key(location, shard, st) or not isinstance(header, GGUFHeader):
@@ -146,7 +152,7 @@ def store(location: str, shard: int, before: os.stat_result, after: os.stat_resu
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            f.write(MAGIC + hashlib.blake2b(payload, digest_size=_DIGEST).digest() + payload)
+            f.write(MAGIC + _digest(payload) + payload)
         os.replace(tmp, path)
     except Exception:  # a cache that cannot be written (read-only, full, unpicklable) is skipped
         if tmp is not None:

@@ -117,12 +117,12 @@ def _corrupt(entry: Path, how: str) -> None:
         entry.write_bytes(b"")
     elif how == "foreign pickle":  # a well-formed entry whose pickle would run code: refused
         payload = pickle.dumps((("k",), os.system))
-        entry.write_bytes(hc.MAGIC + hc.hashlib.blake2b(payload, digest_size=32).digest() + payload)
+        entry.write_bytes(hc.MAGIC + hc._digest(payload) + payload)
     elif how == "another file's entry":
-        payload = data[len(hc.MAGIC) + 32:]
+        payload = data[len(hc.MAGIC) + hc._DIGEST:]
         key, header = pickle.loads(payload)
         payload = pickle.dumps(((key[0] + "x", *key[1:]), header))
-        entry.write_bytes(hc.MAGIC + hc.hashlib.blake2b(payload, digest_size=32).digest() + payload)
+        entry.write_bytes(hc.MAGIC + hc._digest(payload) + payload)
     else:  # a directory where the entry should be
         entry.unlink()
         entry.mkdir()
