@@ -211,26 +211,33 @@ class Gallocr:
         return self.talloc.max_size
 
     def process(self, nodes: list[Tensor]) -> None:
-        """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted)."""
+        """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted).
+
+        The hot loop of every prediction: _allocate's own early return (allocated, external or a view)
+        is tested here first, so most sources cost no call."""
         allocate = self._allocate
+        free = self._free
         for node in nodes:
             src = node.src
             for p in src:
-                if p is not None and not p.own:
+                if p is not None and not p.own and not p.ext and p.vs is None:
                     allocate(p)
-            allocate(node)
+            if not node.own and not node.ext and node.vs is None:
+                allocate(node)
             for p in src:
                 if p is None:
                     continue
-                p.nc -= 1
-                if p.nc == 0 and p.nv == 0:
+                nc = p.nc - 1
+                p.nc = nc
+                if nc == 0 and p.nv == 0:
                     vs = p.vs
                     if vs is not None:
-                        vs.nv -= 1
-                        if vs.nv == 0 and vs.nc == 0 and vs.own:
-                            self._free(vs)
+                        nv = vs.nv - 1
+                        vs.nv = nv
+                        if nv == 0 and vs.nc == 0 and vs.own:
+                            free(vs)
                     elif p.own:
-                        self._free(p)
+                        free(p)
 
 
 @dataclass
