@@ -25,17 +25,14 @@ class DynAllocator:
     have one chunk; Metal splits a buffer into chunks of at most maxBufferLength.
     """
 
-    __slots__ = ("align", "max_chunk", "chunks", "maxes")
+    __slots__ = ("align", "max_chunk", "chunks", "maxes", "max_size")
 
     def __init__(self, align: int, max_buffer_size: int = SIZE_MAX) -> None:
         self.align = align
         self.max_chunk = min(max_buffer_size, SIZE_MAX // 2)
         self.chunks: list[list[list[int]]] = []  # free blocks [offset, size] per chunk
         self.maxes: list[int] = []  # max_size per chunk
-
-    @property
-    def max_size(self) -> int:
-        return sum(self.maxes)
+        self.max_size = 0  # sum(maxes), kept as they grow (ggml_dyn_tallocr's total, read after every allocation)
 
     def _new_chunk(self, min_size: int) -> int:  # ggml_dyn_tallocr_new_chunk
         size = max(min_size, self.max_chunk)
@@ -77,8 +74,10 @@ class DynAllocator:
         b[1] -= size
         if b[1] == 0:
             del blocks[best_b]
-        if off + size > self.maxes[best_c]:
-            self.maxes[best_c] = off + size
+        end = off + size
+        if end > self.maxes[best_c]:
+            self.max_size += end - self.maxes[best_c]
+            self.maxes[best_c] = end
         return best_c << 56 | off
 
     def free(self, addr: int, size: int) -> None:  # ggml_dyn_tallocr_free_bytes
@@ -144,18 +143,22 @@ class Gallocr:
             # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
             # so the view branch of ggml_gallocr_allocate_node cannot fire.
             for p in t.src:
-                if p is None or not p.own:
+                if p is None or not p.own or p.flags & FLAG_OUTPUT:
                     continue
-                if p.flags & FLAG_OUTPUT:
-                    continue
-                if p.nc == 1 and p.nv == 0 and same_layout(t, p):
+                if p.nc == 1 and p.nv == 0 and p.type == t.type and p.ne == t.ne and p.nb == t.nb:  # same_layout
                     t.addr = p.addr
-                    t.be = p.be  # hn->buffer_id = p_hn->buffer_id
+                    t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
                     if not t.size:
-                        t.size = self.alloc_sizes[t.be](t)
+                        t.size = self.alloc_sizes[be](t)
                     p.own = False
-                    self._handover(p, t)
-                    self._free_extra(t, p)
+                    if self.trace and self.live.pop(id(p), None) is not None:  # _handover
+                        self.live[id(t)] = t
+                    # ggml_gallocr_free_extra_space
+                    a = self.aligns[be]
+                    ps = (p.size + a - 1) // a * a
+                    ns = (t.size + a - 1) // a * a
+                    if ps > ns:
+                        self.tallocs[be].free(p.addr + ns, ps - ns)
                     return
         be = t.be
         if not t.size:

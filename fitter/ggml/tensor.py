@@ -147,16 +147,54 @@ def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False,
     return t
 
 
+# Whether any header-typed weight's type (or strides, which follow from it) was read since the last reset:
+# when a graph never looked, its compute buffers are the same for any weight types (fitter.llama.context
+# then shares them between quants of one model).
+header_types_read = [False]
+_TYPE_SLOT = Tensor.__dict__["type"]
+_NB_SLOT = Tensor.__dict__["nb"]
+
+
+class HeaderTypedWeight(Tensor):
+    """A weight typed by `Context.wtype` (the header's type): reading `type` or `nb` sets header_types_read."""
+
+    __slots__ = ()
+
+    @property
+    def type(self) -> int:
+        header_types_read[0] = True
+        return _TYPE_SLOT.__get__(self, Tensor)
+
+    @type.setter
+    def type(self, value: int) -> None:
+        _TYPE_SLOT.__set__(self, value)
+
+    @property
+    def nb(self) -> list[int]:
+        header_types_read[0] = True
+        return _NB_SLOT.__get__(self, Tensor)
+
+    @nb.setter
+    def nb(self, value: list[int]) -> None:
+        _NB_SLOT.__set__(self, value)
+
+
 def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False) -> Tensor | None:
     """The weight an op reads, when the scheduler needs to see it (see Context.weights)."""
     if not ctx.weights:
         return None
     base = name.split("-", 1)[0]
-    t = F32 if small else ctx.wtype(base)
+    if small:
+        return weight(ctx, ne, base, type_=F32)
+    t = ctx.wtype(base)
     ne = list(ne)
     if BLCK[t] > 1 and ne[0] % BLCK[t]:
         t = F16
-    return weight(ctx, ne, base, type_=t)
+    ne = ne + [1] * (4 - len(ne))
+    w = ctx.add(HeaderTypedWeight("NONE", t, ne, contig_nb(t, ne), (), None, base, ext=True))
+    w.w = IS_WEIGHT
+    w.be = ctx.dev
+    return w
 
 
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
