@@ -105,7 +105,9 @@ def contig_nb(type_: int, ne: list[int]) -> list[int]:  # ggml_new_tensor_impl s
 
 
 def new_tensor(ctx: Context, op: str, type_: int, ne: Iterable[int], src: tuple, name: str = "") -> Tensor:  # ggml_new_tensor
-    ne = list(ne) + [1] * (4 - len(list(ne)))
+    ne = list(ne)
+    if len(ne) < 4:
+        ne += [1] * (4 - len(ne))
     return ctx.add(Tensor(op, type_, ne, contig_nb(type_, ne), src, None, name))
 
 
