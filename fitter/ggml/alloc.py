@@ -47,7 +47,19 @@ class DynAllocator:
         size = (size + a - 1) // a * a
         chunks = self.chunks
         best_c = best_b = -1
-        for c, blocks in enumerate(chunks):  # best fit among all blocks but the last of each chunk
+        if len(chunks) == 1:  # the usual case (no maximum buffer size), the loops below for one chunk
+            blocks = chunks[0]
+            n = len(blocks)
+            best_fit = SIZE_MAX
+            for i in range(n - 1):
+                bs = blocks[i][1]
+                if size <= bs <= best_fit:
+                    best_b, best_fit = i, bs
+            if best_b == -1 and n and blocks[-1][1] >= size:
+                best_b = n - 1
+            if best_b != -1:
+                best_c = 0
+        for c, blocks in enumerate(chunks if best_c == -1 else ()):  # best fit among all blocks but each chunk's last
             best_fit = SIZE_MAX
             for i in range(len(blocks) - 1):
                 bs = blocks[i][1]
@@ -55,7 +67,7 @@ class DynAllocator:
                     best_c, best_b, best_fit = c, i, bs
         if best_b == -1:  # the last block of some chunk: least growth, or the tightest fit
             best_reuse = None
-            for c, blocks in enumerate(chunks):
+            for c, blocks in enumerate(chunks):  # (one chunk: the tests above already failed, so a new one)
                 if not blocks:
                     continue
                 last = blocks[-1]
