@@ -53,7 +53,8 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
     `total` is monotone in k and piecewise linear (KV cells and masks grow linearly; compute buffers in
     steps), so the answer is bracketed and then found by interpolating the bracket's ends: a guess and its
     neighbour usually settle it, where bisection takes log2(k_max) predictions. Every step keeps the
-    bracket exact (total(lo) <= available < total(hi)). A total that bends (compute growing faster than
+    bracket exact (total(lo) <= available < total(hi)); a guess's neighbour is asked only when the guess
+    lands within two average steps of the budget. A total that bends (compute growing faster than
     the KV cache) keeps one end for several steps: that end then counts for half, a quarter ... (the
     Illinois rule of regula falsi), and a third step in a row that does not halve the bracket is a
     bisection, so it takes at most about four times bisection's steps. Same answer as a binary
@@ -84,14 +85,15 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
             under, over = (available - t(lo)) << hi_halved, (t(hi) - available) << lo_halved
             g = lo + under * width // max(1, under + over)
         g = min(max(g, lo + 1), hi - 1)
+        near = 2 * (t(hi) - t(lo)) // width  # two average steps: a guess this close asks its neighbour
         was_lo, was_hi = lo, hi
         if t(g) <= available:
             lo = g
-            if g + 1 < hi and t(g + 1) > available:
+            if g + 1 < hi and available - t(g) <= near and t(g + 1) > available:
                 hi = g + 1
         else:
             hi = g
-            if g - 1 > lo and t(g - 1) <= available:
+            if g - 1 > lo and t(g) - available <= near and t(g - 1) <= available:
                 lo = g - 1
         now = (hi != was_hi) - (lo != was_lo)  # 1: only hi moved, -1: only lo moved, 0: both
         lo_halved = lo_halved + 1 if now == 1 and side == 1 else 0
