@@ -168,3 +168,20 @@ def test_errors_are_not_cached(tmp_path: Path, cache: Path) -> None:
         with pytest.raises(gr.GGUFError):
             _read(f)
     assert not cache.exists() or not list(cache.iterdir())
+
+
+def test_the_command_line_uses_it(cache: Path, reads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`ggfit inspect` twice: the second reads the cache and prints the same; the cache is off again after it."""
+    import cli
+    from tests.synth import build
+
+    f = build("llama")
+    outs = []
+    for _ in range(2):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["inspect", str(f)])
+        assert e.value.code == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "llama" in outs[0]
+    assert reads == [str(f)] and len(list(cache.iterdir())) == 1
+    assert not hc.is_enabled()
