@@ -15,7 +15,7 @@ file that changed while it was read (fstat differs before and after) is not stor
 
 Entries are `${GGFIT_CACHE:-~/.cache/ggfit}/headers/<hash of the path as given>.pkl`: one per path,
 a changed or replaced file replaces its entry. An entry is a magic line, a CRC-32 and Adler-32 of the rest, and a pickle
-of (key, header) read by an unpickler that only builds the reader's own classes; anything else (a
+of (key, the header as plain values) read by an unpickler that builds no class; anything else (a
 truncated, corrupt or foreign entry, a stale key) is a miss, never an error. Writes go through a
 temporary file and `os.replace`; a cache that cannot be written is skipped silently.
 
@@ -26,6 +26,7 @@ tests read the file every time unless they opt in. `GGFIT_NO_HEADER_CACHE=1` tur
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import pickle
@@ -34,7 +35,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-MAGIC = b"ggfit-header-cache 2\n"
+MAGIC = b"ggfit-header-cache 3\n"
 RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
 _DIGEST = 8
 
@@ -101,26 +102,84 @@ def _key(location: str, shard: int, st: os.stat_result) -> tuple:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Builds only the reader's classes and the enums they hold; any other global is refused."""
+    """Builds nothing but the standard containers: an entry naming any class or function is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        from fitter.gguf import reader
+        raise pickle.UnpicklingError(f"{module}.{name}: a header cache entry holds plain values only")
 
-        allowed = {
-            "GGUFHeader": reader.GGUFHeader, "TensorInfo": reader.TensorInfo, "ShardInfo": reader.ShardInfo,
-            "SkippedArray": reader.SkippedArray, "SkippedString": reader.SkippedString,
-            "GGUFValueType": reader.GGUFValueType, "GGMLQuantizationType": reader.GGMLQuantizationType,
-        }
-        cls = allowed.get(name)
-        if cls is None or cls.__module__ != module:
-            raise pickle.UnpicklingError(f"{module}.{name} is not a header class")
-        return cls
+
+_SKIPPED_ARRAY, _SKIPPED_STRING = "\0skipped array", "\0skipped string"  # tags of the two summaries
+
+
+# the reader's classes as _encode / _decode know them: a class that gains a field is neither stored nor loaded
+_LAYOUT = {"GGUFHeader": ("metadata", "tensors", "shards", "value_types", "key_offsets"),
+           "TensorInfo": ("name", "shape", "ggml_type", "offset", "nbytes", "shard")}
+
+
+def _check_layout() -> None:
+    from fitter.gguf.reader import GGUFHeader, TensorInfo
+
+    for cls in (GGUFHeader, TensorInfo):
+        if tuple(f.name for f in dataclasses.fields(cls)) != _LAYOUT[cls.__name__]:
+            raise TypeError(f"{cls.__name__} changed: the header cache does not know its fields")
+
+
+def _encode(header: Any) -> tuple:
+    """A header as plain values (pickling the enums by reference would import the gguf package, numpy and all)."""
+    from fitter.gguf.reader import SkippedArray, SkippedString
+
+    _check_layout()
+
+    def value(v: Any) -> Any:
+        if isinstance(v, SkippedArray):
+            return (_SKIPPED_ARRAY, int(v.type), v.length)
+        if isinstance(v, SkippedString):
+            return (_SKIPPED_STRING, v.length)
+        return v
+
+    return (
+        [(k, value(v)) for k, v in header.metadata.items()],
+        [(t.name, t.shape, int(t.ggml_type), t.offset, t.nbytes, t.shard) for t in header.tensors],
+        [[getattr(s, f.name) for f in dataclasses.fields(s)] for s in header.shards],
+        [(k, int(v)) for k, v in header.value_types.items()],
+        list(header.key_offsets.items()),
+    )
+
+
+def _decode(plain: tuple) -> Any:
+    from fitter.gguf.reader import (
+        _GGML_TYPE_BY_ID,
+        _VALUE_TYPE_BY_ID,
+        GGUFHeader,
+        ShardInfo,
+        SkippedArray,
+        SkippedString,
+        TensorInfo,
+    )
+
+    def value(v: Any) -> Any:
+        if type(v) is tuple:
+            if v[0] == _SKIPPED_ARRAY:
+                return SkippedArray(_VALUE_TYPE_BY_ID[v[1]], v[2])
+            if v[0] == _SKIPPED_STRING:
+                return SkippedString(v[1])
+            raise ValueError("not a header cache value")
+        return v
+
+    _check_layout()
+    metadata, tensors, shards, value_types, key_offsets = plain
+    return GGUFHeader(
+        {k: value(v) for k, v in metadata},
+        [TensorInfo(name, tuple(shape), _GGML_TYPE_BY_ID[t], offset, nbytes, shard)
+         for name, shape, t, offset, nbytes, shard in tensors],
+        [ShardInfo(*s) for s in shards],
+        {k: _VALUE_TYPE_BY_ID[v] for k, v in value_types},
+        dict(key_offsets),
+    )
 
 
 def load(location: str, shard: int, st: os.stat_result) -> Any | None:
     """The cached header of this file as it is now (`st`: its fstat), or None."""
-    from fitter.gguf.reader import GGUFHeader
-
     try:
         with open(_entry_path(location, shard), "rb") as f:
             data = f.read()
@@ -133,11 +192,11 @@ def load(location: str, shard: int, st: os.stat_result) -> Any | None:
         payload = memoryview(data)[len(MAGIC) + _DIGEST:]
         if _digest(payload) != digest:
             return None
-        key, header = _Unpickler(io.BytesIO(payload)).load()
-        if key != _key(location, shard, st) or not isinstance(header, GGUFHeader):
+        key, plain = _Unpickler(io.BytesIO(payload)).load()
+        if key != _key(location, shard, st):
             return None
-        return header
-    except Exception:  # a corrupt or foreign entry is a miss, whatever the unpickler says
+        return _decode(plain)
+    except Exception:  # a corrupt or foreign entry is a miss, whatever the unpickler or the decoder says
         return None
 
 
@@ -147,7 +206,7 @@ def store(location: str, shard: int, before: os.stat_result, after: os.stat_resu
         return
     tmp = None
     try:
-        payload = pickle.dumps((_key(location, shard, after), header), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((_key(location, shard, after), _encode(header)), protocol=pickle.HIGHEST_PROTOCOL)
         path = _entry_path(location, shard)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"

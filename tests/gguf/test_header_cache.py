@@ -185,3 +185,14 @@ def test_the_command_line_uses_it(cache: Path, reads: list[str], capsys: pytest.
     assert outs[0] == outs[1] and "llama" in outs[0]
     assert reads == [str(f)] and len(list(cache.iterdir())) == 1
     assert not hc.is_enabled()
+
+
+def test_a_big_vocabulary_round_trips(cache: Path, reads: list[str]) -> None:
+    """Gemma 3 270M: token and merge arrays walked and summarised (SkippedArray), a chat template kept."""
+    from fitter.bundled import resolve_model
+
+    path = resolve_model("gemma3-270m")
+    want = gr.read_header(path)
+    assert any(isinstance(v, gr.SkippedArray) for v in want.metadata.values())
+    _read(path)
+    assert _read(path) == want and len(reads) == 2  # the first stores (an old file), the second is a hit
