@@ -86,11 +86,22 @@ def _tensor_info_bytes(name: str, n_dims: int) -> int:
     return 8 + len(name.encode("utf-8", "surrogateescape")) + 4 + 8 * n_dims + 4 + 8
 
 
+_KV_BYTES: dict[int, tuple[GGUFHeader, int]] = {}
+
+
 def _input_kv_bytes(header: GGUFHeader) -> int:
-    """Bytes of the first shard's key/value section: its header minus the fixed fields and tensor infos."""
+    """Bytes of the first shard's key/value section: its header minus the fixed fields and tensor infos
+    (the same for every ftype: once per header)."""
+    hit = _KV_BYTES.get(id(header))
+    if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
+        return hit[1]
     shard = header.shards[0]
     infos = sum(_tensor_info_bytes(t.name, len(t.shape)) for t in header.tensors if t.shard == 0)
-    return shard.header_bytes - 24 - infos
+    n = shard.header_bytes - 24 - infos
+    if len(_KV_BYTES) > 32:
+        _KV_BYTES.clear()
+    _KV_BYTES[id(header)] = (header, n)
+    return n
 
 
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # LLM_KV_SPLIT_*
