@@ -63,3 +63,19 @@ def test_the_whole_context_keys_it() -> None:
         assert C.compute_buffers(spec, b, "cpu", details=d) == _fresh(spec, b, "cpu", -1, d)
         assert C._cp_key(a) != C._cp_key(b)
     assert C._cp_key(a) == C._cp_key(a.model_copy(update={"defaults_applied": {}}))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "metal", "cuda"])
+@pytest.mark.parametrize("arch", ["qwen35moe", "gemma4", "deepseek2"])
+def test_the_fields_left_out_of_the_key_do_not_reach_the_graph(arch: str, backend: str) -> None:
+    """The ModelSpec fields the content key leaves out (the file's facts) can be anything: the same buffers."""
+    header, spec = load_model_spec(str(build(arch)))
+    d = graph_details(header)
+    cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=512), Frontend.SERVER)
+    other = spec.model_copy(update={
+        "name": "x", "file_type": (spec.file_type or 0) + 100, "file_type_name": "x", "file_size": 1, "header_size": 1,
+        "tensor_bytes": 1,
+        "n_tensors": 1, "n_params": 1, "bytes_by_type": {"Q2_K": 1}, "params_by_type": {"Q2_K": 1},
+    })
+    assert set(C._NOT_GRAPH_SPEC) == {k for k in type(spec).model_fields if getattr(other, k) != getattr(spec, k)}
+    assert _fresh(other, cp, backend, -1, d) == _fresh(spec, cp, backend, -1, d)
