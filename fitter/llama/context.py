@@ -331,8 +331,10 @@ def _content_key(obj: ModelSpec | GraphDetails) -> str:
     hit = _CONTENT_KEYS.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
-    exclude: set[str] = _NOT_GRAPH_SPEC if isinstance(obj, ModelSpec) else {"layer_types", "global_types"}
-    key = repr(_frozen(obj.model_dump(exclude=exclude)))
+    if isinstance(obj, ModelSpec):  # no sets in it: pydantic's own JSON is a faithful key, and fast
+        key = obj.model_dump_json(exclude=_NOT_GRAPH_SPEC)
+    else:
+        key = repr([(f, _frozen(getattr(obj, f))) for f in type(obj).model_fields if f not in ("layer_types", "global_types")])
     if len(_CONTENT_KEYS) >= _CACHE_MAX:
         _CONTENT_KEYS.clear()
     _CONTENT_KEYS[id(obj)] = (obj, key)
