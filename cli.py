@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -193,6 +192,8 @@ def inspect(
 
 
 def _detect_backend() -> str:
+    import platform  # only without --backend
+
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return "metal"
     if shutil.which("nvidia-smi"):
@@ -1082,8 +1083,11 @@ def _usage_line(e) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: user errors (ggfit's and click's usage errors) become one line on stderr and exit code 2;
     Ctrl-C is exit code 130."""
+    from fitter.gguf import header_cache  # the standard library only
+
     try:
-        rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
+        with header_cache.enabled():  # a command reads a local header's parse from disk when the file is unchanged
+            rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
     except _NoArgsIsHelp as e:  # `ggfit` / `ggfit fit` alone: the help, as click prints it
         print(e.ctx.get_help(), file=sys.stderr)
         sys.exit(2)

@@ -5,7 +5,10 @@ written as a sparse header-only GGUF with a Q4_K_M type mix (no tensor data on d
 (wall and CPU) for `fit -c`, `fit` without `-c` (the table and the recommendation), `quants`, `inspect`, the
 interpreter floor (`python -c pass`), and an in-process `predict()` of a new config on an already-read
 header; each process figure also as a ratio to llama.cpp's dry run, measured in the same run. Children run
-with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's machine, after one warm-up.
+with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's machine, after one warm-up; each
+command twice, with ggfit's header cache warm (the file was read before: the usual case) and cold (every run
+parses the header and stores it), both in a temporary GGFIT_CACHE (never the user's). The machine may be
+shared: compare CPU medians, and read the load average printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs 3]
 
@@ -21,6 +24,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,18 +44,27 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def time_process(argv: list[str], runs: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU (user + system) seconds of each run, after one warm-up run."""
+def time_process(argv: list[str], runs: int, cache: str | None = None) -> tuple[list[float], list[float]]:
+    """Wall and CPU (user + system) seconds of each run, after one warm-up run.
+
+    cache: the header cache (fitter.gguf.header_cache) as it is for every run: "warm" (filled by the
+    warm-up), "cold" (empty: each run parses the header and stores it), None (the children's own)."""
     env = child_env()
-    subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    walls, cpus = [], []
-    for _ in range(runs):
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.perf_counter()
-        subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        walls.append(time.perf_counter() - t)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
+        def run(i: int) -> None:
+            if cache is not None:
+                env["GGFIT_CACHE"] = os.path.join(tmp, str(i) if cache == "cold" else "warm")
+            subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        run(-1)
+        walls, cpus = [], []
+        for i in range(runs):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            run(i)
+            walls.append(time.perf_counter() - t)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     return walls, cpus
 
 
@@ -96,11 +109,14 @@ def main() -> int:
         "quants (every ftype, largest context)": ["quants", path, *common],
         "inspect": ["inspect", path],
     }
-    print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'min wall':>10}{'dry run /':>11}")
+    print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
+    print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'dry run /':>10}{'wall median':>12}{'CPU median':>12}")
     for name, argv in cases.items():
-        walls, cpus = time_process([sys.executable, "cli.py", *argv], args.runs)
-        med = statistics.median(walls)
-        print(f"{name:<40}{med:>11.3f}s{statistics.median(cpus):>11.3f}s{min(walls):>9.3f}s{dry / med:>10.1f}x")
+        warm = time_process([sys.executable, "cli.py", *argv], args.runs, cache="warm")
+        cold = time_process([sys.executable, "cli.py", *argv], args.runs, cache="cold")
+        med = statistics.median(warm[0])
+        print(f"{name:<40}{med:>11.3f}s{statistics.median(warm[1]):>11.3f}s{dry / med:>9.1f}x"
+              f"{statistics.median(cold[0]):>11.3f}s{statistics.median(cold[1]):>11.3f}s")
     walls, cpus = time_process([sys.executable, "-c", "pass"], args.runs)
     print(f"{'python -c pass (interpreter floor)':<40}{statistics.median(walls):>11.3f}s{statistics.median(cpus):>11.3f}s")
     ms = predict_ms(path)

@@ -6,6 +6,7 @@ ffn_down counters), the block-size fallbacks (`tensor_type_fallback`) and the im
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -104,6 +105,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
 _BLK = re.compile(r"blk\.\s*([+-]?\d+)")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked per tensor for every ftype: the same names again
 def _layer_of(name: str) -> int | None:
     m = _BLK.match(name)
     return int(m.group(1)) if m else None
@@ -120,6 +122,7 @@ OUTPUT, TOKEN_EMBD, ATTN_QKV, ATTN_KV_B, ATTN_V, ATTN_K, ATTN_Q, ATTN_OUTPUT = r
 FFN_UP, FFN_GATE, FFN_DOWN, OTHER = range(8, 12)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _category(name: str) -> int:
     # tensor_get_category (tensor_name_match_output_weight / tensor_name_match_token_embd first)
     if name == "output.weight":

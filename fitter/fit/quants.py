@@ -55,7 +55,7 @@ from fitter.fit.quant_rules import (
 )
 from fitter.ggml.types import BLCK
 from fitter.gguf.constants import GGUFValueType
-from fitter.gguf.reader import GGUFHeader, SkippedString
+from fitter.gguf.reader import GGUFHeader, SkippedString, TensorInfo
 
 # ---------------------------------------------------------------------------------------------
 # header bytes
@@ -86,11 +86,22 @@ def _tensor_info_bytes(name: str, n_dims: int) -> int:
     return 8 + len(name.encode("utf-8", "surrogateescape")) + 4 + 8 * n_dims + 4 + 8
 
 
+_KV_BYTES: dict[int, tuple[GGUFHeader, int]] = {}
+
+
 def _input_kv_bytes(header: GGUFHeader) -> int:
-    """Bytes of the first shard's key/value section: its header minus the fixed fields and tensor infos."""
+    """Bytes of the first shard's key/value section: its header minus the fixed fields and tensor infos
+    (the same for every ftype: once per header)."""
+    hit = _KV_BYTES.get(id(header))
+    if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
+        return hit[1]
     shard = header.shards[0]
     infos = sum(_tensor_info_bytes(t.name, len(t.shape)) for t in header.tensors if t.shard == 0)
-    return shard.header_bytes - 24 - infos
+    n = shard.header_bytes - 24 - infos
+    if len(_KV_BYTES) > 32:
+        _KV_BYTES.clear()
+    _KV_BYTES[id(header)] = (header, n)
+    return n
 
 
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # LLM_KV_SPLIT_*
@@ -136,6 +147,29 @@ def _check_header(header: GGUFHeader) -> None:
         raise QuantError("big-endian GGUF: llama.cpp refuses to load it, so llama-quantize cannot quantize it")
 
 
+_ROWS: dict[tuple, tuple[GGUFHeader, list[tuple[TensorInfo, tuple[int, ...], int, bool]], int]] = {}
+
+
+def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,
+                 quantize_output_tensor: bool) -> tuple[list[tuple[TensorInfo, tuple[int, ...], int, bool]], int]:
+    """What every ftype of one header shares: the tensors in ml.weights_map order, each with its shape, input
+    type and whether llama.cpp quantizes it (tensor_allows_quantization), and the bytes of their tensor infos."""
+    key = (id(header), arch, only_copy, quantize_output_tensor)
+    hit = _ROWS.get(key)
+    if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
+        return hit[1], hit[2]
+    rows = []
+    for t in sorted(header.tensors, key=lambda t: weights_order(t.name)):  # ml.weights_map order
+        shape = tuple(int(d) for d in t.shape)
+        rows.append((t, shape, int(t.ggml_type), allows_quantization(
+            t.name, shape, arch, only_copy=only_copy, quantize_output_tensor=quantize_output_tensor)))
+    infos = sum(_tensor_info_bytes(t.name, n_dims(shape)) for t, shape, _, _ in rows)
+    if len(_ROWS) > 32:
+        _ROWS.clear()
+    _ROWS[key] = (header, rows, infos)
+    return rows, infos
+
+
 def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: bool,
              imatrix_file: ImatrixFile | None, opts: QuantOptions) -> QuantPrediction:
     only_copy = ftype == COPY
@@ -148,17 +182,13 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         default = ft.default_type
         ftype_id = ft.id
 
-    tensors = sorted(header.tensors, key=lambda t: weights_order(t.name))  # ml.weights_map order
-    qs = QuantState(model, (t.name for t in tensors), has_imatrix, opts)
+    rows, infos = _tensor_rows(header, model.arch, only_copy, not opts.leave_output_tensor)
+    qs = QuantState(model, (t.name for t, _, _, _ in rows), has_imatrix, opts)
     out: list[TensorQuant] = []
     notes: list[str] = []
     imatrix_tensors: list[str] = []
     needs_requantize = False
-    for t in tensors:
-        shape = tuple(int(d) for d in t.shape)
-        in_type = int(t.ggml_type)
-        quantizable = allows_quantization(t.name, shape, model.arch, only_copy=only_copy,
-                                          quantize_output_tensor=not opts.leave_output_tensor)
+    for t, shape, in_type, quantizable in rows:
         wanted: int | None = None
         if not quantizable:
             new = in_type  # copied as it is
@@ -184,7 +214,6 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         out.append(TensorQuant(t.name, shape, in_type, new, nbytes, quantizable, wanted, req))
 
     kv = _output_kv_bytes(header, imatrix_file)
-    infos = sum(_tensor_info_bytes(t.name, n_dims(t.shape)) for t in out)
     header_bytes = gguf_pad(24 + kv + infos)
     data_bytes = sum(gguf_pad(t.nbytes) for t in out)
 

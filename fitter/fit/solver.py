@@ -69,8 +69,12 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
     `total` is monotone in k and piecewise linear (KV cells and masks grow linearly; compute buffers in
     steps), so the answer is bracketed and then found by interpolating the bracket's ends: a guess and its
     neighbour usually settle it, where bisection takes log2(k_max) predictions. Every step keeps the
-    bracket exact (total(lo) <= available < total(hi)); one that does not halve it is followed by a
-    bisection, so it never takes more than about twice bisection's steps. Same answer as a binary search.
+    bracket exact (total(lo) <= available < total(hi)); a guess's neighbour is asked only when the guess
+    lands within two average steps of the budget. A total that bends (compute growing faster than
+    the KV cache) keeps one end for several steps: that end then counts for half, a quarter ... (the
+    Illinois rule of regula falsi), and a third step in a row that does not halve the bracket is a
+    bisection, so it takes at most about four times bisection's steps. Same answer as a binary
+    search.
     """
     memo: dict[int, int] = {}
 
@@ -86,22 +90,34 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
         return k, t(k) if k else 0
     lo, hi = 1, k_max  # total(lo) fits, total(hi) does not
     bisect = False
+    misses = 0
+    side = 0  # which end the last step moved: -1 lo, 1 hi, 0 both
+    lo_halved = hi_halved = 0  # Illinois: an end kept step after step counts for half, then a quarter ...
     while hi - lo > 1:
         width = hi - lo
         if bisect:
             g = (lo + hi) // 2
-        else:  # where the line through the bracket's ends crosses the budget
-            g = lo + (available - t(lo)) * width // max(1, t(hi) - t(lo))
-            g = min(max(g, lo + 1), hi - 1)
+        else:  # where the line through the bracket's ends (weighted) crosses the budget
+            under, over = (available - t(lo)) << hi_halved, (t(hi) - available) << lo_halved
+            g = lo + under * width // max(1, under + over)
+        g = min(max(g, lo + 1), hi - 1)
+        near = 2 * (t(hi) - t(lo)) // width  # two average steps: a guess this close asks its neighbour
+        was_lo, was_hi = lo, hi
         if t(g) <= available:
             lo = g
-            if g + 1 < hi and t(g + 1) > available:
+            if g + 1 < hi and available - t(g) <= near and t(g + 1) > available:
                 hi = g + 1
         else:
             hi = g
-            if g - 1 > lo and t(g - 1) <= available:
+            if g - 1 > lo and t(g) - available <= near and t(g - 1) <= available:
                 lo = g - 1
-        bisect = hi - lo > width // 2
+        now = (hi != was_hi) - (lo != was_lo)  # 1: only hi moved, -1: only lo moved, 0: both
+        lo_halved = lo_halved + 1 if now == 1 and side == 1 else 0
+        hi_halved = hi_halved + 1 if now == -1 and side == -1 else 0
+        side = now
+        # after three steps in a row that did not halve the bracket, a bisection
+        misses = 0 if hi - lo <= width // 2 else misses + 1
+        bisect = misses >= 3 and not bisect
     return lo, t(lo)
 
 

@@ -25,17 +25,14 @@ class DynAllocator:
     have one chunk; Metal splits a buffer into chunks of at most maxBufferLength.
     """
 
-    __slots__ = ("align", "max_chunk", "chunks", "maxes")
+    __slots__ = ("align", "max_chunk", "chunks", "maxes", "max_size")
 
     def __init__(self, align: int, max_buffer_size: int = SIZE_MAX) -> None:
         self.align = align
         self.max_chunk = min(max_buffer_size, SIZE_MAX // 2)
         self.chunks: list[list[list[int]]] = []  # free blocks [offset, size] per chunk
         self.maxes: list[int] = []  # max_size per chunk
-
-    @property
-    def max_size(self) -> int:
-        return sum(self.maxes)
+        self.max_size = 0  # sum(maxes), kept as they grow (ggml_dyn_tallocr's total, read after every allocation)
 
     def _new_chunk(self, min_size: int) -> int:  # ggml_dyn_tallocr_new_chunk
         size = max(min_size, self.max_chunk)
@@ -50,7 +47,19 @@ class DynAllocator:
         size = (size + a - 1) // a * a
         chunks = self.chunks
         best_c = best_b = -1
-        for c, blocks in enumerate(chunks):  # best fit among all blocks but the last of each chunk
+        if len(chunks) == 1:  # the usual case (no maximum buffer size), the loops below for one chunk
+            blocks = chunks[0]
+            n = len(blocks)
+            best_fit = SIZE_MAX
+            for i in range(n - 1):
+                bs = blocks[i][1]
+                if size <= bs <= best_fit:
+                    best_b, best_fit = i, bs
+            if best_b == -1 and n and blocks[-1][1] >= size:
+                best_b = n - 1
+            if best_b != -1:
+                best_c = 0
+        for c, blocks in enumerate(chunks if best_c == -1 else ()):  # best fit among all blocks but each chunk's last
             best_fit = SIZE_MAX
             for i in range(len(blocks) - 1):
                 bs = blocks[i][1]
@@ -58,7 +67,7 @@ class DynAllocator:
                     best_c, best_b, best_fit = c, i, bs
         if best_b == -1:  # the last block of some chunk: least growth, or the tightest fit
             best_reuse = None
-            for c, blocks in enumerate(chunks):
+            for c, blocks in enumerate(chunks):  # (one chunk: the tests above already failed, so a new one)
                 if not blocks:
                     continue
                 last = blocks[-1]
@@ -77,8 +86,10 @@ class DynAllocator:
         b[1] -= size
         if b[1] == 0:
             del blocks[best_b]
-        if off + size > self.maxes[best_c]:
-            self.maxes[best_c] = off + size
+        end = off + size
+        if end > self.maxes[best_c]:
+            self.max_size += end - self.maxes[best_c]
+            self.maxes[best_c] = end
         return best_c << 56 | off
 
     def free(self, addr: int, size: int) -> None:  # ggml_dyn_tallocr_free_bytes
@@ -144,18 +155,22 @@ class Gallocr:
             # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
             # so the view branch of ggml_gallocr_allocate_node cannot fire.
             for p in t.src:
-                if p is None or not p.own:
+                if p is None or not p.own or p.flags & FLAG_OUTPUT:
                     continue
-                if p.flags & FLAG_OUTPUT:
-                    continue
-                if p.nc == 1 and p.nv == 0 and same_layout(t, p):
+                if p.nc == 1 and p.nv == 0 and p.type == t.type and p.ne == t.ne and p.nb == t.nb:  # same_layout
                     t.addr = p.addr
-                    t.be = p.be  # hn->buffer_id = p_hn->buffer_id
+                    t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
                     if not t.size:
-                        t.size = self.alloc_sizes[t.be](t)
+                        t.size = self.alloc_sizes[be](t)
                     p.own = False
-                    self._handover(p, t)
-                    self._free_extra(t, p)
+                    if self.trace and self.live.pop(id(p), None) is not None:  # _handover
+                        self.live[id(t)] = t
+                    # ggml_gallocr_free_extra_space
+                    a = self.aligns[be]
+                    ps = (p.size + a - 1) // a * a
+                    ns = (t.size + a - 1) // a * a
+                    if ps > ns:
+                        self.tallocs[be].free(p.addr + ns, ps - ns)
                     return
         be = t.be
         if not t.size:
@@ -211,26 +226,33 @@ class Gallocr:
         return self.talloc.max_size
 
     def process(self, nodes: list[Tensor]) -> None:
-        """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted)."""
+        """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted).
+
+        The hot loop of every prediction: _allocate's own early return (allocated, external or a view)
+        is tested here first, so most sources cost no call."""
         allocate = self._allocate
+        free = self._free
         for node in nodes:
             src = node.src
             for p in src:
-                if p is not None and not p.own:
+                if p is not None and not p.own and not p.ext and p.vs is None:
                     allocate(p)
-            allocate(node)
+            if not node.own and not node.ext and node.vs is None:
+                allocate(node)
             for p in src:
                 if p is None:
                     continue
-                p.nc -= 1
-                if p.nc == 0 and p.nv == 0:
+                nc = p.nc - 1
+                p.nc = nc
+                if nc == 0 and p.nv == 0:
                     vs = p.vs
                     if vs is not None:
-                        vs.nv -= 1
-                        if vs.nv == 0 and vs.nc == 0 and vs.own:
-                            self._free(vs)
+                        nv = vs.nv - 1
+                        vs.nv = nv
+                        if nv == 0 and vs.nc == 0 and vs.own:
+                            free(vs)
                     elif p.own:
-                        self._free(p)
+                        free(p)
 
 
 @dataclass

@@ -65,21 +65,31 @@ class Segment:
             local[id(self.inp)] = self.inp
         self.locals = list(local.values())
         self.first_counts, self.glob_first = self._counts(nodes)
-        self.steady_counts, self.glob_steady = self._counts(self.steady)
+        if len(self.steady) == len(nodes):  # no prologue tensor emitted here: both variants count the same
+            self.steady_counts, self.glob_steady = self.first_counts, self.glob_first
+        else:
+            self.steady_counts, self.glob_steady = self._counts(self.steady)
 
     @staticmethod
     def _counts(nodes: list[Tensor]) -> tuple[list[tuple[Tensor, int, int]], list[tuple[Tensor, int, int]]]:
         """n_children / n_views these nodes add, split into (segment-local, prologue-global) tensors."""
         nc: dict[int, list] = {}
+        get = nc.get
         for node in nodes:
             vs = node.vs
             if vs is not None and node.op != "NONE" and not vs.ext:
-                e = nc.setdefault(id(vs), [vs, 0, 0])
-                e[2] += 1
+                e = get(id(vs))
+                if e is None:
+                    nc[id(vs)] = [vs, 0, 1]
+                else:
+                    e[2] += 1
             for t in node.src:
                 if t is not None and not t.ext:
-                    e = nc.setdefault(id(t), [t, 0, 0])
-                    e[1] += 1
+                    e = get(id(t))
+                    if e is None:
+                        nc[id(t)] = [t, 1, 0]
+                    else:
+                        e[1] += 1
         local = [(t, a, b) for t, a, b in nc.values() if not t.glob]
         glob = [(t, a, b) for t, a, b in nc.values() if t.glob]
         return local, glob

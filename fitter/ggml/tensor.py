@@ -108,7 +108,9 @@ def contig_nb(type_: int, ne: list[int]) -> list[int]:  # ggml_new_tensor_impl s
 
 
 def new_tensor(ctx: Context, op: str, type_: int, ne: Iterable[int], src: tuple, name: str = "") -> Tensor:  # ggml_new_tensor
-    ne = list(ne) + [1] * (4 - len(list(ne)))
+    ne = list(ne)
+    if len(ne) < 4:
+        ne += [1] * (4 - len(ne))
     return ctx.add(Tensor(op, type_, ne, contig_nb(type_, ne), src, None, name))
 
 
@@ -143,10 +145,10 @@ def nelements(t: Tensor) -> int:
 
 
 def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False, type_: int = F32,
-           user: str = "") -> Tensor:
+           user: str = "", cls: type[Tensor] = Tensor) -> Tensor:
     """A model weight; `user`: the op reading it, for a small weight whose own name is generic (bias, norm)."""
     ne = list(ne) + [1] * (4 - len(list(ne)))
-    t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
+    t = ctx.add(cls("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
     t.w = IS_WEIGHT
     t.be = HOST if host else ctx.dev
     if ctx.wdev is not None:
@@ -154,16 +156,50 @@ def weight(ctx: Context, ne: Iterable[int], name: str = "w", host: bool = False,
     return t
 
 
+# Whether any header-typed weight's type (or strides, which follow from it) was read since the last reset:
+# when a graph never looked, its compute buffers are the same for any weight types (fitter.llama.context
+# then shares them between quants of one model).
+header_types_read = [False]
+_TYPE_SLOT = Tensor.__dict__["type"]
+_NB_SLOT = Tensor.__dict__["nb"]
+
+
+class HeaderTypedWeight(Tensor):
+    """A weight typed by `Context.wtype` (the header's type): reading `type` or `nb` sets header_types_read."""
+
+    __slots__ = ()
+
+    @property
+    def type(self) -> int:
+        header_types_read[0] = True
+        return _TYPE_SLOT.__get__(self, Tensor)
+
+    @type.setter
+    def type(self, value: int) -> None:
+        _TYPE_SLOT.__set__(self, value)
+
+    @property
+    def nb(self) -> list[int]:
+        header_types_read[0] = True
+        return _NB_SLOT.__get__(self, Tensor)
+
+    @nb.setter
+    def nb(self, value: list[int]) -> None:
+        _NB_SLOT.__set__(self, value)
+
+
 def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False, user: str = "") -> Tensor | None:
     """The weight an op reads, when the scheduler needs to see it (see Context.weights)."""
     if not ctx.weights:
         return None
     base = name.split("-", 1)[0]
-    t = F32 if small else ctx.wtype(base)
+    if small:
+        return weight(ctx, ne, base, type_=F32, user=user)
+    t = ctx.wtype(base)
     ne = list(ne)
     if BLCK[t] > 1 and ne[0] % BLCK[t]:
         t = F16
-    return weight(ctx, ne, base, type_=t, user=user)
+    return weight(ctx, ne, base, type_=t, user=user, cls=HeaderTypedWeight)
 
 
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:

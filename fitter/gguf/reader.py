@@ -17,8 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
+from fitter.gguf import header_cache
 from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
-from fitter.gguf.source import ByteSource, open_source
+from fitter.gguf.source import ByteSource, FileSource, open_source
 
 GGML_MAX_DIMS = 4  # ggml.h
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses names of this length or longer
@@ -651,7 +652,15 @@ def read_header(location: str | os.PathLike[str]) -> GGUFHeader:
 def _read_one(location: str, shard: int) -> GGUFHeader:
     src = open_source(location)
     try:
-        return read_header_from(src, shard)
+        if not (header_cache.is_enabled() and isinstance(src, FileSource)):
+            return read_header_from(src, shard)
+        before = os.fstat(src.fileno())  # the very file read, whatever happens to the path meanwhile
+        hit = header_cache.load(location, shard, before)
+        if hit is not None:
+            return hit
+        header = read_header_from(src, shard)
+        header_cache.store(location, shard, before, os.fstat(src.fileno()), header)
+        return header
     finally:
         src.close()
 

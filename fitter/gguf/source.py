@@ -6,12 +6,9 @@ so that callers can report (and tests can bound) what travelled.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import stat
-import urllib.error
-import urllib.request
 from typing import Protocol
 
 from fitter.errors import SourceError
@@ -61,6 +58,9 @@ class FileSource:
         self.bytes_fetched += len(data)
         return data
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -96,6 +96,9 @@ class HttpSource:
         self._first: bytes | None = first
 
     def _get(self, offset: int, n: int) -> bytes:
+        import http.client  # with ssl, ~10 ms: only a URL needs them
+        import urllib.error
+
         try:
             return self._get_checked(offset, n)
         except SourceError:
@@ -107,6 +110,9 @@ class HttpSource:
             raise SourceError(f"{self.name}: cannot fetch ({type(e).__name__}: {e})") from None
 
     def _get_checked(self, offset: int, n: int) -> bytes:
+        import urllib.error
+        import urllib.request
+
         end = offset + n - 1
         req = urllib.request.Request(
             self.name, headers={"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity", "User-Agent": "ggfit"}

@@ -34,10 +34,10 @@ from pydantic import BaseModel, ConfigDict
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
-from fitter.ggml.backends.base import BackendImpl
+from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
-from fitter.ggml.tensor import HOST, Context, Tensor
+from fitter.ggml.tensor import HOST, Context, Tensor, header_types_read
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.llama.cparams import ContextParams
@@ -332,10 +332,62 @@ def _terms(peak: list[tuple[str, int]], total: int, align: int) -> tuple[dict[st
 _CACHE: dict[tuple, tuple] = {}
 _CACHE_MAX = 512
 
+# The compute buffers by content, so that the quants of one model (a new header, spec and details each) share
+# them: keyed on the spec less the file's facts, the details less the weights' types, the whole context and the
+# backend. The weights' types are left out only when the graph never read them (tensor.header_types_read):
+# then any types give the same graph, placement and allocation. Weights on the CPU next to a GPU shape the
+# segments (_segment_keys), so their types stay in the key.
+_BY_CONTENT: dict[tuple, list[ComputeBuffer]] = {}
+_CONTENT_KEYS: dict[int, tuple[object, str]] = {}  # id(spec or details) -> (it, its content key)
+# ModelSpec fields no graph builder, scheduler or allocator reads (the file and its weights' bytes);
+# bytes_by_type only gives _default_weight_type, a weight type like the header's
+_NOT_GRAPH_SPEC = {"name", "file_type", "file_type_name", "file_size", "header_size", "tensor_bytes",
+                    "n_tensors", "n_params", "bytes_by_type", "params_by_type"}
+
+
+def _frozen(v: object) -> object:
+    """A dump with its sets sorted (equal sets can iterate in different orders)."""
+    if isinstance(v, dict):
+        return sorted((k, _frozen(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return [_frozen(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return sorted(v)
+    return v
+
+
+def _content_key(obj: ModelSpec | GraphDetails) -> str:
+    hit = _CONTENT_KEYS.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    if isinstance(obj, ModelSpec):  # no sets in it: pydantic's own JSON is a faithful key, and fast
+        key = obj.model_dump_json(exclude=_NOT_GRAPH_SPEC)
+    else:
+        key = repr([(f, _frozen(getattr(obj, f))) for f in type(obj).model_fields if f not in ("layer_types", "global_types")])
+    if len(_CONTENT_KEYS) >= _CACHE_MAX:
+        _CONTENT_KEYS.clear()
+    _CONTENT_KEYS[id(obj)] = (obj, key)
+    return key
+
+
+def _host_weight_types(d: GraphDetails, n_all: int, n_gpu_layers: int, placement: WeightPlacement | None,
+                       kind: Backend) -> tuple:
+    """The types of the layer weights a GPU backend leaves on the CPU (they key the segments); with tensor
+    overrides (-ot, --n-cpu-moe) any layer may have some: then every layer's types."""
+    wp = placement or weight_placement(n_all, kind, n_gpu_layers)
+    host_layers = {il for il in range(n_all) if wp.layer_dev[il] == CPU_DEV}
+    if wp.overrides:
+        host_layers = set(range(n_all))
+    if not host_layers:
+        return ()
+    return tuple((k, tuple(sorted((il, t) for il, t in v.items() if il in host_layers)))
+                 for k, v in sorted(d.layer_types.items()))
+
 
 def _cp_key(cp: ContextParams) -> tuple:
-    return (cp.n_ctx, cp.n_ctx_seq, cp.n_seq_max, cp.n_batch, cp.n_ubatch, cp.n_outputs_max, cp.kv_unified,
-            cp.swa_full, cp.flash_attn, cp.type_k, cp.type_v, cp.n_rs_seq, cp.embeddings, cp.build)
+    # the whole ContextParams, so that a field added to it keys the cache too; less defaults_applied, which
+    # says which values the user left unset, not what they are
+    return tuple((k, v) for k, v in cp.__dict__.items() if k != "defaults_applied")
 
 
 def compute_buffers(
@@ -372,15 +424,24 @@ def compute_buffers(
     if hit is not None and hit[0] is spec and hit[1] is details:
         return hit[2]
     d = details or default_details(spec)
-    c = GraphContext(spec, cp, d)
-    c.mtp = mtp
-    if impl.is_gpu:
-        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload)
-    else:
-        ga = Gallocr(impl.alignment, trace=True)
-        r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
-        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
-        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+    ckey = (_content_key(spec), _content_key(d), key[2:],
+            _host_weight_types(d, len(spec.layers), n_gpu_layers, placement, impl.kind) if impl.is_gpu else ())
+    out = _BY_CONTENT.get(ckey)
+    if out is None:
+        header_types_read[0] = False
+        c = GraphContext(spec, cp, d)
+        c.mtp = mtp
+        if impl.is_gpu:
+            out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload)
+        else:
+            ga = Gallocr(impl.alignment, trace=True)
+            r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
+            terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
+            out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+        if not header_types_read[0]:
+            if len(_BY_CONTENT) >= _CACHE_MAX:
+                _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
+            _BY_CONTENT[ckey] = out
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (spec, details, out)

@@ -7,6 +7,7 @@ shared experts ...), from a GGUF header, or the usual values of an architecture 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -62,6 +63,18 @@ def graph_details(header) -> GraphDetails:
     return details
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the quants of one model: the same names again, other types
+def _parse_name(name: str) -> tuple[int | None, str, str, bool]:
+    """blk.N.<suffix>.<kind> -> (N, the layer_tensors key, suffix, kind is weight); a global -> (None, "", base, False)."""
+    if name.startswith("blk."):
+        _, il, rest = name.split(".", 2)
+        suffix = rest.rsplit(".", 1)[0] if rest.endswith((".weight", ".bias", ".scale")) else rest
+        kind = rest[len(suffix) + 1:] if rest != suffix else ""
+        full = f"{suffix}.{kind}" if kind == "bias" else suffix
+        return int(il), full, suffix, kind == "weight"
+    return None, "", name.rsplit(".", 1)[0], False
+
+
 def _read_details(header) -> GraphDetails:
     md = header.metadata
     arch = md.get("general.architecture", "")
@@ -76,18 +89,16 @@ def _read_details(header) -> GraphDetails:
     glob: set[str] = set()
     for t in header.tensors:
         name = t.name
-        if name.startswith("blk."):
-            _, il, rest = name.split(".", 2)
-            suffix = rest.rsplit(".", 1)[0] if rest.endswith((".weight", ".bias", ".scale")) else rest
-            kind = rest[len(suffix) + 1:] if rest != suffix else ""
-            full = f"{suffix}.{kind}" if kind == "bias" else suffix
-            layer_tensors.setdefault(full, set()).add(int(il))
-            if kind == "weight":
-                layer_types.setdefault(suffix, {})[int(il)] = int(t.ggml_type)
+        il, full, suffix, weight = _parse_name(name)
+        if il is not None:
+            layer_tensors.setdefault(full, set()).add(il)
+            if weight:
+                layer_types.setdefault(suffix, {})[il] = int(t.ggml_type)
         else:
             glob.add(name)
-            global_types[name.rsplit(".", 1)[0]] = int(t.ggml_type)
-    return GraphDetails(
+            global_types[suffix] = int(t.ggml_type)
+    # every field built here with its type: model_construct skips pydantic's validation of ~1000 entries
+    return GraphDetails.model_construct(
         layer_tensors={k: frozenset(v) for k, v in layer_tensors.items()},
         global_tensors=frozenset(glob),
         final_logit_softcapping=float(key("final_logit_softcapping", 0.0) or 0.0),

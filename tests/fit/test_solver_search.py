@@ -59,3 +59,25 @@ def test_a_near_linear_total_takes_a_handful_of_predictions():
     searched = len(set(calls))
     assert k == _binary(total, available, 1024) and 0 < k < 1024
     assert searched <= 6  # a binary search over 1024 steps asks 11
+
+
+@settings(max_examples=300, deadline=None)
+@given(_monotone())
+def test_never_far_more_than_a_binary_search(case):
+    k_max, available, total = case
+    asked: set[int] = set()
+    largest_fitting(lambda k: asked.add(k) or total(k), available, k_max)
+    steps = max(1, k_max).bit_length()
+    assert len(asked) <= 8 * steps + 4  # at most four steps per halving, two predictions each
+
+
+def test_a_bending_total_takes_a_handful_of_predictions():
+    """Compute growing faster than the KV cache (the line through the ends overshoots, step after step)."""
+    def total(k: int) -> int:  # KV linear, the attention scratch of a big ubatch growing faster
+        return 20_000 * 2**20 + k * 2**20 + (k * k // 64) * 2**16
+
+    for available in (20_500 * 2**20, 21_000 * 2**20, 21_500 * 2**20):
+        calls: list[int] = []
+        k, _ = largest_fitting(lambda k: calls.append(k) or total(k), available, 1024)  # noqa: B023 - runs now
+        assert k == _binary(total, available, 1024) and 0 < k < 1024
+        assert len(set(calls)) <= 11, calls  # the line through the ends alone took up to 15
