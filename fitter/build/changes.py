@@ -175,6 +175,10 @@ CHANGES: tuple[Change, ...] = (
            "CUDA's vec flash-attention kernel reserves f16 K/V copies only for f32 K/V (none for a type pair "
            "without a compiled vec kernel)",
            window=_between("0.3.35", "0.3.36")),
+    Change("sched_copies_every_input", _d("2026-10-01"), (), "all", "compute",
+           "pipeline parallelism (several GPUs) copies only the graph inputs a split reads, not an unused one such as "
+           "the embeddings input of a token batch",
+           window=_between("0.3.35", "0.3.36")),
     Change("gallocr_clamp_inplace", _d("2026-10-01"), (), "all", "compute",
            "CLAMP is not computed in place",
            window=_between("0.3.35", "0.3.36")),

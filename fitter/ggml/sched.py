@@ -44,6 +44,7 @@ class Placement:
     weight_override: Callable[[str, "int | None"], "int | None"] | None = None
     n_gpus: int = 1  # GPU backends: 0, then 2, 3, ... (in llama.cpp's priority order, the CPU last)
     n_copies: int = 1  # pipeline parallelism (several GPUs, every layer offloaded): GGML_SCHED_MAX_COPIES
+    every_input: bool = True  # pass 6 copies every graph input, used or not (else only those a split reads)
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -140,7 +141,8 @@ def _pass4_views_and_sources(nodes: list[Tensor], pl: Placement) -> None:
             node.be = GPU if pl.sup(GPU, node) else HOST
 
 
-def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int], n_copies: int = 1) -> None:
+def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int], n_copies: int = 1,
+                  every_input: bool = True) -> None:
     """Pass 5: splits and the copies of their inputs (inserted before each split's first node). With pipeline
     parallelism (n_copies > 1) every input copy exists n_copies times, flagged input and output: graph leafs
     allocated first and never freed (pass 6 and the graph copy of ggml_backend_sched_split_graph)."""
@@ -201,6 +203,11 @@ def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int], n_copi
     if n_copies > 1:
         # the graph inputs' copies (pass 6: the original is one of them, input and output), then the split inputs'
         inputs = [leaf for seg in seq for leaf in seg.leafs if leaf.flags & FLAG_INPUT]
+        if not every_input:
+            # before pass 6 (llama.cpp 0.3.35's ggml-backend.cpp, pass 5): only an input some non-view node reads
+            read = {id(src) for seg in seq for node in seg.nodes if node.op not in VIEW_OPS for src in node.src
+                    if src is not None}
+            inputs = [leaf for leaf in inputs if id(leaf) in read]
         first: list[Tensor] = []
         for leaf in inputs:
             leaf.flags |= FLAG_OUTPUT
@@ -247,4 +254,4 @@ def split_graph(seq: list[Segment], pl: Placement, copy_size: Callable[[Tensor],
     _pass3_upgrade(nodes, pl)
     _pass4_views_and_sources(nodes, pl)
     _placeholders(seq, src_of)
-    _pass5_splits(seq, copy_size, pl.n_copies)
+    _pass5_splits(seq, copy_size, pl.n_copies, pl.every_input)

@@ -481,7 +481,8 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     pipeline = len(wp.devices) > 1 and n_layer_all_on_gpu and not kv_host and not wp.overrides
     pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
-                   weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1)
+                   weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
+                   every_input=c.build.has("sched_copies_every_input"))
     n_extra = len(gpus) - 1
     max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
     if not c.build.has("gallocr_chunked_vbuffer"):
