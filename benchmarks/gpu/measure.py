@@ -437,7 +437,7 @@ def phase_experts(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
 def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
     """ggfit's placement against llama.cpp's own --fit (llama-fit-params of the pinned build, path in
     $LLAMA_FIT_PARAMS; run.sh builds it) on the same held budget: each tool's flags, whether they load, and prefill /
-    decode tok/s at 4K and 32K prompts, in the same run. NOT YET RUN on a device (an entry point for it)."""
+    decode tok/s at 4K and 32K prompts, in the same run."""
     import os
     import shlex
 
@@ -463,11 +463,14 @@ def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
             args = shlex.split(line)
             # the server defaults ggfit's flags spell out (-np auto: 4 slots, unified KV), for the same runs
             configs["llama.cpp --fit"] = RunConfig.from_server_args(args + ["-fa", "on", "-np", "4", "--kv-unified"]).config
+        server = os.environ.get("LLAMA_SERVER")  # run.sh builds it beside llama-fit-params: probe with it
         for label, cfg in configs.items():
+            cfg = cfg.model_copy(update={"no_repack": True})  # both: this host's AMX kills repacked CPU experts
             for prompt in (4096, 32768):
                 work = Workload(kind="prose", prompt_tokens=prompt, gen_tokens=64, repeats=1, warmup=0)
                 t = time.time()
-                res = run_probe(path, cfg, work, timeout=400)
+                res = (run_probe(path, cfg, work, timeout=400, runner="server", llama_server=server) if server
+                       else run_probe(path, cfg, work, timeout=400))
                 log.add({"tool": label, "prompt_tokens": prompt, "flags": cfg.to_server_args(), "status": res.status,
                          "message": res.message, "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
                          "peak_rss_bytes": res.peak_rss_bytes, "wall_s": round(time.time() - t, 1)})

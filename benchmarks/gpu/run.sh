@@ -20,7 +20,9 @@ if [ ! -d /tmp/site/pydantic ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
 fi
 t0=$(date +%s)
-if [ -f /tmp/site/llama_cpp/lib/libggml-cuda.so ]; then
+if [ -n "${NO_WHEEL:-}" ]; then
+    echo "llama-cpp-python (CUDA): not built (NO_WHEEL: the phases probe with llama-server)"
+elif [ -f /tmp/site/llama_cpp/lib/libggml-cuda.so ]; then
     echo "llama-cpp-python (CUDA): already built on this machine"
 else
     mkdir -p /tmp/src && tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src || exit 1
@@ -31,7 +33,7 @@ else
     echo "llama-cpp-python (CUDA): build exit $? after $(( $(date +%s) - t0 )) s"
     tail -3 "$OUT/build.log"
 fi
-python3 -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu offload', llama_cpp.llama_supports_gpu_offload())" || exit 1
+[ -n "${NO_WHEEL:-}" ] || python3 -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu offload', llama_cpp.llama_supports_gpu_offload())" || exit 1
 for arg in "${@:-dry}"; do
     phase=${arg%%:*}
     extra=()
@@ -43,17 +45,18 @@ for arg in "${@:-dry}"; do
     [ "$phase" = placement ] && extra+=(--gpus "${GPUS:-1}" --workers "${WORKERS:-8}")  # GPUS=2: the split-mode grid too
     [ "$phase" = experts ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")  # a 3090-sized GPU
     [ "$phase" = study ] && [ -n "${BUDGET_MIB:-}" ] && extra+=(--budget-mib "$BUDGET_MIB")  # held free meanwhile
-    if [ "$phase" = fitparams ]; then  # llama.cpp's own --fit tool from the pinned source (not built by the wheel)
+    if [ "$phase" = fitparams ]; then  # llama.cpp's own --fit tool and llama-server from the pinned source
         extra+=(--budget-mib "${BUDGET_MIB:-22000}")
         if [ ! -x /tmp/fitp/bin/llama-fit-params ]; then
             mkdir -p /tmp/src && [ -d /tmp/src/llama_cpp_python-0.3.36 ] || tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src
             ( cd /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B /tmp/fitp -DGGML_CUDA=on \
                 -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
                 -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=/tmp/fitp/bin > "$OUT/fitp-build.log" 2>&1 && \
-              cmake --build /tmp/fitp --target llama-fit-params -j "$(nproc)" >> "$OUT/fitp-build.log" 2>&1 )
+              cmake --build /tmp/fitp --target llama-fit-params llama-server -j "$(nproc)" >> "$OUT/fitp-build.log" 2>&1 )
             echo "llama-fit-params: build exit $?"
         fi
-        export LLAMA_FIT_PARAMS=/tmp/fitp/bin/llama-fit-params
+        export LLAMA_FIT_PARAMS=/tmp/fitp/bin/llama-fit-params LLAMA_SERVER=/tmp/fitp/bin/llama-server
     fi
     echo "=== phase $arg ($(date +%T))"
     python3 benchmarks/gpu/measure.py --out "$OUT" --phase "$phase" "${extra[@]}"
