@@ -155,7 +155,9 @@ def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None,
     if mt in HYBRID:
         interval = _int(cfg, "full_attention_interval", where, 4)
         # DecoderLayer: is_linear = (layer_idx + 1) % full_attention_interval != 0
-        kinds: tuple[LayerKind, ...] = tuple("linear" if (i + 1) % max(1, interval) else "attention" for i in range(n_layers))
+        lin: LayerKind = "linear"
+        att: LayerKind = "attention"
+        kinds: tuple[LayerKind, ...] = tuple(lin if (i + 1) % max(1, interval) else att for i in range(n_layers))
     else:
         kinds = ("attention",) * n_layers
     q = config.get("quantization") or cfg.get("quantization") or {}

@@ -76,12 +76,12 @@ def _parse(src: ByteSource) -> dict[str, TensorInfo]:
         raise SafetensorsError(f"{name}: safetensors header is not a JSON object")
     data_size = src.size - 8 - n
     out: dict[str, TensorInfo] = {}
-    for key, e in obj.items():
+    for key, entry in obj.items():
         if key == "__metadata__":
             continue
-        if not isinstance(e, dict):
+        if not isinstance(entry, dict):
             raise SafetensorsError(f"{name}: tensor {key!r}: entry is not an object")
-        dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in DTYPE_BYTES:
             raise SafetensorsError(f"{name}: tensor {key!r}: unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**53 for d in shape) or len(shape) > 8:
