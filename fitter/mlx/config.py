@@ -132,6 +132,10 @@ def load_mlx_model(location: str) -> MlxModel:
     return MlxModel(location, spec_from_config(config, tensors, where=location), tensors, tuple(files), size)
 
 
+def _kind(linear: bool) -> LayerKind:
+    return "linear" if linear else "attention"
+
+
 def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
     v = cfg.get(key, default)
     if type(v) is not int or v < 0:
@@ -155,9 +159,7 @@ def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None,
     if mt in HYBRID:
         interval = _int(cfg, "full_attention_interval", where, 4)
         # DecoderLayer: is_linear = (layer_idx + 1) % full_attention_interval != 0
-        lin: LayerKind = "linear"
-        att: LayerKind = "attention"
-        kinds: tuple[LayerKind, ...] = tuple(lin if (i + 1) % max(1, interval) else att for i in range(n_layers))
+        kinds: tuple[LayerKind, ...] = tuple(_kind((i + 1) % max(1, interval) != 0) for i in range(n_layers))
     else:
         kinds = ("attention",) * n_layers
     q = config.get("quantization") or cfg.get("quantization") or {}
