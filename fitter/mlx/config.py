@@ -161,7 +161,7 @@ def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None,
         # DecoderLayer: is_linear = (layer_idx + 1) % full_attention_interval != 0
         kinds: tuple[LayerKind, ...] = tuple(_kind((i + 1) % max(1, interval) != 0) for i in range(n_layers))
     else:
-        kinds = ("attention",) * n_layers
+        kinds = tuple(_kind(False) for _ in range(n_layers))
     q = config.get("quantization") or cfg.get("quantization") or {}
     tie = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", mt in HYBRID)))
     act = _act_dtype(tensors or {}, config)
