@@ -58,6 +58,14 @@ _EXPORTS: dict[str, str] = {
     # llama.cpp's own run (the oracle): child processes, log parser, check
     "dry_run_check": "fitter.oracle.check",
     "parse_log": "fitter.oracle.llama_log",
+    # MLX (mlx-lm): its own model, cache and prediction; the same Buffer rows
+    "load_mlx_model": "fitter.mlx.config",
+    "MlxCacheSettings": "fitter.mlx.cache",
+    "MlxRun": "fitter.mlx.memory",
+    "predict_mlx": "fitter.mlx.memory",
+    "largest_context_mlx": "fitter.mlx.memory",
+    "mlx_label": "fitter.mlx",
+    "require_mlx_lm": "fitter.mlx",
     "FLASH_ATTN": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
     "LlamaBuild": "fitter.oracle.llama_run",
@@ -93,6 +101,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "load_model_spec", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
     "read_header", "recommend", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
+    "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
 ]
 
 
@@ -153,6 +162,10 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
+    from fitter.mlx import mlx_label, require_mlx_lm
+    from fitter.mlx.cache import CacheSettings as MlxCacheSettings
+    from fitter.mlx.config import load_mlx_model
+    from fitter.mlx.memory import MlxRun, largest_context_mlx, predict_mlx
     from fitter.oracle._llama_child import (
         GGML_LOG_DEBUG,
         GGML_LOG_INFO,

@@ -174,3 +174,4 @@ def caches_after(spec: MlxSpec, s: CacheSettings, calls: list[int]) -> list[Laye
 def kv_capacity(spec: MlxSpec, s: CacheSettings, n_prompt: int) -> int:
     """Token slots of an attention layer's cache while the prompt's last prefill chunk runs."""
     return next((c.capacity for c in layer_caches(spec, s, n_prompt, 1) if c.cls != "ArraysCache"), 0)
+MlxCacheSettings = CacheSettings  # the name fitter exports

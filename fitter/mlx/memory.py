@@ -52,6 +52,10 @@ class MlxPrediction:
     def total_device_bytes(self) -> int:
         return sum(b.bytes for b in self.buffers if b.counts)
 
+    @property
+    def total_host_bytes(self) -> int:
+        return 0  # unified memory: nothing is outside the budget
+
     def by_kind(self, kind: str, owner: str | None = None) -> int:
         return sum(b.bytes for b in self.buffers if b.kind == kind and (owner is None or b.owner == owner))
 
