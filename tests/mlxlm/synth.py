@@ -50,7 +50,7 @@ def _key(name: str, bits: int | None, group_size: int) -> str:
     import mlx.core as mx
     import mlx_lm
 
-    blob = json.dumps([CONFIGS[name], bits, group_size, mx.__version__, mlx_lm.__version__, 2], sort_keys=True)
+    blob = json.dumps([CONFIGS[name], bits, group_size, mx.__version__, mlx_lm.__version__, 3], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -82,13 +82,22 @@ def build(name: str, bits: int | None = 4, group_size: int = 64) -> Path:
     return out
 
 
+def _byte_symbol(b: int) -> str:
+    """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for chr(256 + n)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    if b in printable:
+        return chr(b)
+    return chr(256 + [x for x in range(256) if x not in printable].index(b))
+
+
 def _write_tokenizer(path: Path) -> None:
     """A byte-level word tokenizer of VOCAB entries with a ChatML template, enough for mlx_lm.server."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {t: i for i, t in enumerate(specials + sorted(alphabet))}
+    # only the byte-level symbols of ASCII bytes: whatever the random model samples decodes to text
+    alphabet = [_byte_symbol(b) for b in range(128)]
+    vocab = {t: i for i, t in enumerate(specials + alphabet)}
     n = len(vocab)
     for a in "abcdefghijklmnopqrstuvwxyz":
         for b in "abcdefghijklmnopqrstuvwxyz":

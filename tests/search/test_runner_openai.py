@@ -103,11 +103,11 @@ def test_mlx_lm_server():
     p = _start([sys.executable, "-m", "mlx_lm", "server", "--model", str(build("qwen3", 4)), "--port", str(port),
                 "--host", "127.0.0.1"], port)
     try:
-        r = OpenAIProbe(f"http://127.0.0.1:{port}", pid=p.pid, prompt_tokens=64, gen_tokens=8, depths=(0, 512),
+        r = OpenAIProbe(f"http://127.0.0.1:{port}", pid=p.pid, prompt_tokens=16, gen_tokens=8, depths=(0, 128),
                         concurrency=(1, 2), timeout=300).run()
     finally:
         p.stop()
     assert r.ok, r.message
     assert all(lv.prefill_tps and lv.decode_tps for lv in r.levels)
-    assert r.levels[-1].requests[0].prompt_tokens > 400
+    assert r.levels[-1].requests[0].prompt_tokens > r.levels[0].requests[0].prompt_tokens + 100
     assert not p.alive
