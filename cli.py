@@ -62,6 +62,7 @@ class RunnerName(str, Enum):
     python = "python"
     server = "server"
     openai = "openai"
+    mlx = "mlx"
 
 
 class EngineName(str, Enum):
@@ -109,7 +110,7 @@ PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", he
 MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
 PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
-RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url).")]
+RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url) or mlx (mlx_lm.server on an MLX model directory; further arguments are its flags).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="Path of the llama-server binary for the server runner (default: ggfit's pinned build, then PATH).")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
@@ -613,8 +614,8 @@ def optimise(
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from search.study import StudyInterrupted, run_study  # optuna: only for this command
 
-    if runner == RunnerName.openai:
-        raise fitter.ConfigError("--runner openai: optimise starts its own servers; use python or server")
+    if runner in (RunnerName.openai, RunnerName.mlx):
+        raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
@@ -773,6 +774,17 @@ def probe(
         raise typer.Exit(0 if res.ok else 1)
     if model is None:
         raise fitter.GGFitError(f"--runner {runner.value} needs a MODEL")
+    if runner == RunnerName.mlx:
+        from search.runner_mlx import MlxFlags, mlx_probe
+        from search.runner_openai import OpenAIProbe
+
+        fitter.require_mlx_lm()
+        fitter.load_mlx_model(model)  # a missing or hostile model directory: one line, before the server starts
+        res, cmd = mlx_probe(model, MlxFlags(extra_args=tuple(ctx.args)), lambda u, p: OpenAIProbe(
+            u, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, depths=tuple(depth or (0,)),
+            concurrency=tuple(concurrency or (1,)), pid=p, soak=soak, reasoning=reasoning), timeout=timeout)
+        print(res.model_dump_json(indent=2) if as_json else res.summary() + "\n  command: " + " ".join(cmd))
+        raise typer.Exit(0 if res.ok else 1)
     from search.probe import probe_cli  # the probe machinery: only for this command
     from search.workload import Workload  # pydantic: not for --help
 
