@@ -634,6 +634,34 @@ def optimise(
     print(result.text())
 
 
+@app.command("compare-engines")
+def compare_engines_cmd(
+    gguf: Annotated[str, typer.Argument(help="The model as a GGUF (path, URL or bundled name).")],
+    mlx_model: Annotated[str, typer.Argument(help="The same model as an MLX directory (config.json + safetensors).")],
+    budget: BudgetOpt = "auto",
+    margin: MarginOpt = None,
+    trials: Annotated[int, typer.Option("--trials", help="Trials in all, both engines' defaults first (2 or more).")] = 8,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length per request (approximate tokens).")] = 64,
+    gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens generated per request.")] = 16,
+    llama_server: LlamaServerOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    as_json: AsJson = False,
+) -> None:
+    """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
+    (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
+    fitter.require_mlx_lm()
+    if trials < 2:
+        raise fitter.ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
+    from search.study.engines import compare_engines  # optuna: only for this command
+
+    bud = fitter.parse_budget(budget, _detect_backend())
+    available = fitter.available_bytes(bud, fitter.parse_margin(margin))
+    r = compare_engines(fitter.resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
+                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed, llama_server=llama_server)
+    print(r.model_dump_json(indent=2) if as_json else r.text())
+    raise typer.Exit(0 if r.winner else 1)
+
+
 @app.command()
 def report(
     study: Annotated[str, typer.Argument(help="The study's name (printed by ggfit optimise).")],
@@ -773,7 +801,7 @@ def probe(
         print(res.model_dump_json(indent=2) if as_json else res.summary())
         raise typer.Exit(0 if res.ok else 1)
     if model is None:
-        raise fitter.GGFitError(f"--runner {runner.value} needs a MODEL")
+        raise fitter.GGFitError(f"Missing argument 'MODEL' (--runner {runner.value} needs one; --runner openai takes --url)")
     if runner == RunnerName.mlx:
         from search.runner_mlx import MlxFlags, mlx_probe
         from search.runner_openai import OpenAIProbe

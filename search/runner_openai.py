@@ -13,6 +13,8 @@ from /proc before, during (sampled) and after the requests. `--soak N` sends N r
 other and reports the growth of the RSS after each: `growing` when it keeps rising (the ratchet of a
 leaking server), else `flat`.
 
+`warmup` requests (default 1) go first and are not measured.
+
 A server that drops the connection is a crash when its pid is known and gone (else an error); one
 that stops answering past --timeout is a timeout.
 """
@@ -170,6 +172,7 @@ class OpenAIProbe:
     soak: int = 0
     reasoning: bool = False
     chars_per_token: float = 4.0
+    warmup: int = 1  # requests sent first and not measured (a server's first request pays its lazy setup)
 
     def _text(self, n_tokens: int, seed: int) -> str:
         text = corpus("prose")
@@ -283,7 +286,7 @@ class OpenAIProbe:
                         ("--repeats", self.repeats)):
             if v < 1:
                 raise ProbeError(f"{flag} {v}: must be at least 1")
-        if any(d < 0 for d in self.depths) or any(c < 1 for c in self.concurrency) or self.soak < 0:
+        if any(d < 0 for d in self.depths) or any(c < 1 for c in self.concurrency) or self.soak < 0 or self.warmup < 0:
             raise ProbeError("--depth must be 0 or more, --concurrency 1 or more, --soak 0 or more")
         res = OpenAIProbeResult(status="ok", url=self.url, model=self.model, pid=self.pid)
         t0 = time.perf_counter()
@@ -303,6 +306,8 @@ class OpenAIProbe:
             peak[0] = res.memory.before or 0
             sampler.start()
         try:
+            for i in range(self.warmup):
+                self._request(0, 900_000 + i, 0, deadline)
             seed = 1
             for depth in self.depths:
                 for conc in self.concurrency:
