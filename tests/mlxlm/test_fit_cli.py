@@ -97,3 +97,14 @@ def test_unsupported_model_type(tmp_path, mlx_model):
     (d / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_oss"}))
     r = _ggfit("fit", "--engine", "mlx", str(d), "--budget", "2GiB", "-c", "512")
     assert r.returncode == 2 and "model_type 'gpt_oss'" in r.stderr
+
+
+def test_draft_rows(mlx_model):
+    from fitter.mlx.cache import CacheSettings
+
+    m, d = load_mlx_model(str(mlx_model("qwen3", 8))), load_mlx_model(str(mlx_model("qwen3", 4)))
+    run = MlxRun(n_ctx=1024, max_tokens=256, cache=CacheSettings(), num_draft_tokens=3)
+    with_draft, alone = predict_mlx(m, run, d), predict_mlx(m, run)
+    rows = [b for b in with_draft.buffers if b.owner == "draft"]
+    assert {b.kind for b in rows} == {"model", "kv"}
+    assert with_draft.total_device_bytes - alone.total_device_bytes == sum(b.bytes for b in rows)

@@ -31,12 +31,12 @@ RUNS = [
     (100, 1, 2048, None, None, 5000),  # KVCache, one chunk
     (300, 5, 128, None, None, 5000),  # chunks across the 256 steps
     (513, 40, 200, None, None, 5000),  # decode past a step boundary
-    (700, 3, 256, None, 8, 0),  # QuantizedKVCache from the start, 8-bit
-    (700, 3, 256, None, 4, 300),  # converted mid-prefill, 4-bit
-    (1000, 20, 100, None, 4, 999),  # converted at the last prompt token, then grown
-    (600, 30, 128, 500, None, 5000),  # RotatingKVCache (flat models) / KVCache (make_cache models)
-    (300, 300, 64, 256, None, 5000),  # rotating in place
-    (1000, 3, 1000, 300, None, 5000),  # one chunk larger than max_kv_size
+    (400, 3, 256, None, 8, 0),  # QuantizedKVCache from the start, 8-bit
+    (400, 3, 256, None, 4, 300),  # converted mid-prefill, 4-bit
+    (500, 20, 100, None, 4, 499),  # converted at the last prompt token, then grown
+    (400, 30, 128, 300, None, 5000),  # RotatingKVCache (flat models) / KVCache (make_cache models)
+    (300, 100, 64, 256, None, 5000),  # rotating in place
+    (500, 3, 500, 300, None, 5000),  # one chunk larger than max_kv_size
 ]
 
 
