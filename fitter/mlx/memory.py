@@ -92,6 +92,13 @@ def predict_mlx(model: MlxModel, run: MlxRun, draft: MlxModel | None = None) -> 
         d_rows = _model_rows("draft", draft, run, n_extra=run.num_draft_tokens)
         rows += [r for r in d_rows if r.owner == "draft"]
     warnings = []
+    spec, cs = model.spec, run.cache
+    if cs.max_kv_size is not None and spec.has_make_cache:
+        warnings.append(f"--max-kv-size {cs.max_kv_size} has no effect: {spec.model_type} builds its own cache "
+                        "(make_prompt_cache calls model.make_cache)")
+    if cs.kv_bits is not None and run.n_ctx < cs.quantized_kv_start:
+        warnings.append(f"--kv-bits {cs.kv_bits} quantizes the cache only from --quantized-kv-start "
+                        f"({cs.quantized_kv_start} tokens) on: at -c {run.n_ctx} it stays unquantized")
     one = sum(r.bytes for r in rows if r.kind in ("kv", "rs"))
     if run.prompt_cache_bytes is not None:
         rows.append(Buffer(owner="target", device=DEVICE, kind="kv", bytes=run.prompt_cache_bytes, counts=True,

@@ -108,3 +108,12 @@ def test_draft_rows(mlx_model):
     rows = [b for b in with_draft.buffers if b.owner == "draft"]
     assert {b.kind for b in rows} == {"model", "kv"}
     assert with_draft.total_device_bytes - alone.total_device_bytes == sum(b.bytes for b in rows)
+
+
+def test_settings_mlx_lm_would_ignore_are_said(mlx_model):
+    from fitter.mlx.cache import CacheSettings
+
+    m = load_mlx_model(str(mlx_model("qwen3_5", 4)))
+    w = predict_mlx(m, MlxRun(n_ctx=1024, cache=CacheSettings(max_kv_size=512, kv_bits=8))).warnings
+    assert any("--max-kv-size 512 has no effect" in x for x in w)
+    assert any("stays unquantized" in x for x in w)

@@ -111,3 +111,20 @@ def test_mlx_lm_server():
     assert all(lv.prefill_tps and lv.decode_tps for lv in r.levels)
     assert r.levels[-1].requests[0].prompt_tokens > r.levels[0].requests[0].prompt_tokens + 100
     assert not p.alive
+
+
+def test_probe_cli_openai_soak():
+    import json
+    import subprocess
+    from pathlib import Path
+
+    p, url = _fake("--leak-mib", "48")
+    try:
+        r = subprocess.run([sys.executable, "cli.py", "probe", "--runner", "openai", "--url", url, "--pid", str(p.pid),
+                            "--gen-tokens", "4", "--soak", "5", "--concurrency", "2", "--json"],
+                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    finally:
+        p.stop()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"] == "ok" and out["soak"]["verdict"] == "growing" and out["levels"][0]["concurrency"] == 2
