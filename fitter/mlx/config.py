@@ -136,10 +136,13 @@ def _kind(linear: bool) -> LayerKind:
     return "linear" if linear else "attention"
 
 
+_MAX = {"num_hidden_layers": 10_000}  # a layer list is built: no hostile count may size it
+
+
 def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
     v = cfg.get(key, default)
-    if type(v) is not int or v < 0:
-        raise GGFitError(f"{where}: config.json: {key} = {v!r} (want a non-negative integer)")
+    if type(v) is not int or not 0 <= v <= _MAX.get(key, 2**40):
+        raise GGFitError(f"{where}: config.json: {key} = {str(v)[:40]!r} (want an integer from 0 to {_MAX.get(key, 2**40)})")
     return v
 
 
@@ -149,13 +152,16 @@ def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None,
         raise UnsupportedModelError(f"{where}: model_type {mt!r}: ggfit models MLX {', '.join(FLAT + HYBRID)}")
     # qwen3_5's ModelArgs.from_dict: the text model's fields under text_config, or the whole config
     cfg = config.get("text_config", config) if mt in ("qwen3_5", "qwen3_5_moe") else config
+    if not isinstance(cfg, dict):
+        raise GGFitError(f"{where}: config.json: text_config is not an object")
     n_layers = _int(cfg, "num_hidden_layers", where)
     hidden = _int(cfg, "hidden_size", where)
     n_heads = _int(cfg, "num_attention_heads", where)
     n_kv = _int(cfg, "num_key_value_heads", where, n_heads)
     if n_heads == 0 or n_layers == 0 or hidden == 0:
         raise GGFitError(f"{where}: config.json: zero layers, heads or hidden size")
-    head_dim = cfg.get("head_dim") or hidden // n_heads
+    head_dim = _int(cfg, "head_dim", where, 0) if cfg.get("head_dim") is not None else 0
+    head_dim = head_dim or hidden // n_heads
     if mt in HYBRID:
         interval = _int(cfg, "full_attention_interval", where, 4)
         # DecoderLayer: is_linear = (layer_idx + 1) % full_attention_interval != 0
@@ -163,6 +169,8 @@ def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None,
     else:
         kinds = tuple(_kind(False) for _ in range(n_layers))
     q = config.get("quantization") or cfg.get("quantization") or {}
+    if not isinstance(q, dict) or not all(type(q.get(k, 0)) is int for k in ("bits", "group_size")):
+        raise GGFitError(f"{where}: config.json: quantization = {str(q)[:60]!r} (want bits and group_size integers)")
     tie = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", mt in HYBRID)))
     act = _act_dtype(tensors or {}, config)
     return MlxSpec(

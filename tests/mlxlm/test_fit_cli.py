@@ -117,3 +117,19 @@ def test_settings_mlx_lm_would_ignore_are_said(mlx_model):
     w = predict_mlx(m, MlxRun(n_ctx=1024, cache=CacheSettings(max_kv_size=512, kv_bits=8))).warnings
     assert any("--max-kv-size 512 has no effect" in x for x in w)
     assert any("stays unquantized" in x for x in w)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers"),
+    ({"num_attention_heads": "x"}, "num_attention_heads"),
+    ({"head_dim": [1]}, "head_dim"),
+    ({"quantization": {"bits": "4"}}, "quantization"),
+    ({"model_type": "qwen3_5", "text_config": 7}, "text_config"),
+])
+def test_hostile_config_is_one_error(change, match):
+    from fitter.mlx.config import spec_from_config
+
+    base = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 32}
+    with pytest.raises(GGFitError, match=match):
+        spec_from_config({**base, **change})
