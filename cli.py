@@ -61,6 +61,13 @@ class FlashAttnMode(str, Enum):
 class RunnerName(str, Enum):
     python = "python"
     server = "server"
+    openai = "openai"
+    mlx = "mlx"
+
+
+class EngineName(str, Enum):
+    llama = "llama"
+    mlx = "mlx"
 
 
 class PromptKind(str, Enum):
@@ -103,8 +110,16 @@ SpecType = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", 
 DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", help="KV cache type for K of the draft context.")]
 DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
 DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
+EngineOpt = Annotated[EngineName, typer.Option("--engine", help="llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL).")]
+MaxKvSize = Annotated[Optional[int], typer.Option("--max-kv-size", metavar="N", help="mlx: RotatingKVCache of N tokens (models without their own make_cache).")]
+KvBits = Annotated[Optional[int], typer.Option("--kv-bits", metavar="N", help="mlx: QuantizedKVCache bits (4 or 8; mlx also takes 2, 3, 5, 6).")]
+KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="mlx: KV quantization group size (default 64).")]
+QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="N", help="mlx: tokens before the KV cache is quantized (default 5000).")]
+PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
+PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
-RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process) or server (llama-server).")]
+RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url) or mlx (mlx_lm.server on an MLX model directory; further arguments are its flags).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="A llama-server binary: the one the server runner starts (default: ggfit's pinned build, then PATH), and the one --llama-build auto asks for its build.")]
 LlamaBuildOpt = Annotated[Optional[str], typer.Option(
     "--llama-build", metavar="BUILD",
@@ -308,6 +323,66 @@ def _print_breakdown(pred, available: int, per_device: dict[str, int] | None = N
         print(f"host memory outside the budget: {_mib(pred.total_host_bytes)}")
 
 
+def _fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
+             max_kv_size: int | None, kv_bits: int | None, kv_group_size: int, quantized_kv_start: int,
+             prefill_step_size: int, max_tokens: int, prompt_cache_bytes: str | None, draft_n_max: int,
+             as_json: bool) -> None:
+    """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
+    bud = fitter.parse_budget(budget, _detect_backend())
+    margin_bytes = fitter.parse_margin(margin)
+    available = fitter.available_bytes(bud, margin_bytes)
+    for flag, v in (("--prefill-step-size", prefill_step_size), ("--max-tokens", max_tokens)):
+        if v < 1:
+            raise fitter.GGFitError(f"{flag} {v}: must be at least 1")
+    m = fitter.load_mlx_model(model)
+    draft = fitter.load_mlx_model(model_draft) if model_draft else None
+    settings = fitter.MlxCacheSettings(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size,
+                                       quantized_kv_start=quantized_kv_start, prefill_step_size=prefill_step_size)
+    pc = fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes") if prompt_cache_bytes else None
+    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=max_tokens, cache=settings, prompt_cache_bytes=pc,
+                        num_draft_tokens=draft_n_max)
+    spec = m.spec
+    n_max = spec.max_position_embeddings or 262144
+    if n_ctx is None:
+        best, pred = fitter.largest_context_mlx(m, run, available, n_max, draft)
+        if pred is None:
+            pred = fitter.predict_mlx(m, run, draft)
+    else:
+        best, pred = 0, fitter.predict_mlx(m, run, draft)
+    total = pred.total_device_bytes
+    fits = total <= available
+    if as_json:
+        print(json.dumps({
+            "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
+            "margin_bytes": margin_bytes, "n_ctx": pred.run.n_ctx, "largest_n_ctx": best if n_ctx is None else None,
+            "config": {"max_tokens": max_tokens, "max_kv_size": max_kv_size, "kv_bits": kv_bits,
+                       "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start,
+                       "prefill_step_size": prefill_step_size, "prompt_cache_bytes": pc},
+            "buffers": [b.model_dump(mode="json") for b in pred.buffers], "total_device_bytes": total,
+            "fits": fits, "headroom_bytes": available - total, "warnings": pred.warnings,
+        }, indent=2))
+    else:
+        print(f"model    {model} ({spec.model_type}, "
+              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {_mib(m.file_bytes)} on disk)")
+        print(f"engine   mlx, {fitter.mlx_label()}")
+        print(f"budget   {_mib(bud.bytes)} ({bud.source}), margin {_mib(margin_bytes)} -> {_mib(available)} available")
+        if n_ctx is None:
+            print(f"\nlargest context: -c {best} (prompt + --max-tokens {max_tokens}; the model's limit {n_max:,})"
+                  if best else "\nnothing fits, not even -c 256")
+        print()
+        _print_breakdown(pred, available)
+        for w in pred.warnings:
+            print("warning: " + w)
+        if fits:
+            flags = [f"--model {model}", f"--prefill-step-size {prefill_step_size}", f"--max-tokens {max_tokens}"]
+            flags += [f"--kv-bits {kv_bits}", f"--kv-group-size {kv_group_size}"] if kv_bits else []
+            flags += [f"--prompt-cache-bytes {pc}"] if pc else []
+            flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
+            print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))
+    if not fits:
+        raise typer.Exit(1)
+
+
 @app.command()
 def fit(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
@@ -346,8 +421,22 @@ def fit(
     llama_server: LlamaServerOpt = None,
     llama_bin: Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")] = None,
     as_json: AsJson = False,
+    engine: EngineOpt = EngineName.llama,
+    max_kv_size: MaxKvSize = None,
+    kv_bits: KvBits = None,
+    kv_group_size: KvGroupSize = 64,
+    quantized_kv_start: QuantizedKvStart = 5000,
+    prefill_step_size: PrefillStep = 2048,
+    max_tokens: MaxTokens = 512,
+    prompt_cache_bytes: PromptCacheBytes = None,
 ) -> None:
-    """Predict what llama.cpp allocates and solve for the largest context that fits a budget."""
+    """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
+    if engine == EngineName.mlx:
+        _fit_mlx(model, budget=budget, margin=margin, n_ctx=n_ctx, model_draft=model_draft, max_kv_size=max_kv_size,
+                kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                prefill_step_size=prefill_step_size, max_tokens=max_tokens, prompt_cache_bytes=prompt_cache_bytes,
+                draft_n_max=draft_n_max, as_json=as_json)
+        return
     be, fe = _backend(backend), _frontend(frontend)
     fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
     if fit_params is not None and llama_build is None:
@@ -778,6 +867,8 @@ def optimise(
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from search.study import StudyInterrupted, run_study  # optuna: only for this command
 
+    if runner in (RunnerName.openai, RunnerName.mlx):
+        raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
     build = _llama_build(llama_build, llama_server if llama_build == "auto" else None)
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
@@ -809,6 +900,34 @@ def optimise(
         print(f"ggfit: {hint}", file=sys.stderr)
         raise typer.Exit(130) from None
     print(result.text())
+
+
+@app.command("compare-engines")
+def compare_engines_cmd(
+    gguf: Annotated[str, typer.Argument(help="The model as a GGUF (path, URL or bundled name).")],
+    mlx_model: Annotated[str, typer.Argument(help="The same model as an MLX directory (config.json + safetensors).")],
+    budget: BudgetOpt = "auto",
+    margin: MarginOpt = None,
+    trials: Annotated[int, typer.Option("--trials", help="Trials in all, both engines' defaults first (2 or more).")] = 8,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length per request (approximate tokens).")] = 64,
+    gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens generated per request.")] = 16,
+    llama_server: LlamaServerOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    as_json: AsJson = False,
+) -> None:
+    """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
+    (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
+    fitter.require_mlx_lm()
+    if trials < 2:
+        raise fitter.ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
+    from search.study.engines import compare_engines  # optuna: only for this command
+
+    bud = fitter.parse_budget(budget, _detect_backend())
+    available = fitter.available_bytes(bud, fitter.parse_margin(margin))
+    r = compare_engines(fitter.resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
+                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed, llama_server=llama_server)
+    print(r.model_dump_json(indent=2) if as_json else r.text())
+    raise typer.Exit(0 if r.winner else 1)
 
 
 @app.command()
@@ -1041,7 +1160,7 @@ def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def probe(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any further arguments are llama-server flags.")],
+    model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP + " Any further arguments are llama-server flags.")] = None,
     runner: RunnerOpt = RunnerName.python,
     budget: Annotated[Optional[str], typer.Option("--budget", help=f"CPU only: run the probe under this memory limit: {SIZE_HELP}.")] = None,
     llama_server: LlamaServerOpt = None,
@@ -1051,8 +1170,37 @@ def probe(
     repeats: Annotated[int, typer.Option("--repeats", help="Measured runs after one warm-up (1 or more); the median is reported.")] = 3,
     kind: Annotated[PromptKind, typer.Option("--kind", help="The prompt text.")] = PromptKind.prose,
     as_json: AsJson = False,
+    url: Annotated[Optional[str], typer.Option("--url", help="openai runner: the OpenAI-compatible server's base URL.")] = None,
+    pid: Annotated[Optional[int], typer.Option("--pid", help="openai runner: the server's pid, for its memory (/proc).")] = None,
+    depth: Annotated[Optional[list[int]], typer.Option("--depth", help="openai runner: context depth in tokens before the prompt (repeatable; default 0).")] = None,
+    concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", help="openai runner: concurrent clients (repeatable; default 1).")] = None,
+    soak: Annotated[int, typer.Option("--soak", help="openai runner: N more requests, one after another, and the server's memory growth.")] = 0,
+    reasoning: Annotated[bool, typer.Option("--reasoning/--no-reasoning", help="openai runner: leave the template's thinking on.")] = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
+    if runner == RunnerName.openai:
+        from search.runner_openai import OpenAIProbe
+
+        if not url:
+            raise fitter.GGFitError("--runner openai needs --url (the server's base URL, e.g. http://127.0.0.1:8080)")
+        res = OpenAIProbe(url, model=model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats,
+                          depths=tuple(depth or (0,)), concurrency=tuple(concurrency or (1,)), timeout=timeout,
+                          pid=pid, soak=soak, reasoning=reasoning).run()
+        print(res.model_dump_json(indent=2) if as_json else res.summary())
+        raise typer.Exit(0 if res.ok else 1)
+    if model is None:
+        raise fitter.GGFitError(f"Missing argument 'MODEL' (--runner {runner.value} needs one; --runner openai takes --url)")
+    if runner == RunnerName.mlx:
+        from search.runner_mlx import MlxFlags, mlx_probe
+        from search.runner_openai import OpenAIProbe
+
+        fitter.require_mlx_lm()
+        fitter.load_mlx_model(model)  # a missing or hostile model directory: one line, before the server starts
+        res, cmd = mlx_probe(model, MlxFlags(extra_args=tuple(ctx.args)), lambda u, p: OpenAIProbe(
+            u, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, depths=tuple(depth or (0,)),
+            concurrency=tuple(concurrency or (1,)), pid=p, soak=soak, reasoning=reasoning), timeout=timeout)
+        print(res.model_dump_json(indent=2) if as_json else res.summary() + "\n  command: " + " ".join(cmd))
+        raise typer.Exit(0 if res.ok else 1)
     from search.probe import probe_cli  # the probe machinery: only for this command
     from search.workload import Workload  # pydantic: not for --help
 

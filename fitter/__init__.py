@@ -74,6 +74,14 @@ _EXPORTS: dict[str, str] = {
     "fit_params_check_config": "fitter.oracle.fit_params",
     "FIT_PARAMS_FRONTEND": "fitter.oracle.fit_params",
     "parse_log": "fitter.oracle.llama_log",
+    # MLX (mlx-lm): its own model, cache and prediction; the same Buffer rows
+    "load_mlx_model": "fitter.mlx.config",
+    "MlxCacheSettings": "fitter.mlx.cache",
+    "MlxRun": "fitter.mlx.memory",
+    "predict_mlx": "fitter.mlx.memory",
+    "largest_context_mlx": "fitter.mlx.memory",
+    "mlx_label": "fitter.mlx",
+    "require_mlx_lm": "fitter.mlx",
     "FLASH_ATTN": "fitter.oracle.llama_run",
     "SPLIT_MODES": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
@@ -118,6 +126,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "load_model_spec", "margin_note", "default_margin", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
+    "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
 ]
 
 
@@ -188,6 +197,10 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
+    from fitter.mlx import mlx_label, require_mlx_lm
+    from fitter.mlx.cache import CacheSettings as MlxCacheSettings
+    from fitter.mlx.config import load_mlx_model
+    from fitter.mlx.memory import MlxRun, largest_context_mlx, predict_mlx
     from fitter.oracle._llama_child import (
         GGML_LOG_DEBUG,
         GGML_LOG_INFO,

@@ -1,0 +1,39 @@
+"""An engine-comparison study end to end on tiny models in both formats (the same qwen3 shapes as a
+GGUF and as an MLX directory): both engines measured, a winner and the ratio; over-budget trials skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.study.engines import compare_engines
+
+
+@pytest.mark.slow
+def test_engine_comparison(llama_server):
+    pytest.importorskip("mlx_lm")
+    from tests.mlxlm.synth import build as build_mlx
+    from tests.synth import build as build_gguf
+
+    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, ftype="q8_0"))
+    mlx_dir = str(build_mlx("qwen3", 8))
+    r = compare_engines(gguf, mlx_dir, available_bytes=2**30, n_trials=4, prompt_tokens=32, gen_tokens=8,
+                        llama_server=llama_server, threads=2, timeout=300)
+    assert {t.engine for t in r.trials} == {"llama", "mlx"}
+    assert set(r.best) == {"llama", "mlx"} and r.winner in ("llama", "mlx")
+    assert r.ratio is not None and r.ratio >= 1.0
+    assert all(t.predicted_bytes > 0 and t.peak_rss_bytes for t in r.best.values())
+    text = r.text()
+    assert f"winner: {r.winner}" in text and "x the other engine's best decode rate" in text
+
+
+@pytest.mark.slow
+def test_over_budget_configs_are_not_started(llama_server):
+    pytest.importorskip("mlx_lm")
+    from tests.mlxlm.synth import build as build_mlx
+    from tests.synth import build as build_gguf
+
+    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, ftype="q8_0"))
+    r = compare_engines(gguf, str(build_mlx("qwen3", 8)), available_bytes=2 * 2**20, n_trials=2,
+                        llama_server=llama_server, threads=2)
+    assert [t.status for t in r.trials] == ["skipped", "skipped"] and r.winner is None
+    assert all(not t.command for t in r.trials)
