@@ -354,14 +354,9 @@ def solve_placement(
         if fits(at(base.n_cpu_moe)):
             return choice("n_cpu_moe", base.n_cpu_moe, at(base.n_cpu_moe))
         if fits(at(n_layer)):
-            lo, hi = base.n_cpu_moe, n_layer  # at(lo) does not fit, at(hi) does: device bytes fall as N grows
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if fits(at(mid)):
-                    hi = mid
-                else:
-                    lo = mid
-            return choice("n_cpu_moe", hi, at(hi))
+            # at(n_cpu_moe) does not fit, at(n_layer) does: device bytes fall as N grows
+            n = _first_true(base.n_cpu_moe, n_layer, lambda n: fits(at(n)))
+            return choice("n_cpu_moe", n, at(n))
         base = base.model_copy(update={"n_cpu_moe": n_layer})  # experts all on the CPU, and fewer layers too
     n_all = len(spec.layers) + 1  # -ngl counts the output layer
 
@@ -370,16 +365,21 @@ def solve_placement(
 
     if not fits(at_ngl(0)):
         return None, "not even -ngl 0 fits: the context alone is over the budget (lower -c, -ub or the K/V type)"
-    lo, hi = 0, min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
-    if fits(at_ngl(hi)):
-        lo = hi
+    top = min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
+    # at_ngl(0) fits: the largest -ngl that does (device bytes grow with it)
+    n = top if fits(at_ngl(top)) else _first_true(0, top, lambda n: not fits(at_ngl(n))) - 1
+    return choice("n_gpu_layers", n, at_ngl(n))
+
+
+def _first_true(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The smallest n in (lo, hi] with ok(n), given ok is false at lo, true at hi and monotone between."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(at_ngl(mid)):
-            lo = mid
-        else:
+        if ok(mid):
             hi = mid
-    return choice("n_gpu_layers", lo, at_ngl(lo))
+        else:
+            lo = mid
+    return hi
 
 
 def _placement_table(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
