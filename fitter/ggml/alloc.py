@@ -161,7 +161,7 @@ class Gallocr:
                     t.addr = p.addr
                     t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
                     if not t.size:
-                        t.size = self.alloc_sizes[be](t)
+                        self._size(t, be)
                     p.own = False
                     if self.trace and self.live.pop(id(p), None) is not None:  # _handover
                         self.live[id(t)] = t
@@ -174,7 +174,7 @@ class Gallocr:
                     return
         be = t.be
         if not t.size:
-            t.size = self.alloc_sizes[be](t)
+            self._size(t, be)
         talloc = self.tallocs[be]
         t.addr = talloc.alloc(t.size)
         if self.trace:
@@ -183,6 +183,15 @@ class Gallocr:
             if hw > self.peaks[be]:
                 self.peaks[be] = hw
                 self.peak_lives[be] = [(x.name, x.size) for x in self.live.values() if x.be == be]
+
+    def _size(self, t: Tensor, be: int) -> None:
+        """t's alloc size in buffer be: the buffer type's get_alloc_size, or what it gave before (Tensor.memo)."""
+        m = t.memo
+        if m is not None and m[0] == be:
+            t.size = m[1]
+            return
+        t.size = size = self.alloc_sizes[be](t)
+        t.memo = (be, size)
 
     def _handover(self, old: Tensor, new: Tensor) -> None:
         if self.trace and self.live.pop(id(old), None) is not None:
@@ -255,6 +264,39 @@ class Gallocr:
                         free(p)
 
 
+    def process_program(self, prog: list[tuple[Tensor, bool, tuple[Tensor, ...], tuple[Tensor, ...]]]) -> None:
+        """`process` over a segment's nodes as fitter.ggml.graph.program lists them: the same calls in the same
+        order, without the sources no branch of `process` acts on (none, external, views to allocate)."""
+        allocate = self._allocate
+        tallocs = self.tallocs
+        live = self.live if self.trace else None
+        for node, can, allocs, uses in prog:
+            for p in allocs:
+                if not p.own:
+                    allocate(p)
+            if can and not node.own:
+                allocate(node)
+            for p in uses:
+                nc = p.nc - 1
+                p.nc = nc
+                if nc == 0 and p.nv == 0:
+                    vs = p.vs
+                    if vs is not None:
+                        nv = vs.nv - 1
+                        vs.nv = nv
+                        if nv == 0 and vs.nc == 0 and vs.own:
+                            p = vs
+                        else:
+                            continue
+                    elif not p.own:
+                        continue
+                    if not p.flags & FLAG_OUTPUT:  # _free, inlined
+                        tallocs[p.be].free(p.addr, p.size)
+                        p.own = False
+                        if live is not None:
+                            live.pop(id(p), None)
+
+
 @dataclass
 class AllocResult:
     sizes: list[int]  # high-water mark per buffer (0: device or the only CPU buffer, 1: host)
@@ -321,7 +363,7 @@ def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
     return totals, finals
 
 
-def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Tensor, int, int]],
+def _run(ga: Gallocr, seg: Segment, variant: list, counts: list[tuple[Tensor, int, int]],
          carried: Tensor | None) -> None:
     """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
     if carried is not None:
@@ -338,7 +380,7 @@ def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Te
     for t, a, b in counts:
         t.nc = a
         t.nv = b
-    ga.process(variant)
+    ga.process_program(variant)
 
 
 def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
@@ -384,8 +426,8 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
         t.nc = a
         t.nv = b
 
-    _run(ga, pro, pro.nodes, pro.first_counts, None)
-    _run(ga, seg0, seg0.nodes, seg0.first_counts, None)
+    _run(ga, pro, pro.prog_first, pro.first_counts, None)
+    _run(ga, seg0, seg0.prog_first, seg0.first_counts, None)
     carried = seg0.out
     simulated = 1
     hist: dict[tuple, list[int]] = {}
@@ -407,11 +449,11 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
             prev.append(il)
         seg = templates[keys[il]]
         if first[il]:
-            _run(ga, seg, seg.nodes, seg.first_counts, carried)
+            _run(ga, seg, seg.prog_first, seg.first_counts, carried)
         else:
-            _run(ga, seg, seg.steady, seg.steady_counts, carried)
+            _run(ga, seg, seg.prog_steady, seg.steady_counts, carried)
         carried = seg.out
         simulated += 1
         il += 1
-    _run(ga, epi, epi.nodes, epi.first_counts, carried)
+    _run(ga, epi, epi.prog_first, epi.first_counts, carried)
     return AllocResult(ga.sizes(), ga.peak_lives, simulated)

@@ -212,14 +212,3 @@ class trace:
     def __exit__(self, *exc: object) -> None:
         _guards[0] = self.prev
 
-
-def _debug_pins() -> None:  # pragma: no cover - to find where a trace pins a cache size
-    import traceback
-
-    real = Sym.pin
-
-    def pin(self: Sym) -> int:
-        traceback.print_stack(limit=6)
-        return real(self)
-
-    Sym.pin = pin  # type: ignore[method-assign]

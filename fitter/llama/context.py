@@ -290,7 +290,7 @@ class _Traced:
     context that differs from it only in those sizes and keeps its guards: each tensor whose shape (or preset
     size: the scheduler's copies) follows from the sizes gets it evaluated, every tensor its allocator state reset."""
 
-    __slots__ = ("spec", "details", "guards", "run", "shapes", "state", "types_read")
+    __slots__ = ("spec", "details", "guards", "run", "shapes", "state", "types_read", "fresh")
 
     def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
                  segs: list[Segment], types_read: bool) -> None:
@@ -313,19 +313,26 @@ class _Traced:
             seen[id(t)] = t
             stack.extend(t.src)
             stack.append(t.vs)
-        self.state: list[list] = []
-        self.shapes: list[tuple] = []
+        self.state: list[list] = []  # [tensor, size, backend] before the first allocation
+        self.shapes: list[tuple] = []  # (tensor, its state, ne, nb and preset size as forms) where cells reach them
         for t in seen.values():
-            row = [t, 0, t.be]
-            ne, nb, size = t.ne, _NB_SLOT.__get__(t, Tensor), t.size
-            if any(type(x) is Sym for x in ne) or any(type(x) is Sym for x in nb) or type(size) is Sym:
-                self.shapes.append((t, row, [form(x) for x in ne], [form(x) for x in nb],
+            nb, size = _NB_SLOT.__get__(t, Tensor), t.size
+            if Sym in map(type, t.ne) or Sym in map(type, nb) or type(size) is Sym:
+                plain = int.__int__(size)
+                row = [t, plain, t.be]
+                self.shapes.append((t, row, [form(x) for x in t.ne], [form(x) for x in nb],
                                     form(size) if type(size) is Sym else None))
-                t.ne = [int.__int__(x) for x in ne]
+                t.ne = [int.__int__(x) for x in t.ne]
                 _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
-                t.size = int.__int__(size)
-            row[1] = t.size
-            self.state.append(row)
+                t.size = plain
+            else:
+                row = [t, size, t.be]
+            if not t.ext:  # weights and caches: never allocated (their counts are never read)
+                self.state.append(row)
+        # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
+        # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
+        dep = {id(e[0]) for e in self.shapes}
+        self.fresh = [t for t in seen.values() if id(t) in dep or any(id(p) in dep for p in t.src if p is not None)]
 
     @staticmethod
     def cells(c: GraphContext) -> tuple[int, int]:
@@ -338,6 +345,8 @@ class _Traced:
             _NB_SLOT.__set__(t, [a * v0 + b * v1 + k for a, b, k in nb])
             if size is not None:
                 row[1] = size[0] * v0 + size[1] * v1 + size[2]
+        for t in self.fresh:
+            t.memo = None
         for t, size, be in self.state:
             t.own = False
             t.nc = 0
