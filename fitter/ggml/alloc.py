@@ -406,23 +406,42 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
     for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
     the replay jumps ahead by whole periods.
     """
-    first = _first_instances(keys, n)
+    return replay_plan(SegmentPlan(n, pro, seg0, templates, keys, epi), ga)
 
-    def glob_of(il: int) -> list[tuple[Tensor, int, int]]:
-        t = templates[keys[il]]
-        return t.glob_first if first[il] else t.glob_steady
 
-    totals, finals = _prologue_uses(n, pro, seg0, epi, glob_of)
-    sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
+class SegmentPlan:
+    """What replay_segments needs that follows from the segments alone (not from sizes): which layers run which
+    variant, the prologue tensors' total uses, the layers' signatures for the period test, the leafs."""
+
+    __slots__ = ("n", "pro", "seg0", "templates", "keys", "epi", "first", "totals", "sigs", "leafs")
+
+    def __init__(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
+                 epi: Segment) -> None:
+        self.n, self.pro, self.seg0, self.templates, self.keys, self.epi = n, pro, seg0, templates, keys, epi
+        self.first = first = _first_instances(keys, n)
+        totals, finals = _prologue_uses(n, pro, seg0, epi, self.glob_of)
+        self.totals = list(totals.values())
+        self.sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
+        leafs = list(pro.leafs) + list(seg0.leafs)
+        for t in templates.values():
+            leafs += t.leafs
+        leafs += epi.leafs
+        self.leafs = leafs
+
+    def glob_of(self, il: int) -> list[tuple[Tensor, int, int]]:
+        t = self.templates[self.keys[il]]
+        return t.glob_first if self.first[il] else t.glob_steady
+
+
+def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
+    """replay_segments over a plan (a traced graph keeps its plan between reuses)."""
+    n, pro, seg0, templates, keys, epi = plan.n, plan.pro, plan.seg0, plan.templates, plan.keys, plan.epi
+    first, sigs, glob_of = plan.first, plan.sigs, plan.glob_of
 
     # ggml_gallocr_alloc_graph_impl: leafs first (in graph order), then the children/views counts
-    leafs = list(pro.leafs) + list(seg0.leafs)
-    for t in templates.values():
-        leafs += t.leafs
-    leafs += epi.leafs
-    for leaf in leafs:
+    for leaf in plan.leafs:
         ga._allocate(leaf)
-    for t, a, b in totals.values():
+    for t, a, b in plan.totals:
         t.nc = a
         t.nv = b
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, replay_plan
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -243,7 +243,8 @@ def _prepare(c: GraphContext, pl: Placement | None = None,
         pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
-    return (lambda ga: replay_segments(n, ga, pro, seg0, templates, keys, epi)), order
+    plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
+    return (lambda ga: replay_plan(plan, ga)), order
 
 
 def _prepare_mtp(c: GraphContext, pl: Placement | None = None,
