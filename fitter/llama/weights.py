@@ -148,9 +148,8 @@ def _overrides(overrides: Sequence[tuple[str, str]], impl: backends.BackendImpl,
 PER_LAYER_GLOBALS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
 
 
-class TensorInstance(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
+@dataclass(frozen=True, slots=True)
+class TensorInstance:  # a dataclass: one per tensor and placement asked (a pydantic model cost ~1 us each)
     tensor: TensorInfo
     where: int | str  # "input", "output" or a layer index
     duplicated: bool = False  # created with TENSOR_DUPLICATED
