@@ -27,6 +27,7 @@ graph_optimize (fusion alloc deps, concurrency reordering): unverified.
 
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -357,7 +358,9 @@ class _Traced:
 
 
 _TRACED: dict[tuple, _Traced] = {}
-_TRACED_MAX = 32
+# a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
+# every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
+_TRACED_MAX = 4
 
 
 def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: tuple | None,
@@ -367,6 +370,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
     if key is not None:
         hit = _TRACED.get(key)
         if hit is not None and hit.spec is c.spec and hit.details is details:
+            _TRACED[key] = _TRACED.pop(key)  # the most recently used last
             cells = _Traced.cells(c)
             if holds(hit.guards, cells):
                 hit.apply(cells)
@@ -552,28 +556,45 @@ def compute_buffers(
             _host_weight_types(d, len(spec.layers), n_gpu_layers, placement, impl.kind) if impl.is_gpu else ())
     out = _BY_CONTENT.get(ckey)
     if out is None:
-        header_types_read[0] = False
-        c = GraphContext(spec, cp, d)
-        c.mtp = mtp
-        # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq; n_tokens and n_outputs follow
-        # from n_ctx too); the same spec and details objects (the graph reads them)
-        tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq")),
-                c.n_tokens, c.n_outputs, *key[3:])
-        if impl.is_gpu:
-            out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
-                               details=details, tkey=tkey)
-        else:
-            ga = Gallocr(impl.alignment, trace=True)
-            r = _allocated(c, ga, details, tkey)
-            terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
-            out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
-        if not header_types_read[0]:
-            if len(_BY_CONTENT) >= _CACHE_MAX:
-                _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
-            _BY_CONTENT[ckey] = out
+        # the cyclic collector paused while the graph is built and allocated: its thousands of short-lived objects
+        # would otherwise set off collections, now and then of the whole heap (~30 ms next to a read header)
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            out = _compute(spec, cp, d, details, key, ckey, impl, n_gpu_layers, metal_max_buffer_length, mtp,
+                           placement, kv_host, op_offload)
+        finally:
+            if gc_was:
+                gc.enable()
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (spec, details, out)
+    return out
+
+
+def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: GraphDetails | None, key: tuple,
+             ckey: tuple, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None, mtp: bool,
+             placement: WeightPlacement | None, kv_host: bool, op_offload: bool) -> list[ComputeBuffer]:
+    """compute_buffers past its caches: build (or reuse) the graph, allocate it, keep the answer by content."""
+    header_types_read[0] = False
+    c = GraphContext(spec, cp, d)
+    c.mtp = mtp
+    # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq; n_tokens and n_outputs follow
+    # from n_ctx too); the same spec and details objects (the graph reads them)
+    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq")),
+            c.n_tokens, c.n_outputs, *key[3:])
+    if impl.is_gpu:
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
+                           details=details, tkey=tkey)
+    else:
+        ga = Gallocr(impl.alignment, trace=True)
+        r = _allocated(c, ga, details, tkey)
+        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
+        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+    if not header_types_read[0]:
+        if len(_BY_CONTENT) >= _CACHE_MAX:
+            _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
+        _BY_CONTENT[ckey] = out
     return out
 
 
