@@ -189,6 +189,33 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
     return out
 
 
+_CREATED: dict[tuple, list[tuple[int, int]]] = {}
+
+
+def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> list[tuple[int, int]]:
+    """The tensors llama.cpp creates, as (index in the header, device), in creation order; pl None: all on the CPU.
+    By the tensors' names, the layers and the placement: the quants of one model (a header each) share it."""
+    key = (tuple(t.name for t in header.tensors), spec.architecture, spec.n_layer,
+           tuple(lay.kind for lay in spec.layers[: spec.n_layer]), load_mtp, pl)
+    hit = _CREATED.get(key)
+    if hit is not None:
+        return hit
+    index = {id(t): i for i, t in enumerate(header.tensors)}
+    out: list[tuple[int, int]] = []
+    created: set[tuple[int, str]] = set()
+    for inst in tensor_instances(header, spec, load_mtp=load_mtp):
+        d = pl.device_of(inst.tensor.name, inst.where) if pl is not None else CPU_DEV
+        k = (d, inst.tensor.name)
+        if inst.duplicated and k in created and not inst.created_first:
+            continue  # create_tensor found the original in this buffer type's context and reused it
+        created.add(k)
+        out.append((index[id(inst.tensor)], d))
+    if len(_CREATED) >= 16:
+        _CREATED.pop(next(iter(_CREATED)))
+    _CREATED[key] = out
+    return out
+
+
 def weight_buffers(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -207,14 +234,10 @@ def weight_buffers(
     pl = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
 
     groups: dict[tuple[int, int], list[TensorInfo]] = {}
-    created: set[tuple[int, str]] = set()
-    for inst in tensor_instances(header, spec, load_mtp=load_mtp):
-        d = pl.device_of(inst.tensor.name, inst.where) if device.is_gpu else CPU_DEV
-        key = (d, inst.tensor.name)
-        if inst.duplicated and key in created and not inst.created_first:
-            continue  # create_tensor found the original in this buffer type's context and reused it
-        created.add(key)
-        groups.setdefault((d, inst.tensor.shard), []).append(inst.tensor)
+    tensors = header.tensors
+    for i, d in _created(header, spec, load_mtp, pl if device.is_gpu else None):
+        t = tensors[i]
+        groups.setdefault((d, t.shard), []).append(t)
 
     out: list[WeightBuffer] = []
     for d in [CPU_DEV] + sorted({g for g, _ in groups if g != CPU_DEV}):
