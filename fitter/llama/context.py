@@ -580,8 +580,9 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
     c = GraphContext(spec, cp, d)
     c.mtp = mtp
     # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq; n_tokens and n_outputs follow
-    # from n_ctx too); the same spec and details objects (the graph reads them)
-    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq")),
+    # from n_ctx too) and n_batch, which no graph builder reads (llama_context::graph_reserve takes n_ubatch); the
+    # same spec and details objects (the graph reads them)
+    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq", "n_batch")),
             c.n_tokens, c.n_outputs, *key[3:])
     if impl.is_gpu:
         out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
