@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fitter.ggml.graph import Segment
+from fitter.ggml.graph import Program, Segment
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 
 SIZE_MAX = (1 << 64) - 1
@@ -264,13 +264,13 @@ class Gallocr:
                         free(p)
 
 
-    def process_program(self, prog: list[tuple[Tensor, bool, tuple[Tensor, ...], tuple[Tensor, ...]]]) -> None:
+    def process_program(self, prog: Program) -> None:
         """`process` over a segment's nodes as fitter.ggml.graph.program lists them: the same calls in the same
         order, without the sources no branch of `process` acts on (none, external, views to allocate)."""
         allocate = self._allocate
         tallocs = self.tallocs
         live = self.live if self.trace else None
-        for node, can, allocs, uses in prog:
+        for node, can, allocs, uses in zip(*prog):
             for p in allocs:
                 if not p.own:
                     allocate(p)
@@ -363,7 +363,7 @@ def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
     return totals, finals
 
 
-def _run(ga: Gallocr, seg: Segment, variant: list, counts: list[tuple[Tensor, int, int]],
+def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor, int, int]],
          carried: Tensor | None) -> None:
     """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
     if carried is not None:

@@ -40,12 +40,23 @@ class Graph:
                 nodes.append(node)
 
 
-def program(nodes: list[Tensor]) -> list[tuple[Tensor, bool, tuple[Tensor, ...], tuple[Tensor, ...]]]:
-    """The nodes as fitter.ggml.alloc.Gallocr.process_program walks them: per node, whether it can be allocated
-    (neither external nor a view), its sources that can be (in order, repeats kept) and its sources the allocator
-    counts down (all but the external ones: weights and caches are never allocated, so never freed)."""
-    return [(n, not n.ext and n.vs is None, tuple(p for p in n.src if p is not None and not p.ext and p.vs is None),
-             tuple(p for p in n.src if p is not None and not p.ext)) for n in nodes]
+Program = tuple[list[Tensor], list[bool], list[tuple], list[tuple]]
+
+
+def program(nodes: list[Tensor]) -> Program:
+    """The nodes as fitter.ggml.alloc.Gallocr.process_program walks them, in parallel lists (a graph a search keeps
+    is walked by the cyclic collector: few objects): per node, whether it can be allocated (neither external nor a
+    view), its sources that can be (in order, repeats kept) and its sources the allocator counts down (all but the
+    external ones: weights and caches are never allocated, so never freed); its own src where that is all of them."""
+    cans, allocs, uses = [], [], []
+    for n in nodes:
+        src = n.src
+        a = tuple(p for p in src if p is not None and not p.ext and p.vs is None)
+        u = tuple(p for p in src if p is not None and not p.ext)
+        cans.append(not n.ext and n.vs is None)
+        allocs.append(src if len(a) == len(src) else a)
+        uses.append(src if len(u) == len(src) else u)
+    return nodes, cans, allocs, uses
 
 
 class Segment:

@@ -292,7 +292,7 @@ class _Traced:
     context that differs from it only in those sizes and keeps its guards: each tensor whose shape (or preset
     size: the scheduler's copies) follows from the sizes gets it evaluated, every tensor its allocator state reset."""
 
-    __slots__ = ("spec", "details", "guards", "run", "shapes", "state", "types_read", "fresh")
+    __slots__ = ("spec", "details", "guards", "run", "shapes", "ts", "sizes", "bes", "types_read", "fresh")
 
     def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
                  segs: list[Segment], types_read: bool) -> None:
@@ -315,22 +315,25 @@ class _Traced:
             seen[id(t)] = t
             stack.extend(t.src)
             stack.append(t.vs)
-        self.state: list[list] = []  # [tensor, size, backend] before the first allocation
-        self.shapes: list[tuple] = []  # (tensor, its state, ne, nb and preset size as forms) where cells reach them
+        # before the first allocation, in parallel lists (fewer objects for the collector): the tensors the allocator
+        # may touch (not weights and caches, never allocated, their counts never read), their sizes and backends
+        self.ts: list[Tensor] = []
+        self.sizes: list[int] = []
+        self.bes: list[int] = []
+        self.shapes: list[tuple] = []  # (tensor, its index in ts or -1, ne, nb, preset size as forms) where cells reach
         for t in seen.values():
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
+            k = len(self.ts) if not t.ext else -1
             if Sym in map(type, t.ne) or Sym in map(type, nb) or type(size) is Sym:
-                plain = int.__int__(size)
-                row = [t, plain, t.be]
-                self.shapes.append((t, row, [form(x) for x in t.ne], [form(x) for x in nb],
+                self.shapes.append((t, k, [form(x) for x in t.ne], [form(x) for x in nb],
                                     form(size) if type(size) is Sym else None))
                 t.ne = [int.__int__(x) for x in t.ne]
                 _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
-                t.size = plain
-            else:
-                row = [t, size, t.be]
-            if not t.ext:  # weights and caches: never allocated (their counts are never read)
-                self.state.append(row)
+                t.size = size = int.__int__(size)
+            if k >= 0:
+                self.ts.append(t)
+                self.sizes.append(size)
+                self.bes.append(t.be)
         # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
         # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
         dep = {id(e[0]) for e in self.shapes}
@@ -342,14 +345,15 @@ class _Traced:
 
     def apply(self, cells: tuple[int, int]) -> None:
         v0, v1 = cells
-        for t, row, ne, nb, size in self.shapes:
+        sizes = self.sizes
+        for t, i, ne, nb, size in self.shapes:
             t.ne = [a * v0 + b * v1 + k for a, b, k in ne]
             _NB_SLOT.__set__(t, [a * v0 + b * v1 + k for a, b, k in nb])
-            if size is not None:
-                row[1] = size[0] * v0 + size[1] * v1 + size[2]
+            if size is not None and i >= 0:
+                sizes[i] = size[0] * v0 + size[1] * v1 + size[2]
         for t in self.fresh:
             t.memo = None
-        for t, size, be in self.state:
+        for t, size, be in zip(self.ts, sizes, self.bes):
             t.own = False
             t.nc = 0
             t.nv = 0
