@@ -150,6 +150,10 @@ class Gallocr:
     def _allocate(self, t: Tensor) -> None:  # ggml_gallocr_allocate_node
         if t.own or t.ext or t.vs is not None:
             return
+        self._place(t)
+
+    def _place(self, t: Tensor) -> None:
+        """_allocate for a tensor known to be neither allocated, external nor a view."""
         t.own = True
         if t.inpl:
             # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
@@ -267,7 +271,7 @@ class Gallocr:
     def process_program(self, prog: Program) -> None:
         """`process` over a segment's nodes as fitter.ggml.graph.program lists them: the same calls in the same
         order, without the sources no branch of `process` acts on (none, external, views to allocate)."""
-        allocate = self._allocate
+        allocate = self._place  # the program holds no external tensor or view to allocate
         tallocs = self.tallocs
         live = self.live if self.trace else None
         for node, can, allocs, uses in zip(*prog):

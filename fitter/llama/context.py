@@ -15,7 +15,9 @@ fitter.ggml's miniature ggml) is run one segment per distinct layer; for GPU bac
 and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer. Once the
 allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
 cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
-memoized on (spec, context, backend).
+memoized on (spec, context, backend). The built, placed and split graph is traced with the KV caches' cell
+counts symbolic (fitter.ggml.symbolic) and reused for another n_ctx of the same model and context where the
+trace's guards hold (`_Traced`): only the shapes the cells reach are evaluated again before the allocator runs.
 
 Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): byte-exact on the
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
