@@ -13,8 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from pydantic import BaseModel, ConfigDict
-
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
@@ -28,10 +26,9 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 
-class WeightBuffer(BaseModel):
+@dataclass(frozen=True, slots=True)
+class WeightBuffer:  # a dataclass, not a pydantic model: built per placement asked, and no import-time schema
     """One "model buffer size" line of llama.cpp's load log."""
-
-    model_config = ConfigDict(frozen=True)
 
     buffer: str  # llama.cpp's buffer name: CPU_Mapped, CPU, CUDA0, MTL0_Mapped, ...
     on_device: bool  # counts against the GPU's memory (Metal's mapped buffers do)
