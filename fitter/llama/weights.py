@@ -85,6 +85,24 @@ def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1,
     """llama_model::load_tensors' layer assignment (llama-model.cpp) and the overrides' buffer types by name, as
     common/arg.cpp parse_tensor_buffer_overrides accepts them (each device's default buffer type: CPU, CUDA0, ...).
     Without -ts the layers split by free memory, taken as equal on every GPU."""
+    key = (n_layer_all, backend, n_gpu_layers, tuple(map(tuple, overrides)), n_gpus,
+           None if tensor_split is None else tuple(tensor_split), split_mode, main_gpu)
+    hit = _PLACEMENTS.get(key)
+    if hit is None:  # every prediction asks (frozen: one answer can serve them all)
+        hit = _weight_placement(n_layer_all, backend, n_gpu_layers, overrides, n_gpus, tensor_split, split_mode,
+                                main_gpu)
+        if len(_PLACEMENTS) >= 64:
+            _PLACEMENTS.clear()
+        _PLACEMENTS[key] = hit
+    return hit
+
+
+_PLACEMENTS: dict[tuple, WeightPlacement] = {}
+
+
+def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, overrides: Sequence[tuple[str, str]],
+                      n_gpus: int, tensor_split: Sequence[float] | None, split_mode: str,
+                      main_gpu: int) -> WeightPlacement:
     impl = backends.get(backend)
     if not impl.is_gpu:
         return WeightPlacement((CPU_DEV,) * (n_layer_all + 1), _overrides(overrides, impl, []))
