@@ -143,7 +143,7 @@ class Gallocr:
         self.aligns = aligns
         self.alloc_sizes = [f or Tensor.nbytes for f in sizes]
         self.trace = trace
-        self.live: dict[int, Tensor] = {}
+        self.live: dict[Tensor, Tensor] = {}  # keyed by the tensor itself (identity), in allocation order
         self.peaks = [0] * len(aligns)
         self.peak_lives: list[list[tuple[str, int]]] = [[] for _ in aligns]
 
@@ -167,8 +167,8 @@ class Gallocr:
                     if not t.size:
                         self._size(t, be)
                     p.own = False
-                    if self.trace and self.live.pop(id(p), None) is not None:  # _handover
-                        self.live[id(t)] = t
+                    if self.trace and self.live.pop(p, None) is not None:  # _handover
+                        self.live[t] = t
                     # ggml_gallocr_free_extra_space
                     a = self.aligns[be]
                     ps = (p.size + a - 1) // a * a
@@ -178,11 +178,15 @@ class Gallocr:
                     return
         be = t.be
         if not t.size:
-            self._size(t, be)
+            m = t.memo
+            if m is not None and m[0] == be:
+                t.size = m[1]
+            else:
+                self._size(t, be)
         talloc = self.tallocs[be]
         t.addr = talloc.alloc(t.size)
         if self.trace:
-            self.live[id(t)] = t
+            self.live[t] = t
             hw = talloc.max_size
             if hw > self.peaks[be]:
                 self.peaks[be] = hw
@@ -198,8 +202,8 @@ class Gallocr:
         t.memo = (be, size)
 
     def _handover(self, old: Tensor, new: Tensor) -> None:
-        if self.trace and self.live.pop(id(old), None) is not None:
-            self.live[id(new)] = new
+        if self.trace and self.live.pop(old, None) is not None:
+            self.live[new] = new
 
     def _free_extra(self, t: Tensor, parent: Tensor) -> None:  # ggml_gallocr_free_extra_space
         a = self.aligns[parent.be]
@@ -214,7 +218,7 @@ class Gallocr:
         self.tallocs[t.be].free(t.addr, t.size)
         t.own = False
         if self.trace:
-            self.live.pop(id(t), None)
+            self.live.pop(t, None)
 
     def sizes(self) -> list[int]:
         return [t.max_size for t in self.tallocs]
@@ -298,7 +302,7 @@ class Gallocr:
                         tallocs[p.be].free(p.addr, p.size)
                         p.own = False
                         if live is not None:
-                            live.pop(id(p), None)
+                            live.pop(p, None)
 
 
 @dataclass
