@@ -12,6 +12,7 @@ the same nodes, placement and splits, and each shape is its form evaluated at th
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Any, Callable
 
 N_VARS = 2  # the cell counts: 0 the full KV cache's (n_ctx_seq), 1 the sliding-window cache's (swa_cells)
@@ -19,11 +20,11 @@ N_VARS = 2  # the cell counts: 0 the full KV cache's (n_ctx_seq), 1 the sliding-
 # (coefficients, constant, op, argument, expected): op(value, argument) == expected must hold for a reuse
 Guard = tuple[tuple[int, ...], int, Callable[[Any, Any], Any], Any, Any]
 
-_guards: list[set[Guard] | None] = [None]  # the trace being recorded (None: none)
+_local = threading.local()  # .guards: the trace this thread is recording (None or absent: none)
 
 
 def _record(k: tuple[int, ...], c: int, op: Callable[[Any, Any], Any], arg: Any, expected: Any) -> None:
-    g = _guards[0]
+    g = getattr(_local, "guards", None)
     if g is not None:
         g.add((k, c, op, arg, expected))
 
@@ -204,11 +205,11 @@ class trace:
     """`with trace() as guards:` records the guards of the Syms used inside it."""
 
     def __enter__(self) -> set[Guard]:
-        self.prev = _guards[0]
+        self.prev = getattr(_local, "guards", None)
         g: set[Guard] = set()
-        _guards[0] = g
+        _local.guards = g
         return g
 
     def __exit__(self, *exc: object) -> None:
-        _guards[0] = self.prev
+        _local.guards = self.prev
 
