@@ -339,7 +339,7 @@ class _Traced:
         # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
         # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
         dep = {id(e[0]) for e in self.shapes}
-        self.fresh = [t for t in seen.values() if id(t) in dep or any(id(p) in dep for p in t.src if p is not None)]
+        self.fresh = [t for t in seen.values() if id(t) in dep or not dep.isdisjoint(map(id, t.src))]
 
     @staticmethod
     def cells(c: GraphContext) -> tuple[int, int]:
