@@ -138,3 +138,23 @@ def test_placements_reuse_a_graph_exactly(arch: str, flags: dict, monkeypatch: p
         got = C.compute_buffers(spec, cp, "cuda", details=d, **opts)
         assert got == _scratch(spec, cp, "cuda", -1, d, False, monkeypatch, **opts), n_ctx
     assert len(traced) <= 3  # the sweep reuses a traced graph
+
+
+@pytest.mark.parametrize("release", ["0.3.16", "0.3.20", "0.3.23"])
+@pytest.mark.parametrize(("arch", "backend"), [("gemma3", "metal"), ("qwen3moe", "cuda"), ("deepseek2", "cpu")])
+def test_older_builds_reuse_a_graph_exactly(release: str, arch: str, backend: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builds whose rules pad the caches, the masks and n_batch otherwise (fitter.build)."""
+    from fitter.build import resolve_build
+
+    build_ = resolve_build(release)
+    header, spec = load_model_spec(str(build(arch)))
+    d = graph_details(header)
+    C._TRACED.clear()
+    for kw in (dict(n_ubatch=512), dict(n_ubatch=256, flash_attn="off", n_parallel=2, kv_unified=False)):
+        for n_ctx in SWEEP:
+            cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, **kw), Frontend.SERVER, build=build_)
+            C._CACHE.clear()
+            C._BY_CONTENT.clear()
+            got = C.compute_buffers(spec, cp, backend, details=d)
+            assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx)
