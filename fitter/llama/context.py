@@ -29,6 +29,7 @@ graph_optimize (fusion alloc deps, concurrency reordering): unverified.
 
 from __future__ import annotations
 
+import atexit
 import gc
 from typing import Callable
 
@@ -364,6 +365,8 @@ class _Traced:
 
 
 _TRACED: dict[tuple, _Traced] = {}
+# dropped at exit, before the interpreter's last collection walks them (~10 ms off a `fit`)
+atexit.register(_TRACED.clear)
 # a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
 # every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
 _TRACED_MAX = 4
