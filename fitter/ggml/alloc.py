@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fitter.ggml.graph import Segment
+from fitter.ggml.graph import Program, Segment
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 
 SIZE_MAX = (1 << 64) - 1
@@ -143,13 +143,17 @@ class Gallocr:
         self.aligns = aligns
         self.alloc_sizes = [f or Tensor.nbytes for f in sizes]
         self.trace = trace
-        self.live: dict[int, Tensor] = {}
+        self.live: dict[Tensor, Tensor] = {}  # keyed by the tensor itself (identity), in allocation order
         self.peaks = [0] * len(aligns)
         self.peak_lives: list[list[tuple[str, int]]] = [[] for _ in aligns]
 
     def _allocate(self, t: Tensor) -> None:  # ggml_gallocr_allocate_node
         if t.own or t.ext or t.vs is not None:
             return
+        self._place(t)
+
+    def _place(self, t: Tensor) -> None:
+        """_allocate for a tensor known to be neither allocated, external nor a view."""
         t.own = True
         if t.inpl:
             # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
@@ -161,10 +165,10 @@ class Gallocr:
                     t.addr = p.addr
                     t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
                     if not t.size:
-                        t.size = self.alloc_sizes[be](t)
+                        self._size(t, be)
                     p.own = False
-                    if self.trace and self.live.pop(id(p), None) is not None:  # _handover
-                        self.live[id(t)] = t
+                    if self.trace and self.live.pop(p, None) is not None:  # _handover
+                        self.live[t] = t
                     # ggml_gallocr_free_extra_space
                     a = self.aligns[be]
                     ps = (p.size + a - 1) // a * a
@@ -174,19 +178,32 @@ class Gallocr:
                     return
         be = t.be
         if not t.size:
-            t.size = self.alloc_sizes[be](t)
+            m = t.memo
+            if m is not None and m[0] == be:
+                t.size = m[1]
+            else:
+                self._size(t, be)
         talloc = self.tallocs[be]
         t.addr = talloc.alloc(t.size)
         if self.trace:
-            self.live[id(t)] = t
+            self.live[t] = t
             hw = talloc.max_size
             if hw > self.peaks[be]:
                 self.peaks[be] = hw
                 self.peak_lives[be] = [(x.name, x.size) for x in self.live.values() if x.be == be]
 
+    def _size(self, t: Tensor, be: int) -> None:
+        """t's alloc size in buffer be: the buffer type's get_alloc_size, or what it gave before (Tensor.memo)."""
+        m = t.memo
+        if m is not None and m[0] == be:
+            t.size = m[1]
+            return
+        t.size = size = self.alloc_sizes[be](t)
+        t.memo = (be, size)
+
     def _handover(self, old: Tensor, new: Tensor) -> None:
-        if self.trace and self.live.pop(id(old), None) is not None:
-            self.live[id(new)] = new
+        if self.trace and self.live.pop(old, None) is not None:
+            self.live[new] = new
 
     def _free_extra(self, t: Tensor, parent: Tensor) -> None:  # ggml_gallocr_free_extra_space
         a = self.aligns[parent.be]
@@ -201,7 +218,7 @@ class Gallocr:
         self.tallocs[t.be].free(t.addr, t.size)
         t.own = False
         if self.trace:
-            self.live.pop(id(t), None)
+            self.live.pop(t, None)
 
     def sizes(self) -> list[int]:
         return [t.max_size for t in self.tallocs]
@@ -253,6 +270,39 @@ class Gallocr:
                             free(vs)
                     elif p.own:
                         free(p)
+
+
+    def process_program(self, prog: Program) -> None:
+        """`process` over a segment's nodes as fitter.ggml.graph.program lists them: the same calls in the same
+        order, without the sources no branch of `process` acts on (none, external, views to allocate)."""
+        allocate = self._place  # the program holds no external tensor or view to allocate
+        tallocs = self.tallocs
+        live = self.live if self.trace else None
+        for node, can, allocs, uses in zip(*prog):
+            for p in allocs:
+                if not p.own:
+                    allocate(p)
+            if can and not node.own:
+                allocate(node)
+            for p in uses:
+                nc = p.nc - 1
+                p.nc = nc
+                if nc == 0 and p.nv == 0:
+                    vs = p.vs
+                    if vs is not None:
+                        nv = vs.nv - 1
+                        vs.nv = nv
+                        if nv == 0 and vs.nc == 0 and vs.own:
+                            p = vs
+                        else:
+                            continue
+                    elif not p.own:
+                        continue
+                    if not p.flags & FLAG_OUTPUT:  # _free, inlined
+                        tallocs[p.be].free(p.addr, p.size)
+                        p.own = False
+                        if live is not None:
+                            live.pop(p, None)
 
 
 @dataclass
@@ -321,7 +371,7 @@ def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
     return totals, finals
 
 
-def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Tensor, int, int]],
+def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor, int, int]],
          carried: Tensor | None) -> None:
     """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
     if carried is not None:
@@ -338,7 +388,7 @@ def _run(ga: Gallocr, seg: Segment, variant: list[Tensor], counts: list[tuple[Te
     for t, a, b in counts:
         t.nc = a
         t.nv = b
-    ga.process(variant)
+    ga.process_program(variant)
 
 
 def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
@@ -364,28 +414,47 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
     for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
     the replay jumps ahead by whole periods.
     """
-    first = _first_instances(keys, n)
+    return replay_plan(SegmentPlan(n, pro, seg0, templates, keys, epi), ga)
 
-    def glob_of(il: int) -> list[tuple[Tensor, int, int]]:
-        t = templates[keys[il]]
-        return t.glob_first if first[il] else t.glob_steady
 
-    totals, finals = _prologue_uses(n, pro, seg0, epi, glob_of)
-    sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
+class SegmentPlan:
+    """What replay_segments needs that follows from the segments alone (not from sizes): which layers run which
+    variant, the prologue tensors' total uses, the layers' signatures for the period test, the leafs."""
+
+    __slots__ = ("n", "pro", "seg0", "templates", "keys", "epi", "first", "totals", "sigs", "leafs")
+
+    def __init__(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
+                 epi: Segment) -> None:
+        self.n, self.pro, self.seg0, self.templates, self.keys, self.epi = n, pro, seg0, templates, keys, epi
+        self.first = first = _first_instances(keys, n)
+        totals, finals = _prologue_uses(n, pro, seg0, epi, self.glob_of)
+        self.totals = list(totals.values())
+        self.sigs = [(keys[il], first[il], frozenset(finals.get(il, ()))) for il in range(n)]
+        leafs = list(pro.leafs) + list(seg0.leafs)
+        for t in templates.values():
+            leafs += t.leafs
+        leafs += epi.leafs
+        self.leafs = leafs
+
+    def glob_of(self, il: int) -> list[tuple[Tensor, int, int]]:
+        t = self.templates[self.keys[il]]
+        return t.glob_first if self.first[il] else t.glob_steady
+
+
+def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
+    """replay_segments over a plan (a traced graph keeps its plan between reuses)."""
+    n, pro, seg0, templates, keys, epi = plan.n, plan.pro, plan.seg0, plan.templates, plan.keys, plan.epi
+    first, sigs, glob_of = plan.first, plan.sigs, plan.glob_of
 
     # ggml_gallocr_alloc_graph_impl: leafs first (in graph order), then the children/views counts
-    leafs = list(pro.leafs) + list(seg0.leafs)
-    for t in templates.values():
-        leafs += t.leafs
-    leafs += epi.leafs
-    for leaf in leafs:
+    for leaf in plan.leafs:
         ga._allocate(leaf)
-    for t, a, b in totals.values():
+    for t, a, b in plan.totals:
         t.nc = a
         t.nv = b
 
-    _run(ga, pro, pro.nodes, pro.first_counts, None)
-    _run(ga, seg0, seg0.nodes, seg0.first_counts, None)
+    _run(ga, pro, pro.prog_first, pro.first_counts, None)
+    _run(ga, seg0, seg0.prog_first, seg0.first_counts, None)
     carried = seg0.out
     simulated = 1
     hist: dict[tuple, list[int]] = {}
@@ -407,11 +476,11 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
             prev.append(il)
         seg = templates[keys[il]]
         if first[il]:
-            _run(ga, seg, seg.nodes, seg.first_counts, carried)
+            _run(ga, seg, seg.prog_first, seg.first_counts, carried)
         else:
-            _run(ga, seg, seg.steady, seg.steady_counts, carried)
+            _run(ga, seg, seg.prog_steady, seg.steady_counts, carried)
         carried = seg.out
         simulated += 1
         il += 1
-    _run(ga, epi, epi.nodes, epi.first_counts, carried)
+    _run(ga, epi, epi.prog_first, epi.first_counts, carried)
     return AllocResult(ga.sizes(), ga.peak_lives, simulated)

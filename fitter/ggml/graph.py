@@ -40,11 +40,30 @@ class Graph:
                 nodes.append(node)
 
 
+Program = tuple[list[Tensor], list[bool], list[tuple], list[tuple]]
+
+
+def program(nodes: list[Tensor]) -> Program:
+    """The nodes as fitter.ggml.alloc.Gallocr.process_program walks them, in parallel lists (a graph a search keeps
+    is walked by the cyclic collector: few objects): per node, whether it can be allocated (neither external nor a
+    view), its sources that can be (in order, repeats kept) and its sources the allocator counts down (all but the
+    external ones: weights and caches are never allocated, so never freed); its own src where that is all of them."""
+    cans, allocs, uses = [], [], []
+    for n in nodes:
+        src = n.src
+        a = tuple(p for p in src if p is not None and not p.ext and p.vs is None)
+        u = tuple(p for p in src if p is not None and not p.ext)
+        cans.append(not n.ext and n.vs is None)
+        allocs.append(src if len(a) == len(src) else a)
+        uses.append(src if len(u) == len(src) else u)
+    return nodes, cans, allocs, uses
+
+
 class Segment:
     """The nodes one layer (or the prologue / epilogue) adds to the graph, ready to be re-allocated."""
 
     __slots__ = ("nodes", "steady", "leafs", "inp", "out", "created", "locals", "first_counts", "steady_counts",
-                 "glob_first", "glob_steady", "dev")
+                 "glob_first", "glob_steady", "dev", "prog_first", "prog_steady")
 
     def __init__(self, nodes: list[Tensor], leafs: list[Tensor], created: list[Tensor], inp: Tensor | None, out: Tensor | None, dev: int = 0):
         self.nodes = nodes
@@ -65,10 +84,13 @@ class Segment:
             local[id(self.inp)] = self.inp
         self.locals = list(local.values())
         self.first_counts, self.glob_first = self._counts(nodes)
+        self.prog_first = program(nodes)
         if len(self.steady) == len(nodes):  # no prologue tensor emitted here: both variants count the same
             self.steady_counts, self.glob_steady = self.first_counts, self.glob_first
+            self.prog_steady = self.prog_first
         else:
             self.steady_counts, self.glob_steady = self._counts(self.steady)
+            self.prog_steady = program(self.steady)
 
     @staticmethod
     def _counts(nodes: list[Tensor]) -> tuple[list[tuple[Tensor, int, int]], list[tuple[Tensor, int, int]]]:

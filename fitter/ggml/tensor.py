@@ -31,7 +31,7 @@ class Tensor:
     """A ggml_tensor as far as the graph allocator can see it."""
 
     __slots__ = ("op", "type", "ne", "nb", "src", "vs", "flags", "name", "ext", "vis", "inpl", "nc", "nv", "own", "addr",
-                 "size", "glob", "be", "w", "n_expert", "uop", "sid")
+                 "size", "glob", "be", "w", "n_expert", "uop", "sid", "memo")
 
     def __init__(self, op: str, type_: int, ne: list[int], nb: list[int], src: tuple, vs: "Tensor | None", name: str, ext: bool = False):
         self.op = op
@@ -57,6 +57,9 @@ class Tensor:
         self.n_expert = 0
         self.uop = ""  # UNARY: which (only the MoE gating ones are named: "sigmoid", "softplus")
         self.sid = -1  # the scheduler split the node belongs to (GPU backends)
+        # (buffer, alloc size) from an earlier allocation of this graph (fitter.llama.context._Traced reuses graphs
+        # and clears it where the cache sizes reach)
+        self.memo: tuple[int, int] | None = None
 
     def nbytes(self) -> int:  # ggml_nbytes for the contiguous tensors the allocator places
         ne = self.ne

@@ -15,7 +15,9 @@ fitter.ggml's miniature ggml) is run one segment per distinct layer; for GPU bac
 and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer. Once the
 allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
 cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
-memoized on (spec, context, backend).
+memoized on (spec, context, backend). The built, placed and split graph is traced with the KV caches' cell
+counts symbolic (fitter.ggml.symbolic) and reused for another n_ctx of the same model and context where the
+trace's guards hold (`_Traced`): only the shapes the cells reach are evaluated again before the allocator runs.
 
 Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): byte-exact on the
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
@@ -27,17 +29,20 @@ graph_optimize (fusion alloc deps, concurrency reordering): unverified.
 
 from __future__ import annotations
 
+import atexit
+import gc
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, replay_segments
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, replay_plan
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
-from fitter.ggml.tensor import HOST, Context, Tensor, header_types_read
+from fitter.ggml.symbolic import Sym, form, holds, trace
+from fitter.ggml.tensor import _NB_SLOT, HOST, Context, Tensor, header_types_read
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.llama.cparams import ContextParams
@@ -180,10 +185,11 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
             for il, k in enumerate(keys)]
 
 
-def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
-              copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
-    """Build one segment per distinct layer, then allocate layer after layer, jumping over repeats
-    (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the full graph)."""
+def _prepare(c: GraphContext, pl: Placement | None = None,
+             copy_size: Callable[[Tensor], int] | None = None) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
+    """Build one segment per distinct layer, place and split them (GPU backends); the allocation then runs layer
+    after layer, jumping over repeats (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the
+    full graph)."""
     sp = c.spec
     n = sp.n_layer
     ctx = c.ctx0
@@ -241,11 +247,12 @@ def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
         pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
-    return replay_segments(n, ga, pro, seg0, templates, keys, epi)
+    plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
+    return (lambda ga: replay_plan(plan, ga)), order
 
 
-def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
-                  copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+def _prepare_mtp(c: GraphContext, pl: Placement | None = None,
+                 copy_size: Callable[[Tensor], int] | None = None) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
     """The MTP draft graph: one NextN block, built and allocated whole."""
     sp = c.spec
     il = sp.n_layer
@@ -265,8 +272,138 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
     if pl:
         split_graph([seg], pl, copy_size or Tensor.nbytes, {})
         pl.graph_optimize([seg])
-    ga.run(seg.nodes, seg.leafs)
-    return AllocResult(ga.sizes(), ga.peak_lives, 1)
+
+    def run(ga: Gallocr) -> AllocResult:
+        ga.run(seg.nodes, seg.leafs)
+        return AllocResult(ga.sizes(), ga.peak_lives, 1)
+
+    return run, [seg]
+
+
+def _simulate(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
+              copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+    return _prepare(c, pl, copy_size)[0](ga)
+
+
+def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
+                  copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+    return _prepare_mtp(c, pl, copy_size)[0](ga)
+
+
+class _Traced:
+    """A graph built, placed and split once with its cache sizes symbolic (fitter.ggml.symbolic), for every
+    context that differs from it only in those sizes and keeps its guards: each tensor whose shape (or preset
+    size: the scheduler's copies) follows from the sizes gets it evaluated, every tensor its allocator state reset."""
+
+    __slots__ = ("spec", "details", "guards", "run", "shapes", "ts", "sizes", "bes", "types_read", "fresh")
+
+    def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
+                 segs: list[Segment], types_read: bool) -> None:
+        self.spec = c.spec
+        self.details = details
+        self.guards = list(guards)
+        self.run = run
+        self.types_read = types_read
+        seen: dict[int, Tensor] = {}
+        stack: list = []
+        for seg in segs:
+            stack += seg.nodes
+            stack += seg.leafs
+            stack += seg.created
+            stack.append(seg.inp)
+        while stack:
+            t = stack.pop()
+            if t is None or id(t) in seen:
+                continue
+            seen[id(t)] = t
+            stack.extend(t.src)
+            stack.append(t.vs)
+        # before the first allocation, in parallel lists (fewer objects for the collector): the tensors the allocator
+        # may touch (not weights and caches, never allocated, their counts never read), their sizes and backends
+        self.ts: list[Tensor] = []
+        self.sizes: list[int] = []
+        self.bes: list[int] = []
+        self.shapes: list[tuple] = []  # (tensor, its index in ts or -1, ne, nb, preset size as forms) where cells reach
+        for t in seen.values():
+            nb, size = _NB_SLOT.__get__(t, Tensor), t.size
+            k = len(self.ts) if not t.ext else -1
+            if Sym in map(type, t.ne) or Sym in map(type, nb) or type(size) is Sym:
+                self.shapes.append((t, k, [form(x) for x in t.ne], [form(x) for x in nb],
+                                    form(size) if type(size) is Sym else None))
+                t.ne = [int.__int__(x) for x in t.ne]
+                _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
+                t.size = size = int.__int__(size)
+            if k >= 0:
+                self.ts.append(t)
+                self.sizes.append(size)
+                self.bes.append(t.be)
+        # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
+        # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
+        dep = {id(e[0]) for e in self.shapes}
+        self.fresh = [t for t in seen.values() if id(t) in dep or not dep.isdisjoint(map(id, t.src))]
+
+    @staticmethod
+    def cells(c: GraphContext) -> tuple[int, int]:
+        return c.cells(), c.cells(swa=True)
+
+    def apply(self, cells: tuple[int, int]) -> None:
+        v0, v1 = cells
+        sizes = self.sizes
+        for t, i, ne, nb, size in self.shapes:
+            t.ne = [a * v0 + b * v1 + k for a, b, k in ne]
+            _NB_SLOT.__set__(t, [a * v0 + b * v1 + k for a, b, k in nb])
+            if size is not None and i >= 0:
+                sizes[i] = size[0] * v0 + size[1] * v1 + size[2]
+        for t in self.fresh:
+            t.memo = None
+        for t, size, be in zip(self.ts, sizes, self.bes):
+            t.own = False
+            t.nc = 0
+            t.nv = 0
+            t.size = size
+            t.be = be
+
+
+_TRACED: dict[tuple, _Traced] = {}
+# dropped at exit, before the interpreter's last collection walks them (~10 ms off a `fit`)
+atexit.register(_TRACED.clear)
+# a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
+# every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
+_TRACED_MAX = 4
+
+
+def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: tuple | None,
+               pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+    """The graph of `c` allocated by `ga`: a traced graph of the same key (the model, the context but its cache
+    sizes, the placement) reused where its guards hold for these cache sizes, else built and traced."""
+    if key is not None:
+        hit = _TRACED.get(key)
+        if hit is not None and hit.spec is c.spec and hit.details is details:
+            _TRACED[key] = _TRACED.pop(key)  # the most recently used last
+            cells = _Traced.cells(c)
+            if holds(hit.guards, cells):
+                hit.apply(cells)
+                if hit.types_read:
+                    header_types_read[0] = True
+                return hit.run(ga)
+    prepare = _prepare_mtp if c.mtp else _prepare
+    if key is None:
+        return prepare(c, pl, copy_size)[0](ga)
+    read_before = header_types_read[0]
+    header_types_read[0] = False
+    c.symbolic = True
+    try:
+        with trace() as guards:
+            run, segs = prepare(c, pl, copy_size)
+    finally:
+        c.symbolic = False
+    types_read = header_types_read[0]
+    header_types_read[0] = read_before or types_read
+    traced = _Traced(c, details, guards, run, segs, types_read)
+    if len(_TRACED) >= _TRACED_MAX:
+        _TRACED.pop(next(iter(_TRACED)))
+    _TRACED[key] = traced
+    return run(ga)
 
 
 def _default_weight_type(spec: ModelSpec) -> int:
@@ -428,29 +565,53 @@ def compute_buffers(
             _host_weight_types(d, len(spec.layers), n_gpu_layers, placement, impl.kind) if impl.is_gpu else ())
     out = _BY_CONTENT.get(ckey)
     if out is None:
-        header_types_read[0] = False
-        c = GraphContext(spec, cp, d)
-        c.mtp = mtp
-        if impl.is_gpu:
-            out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload)
-        else:
-            ga = Gallocr(impl.alignment, trace=True)
-            r = _simulate_mtp(c, ga) if mtp else _simulate(c, ga)
-            terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
-            out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
-        if not header_types_read[0]:
-            if len(_BY_CONTENT) >= _CACHE_MAX:
-                _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
-            _BY_CONTENT[ckey] = out
+        # the cyclic collector paused while the graph is built and allocated: its thousands of short-lived objects
+        # would otherwise set off collections, now and then of the whole heap (~30 ms next to a read header)
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            out = _compute(spec, cp, d, details, key, ckey, impl, n_gpu_layers, metal_max_buffer_length, mtp,
+                           placement, kv_host, op_offload)
+        finally:
+            if gc_was:
+                gc.enable()
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (spec, details, out)
     return out
 
 
+def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: GraphDetails | None, key: tuple,
+             ckey: tuple, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None, mtp: bool,
+             placement: WeightPlacement | None, kv_host: bool, op_offload: bool) -> list[ComputeBuffer]:
+    """compute_buffers past its caches: build (or reuse) the graph, allocate it, keep the answer by content."""
+    header_types_read[0] = False
+    c = GraphContext(spec, cp, d)
+    c.mtp = mtp
+    # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq; n_tokens and n_outputs follow
+    # from n_ctx too) and n_batch, which no graph builder reads (llama_context::graph_reserve takes n_ubatch); the
+    # same spec and details objects (the graph reads them)
+    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq", "n_batch")),
+            c.n_tokens, c.n_outputs, *key[3:])
+    if impl.is_gpu:
+        out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
+                           details=details, tkey=tkey)
+    else:
+        ga = Gallocr(impl.alignment, trace=True)
+        r = _allocated(c, ga, details, tkey)
+        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
+        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+    if not header_types_read[0]:
+        if len(_BY_CONTENT) >= _CACHE_MAX:
+            _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
+        _BY_CONTENT[ckey] = out
+    return out
+
+
 def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None,
                  placement: WeightPlacement | None = None, kv_host: bool = False,
-                 op_offload: bool = True) -> list[ComputeBuffer]:
+                 op_offload: bool = True, *, details: GraphDetails | None = None,
+                 tkey: tuple | None = None) -> list[ComputeBuffer]:
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
@@ -490,7 +651,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
                  [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=True,
                  max_buffer_size=[max_size, SIZE_MAX] + [max_size] * n_extra)
-    r = _simulate_mtp(c, ga, pl, dev_size) if c.mtp else _simulate(c, ga, pl, dev_size)
+    r = _allocated(c, ga, details, tkey, pl, dev_size)
     names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
     names += [(device_buffer_name(impl, g), impl.alignment) for g in gpus[1:]]
     out = []

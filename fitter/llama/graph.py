@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generator
 
 from fitter.ggml.graph import Graph
+from fitter.ggml.symbolic import Sym
 from fitter.ggml.tensor import (
     FLAG_OUTPUT,
     Context,
@@ -115,6 +116,12 @@ class GraphContext:
         self.n_embd = spec.n_embd
         self.mtp = False  # the MTP draft context's graph (graph_mtp)
         self.ctx0 = Context()  # ggml_context of the graph being built (and the simulator's state)
+        self.symbolic = False  # cache sizes as fitter.ggml.symbolic.Sym (a graph traced to serve every n_ctx)
+
+    def cells(self, swa: bool = False) -> int:
+        """The cells of the full KV cache (n_ctx_seq) or of the sliding-window one (llama_kv_cache_iswa)."""
+        n = swa_cells(self.spec, self.cp) if swa else self.cp.n_ctx_seq
+        return Sym.var(int(swa), n) if self.symbolic else n
 
     # ---- inputs ------------------------------------------------------------------------------
 
@@ -206,7 +213,7 @@ class GraphContext:
     def build_attn_inp_kv(self, layers: list[int] | None = None) -> dict:  # build_attn_inp_kv
         if layers is None:
             layers = [l.index for l in self.spec.layers[: self.spec.n_layer] if l.has_kv]
-        return self._attn_inputs(self._kv(layers, self.cp.n_ctx_seq))
+        return self._attn_inputs(self._kv(layers, self.cells()))
 
     def build_inp_mem_hybrid(self) -> tuple[dict, dict]:  # build_inp_mem_hybrid: (recurrent, attention)
         ctx0 = self.ctx0
@@ -240,14 +247,14 @@ class GraphContext:
 
     def _attn_k_inputs(self, layers: list[int]) -> dict:
         ctx0 = self.ctx0
-        kv = self._kv(layers, self.cp.n_ctx_seq)
+        kv = self._kv(layers, self.cells())
         return {"kv": kv, "k_idxs": inp(ctx0, I64, (self.n_tokens,), "attn_inp_k_idxs"), "mask": self._kq_mask(kv), "k_only": True}
 
     def build_attn_inp_kv_iswa(self) -> dict:  # build_attn_inp_kv_iswa
         sp = self.spec
         trunk = [l for l in sp.layers[: sp.n_layer] if l.has_kv]
-        base = self._kv([l.index for l in trunk if l.kind != LayerKind.SWA], self.cp.n_ctx_seq)
-        swa = self._kv([l.index for l in trunk if l.kind == LayerKind.SWA], swa_cells(sp, self.cp), swa_cache_types(self.cp))
+        base = self._kv([l.index for l in trunk if l.kind != LayerKind.SWA], self.cells())
+        swa = self._kv([l.index for l in trunk if l.kind == LayerKind.SWA], self.cells(swa=True), swa_cache_types(self.cp))
         # llama_model::create_memory (gemma3n / gemma4): layers past n_layer_kv_from_start reuse the KV
         # of the last layer of their kind that has one
         for l in sp.layers[: sp.n_layer]:

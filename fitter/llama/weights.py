@@ -13,8 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from pydantic import BaseModel, ConfigDict
-
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
@@ -28,10 +26,9 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 
-class WeightBuffer(BaseModel):
+@dataclass(frozen=True, slots=True)
+class WeightBuffer:  # a dataclass, not a pydantic model: built per placement asked, and no import-time schema
     """One "model buffer size" line of llama.cpp's load log."""
-
-    model_config = ConfigDict(frozen=True)
 
     buffer: str  # llama.cpp's buffer name: CPU_Mapped, CPU, CUDA0, MTL0_Mapped, ...
     on_device: bool  # counts against the GPU's memory (Metal's mapped buffers do)
@@ -88,6 +85,24 @@ def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1,
     """llama_model::load_tensors' layer assignment (llama-model.cpp) and the overrides' buffer types by name, as
     common/arg.cpp parse_tensor_buffer_overrides accepts them (each device's default buffer type: CPU, CUDA0, ...).
     Without -ts the layers split by free memory, taken as equal on every GPU."""
+    key = (n_layer_all, backend, n_gpu_layers, tuple(map(tuple, overrides)), n_gpus,
+           None if tensor_split is None else tuple(tensor_split), split_mode, main_gpu)
+    hit = _PLACEMENTS.get(key)
+    if hit is None:  # every prediction asks (frozen: one answer can serve them all)
+        hit = _weight_placement(n_layer_all, backend, n_gpu_layers, overrides, n_gpus, tensor_split, split_mode,
+                                main_gpu)
+        if len(_PLACEMENTS) >= 64:
+            _PLACEMENTS.clear()
+        _PLACEMENTS[key] = hit
+    return hit
+
+
+_PLACEMENTS: dict[tuple, WeightPlacement] = {}
+
+
+def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, overrides: Sequence[tuple[str, str]],
+                      n_gpus: int, tensor_split: Sequence[float] | None, split_mode: str,
+                      main_gpu: int) -> WeightPlacement:
     impl = backends.get(backend)
     if not impl.is_gpu:
         return WeightPlacement((CPU_DEV,) * (n_layer_all + 1), _overrides(overrides, impl, []))
@@ -148,9 +163,8 @@ def _overrides(overrides: Sequence[tuple[str, str]], impl: backends.BackendImpl,
 PER_LAYER_GLOBALS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
 
 
-class TensorInstance(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
+@dataclass(frozen=True, slots=True)
+class TensorInstance:  # a dataclass: one per tensor and placement asked (a pydantic model cost ~1 us each)
     tensor: TensorInfo
     where: int | str  # "input", "output" or a layer index
     duplicated: bool = False  # created with TENSOR_DUPLICATED
@@ -190,6 +204,33 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
     return out
 
 
+_CREATED: dict[tuple, list[tuple[int, int]]] = {}
+
+
+def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> list[tuple[int, int]]:
+    """The tensors llama.cpp creates, as (index in the header, device), in creation order; pl None: all on the CPU.
+    By the tensors' names, the layers and the placement: the quants of one model (a header each) share it."""
+    key = (tuple(t.name for t in header.tensors), spec.architecture, spec.n_layer,
+           tuple(lay.kind for lay in spec.layers[: spec.n_layer]), load_mtp, pl)
+    hit = _CREATED.get(key)
+    if hit is not None:
+        return hit
+    index = {id(t): i for i, t in enumerate(header.tensors)}
+    out: list[tuple[int, int]] = []
+    created: set[tuple[int, str]] = set()
+    for inst in tensor_instances(header, spec, load_mtp=load_mtp):
+        d = pl.device_of(inst.tensor.name, inst.where) if pl is not None else CPU_DEV
+        k = (d, inst.tensor.name)
+        if inst.duplicated and k in created and not inst.created_first:
+            continue  # create_tensor found the original in this buffer type's context and reused it
+        created.add(k)
+        out.append((index[id(inst.tensor)], d))
+    if len(_CREATED) >= 16:
+        _CREATED.pop(next(iter(_CREATED)))
+    _CREATED[key] = out
+    return out
+
+
 def weight_buffers(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -208,14 +249,10 @@ def weight_buffers(
     pl = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
 
     groups: dict[tuple[int, int], list[TensorInfo]] = {}
-    created: set[tuple[int, str]] = set()
-    for inst in tensor_instances(header, spec, load_mtp=load_mtp):
-        d = pl.device_of(inst.tensor.name, inst.where) if device.is_gpu else CPU_DEV
-        key = (d, inst.tensor.name)
-        if inst.duplicated and key in created and not inst.created_first:
-            continue  # create_tensor found the original in this buffer type's context and reused it
-        created.add(key)
-        groups.setdefault((d, inst.tensor.shard), []).append(inst.tensor)
+    tensors = header.tensors
+    for i, d in _created(header, spec, load_mtp, pl if device.is_gpu else None):
+        t = tensors[i]
+        groups.setdefault((d, t.shard), []).append(t)
 
     out: list[WeightBuffer] = []
     for d in [CPU_DEV] + sorted({g for g, _ in groups if g != CPU_DEV}):

@@ -21,6 +21,7 @@ FTYPES = ("Q4_K_M", "Q8_0", "Q2_K", "Q6_K", "BF16")
 def _fresh(spec, cp, backend, ngl, details):
     C._CACHE.clear()
     C._BY_CONTENT.clear()
+    C._TRACED.clear()
     return C.compute_buffers(spec, cp, backend, ngl, details=details)
 
 
@@ -45,9 +46,10 @@ def test_quants_share_a_replay_only_when_types_are_unread(arch: str, backend: st
 
     C._CACHE.clear()
     C._BY_CONTENT.clear()
+    C._TRACED.clear()
     replays = []
-    real = C._simulate
-    monkeypatch.setattr(C, "_simulate", lambda *a, **k: replays.append(1) or real(*a, **k))
+    real = C._allocated
+    monkeypatch.setattr(C, "_allocated", lambda *a, **k: replays.append(1) or real(*a, **k))
     got = [C.compute_buffers(s, cp, backend, ngl, details=d) for s, d in quants]
     assert got == want
     assert len(replays) == (1 if shared else len(FTYPES))

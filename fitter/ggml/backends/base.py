@@ -95,7 +95,7 @@ class FlashAttnShape:
 
 
 def _ne4(t: Any) -> tuple[int, int, int, int]:
-    ne = tuple(int(x) for x in t.ne)
+    ne = tuple(x if isinstance(x, int) else int(x) for x in t.ne)  # ints kept as they are (a traced Sym too)
     return (ne + (1, 1, 1, 1))[:4]  # type: ignore[return-value]
 
 

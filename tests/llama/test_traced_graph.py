@@ -1,0 +1,160 @@
+"""One graph per model and context less its cache sizes (fitter.llama.context._TRACED, fitter.ggml.symbolic).
+
+A graph is traced once with its KV caches' cell counts symbolic; a context that differs only in n_ctx reuses it,
+its shapes evaluated at the new cell counts, where the trace's guards hold. Everything here is checked against the
+same compute buffers built from scratch without tracing (no reuse, plain ints): every architecture, the CPU, CUDA
+and Metal, a sweep of n_ctx in both directions, flash attention on and off, a quantized cache, several sequences,
+partial offload (the scheduler's copies), MTP heads."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+
+from fitter.ggml.symbolic import Sym, holds, trace
+from fitter.llama import context as C
+from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
+from fitter.llama.graph_details import graph_details
+from fitter.llama.model import load_model_spec
+from tests.synth import build
+
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "mistral3", "gemma2", "gemma3", "gemma4", "qwen3moe", "qwen35",
+         "qwen35moe", "qwen3next", "gpt-oss", "deepseek2", "glm4moe")
+# n_ctx up and down, across the 256-cell padding and the SWA window; the first one traces the graph
+SWEEP = (4096, 4352, 1024, 33024, 8192, 768, 131072, 2560)
+CONFIGS = (
+    dict(n_ubatch=512),
+    dict(n_ubatch=256, flash_attn="off", n_parallel=2, kv_unified=False),
+    dict(n_ubatch=512, type_k="q8_0", type_v="q8_0", flash_attn="on", n_gpu_layers=2),
+)
+
+
+def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one per graph traced (not reused)."""
+    traced: list[int] = []
+
+    class Counting(C._Traced):
+        __slots__ = ()
+
+        def __init__(self, *a) -> None:
+            traced.append(1)
+            super().__init__(*a)
+
+    monkeypatch.setattr(C, "_Traced", Counting)
+    return traced
+
+
+def _scratch(spec, cp, backend, ngl, details, mtp, monkeypatch: pytest.MonkeyPatch, **opts):
+    """The buffers built from scratch: no cache, no trace."""
+    with monkeypatch.context() as m:
+        real = C._allocated
+        m.setattr(C, "_allocated", lambda c, ga, d, key, *a: real(c, ga, d, None, *a))
+        m.setattr(C, "_CACHE", {})
+        m.setattr(C, "_BY_CONTENT", {})
+        return C.compute_buffers(spec, cp, backend, ngl, details=details, mtp=mtp, **opts)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_reused_graph_equals_one_built_from_scratch(arch: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mtp_kw = {"n_nextn": 1} if arch in ("qwen35", "qwen35moe", "glm4moe", "deepseek2") else {}
+    header, spec = load_model_spec(str(build(arch, **mtp_kw)))
+    d = graph_details(header)
+    C._TRACED.clear()
+    traced = _count_traces(monkeypatch)
+    ran = runs = 0
+    for kw in CONFIGS:
+        ngl = kw.get("n_gpu_layers", -1)
+        try:
+            resolve_context(spec, RunConfig(**kw), Frontend.SERVER)
+        except ConfigError:  # a quantized cache the heads' sizes refuse
+            continue
+        ran += 1
+        for mtp in (False, True) if mtp_kw else (False,):
+            for n_ctx in SWEEP:
+                cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, **kw), Frontend.SERVER)
+                C._CACHE.clear()
+                C._BY_CONTENT.clear()
+                got = C.compute_buffers(spec, cp, backend, ngl, details=d, mtp=mtp)
+                runs += 1
+                assert got == _scratch(spec, cp, backend, ngl, d, mtp, monkeypatch), (kw, mtp, n_ctx)
+    assert ran and runs - len(traced) >= runs * 5 // 8  # most of the sweep reuses a traced graph
+
+
+def test_qwen35moe_full_size_reuses_one_graph_for_every_n_ctx_past_the_ubatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.synth.shapes import build_shape
+
+    header, spec = load_model_spec(str(build_shape("qwen36-35b-a3b")))
+    d = graph_details(header)
+    C._TRACED.clear()
+    traced = _count_traces(monkeypatch)
+    for n_ctx in (4096, 262144, 65536, 4352):
+        cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=2048, type_k="q8_0", type_v="q8_0"), Frontend.SERVER)
+        assert C.compute_buffers(spec, cp, "metal", details=d) == _scratch(spec, cp, "metal", -1, d, False, monkeypatch)
+    assert len(traced) == 1
+
+
+def test_sym_keeps_affine_forms_and_guards_everything_else() -> None:
+    with trace() as guards:
+        s = Sym.var(0, 4096)
+        x = (s * 2 + 64) // 2 - 1  # affine: no guard
+        assert (x.k, x.c, int.__int__(x)) == ((1, 0), 31, 4127)
+        assert not guards
+        assert (s // 3, s % 256) == (1365, 0)  # not exact in s: guarded
+        assert s > 512
+    assert ((1, 0), 0, operator.floordiv, 3, 1365) in guards
+    assert holds(list(guards), (4096, 0)) and holds(list(guards), (4096, 123))  # the SWA cells are not used
+    assert not holds(list(guards), (4097, 0)) and not holds(list(guards), (4352, 0))  # % 256, // 3
+    assert not holds(list(guards), (512, 0))
+    with trace() as pinned:
+        assert [0] * 2 + [int(s)] == [0, 0, 4096] and f"{s}" == "4096"
+    assert holds(list(pinned), (4096, 0)) and not holds(list(pinned), (4352, 0))
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "gpt-oss", "gemma3"])
+@pytest.mark.parametrize("flags", [
+    dict(n_gpus=2),  # pipeline parallelism: every split input copied GGML_SCHED_MAX_COPIES times
+    dict(n_gpus=2, tensor_split=(3.0, 1.0), no_kv_offload=True),  # the caches in host memory
+    dict(n_cpu_moe=2, n_ubatch=256),  # experts on the CPU: their copies for the GPU's ops
+    dict(override_tensor=("attn_.*=CPU",), no_op_offload=True),
+])
+def test_placements_reuse_a_graph_exactly(arch: str, flags: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fitter.fit.memory import placement_of
+    from fitter.llama.cparams import Backend
+
+    header, spec = load_model_spec(str(build(arch)))
+    d = graph_details(header)
+    kw = {k: v for k, v in flags.items() if k != "n_gpus"}
+    C._TRACED.clear()
+    traced = _count_traces(monkeypatch)
+    for n_ctx in SWEEP:
+        cfg = RunConfig(n_ctx=n_ctx, **kw)
+        cp = resolve_context(spec, cfg, Frontend.SERVER)
+        wp = placement_of(spec, cfg, Backend.CUDA, flags.get("n_gpus", 1))
+        opts = dict(placement=wp, kv_host=cfg.no_kv_offload, op_offload=not cfg.no_op_offload)
+        C._CACHE.clear()
+        C._BY_CONTENT.clear()
+        got = C.compute_buffers(spec, cp, "cuda", details=d, **opts)
+        assert got == _scratch(spec, cp, "cuda", -1, d, False, monkeypatch, **opts), n_ctx
+    assert len(traced) <= 3  # the sweep reuses a traced graph
+
+
+@pytest.mark.parametrize("release", ["0.3.16", "0.3.20", "0.3.23"])
+@pytest.mark.parametrize(("arch", "backend"), [("gemma3", "metal"), ("qwen3moe", "cuda"), ("deepseek2", "cpu")])
+def test_older_builds_reuse_a_graph_exactly(release: str, arch: str, backend: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builds whose rules pad the caches, the masks and n_batch otherwise (fitter.build)."""
+    from fitter.build import resolve_build
+
+    build_ = resolve_build(release)
+    header, spec = load_model_spec(str(build(arch)))
+    d = graph_details(header)
+    C._TRACED.clear()
+    for kw in (dict(n_ubatch=512), dict(n_ubatch=256, flash_attn="off", n_parallel=2, kv_unified=False)):
+        for n_ctx in SWEEP:
+            cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, **kw), Frontend.SERVER, build=build_)
+            C._CACHE.clear()
+            C._BY_CONTENT.clear()
+            got = C.compute_buffers(spec, cp, backend, details=d)
+            assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx)
