@@ -126,6 +126,10 @@ LlamaBuildOpt = Annotated[Optional[str], typer.Option(
     help="The llama.cpp build whose rules apply: a build number (b9430), a commit prefix, a date (2026-06-15), a "
          "llama-cpp-python version (0.3.25), a llama.cpp log file, or auto (runs --llama-server PATH or the "
          "llama-server on PATH with --version). Default: ggfit's pinned build (calibrate --log: the log's build line).")]
+PromptTokensOpt = Annotated[int, typer.Option("--prompt-tokens", help="Prompt length per request, in the model's tokens (1 or more).")]
+GenTokensOpt = Annotated[int, typer.Option("--gen-tokens", help="Tokens to decode after the prompt (1 or more).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="The sampler's seed (optimise: leave unset when several workers share a study; compare-engines: default 0).")]
+TrialsOpt = Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (optimise: default the study's budget; compare-engines: default 8, 2 or more, both engines' defaults first).")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
@@ -849,11 +853,11 @@ def optimise(
     margin: MarginOpt = None,
     backend: BackendOpt = None,
     storage: StorageOpt = None,
-    trials: Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (default: the study's budget).")] = None,
+    trials: TrialsOpt = None,
     runner: RunnerOpt = RunnerName.python,
     llama_server: LlamaServerOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft model to consider (repeatable).")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Leave unset when several workers share a study.")] = None,
+    seed: SeedOpt = None,
     no_compare: Annotated[bool, typer.Option("--no-compare", help="Skip measuring llama.cpp's default flags.")] = False,
     n_gpu_layers: GpuLayers = -1,
     n_cpu_moe: NCpuMoe = 0,
@@ -908,24 +912,26 @@ def compare_engines_cmd(
     mlx_model: Annotated[str, typer.Argument(help="The same model as an MLX directory (config.json + safetensors).")],
     budget: BudgetOpt = "auto",
     margin: MarginOpt = None,
-    trials: Annotated[int, typer.Option("--trials", help="Trials in all, both engines' defaults first (2 or more).")] = 8,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length per request (approximate tokens).")] = 64,
-    gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens generated per request.")] = 16,
+    trials: TrialsOpt = None,
+    prompt_tokens: PromptTokensOpt = 64,
+    gen_tokens: GenTokensOpt = 16,
     llama_server: LlamaServerOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    seed: SeedOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
     (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
     fitter.require_mlx_lm()
+    trials = 8 if trials is None else trials
     if trials < 2:
         raise fitter.ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
     from search.study.engines import compare_engines  # optuna: only for this command
 
-    bud = fitter.parse_budget(budget, _detect_backend())
-    available = fitter.available_bytes(bud, fitter.parse_margin(margin))
+    backend = _detect_backend()
+    bud = fitter.parse_budget(budget, backend)
+    available = fitter.available_bytes(bud, fitter.parse_margin(margin, backend))
     r = compare_engines(fitter.resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
-                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed, llama_server=llama_server)
+                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed or 0, llama_server=llama_server)
     print(r.model_dump_json(indent=2) if as_json else r.text())
     raise typer.Exit(0 if r.winner else 1)
 
@@ -1165,8 +1171,8 @@ def probe(
     budget: Annotated[Optional[str], typer.Option("--budget", help=f"CPU only: run the probe under this memory limit: {SIZE_HELP}.")] = None,
     llama_server: LlamaServerOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the probe is a timeout.")] = 300.0,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length in the model's tokens (1 or more).")] = 512,
-    gen_tokens: Annotated[int, typer.Option("--gen-tokens", help="Tokens to decode after the prompt (1 or more).")] = 64,
+    prompt_tokens: PromptTokensOpt = 512,
+    gen_tokens: GenTokensOpt = 64,
     repeats: Annotated[int, typer.Option("--repeats", help="Measured runs after one warm-up (1 or more); the median is reported.")] = 3,
     kind: Annotated[PromptKind, typer.Option("--kind", help="The prompt text.")] = PromptKind.prose,
     as_json: AsJson = False,
