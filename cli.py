@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -1234,11 +1235,19 @@ def _usage_line(e) -> str:
     return f"ggfit: error: {msg} (see {cmd} --help)"
 
 
+_ONE_SHOT = frozenset({"fit", "quants", "inspect"})
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: user errors (ggfit's and click's usage errors) become one line on stderr and exit code 2;
     Ctrl-C is exit code 130."""
     from fitter.gguf import header_cache  # the standard library only
 
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] and args[0] in _ONE_SHOT:
+        # one answer and exit: what they allocate is bounded (a header, a few graphs), and the cyclic collector's
+        # passes over the imported modules' objects cost 20-65 ms of a 0.25-0.4 s command
+        gc.disable()
     try:
         with header_cache.enabled():  # a command reads a local header's parse from disk when the file is unchanged
             rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
