@@ -8,14 +8,24 @@ import os
 import re
 import shutil
 import sys
-from collections import defaultdict
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Annotated, Any, Optional
 
 import typer
 
 import fitter
+from cli_output import (
+    FitRun,
+    calibrate_clear,
+    calibrate_list,
+    calibration_lines,
+    mib,
+    print_breakdown,
+    print_fit,
+    print_log_extras,
+    print_log_side,
+    warn_ctx_train,
+)
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
@@ -134,10 +144,6 @@ TrialsOpt = Annotated[Optional[int], typer.Option("--trials", help="Probes to ru
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.2f} MiB"
-
-
 @app.command()
 def inspect(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
@@ -161,9 +167,9 @@ def inspect(
         arch += "  [not modelled by ggfit: layer kinds below are generic guesses]"
     rows.append(("architecture", arch))
     rows.append(("parameters", f"{spec.n_params:,} ({spec.n_params / 1e9:.3f} B)"))
-    rows.append(("file size", f"{_mib(spec.file_size)} ({spec.file_size:,} bytes; header {_mib(spec.header_size)})"))
+    rows.append(("file size", f"{mib(spec.file_size)} ({spec.file_size:,} bytes; header {mib(spec.header_size)})"))
     rows.append(("file type", spec.file_type_name or "not set"))
-    rows.append(("bytes by type", ", ".join(f"{t} {_mib(b)}" for t, b in spec.bytes_by_type.items())))
+    rows.append(("bytes by type", ", ".join(f"{t} {mib(b)}" for t, b in spec.bytes_by_type.items())))
     trunk = [layer for layer in spec.layers if not layer.nextn]
     kinds = spec.layer_kind_counts()
     parts = []
@@ -205,7 +211,7 @@ def inspect(
     rows.append(("training context", f"{spec.n_ctx_train:,}"))
     rows.append(("MTP head", f"yes ({spec.n_layer_nextn} NextN layer{'s' if spec.n_layer_nextn > 1 else ''})" if spec.has_mtp else "no"))
     if header.bytes_fetched < spec.file_size:
-        rows.append(("read", f"{_mib(header.bytes_fetched)} of the file"))
+        rows.append(("read", f"{mib(header.bytes_fetched)} of the file"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -263,21 +269,6 @@ def _llama_build(value: str | None, llama_server: str | None = None):
     return fitter.resolve_build(value)
 
 
-def _print_build(build, differences) -> None:
-    """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
-    if build.is_pinned:
-        return
-    matter = [d for d in differences if d.device_bytes]
-    print(f"build    {build.label()}: {build.how}")
-    if matter:
-        print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
-    for d in matter:
-        print(f"         - {d.line}")
-    if len(differences) > len(matter):
-        print(f"         ({len(differences) - len(matter)} other rules differ from the pinned build and change "
-              "nothing here)")
-
-
 def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
                       no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
                       budgets: list) -> dict[str, Any]:
@@ -294,38 +285,6 @@ def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] 
     return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
                 no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
                 tensor_split=ts)
-
-
-def _warn_ctx_train(cp, spec) -> None:
-    """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
-    if cp.n_ctx_seq > spec.n_ctx_train:
-        print(f"ggfit: warning: n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({spec.n_ctx_train}) -- possible training "
-              "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
-
-
-def _flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
-    """llama-server flags for a resolved context, one item per flag."""
-
-    return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
-
-
-def _print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
-    print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
-    for b in pred.buffers:
-        print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
-    if per_device:  # one budget per GPU
-        totals = pred.device_totals()
-        for name, a in per_device.items():
-            t = totals.get(name, 0)
-            print(f"{name} against its budget: {_mib(t)} of {_mib(a)} available: "
-                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
-        return
-    total = pred.total_device_bytes
-    verdict = "fits" if total <= available else "does NOT fit"
-    print(f"total against the budget: {_mib(total)} of {_mib(available)} available: {verdict}, "
-          f"headroom {(available - total) / 2**20:,.2f} MiB")
-    if pred.total_host_bytes:
-        print(f"host memory outside the budget: {_mib(pred.total_host_bytes)}")
 
 
 def _fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
@@ -368,14 +327,14 @@ def _fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, 
         }, indent=2))
     else:
         print(f"model    {model} ({spec.model_type}, "
-              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {_mib(m.file_bytes)} on disk)")
+              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
         print(f"engine   mlx, {fitter.mlx_label()}")
-        print(f"budget   {_mib(bud.bytes)} ({bud.source}), margin {_mib(margin_bytes)} -> {_mib(available)} available")
+        print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
         if n_ctx is None:
             print(f"\nlargest context: -c {best} (prompt + --max-tokens {max_tokens}; the model's limit {n_max:,})"
                   if best else "\nnothing fits, not even -c 256")
         print()
-        _print_breakdown(pred, available)
+        print_breakdown(pred, available)
         for w in pred.warnings:
             print("warning: " + w)
         if fits:
@@ -475,7 +434,7 @@ def fit(
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
-    r = _FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
+    r = FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
                 available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None,
                 host=host, n_gpus=len(buds), per_device=per_device)
     r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
@@ -483,7 +442,7 @@ def fit(
     if not build.is_pinned:
         r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
                                                  n_gpus=r.n_gpus)
-    _warn_ctx_train(r.pred.context, spec)
+    warn_ctx_train(r.pred.context, spec)
     if check and fit_params is not None:
         ccfg = fitter.fit_params_check_config(r.pred, r.pred_config)
         cpred = fitter.predict(header, spec, ccfg, be, fitter.FIT_PARAMS_FRONTEND, build=build)
@@ -493,284 +452,7 @@ def fit(
     if as_json:
         print(json.dumps(r.as_json(), indent=2))
         return
-    _print_fit(r, asked={"-b": n_batch, "-ub": n_ubatch})
-
-
-@dataclass
-class _FitRun:
-    """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
-
-    path: str
-    header: Any
-    spec: Any
-    cfg: Any
-    be: Any
-    fe: Any
-    bud: Any
-    margin_bytes: int
-    available: int
-    draft: Any
-    model_draft: str | None
-    build: Any
-    margin_default: bool = False
-    host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
-    n_gpus: int = 1
-    per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
-
-    @property
-    def avail(self) -> Any:
-        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
-        if self.per_device:
-            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
-        return self.available
-    solutions: list = field(default_factory=list)
-    differences: list = field(default_factory=list)
-    rec: Any = None
-    pred: Any = None
-    measured: dict | None = None
-    fit_params: dict | None = None
-    placement: Any = None  # a PlacementChoice when the config as given does not fit
-    placement_why: str = ""
-    placement_cfg: Any = None
-
-    def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
-        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
-        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
-        if not solve_ctx:
-            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft, build=b)
-            return
-        kwargs: dict[str, Any] = {}
-        if kv_given:
-            kwargs["kv_pairs"] = ((cfg.type_k, cfg.type_v),)
-        if n_ubatch:
-            # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
-            kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
-        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
-                                      build=b, per_device=self.per_device, **kwargs)
-        self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
-        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
-                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
-
-    @property
-    def pred_config(self) -> Any:
-        """The config of the prediction shown (the recommended solution's when fit solved for the context)."""
-        return fitter.served_config(self.pred.context, self.cfg, self.model_draft if self.pred_draft else None)
-
-    @property
-    def pred_draft(self) -> Any:
-        return self.draft if (self.rec is None or self.rec.draft) else None
-
-    def solve_placement(self) -> None:
-        """When the config does not fit (or the context solved for stops short of the training context): the
-        placement (--n-cpu-moe, else -ngl) that fits at the asked context (else the training context)."""
-        cp = self.pred.context
-        if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
-            return
-        if self.be.value == "cpu":
-            return
-        target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
-        base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
-                                           "type_v": cp.type_v})
-        if self.rec is not None:
-            base = base.model_copy(update={"n_batch": self.rec.n_batch})
-        host = self.host.bytes if self.host is not None else None
-        self.placement, self.placement_why = fitter.solve_placement(
-            self.header, self.spec, base, self.be, self.fe, self.avail, host,
-            draft=self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
-        if self.placement is not None:
-            self.placement_cfg = base.model_copy(update=self.placement.update)
-
-    @property
-    def fits(self) -> bool:
-        # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
-        if self.host is not None and self.pred.host_bytes > self.host.bytes:
-            return False
-        return fitter.excess(self.pred, self.avail) <= 0
-
-    def placement_flags(self) -> list[str]:
-        pcfg = self.placement_cfg
-        pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
-                              self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
-        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return _flags(self.path, pred.context, pcfg, draft)
-
-    def flags(self) -> list[str]:
-        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return _flags(self.path, self.pred.context, self.cfg, draft)
-
-    def as_json(self) -> dict[str, Any]:
-        total = self.pred.total_device_bytes
-        out = {
-            "backend": self.be.value,
-            "frontend": self.fe.value,
-            "llama_cpp": fitter.build_label() if self.build.is_pinned else self.build.label(),
-            "llama_build": {"label": self.build.label(), "how": self.build.how, "pinned": self.build.is_pinned,
-                            "differences": [d.model_dump(mode="json") for d in self.differences]},
-            "budget_bytes": self.bud.bytes,
-            "budget_source": self.bud.source,
-            "margin_bytes": self.margin_bytes,
-            "margin_source": fitter.margin_note(self.be.value) if self.margin_default else "--margin",
-            "config": self.pred.context.model_dump(mode="json"),
-            "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
-            "total_device_bytes": total,
-            "fits": self.fits,
-            "headroom_bytes": -fitter.excess(self.pred, self.avail),
-            "device_totals": self.pred.device_totals(),
-            "solutions": [s.model_dump(mode="json") for s in self.solutions],
-            "recommended": self.rec.model_dump(mode="json") if self.rec else None,
-            "flags": self.flags() if self.fits else None,
-            "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
-            "host_bytes": self.pred.host_bytes,
-            "host_budget_bytes": self.host.bytes if self.host is not None else None,
-            "host_budget_source": self.host.source if self.host is not None else None,
-            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
-                          if self.placement is not None else None),
-            "placement_note": self.placement_why or None,
-        }
-        if self.measured is not None:
-            out["check"] = self.measured
-        if self.fit_params is not None:
-            out["check"] = self.fit_params
-        return out
-
-
-def _print_fit(r: _FitRun, asked: dict[str, int | None]) -> None:
-    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change.
-    Exit code 1 when nothing fits."""
-    spec, pred = r.spec, r.pred
-    print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {_mib(spec.file_size)})")
-    print(f"backend  {r.be.value}, {r.fe.value} defaults, "
-          + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
-    _print_build(r.build, r.differences)
-    note = f" [{r.bud.note}]" if r.bud.note else ""
-    why = f" ({fitter.margin_note(r.be.value)})" if r.margin_default else ""
-    print(f"budget   {_mib(r.bud.bytes)} ({r.bud.source}){note}, margin {_mib(r.margin_bytes)}{why} -> "
-          f"{_mib(r.available)} available")
-    if pred.context.defaults_applied:
-        print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
-    # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    got = {"-b": pred.context.n_batch, "-ub": pred.context.n_ubatch}
-    capped = [f"{flag} {v} -> {got[flag]}" for flag, v in asked.items() if v is not None and v != got[flag]]
-    if capped:
-        print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
-    if r.solutions:
-        _print_recommendation(r)
-    print()
-    _print_breakdown(pred, r.available, r.avail if r.per_device else None)
-    _print_calibration(pred)
-    if r.measured is not None:
-        print()
-        _print_check(r.measured)
-    if r.fit_params is not None:
-        print()
-        _print_fit_params(r.fit_params)
-    if r.be.value == "metal" and (r.cfg.n_cpu_moe or r.cfg.cpu_moe or r.cfg.override_tensor or r.cfg.n_gpu_layers >= 0):
-        print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
-              "Metal buffers but stay in the same RAM, so they free nothing overall")
-    if r.host is not None:
-        hb = pred.host_bytes
-        print(f"host memory: {_mib(hb)} of the {_mib(r.host.bytes)} host budget ({r.host.source}): "
-              + ("fits" if hb <= r.host.bytes else "does NOT fit"))
-    _print_placement(r)
-    if r.fits:
-        print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
-    else:
-        print()
-        _what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build, r.avail)
-        raise typer.Exit(1)
-
-
-def _print_placement(r: _FitRun) -> None:
-    p = r.placement
-    if p is None:
-        if r.placement_why:
-            print(f"\nplacement: {r.placement_why}")
-        return
-    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
-            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
-    print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {_mib(p.total_device_bytes)} "
-          f"(headroom {_mib(p.headroom_bytes)}), host {_mib(p.host_bytes)}")
-    if p.table:
-        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
-        print(f"  largest -c that fits the device, by {lever}: "
-              + ", ".join(f"{v}: {c:,}" for v, c in p.table))
-    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
-    if not r.cfg.no_mmap:
-        print("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole file "
-              "through the page cache, so the process's peak RSS reaches the file size while it loads")
-
-
-def _print_recommendation(r: _FitRun) -> None:
-    spec, rec = r.spec, r.rec
-    print()
-    _print_solutions(r.solutions)
-    if rec is None:
-        print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
-              f"{_mib(r.pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
-        raise typer.Exit(1)
-    # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
-    print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
-          + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
-    if r.draft is not None and not rec.draft:
-        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
-        print("the draft is left out: " + (
-            f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
-            f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
-
-
-def _print_calibration(pred) -> None:
-    for a in pred.calibration:
-        changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
-                            f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
-        print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
-              + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
-
-
-def _print_solutions(solutions) -> None:
-    table: dict[tuple, dict[int, int]] = defaultdict(dict)
-    ubs: list[int] = sorted({s.n_ubatch for s in solutions})
-    for s in solutions:
-        table[(s.type_k, s.type_v, s.draft)][s.n_ubatch] = s.n_ctx
-    print("largest -c that fits (0 = none), by K/V type and -ub:")
-    print(f"  {'-ctk/-ctv':<16}" + "".join(f"{'-ub ' + str(u):>12}" for u in ubs))
-    for (tk, tv, d), row in table.items():
-        label = f"{tk}/{tv}" + (" +draft" if d else "")
-        print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
-
-
-def _what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build, avail=None) -> None:
-    available = budget_bytes - margin_bytes if avail is None else avail
-    over = fitter.excess(pred, available)
-    if over <= 0:
-        print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
-        return
-    print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
-        print(f"  {alt.line}")
-
-
-def _print_fit_params(check: dict) -> None:
-    print(f"your llama-fit-params, predicted vs printed (MiB, rounded down as it prints them):\n  $ {check['command']}")
-    print("  (its context is common_params': logits for the whole batch, one KV stream per sequence; ggfit predicted "
-          "that context for this check)")
-    print(f"  {'device':<10}{'kind':<9}{'predicted':>11}{'printed':>9}{'diff':>7}")
-    for row in check["rows"]:
-        p, m = row["predicted_mib"], row["measured_mib"]
-        d = "-" if p is None or m is None else f"{p - m:+d}"
-        print(f"  {row['device']:<10}{row['kind']:<9}{'-' if p is None else p:>11}{'-' if m is None else m:>9}{d:>7}")
-    print("  exact" if check["exact"] else "  differs: see the rows above")
-
-
-def _print_check(measured: dict) -> None:
-    print(f"llama.cpp dry run ({measured.get('llama_cpp', '?')}), predicted vs measured:")
-    print(f"  {'kind':<9}{'predicted MiB':>15}{'llama.cpp MiB':>15}{'diff MiB':>11}")
-    for row in measured["rows"]:
-        p, m = row["predicted_bytes"], row["measured_bytes"]
-        mm = "-" if m is None else f"{m / 2**20:,.2f}"
-        d = "-" if m is None else f"{(p - m) / 2**20:+,.2f}"
-        print(f"  {row['kind']:<9}{p / 2**20:>15,.2f}{mm:>15}{d:>11}")
-    for line in measured.get("notes", []):
-        print(f"  {line}")
+    print_fit(r, asked={"-b": n_batch, "-ub": n_ubatch})
 
 
 @app.command()
@@ -815,7 +497,7 @@ def quants(
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     if n_ctx:
 
-        _warn_ctx_train(fitter.resolve_context(spec, cfg, fe), spec)
+        warn_ctx_train(fitter.resolve_context(spec, cfg, fe), spec)
     cands = fitter.evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
                             include_imatrix=not no_imatrix, build=build)
     best = fitter.best_fit(cands)
@@ -830,7 +512,7 @@ def quants(
     if not build.is_pinned:
         print(f"rules of {build.label()} ({build.how})")
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
-          f"-ctk {cfg.type_k} -ctv {cfg.type_v}; budget {_mib(bud.bytes)} - margin {_mib(margin_bytes)} = {_mib(available)}")
+          f"-ctk {cfg.type_k} -ctv {cfg.type_v}; budget {mib(bud.bytes)} - margin {mib(margin_bytes)} = {mib(available)}")
     print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{'headroom':>11}{'largest -c':>12}  verdict")
     for c in cands:
         verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
@@ -976,9 +658,9 @@ def calibrate(
         if list_ and clear:
             raise fitter.ConfigError("--list and --clear: use one at a time")
         if list_:
-            _calibrate_list(fitter.calibration, model, as_json)
+            calibrate_list(fitter.calibration, model, as_json)
         else:
-            _calibrate_clear(fitter.calibration, model, as_json)
+            calibrate_clear(fitter.calibration, model, as_json)
         return
     if model is None:
         raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
@@ -999,7 +681,7 @@ def calibrate(
         m = r.get("measured_device")
         print(f"{r['n_ctx']:>8} {r['n_ubatch']:>6} {r['flash_attn']:>4} {r['predicted_device'] / 2**20:>14,.2f} "
               + (f"{m / 2**20:>14,.2f}" if m is not None else f"{'not reported':>14}"))
-    for line in _calibration_lines(cal):
+    for line in calibration_lines(cal):
         print(line)
     print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}: {where}")
 
@@ -1014,7 +696,7 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
                                  llama_build=llama_build)
     except GGFitError:
         if not as_json:  # what the log says, then why ggfit cannot predict it (one line on stderr)
-            _print_log_side(ulog)
+            print_log_side(ulog)
         raise
     stored = None
     if cmp.prediction is not None and not no_store:
@@ -1032,7 +714,7 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
                "stored": {"calibration": stored[0].model_dump(mode="json"), "path": str(stored[1])} if stored else None}
         print(json.dumps(out, indent=2))
         return
-    _print_log_side(ulog, rows=False)
+    print_log_side(ulog, rows=False)
     if cmp.build is not None:
         print(f"build    {cmp.build.label()} ({cmp.build.how})")
     if cmp.prediction is not None:
@@ -1052,7 +734,7 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
             d = f"{r.diff_bytes / 2**20:+,.2f}"
             pct = f"{100 * r.diff_bytes / r.printed_bytes:+.1f}%" if r.printed_bytes else "-"
         print(f"{r.kind:<8} {r.side:<6} {names:<24} {p:>14} {m:>14} {d:>10} {pct:>8}")
-    _print_log_extras(ulog)
+    print_log_extras(ulog)
     for note in cmp.notes:
         print(f"note: {note}")
     if cmp.missing:
@@ -1061,107 +743,11 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
         cal, where = stored
         print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp} "
               f"({len(cal.logs)} log{'s' if len(cal.logs) > 1 else ''}): {where}")
-        for line in _calibration_lines(cal):
+        for line in calibration_lines(cal):
             print(f"  {line}")
         flag = cal.llama_cpp if not cal.llama_cpp.startswith(fitter.LLAMA_CPP_COMMIT[:12]) else "pinned"
         print(f"later predictions for llama.cpp {cal.llama_cpp[:12]} on {cal.backend} use it "
               f"(ggfit fit ... --llama-build {flag} --backend {cal.backend})")
-
-
-def _print_log_side(ulog, *, rows: bool = True) -> None:
-    """What the log says: tool, build, backend, model, settings (and, with rows, every printed buffer)."""
-    tool = ulog.tool or "tool not named in the log"
-    print(f"log      {ulog.source}: {tool}, backend {', '.join(ulog.backends) or 'not named'}"
-          + (f", read the first {ulog.bytes_read:,} bytes" if ulog.truncated else ""))
-    if ulog.build:
-        number, commit = ulog.build
-        print("         build line: " + " ".join(x for x in (f"b{number}" if number else "", f"({commit})" if commit else "") if x))
-    m = ulog.model
-    named = [x for x in (m.name, m.path, m.arch, m.file_type,
-                         f"{m.file_size_mib:,.2f} MiB" if m.file_size_mib else None) if x]
-    if named:
-        print("         model: " + ", ".join(named))
-    s = ulog.settings.model_dump(exclude_none=True)
-    if s:
-        print("         printed: " + ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()))
-    if rows:
-        for kind, buf, n in ulog.buffers():
-            print(f"         {kind:<8} {buf:<14} {n / 2**20:>12,.2f} MiB")
-        _print_log_extras(ulog)
-
-
-def _print_log_extras(ulog) -> None:
-    """The memory breakdown table, llama-fit-params' figures and failed allocations, as printed."""
-    for b in ulog.breakdown:
-        line = f"breakdown {b.name}: model {b.model_mib} + context {b.context_mib} + compute {b.compute_mib} = {b.self_mib} MiB"
-        if b.unaccounted_mib is not None:
-            line += f"; total {b.total_mib}, free {b.free_mib}, unaccounted {b.unaccounted_mib} MiB"
-        print(line)
-    if ulog.fit_projected_mib is not None:
-        print(f"llama-fit-params projected {ulog.fit_projected_mib:,} MiB of device memory vs {ulog.fit_free_mib:,} MiB free")
-    for d in ulog.fit_devices:
-        if d.used_mib is not None:
-            print(f"llama-fit-params {d.name}: {d.used_mib:,} MiB used")
-        else:
-            print(f"llama-fit-params {d.name}: model {d.model_mib} context {d.context_mib} compute {d.compute_mib} MiB")
-    if ulog.fit_args:
-        print(f"llama-fit-params arguments: {ulog.fit_args[:200]}{' ...' if len(ulog.fit_args) > 200 else ''}")
-    for a in ulog.alloc_failures:
-        print(f"failed allocation: {a.buffer or 'a device buffer'} of {a.bytes:,} bytes ({a.bytes / 2**20:,.2f} MiB)")
-
-
-def _calibration_lines(cal) -> list[str]:
-    out = []
-    if cal.source == "log":
-        out.append("learned from " + ", ".join(p.log for p in cal.logs))
-    for name, c in (("device", cal.device), ("host", cal.host)):
-        if c:
-            out.append(f"{name} compute: measured = {c.a / 2**20:+.3f} MiB + {c.b:.5f} x predicted "
-                       f"(worst residual {c.max_abs_error_bytes / 2**20:.3f} MiB over {c.points} points)"
-                       + (": identity, the prediction already matches llama.cpp" if c.identity else ""))
-    if cal.note:
-        out.append(cal.note)
-    return out
-
-
-def _calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
-
-    if model is not None:
-        raise fitter.ConfigError(f"--list takes no MODEL (got {model})")
-    cals, where = calibration.stored(), calibration.store_path()
-    if as_json:
-        print(json.dumps({"stored": str(where), "calibrations": [dict(c.model_dump(mode="json"), identity=c.identity)
-                                                                 for c in cals]}, indent=2))
-        return
-    if not cals:
-        print(f"no calibration stored ({where})")
-        return
-    for cal in cals:
-        print(f"{cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}"
-              + (" (identity: changes nothing)" if cal.identity else ""))
-        for line in _calibration_lines(cal):
-            print(f"  {line}")
-    print(f"stored in {where}")
-
-
-def _calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
-
-    arch = model
-    if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:
-        try:  # a model: its architecture
-            arch = fitter.load_model_spec(fitter.resolve_model(model))[1].architecture
-        except GGFitError:
-            pass  # an architecture with nothing stored
-    gone, where = calibration.clear(arch)
-    if as_json:
-        print(json.dumps({"stored": str(where), "removed": [c.model_dump(mode="json") for c in gone]}, indent=2))
-        return
-    what = f"for {arch}" if arch else "in all"
-    if not gone:
-        print(f"no calibration stored {what} ({where})")
-        return
-    print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''} {what}: "
-          + ", ".join(f"{c.architecture} on {c.backend} (llama.cpp {c.llama_cpp[:12]})" for c in gone) + f" ({where})")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

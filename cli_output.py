@@ -1,0 +1,440 @@
+"""How ggfit's commands print what they found: `fit`'s run (the prediction, the solved table, the recommendation,
+the placement, the build's rules, the checks), `calibrate`'s tables and a user log's side. cli.py parses the
+flags and calls fitter; the text is here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import typer
+
+import fitter
+from fitter import GGFitError
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def print_build(build, differences) -> None:
+    """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
+    if build.is_pinned:
+        return
+    matter = [d for d in differences if d.device_bytes]
+    print(f"build    {build.label()}: {build.how}")
+    if matter:
+        print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
+    for d in matter:
+        print(f"         - {d.line}")
+    if len(differences) > len(matter):
+        print(f"         ({len(differences) - len(matter)} other rules differ from the pinned build and change "
+              "nothing here)")
+
+
+def warn_ctx_train(cp, spec) -> None:
+    """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
+    if cp.n_ctx_seq > spec.n_ctx_train:
+        print(f"ggfit: warning: n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({spec.n_ctx_train}) -- possible training "
+              "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
+
+
+def server_flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
+    """llama-server flags for a resolved context, one item per flag."""
+
+    return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
+
+
+def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
+    print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
+    for b in pred.buffers:
+        print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
+    if per_device:  # one budget per GPU
+        totals = pred.device_totals()
+        for name, a in per_device.items():
+            t = totals.get(name, 0)
+            print(f"{name} against its budget: {mib(t)} of {mib(a)} available: "
+                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
+        return
+    total = pred.total_device_bytes
+    verdict = "fits" if total <= available else "does NOT fit"
+    print(f"total against the budget: {mib(total)} of {mib(available)} available: {verdict}, "
+          f"headroom {(available - total) / 2**20:,.2f} MiB")
+    if pred.total_host_bytes:
+        print(f"host memory outside the budget: {mib(pred.total_host_bytes)}")
+
+
+@dataclass
+class FitRun:
+    """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
+
+    path: str
+    header: Any
+    spec: Any
+    cfg: Any
+    be: Any
+    fe: Any
+    bud: Any
+    margin_bytes: int
+    available: int
+    draft: Any
+    model_draft: str | None
+    build: Any
+    margin_default: bool = False
+    host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
+    n_gpus: int = 1
+    per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
+
+    @property
+    def avail(self) -> Any:
+        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
+        if self.per_device:
+            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
+        return self.available
+    solutions: list = field(default_factory=list)
+    differences: list = field(default_factory=list)
+    rec: Any = None
+    pred: Any = None
+    measured: dict | None = None
+    fit_params: dict | None = None
+    placement: Any = None  # a PlacementChoice when the config as given does not fit
+    placement_why: str = ""
+    placement_cfg: Any = None
+
+    def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
+        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
+        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
+        if not solve_ctx:
+            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft, build=b)
+            return
+        kwargs: dict[str, Any] = {}
+        if kv_given:
+            kwargs["kv_pairs"] = ((cfg.type_k, cfg.type_v),)
+        if n_ubatch:
+            # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
+            kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
+        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
+                                      build=b, per_device=self.per_device, **kwargs)
+        self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
+        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
+                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
+
+    @property
+    def pred_config(self) -> Any:
+        """The config of the prediction shown (the recommended solution's when fit solved for the context)."""
+        return fitter.served_config(self.pred.context, self.cfg, self.model_draft if self.pred_draft else None)
+
+    @property
+    def pred_draft(self) -> Any:
+        return self.draft if (self.rec is None or self.rec.draft) else None
+
+    def solve_placement(self) -> None:
+        """When the config does not fit (or the context solved for stops short of the training context): the
+        placement (--n-cpu-moe, else -ngl) that fits at the asked context (else the training context)."""
+        cp = self.pred.context
+        if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
+            return
+        if self.be.value == "cpu":
+            return
+        target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
+        base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
+                                           "type_v": cp.type_v})
+        if self.rec is not None:
+            base = base.model_copy(update={"n_batch": self.rec.n_batch})
+        host = self.host.bytes if self.host is not None else None
+        self.placement, self.placement_why = fitter.solve_placement(
+            self.header, self.spec, base, self.be, self.fe, self.avail, host,
+            draft=self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
+        if self.placement is not None:
+            self.placement_cfg = base.model_copy(update=self.placement.update)
+
+    @property
+    def fits(self) -> bool:
+        # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
+        if self.host is not None and self.pred.host_bytes > self.host.bytes:
+            return False
+        return fitter.excess(self.pred, self.avail) <= 0
+
+    def placement_flags(self) -> list[str]:
+        pcfg = self.placement_cfg
+        pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
+                              self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return server_flags(self.path, pred.context, pcfg, draft)
+
+    def flags(self) -> list[str]:
+        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
+        return server_flags(self.path, self.pred.context, self.cfg, draft)
+
+    def as_json(self) -> dict[str, Any]:
+        total = self.pred.total_device_bytes
+        out = {
+            "backend": self.be.value,
+            "frontend": self.fe.value,
+            "llama_cpp": fitter.build_label() if self.build.is_pinned else self.build.label(),
+            "llama_build": {"label": self.build.label(), "how": self.build.how, "pinned": self.build.is_pinned,
+                            "differences": [d.model_dump(mode="json") for d in self.differences]},
+            "budget_bytes": self.bud.bytes,
+            "budget_source": self.bud.source,
+            "margin_bytes": self.margin_bytes,
+            "margin_source": fitter.margin_note(self.be.value) if self.margin_default else "--margin",
+            "config": self.pred.context.model_dump(mode="json"),
+            "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
+            "total_device_bytes": total,
+            "fits": self.fits,
+            "headroom_bytes": -fitter.excess(self.pred, self.avail),
+            "device_totals": self.pred.device_totals(),
+            "solutions": [s.model_dump(mode="json") for s in self.solutions],
+            "recommended": self.rec.model_dump(mode="json") if self.rec else None,
+            "flags": self.flags() if self.fits else None,
+            "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
+            "host_bytes": self.pred.host_bytes,
+            "host_budget_bytes": self.host.bytes if self.host is not None else None,
+            "host_budget_source": self.host.source if self.host is not None else None,
+            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
+                          if self.placement is not None else None),
+            "placement_note": self.placement_why or None,
+        }
+        if self.measured is not None:
+            out["check"] = self.measured
+        if self.fit_params is not None:
+            out["check"] = self.fit_params
+        return out
+
+
+def print_fit(r: FitRun, asked: dict[str, int | None]) -> None:
+    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change.
+    Exit code 1 when nothing fits."""
+    spec, pred = r.spec, r.pred
+    print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {mib(spec.file_size)})")
+    print(f"backend  {r.be.value}, {r.fe.value} defaults, "
+          + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
+    print_build(r.build, r.differences)
+    note = f" [{r.bud.note}]" if r.bud.note else ""
+    why = f" ({fitter.margin_note(r.be.value)})" if r.margin_default else ""
+    print(f"budget   {mib(r.bud.bytes)} ({r.bud.source}){note}, margin {mib(r.margin_bytes)}{why} -> "
+          f"{mib(r.available)} available")
+    if pred.context.defaults_applied:
+        print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
+    # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
+    got = {"-b": pred.context.n_batch, "-ub": pred.context.n_ubatch}
+    capped = [f"{flag} {v} -> {got[flag]}" for flag, v in asked.items() if v is not None and v != got[flag]]
+    if capped:
+        print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
+    if r.solutions:
+        print_recommendation(r)
+    print()
+    print_breakdown(pred, r.available, r.avail if r.per_device else None)
+    print_calibration(pred)
+    if r.measured is not None:
+        print()
+        print_check(r.measured)
+    if r.fit_params is not None:
+        print()
+        print_fit_params(r.fit_params)
+    if r.be.value == "metal" and (r.cfg.n_cpu_moe or r.cfg.cpu_moe or r.cfg.override_tensor or r.cfg.n_gpu_layers >= 0):
+        print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
+              "Metal buffers but stay in the same RAM, so they free nothing overall")
+    if r.host is not None:
+        hb = pred.host_bytes
+        print(f"host memory: {mib(hb)} of the {mib(r.host.bytes)} host budget ({r.host.source}): "
+              + ("fits" if hb <= r.host.bytes else "does NOT fit"))
+    print_placement(r)
+    if r.fits:
+        print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
+    else:
+        print()
+        print_what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build, r.avail)
+        raise typer.Exit(1)
+
+
+def print_placement(r: FitRun) -> None:
+    p = r.placement
+    if p is None:
+        if r.placement_why:
+            print(f"\nplacement: {r.placement_why}")
+        return
+    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
+            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
+    print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {mib(p.total_device_bytes)} "
+          f"(headroom {mib(p.headroom_bytes)}), host {mib(p.host_bytes)}")
+    if p.table:
+        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
+        print(f"  largest -c that fits the device, by {lever}: "
+              + ", ".join(f"{v}: {c:,}" for v, c in p.table))
+    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
+    if not r.cfg.no_mmap:
+        print("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole file "
+              "through the page cache, so the process's peak RSS reaches the file size while it loads")
+
+
+def print_recommendation(r: FitRun) -> None:
+    spec, rec = r.spec, r.rec
+    print()
+    print_solutions(r.solutions)
+    if rec is None:
+        print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
+              f"{mib(r.pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
+        raise typer.Exit(1)
+    # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
+    print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
+          + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
+    if r.draft is not None and not rec.draft:
+        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
+        print("the draft is left out: " + (
+            f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
+            f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
+
+
+def print_calibration(pred) -> None:
+    for a in pred.calibration:
+        changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
+                            f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
+        print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
+              + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
+
+
+def print_solutions(solutions) -> None:
+    table: dict[tuple, dict[int, int]] = defaultdict(dict)
+    ubs: list[int] = sorted({s.n_ubatch for s in solutions})
+    for s in solutions:
+        table[(s.type_k, s.type_v, s.draft)][s.n_ubatch] = s.n_ctx
+    print("largest -c that fits (0 = none), by K/V type and -ub:")
+    print(f"  {'-ctk/-ctv':<16}" + "".join(f"{'-ub ' + str(u):>12}" for u in ubs))
+    for (tk, tv, d), row in table.items():
+        label = f"{tk}/{tv}" + (" +draft" if d else "")
+        print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
+
+
+def print_what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build, avail=None) -> None:
+    available = budget_bytes - margin_bytes if avail is None else avail
+    over = fitter.excess(pred, available)
+    if over <= 0:
+        print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
+        return
+    print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
+    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
+        print(f"  {alt.line}")
+
+
+def print_fit_params(check: dict) -> None:
+    print(f"your llama-fit-params, predicted vs printed (MiB, rounded down as it prints them):\n  $ {check['command']}")
+    print("  (its context is common_params': logits for the whole batch, one KV stream per sequence; ggfit predicted "
+          "that context for this check)")
+    print(f"  {'device':<10}{'kind':<9}{'predicted':>11}{'printed':>9}{'diff':>7}")
+    for row in check["rows"]:
+        p, m = row["predicted_mib"], row["measured_mib"]
+        d = "-" if p is None or m is None else f"{p - m:+d}"
+        print(f"  {row['device']:<10}{row['kind']:<9}{'-' if p is None else p:>11}{'-' if m is None else m:>9}{d:>7}")
+    print("  exact" if check["exact"] else "  differs: see the rows above")
+
+
+def print_check(measured: dict) -> None:
+    print(f"llama.cpp dry run ({measured.get('llama_cpp', '?')}), predicted vs measured:")
+    print(f"  {'kind':<9}{'predicted MiB':>15}{'llama.cpp MiB':>15}{'diff MiB':>11}")
+    for row in measured["rows"]:
+        p, m = row["predicted_bytes"], row["measured_bytes"]
+        mm = "-" if m is None else f"{m / 2**20:,.2f}"
+        d = "-" if m is None else f"{(p - m) / 2**20:+,.2f}"
+        print(f"  {row['kind']:<9}{p / 2**20:>15,.2f}{mm:>15}{d:>11}")
+    for line in measured.get("notes", []):
+        print(f"  {line}")
+
+
+def print_log_side(ulog, *, rows: bool = True) -> None:
+    """What the log says: tool, build, backend, model, settings (and, with rows, every printed buffer)."""
+    tool = ulog.tool or "tool not named in the log"
+    print(f"log      {ulog.source}: {tool}, backend {', '.join(ulog.backends) or 'not named'}"
+          + (f", read the first {ulog.bytes_read:,} bytes" if ulog.truncated else ""))
+    if ulog.build:
+        number, commit = ulog.build
+        print("         build line: " + " ".join(x for x in (f"b{number}" if number else "", f"({commit})" if commit else "") if x))
+    m = ulog.model
+    named = [x for x in (m.name, m.path, m.arch, m.file_type,
+                         f"{m.file_size_mib:,.2f} MiB" if m.file_size_mib else None) if x]
+    if named:
+        print("         model: " + ", ".join(named))
+    s = ulog.settings.model_dump(exclude_none=True)
+    if s:
+        print("         printed: " + ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()))
+    if rows:
+        for kind, buf, n in ulog.buffers():
+            print(f"         {kind:<8} {buf:<14} {n / 2**20:>12,.2f} MiB")
+        print_log_extras(ulog)
+
+
+def print_log_extras(ulog) -> None:
+    """The memory breakdown table, llama-fit-params' figures and failed allocations, as printed."""
+    for b in ulog.breakdown:
+        line = f"breakdown {b.name}: model {b.model_mib} + context {b.context_mib} + compute {b.compute_mib} = {b.self_mib} MiB"
+        if b.unaccounted_mib is not None:
+            line += f"; total {b.total_mib}, free {b.free_mib}, unaccounted {b.unaccounted_mib} MiB"
+        print(line)
+    if ulog.fit_projected_mib is not None:
+        print(f"llama-fit-params projected {ulog.fit_projected_mib:,} MiB of device memory vs {ulog.fit_free_mib:,} MiB free")
+    for d in ulog.fit_devices:
+        if d.used_mib is not None:
+            print(f"llama-fit-params {d.name}: {d.used_mib:,} MiB used")
+        else:
+            print(f"llama-fit-params {d.name}: model {d.model_mib} context {d.context_mib} compute {d.compute_mib} MiB")
+    if ulog.fit_args:
+        print(f"llama-fit-params arguments: {ulog.fit_args[:200]}{' ...' if len(ulog.fit_args) > 200 else ''}")
+    for a in ulog.alloc_failures:
+        print(f"failed allocation: {a.buffer or 'a device buffer'} of {a.bytes:,} bytes ({a.bytes / 2**20:,.2f} MiB)")
+
+
+def calibration_lines(cal) -> list[str]:
+    out = []
+    if cal.source == "log":
+        out.append("learned from " + ", ".join(p.log for p in cal.logs))
+    for name, c in (("device", cal.device), ("host", cal.host)):
+        if c:
+            out.append(f"{name} compute: measured = {c.a / 2**20:+.3f} MiB + {c.b:.5f} x predicted "
+                       f"(worst residual {c.max_abs_error_bytes / 2**20:.3f} MiB over {c.points} points)"
+                       + (": identity, the prediction already matches llama.cpp" if c.identity else ""))
+    if cal.note:
+        out.append(cal.note)
+    return out
+
+
+def calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
+
+    if model is not None:
+        raise fitter.ConfigError(f"--list takes no MODEL (got {model})")
+    cals, where = calibration.stored(), calibration.store_path()
+    if as_json:
+        print(json.dumps({"stored": str(where), "calibrations": [dict(c.model_dump(mode="json"), identity=c.identity)
+                                                                 for c in cals]}, indent=2))
+        return
+    if not cals:
+        print(f"no calibration stored ({where})")
+        return
+    for cal in cals:
+        print(f"{cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}"
+              + (" (identity: changes nothing)" if cal.identity else ""))
+        for line in calibration_lines(cal):
+            print(f"  {line}")
+    print(f"stored in {where}")
+
+
+def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
+
+    arch = model
+    if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:
+        try:  # a model: its architecture
+            arch = fitter.load_model_spec(fitter.resolve_model(model))[1].architecture
+        except GGFitError:
+            pass  # an architecture with nothing stored
+    gone, where = calibration.clear(arch)
+    if as_json:
+        print(json.dumps({"stored": str(where), "removed": [c.model_dump(mode="json") for c in gone]}, indent=2))
+        return
+    what = f"for {arch}" if arch else "in all"
+    if not gone:
+        print(f"no calibration stored {what} ({where})")
+        return
+    print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''} {what}: "
+          + ", ".join(f"{c.architecture} on {c.backend} (llama.cpp {c.llama_cpp[:12]})" for c in gone) + f" ({where})")
