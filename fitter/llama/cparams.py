@@ -428,6 +428,8 @@ def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None)
     }
     if draft_model is None and config.spec_type == "draft-simple":
         update["spec_type"] = "none"
+    if draft_model is None and update.get("spec_type", config.spec_type) == "none":
+        update.update(draft_type_k="f16", draft_type_v="f16")  # no draft context: its cache types mean nothing
     return config.model_copy(update=update)
 
 
