@@ -121,7 +121,10 @@ SpecType = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", 
 DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", help="KV cache type for K of the draft context.")]
 DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
 DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
-EngineOpt = Annotated[EngineName, typer.Option("--engine", help="llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL).")]
+ENGINE_HELP = ("llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL); optimise takes llama,mlx: "
+               "engine searched as a parameter, MODELS a GGUF and its MLX directory, as in compare-engines.")
+EngineOpt = Annotated[EngineName, typer.Option("--engine", help=ENGINE_HELP)]
+EnginesOpt = Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE[,ENGINE]", help=ENGINE_HELP)]
 MaxKvSize = Annotated[Optional[int], typer.Option("--max-kv-size", metavar="N", help="mlx: RotatingKVCache of N tokens (models without their own make_cache).")]
 KvBits = Annotated[Optional[int], typer.Option("--kv-bits", metavar="N", help="mlx: QuantizedKVCache bits (4 or 8; mlx also takes 2, 3, 5, 6).")]
 KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="mlx: KV quantization group size (default 64).")]
@@ -549,6 +552,7 @@ def optimise(
     no_kv_offload: NoKvOffload = False,
     no_op_offload: NoOpOffload = False,
     llama_build: LlamaBuildOpt = None,
+    engine: EnginesOpt = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -561,6 +565,28 @@ def optimise(
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
         raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+    engines = {e.strip() for e in (engine or "llama").split(",")}
+    if not engines <= {"llama", "mlx"}:
+        raise fitter.ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
+    if engines == {"mlx"}:
+        raise fitter.ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
+                                 "MLX_DIR); fit --engine mlx sizes an MLX model alone")
+    if "mlx" in engines:
+        if len(models) != 2:
+            raise fitter.ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
+                                     f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
+        unused = [flag for flag, on in (("--study", study != "prefill"), ("--draft", bool(draft)), ("--storage", storage),
+                                        ("--runner", runner != RunnerName.python), ("--backend", backend),
+                                        ("--no-compare", no_compare), ("--llama-build", llama_build),
+                                        ("-ngl", n_gpu_layers != -1), ("--n-cpu-moe", n_cpu_moe), ("--cpu-moe", cpu_moe),
+                                        ("-ot", override_tensor), ("--no-kv-offload", no_kv_offload),
+                                        ("--no-op-offload", no_op_offload)) if on]
+        if unused:
+            raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} do not apply to the engine study "
+                                     "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
+        _compare_engines(models[0], models[1], budget=budget, margin=margin, trials=trials, prompt_tokens=64,
+                         gen_tokens=16, llama_server=llama_server, seed=seed, as_json=False)
+        return
     # placement flags every trial shares: the study's [fixed] settings (the study file's [space] may search
     # n_cpu_moe / n_gpu_layers instead)
     given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
@@ -604,6 +630,14 @@ def compare_engines_cmd(
 ) -> None:
     """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
     (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
+    _compare_engines(gguf, mlx_model, budget=budget, margin=margin, trials=trials, prompt_tokens=prompt_tokens,
+                     gen_tokens=gen_tokens, llama_server=llama_server, seed=seed, as_json=as_json)
+
+
+def _compare_engines(gguf: str, mlx_model: str, *, budget: str, margin: str | None, trials: int | None,
+                     prompt_tokens: int, gen_tokens: int, llama_server: str | None, seed: int | None,
+                     as_json: bool) -> None:
+    """compare-engines, and optimise --engine llama,mlx: the engine study; exit 1 when no engine ran."""
     fitter.require_mlx_lm()
     trials = 8 if trials is None else trials
     if trials < 2:
