@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from fitter.errors import GGFitError
+from fitter.errors import GGFitError, GGUFError, SourceError
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
 from fitter.ggml.types import pad
@@ -55,14 +55,17 @@ def read_lora(path: str, scale: float = 1.0) -> LoraAdapter:
     hit = _ADAPTERS.get(key) if key else None
     if hit is not None:
         return hit
-    header = read_header(path)  # SourceError for a missing file, GGUFError for a truncated or bad one
-    md = header.metadata
     where = f"--lora {path}"
+    try:
+        header = read_header(path)
+    except (SourceError, GGUFError) as e:  # a missing file; a truncated or hostile GGUF
+        raise LoraError(f"{where}: {str(e).removeprefix(f'{path}: ')}") from None
+    md = header.metadata
     if md.get("general.type") != "adapter":
-        raise LoraError(f"{where}: expect general.type to be 'adapter', but got: {md.get('general.type') or ''}"
-                        " (not a LoRA adapter)")
+        raise LoraError(f"{where}: expect general.type to be 'adapter', but got: '{md.get('general.type') or ''}' "
+                        "(not a LoRA adapter)")
     if md.get("adapter.type") != "lora":
-        raise LoraError(f"{where}: expect adapter.type to be 'lora', but got: {md.get('adapter.type') or ''}")
+        raise LoraError(f"{where}: expect adapter.type to be 'lora', but got: '{md.get('adapter.type') or ''}'")
     alpha = md.get("adapter.lora.alpha", 0.0)
     alora = md.get("adapter.alora.invocation_tokens")
     a_of: dict[str, TensorInfo] = {}
@@ -130,6 +133,10 @@ def lora_buffers(adapter: LoraAdapter, header: GGUFHeader, spec: ModelSpec, back
     get_alloc_size padded to the buffer type's alignment. A base tensor on the CPU sits in a mapped buffer with mmap
     (CPU_Mapped: the adapter's buffer takes that buffer type's name), else in the CPU's (or the GPU's pinned host)
     buffer type."""
+    key = (id(adapter), id(header), backend, placement, use_mmap)
+    hit = _BUFFERS.get(key)
+    if hit is not None and hit[0] is adapter and hit[1] is header:  # the solver asks again and again
+        return hit[2]
     check_lora(adapter, header, spec)
     impl = backends.get(backend)
     where_of: dict[str, int | str] = {}
@@ -157,7 +164,13 @@ def lora_buffers(adapter: LoraAdapter, header: GGUFHeader, spec: ModelSpec, back
         ts = groups[d]
         size = sum(pad(tensor_info_alloc_size(t, dev_backend), dev_impl.alignment) for t in ts)
         out.append(LoraBuffer(buffer=name, on_device=gpu, bytes=size, n_tensors=len(ts)))
+    if len(_BUFFERS) >= 32:
+        _BUFFERS.clear()
+    _BUFFERS[key] = (adapter, header, out)
     return out
+
+
+_BUFFERS: dict[tuple, tuple[LoraAdapter, GGUFHeader, list[LoraBuffer]]] = {}
 
 
 def lora_details(details: GraphDetails, adapters: Sequence[LoraAdapter]) -> GraphDetails:
