@@ -176,8 +176,32 @@ def test_cli_lora_rows_and_error_line(tmp_path: Path) -> None:
 
     data = json.loads(out.stdout)
     assert [b["device"] for b in data["buffers"] if b["kind"] == "lora"] == ["CPU_Mapped"]
+    # --check: llama.cpp's dry run with the adapter (its LoRA line; its graph reserved before the adapter applies)
+    chk = subprocess.run([sys.executable, "cli.py", "fit", str(base), "--backend", "cpu", "--budget", "4GiB", "-c",
+                          "256", "--lora", str(lora), "--check", "--json"], cwd=ROOT, capture_output=True, text=True)
+    assert chk.returncode == 0, chk.stderr
+    rows = {r["kind"]: r for r in json.loads(chk.stdout)["check"]["rows"]}
+    assert abs(rows["lora"]["predicted_bytes"] - rows["lora"]["measured_bytes"]) <= 0.005 * MIB
+    assert rows["compute"]["predicted_bytes"] == rows["compute"]["measured_bytes"]
     bad = subprocess.run([sys.executable, "cli.py", "fit", str(base), "--backend", "cpu", "--budget", "4GiB",
                           "--lora", str(base)], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"ggfit: error: --lora {base}: expect general.type to be 'adapter', "
                                                "but got: '' (not a LoRA adapter)"]
+
+
+def test_probe_applies_the_adapters() -> None:
+    """`ggfit probe MODEL --lora FILE` (python runner): llama.cpp loads the adapter after the model and applies it to
+    the context; an adapter of another architecture is llama.cpp's own refusal."""
+    from search.probe import probe_cli
+    from search.workload import Workload
+
+    base = _base("llama")
+    wl = Workload.from_flags(prompt_tokens=16, gen_tokens=2, repeats=1, kind="prose")
+    code, text = probe_cli(str(base), ["-c", "256", "--lora", str(build_lora(base, ("attn_q", "ffn_up")))],
+                           runner="python", budget=None, llama_server=None, timeout=120, workload=wl, as_json=False)
+    assert code == 0 and text.startswith("ok"), text
+    other = build_lora(_base("qwen3"), ("attn_q",))
+    code, text = probe_cli(str(base), ["-c", "256", "--lora", str(other)], runner="python", budget=None,
+                           llama_server=None, timeout=120, workload=wl, as_json=False)
+    assert code == 1 and "model arch and LoRA arch mismatch" in text, text
