@@ -157,6 +157,8 @@ def lora_buffers(adapter: LoraAdapter, header: GGUFHeader, spec: ModelSpec, back
         dev_impl = backends.get(dev_backend)
         if gpu:
             name = device_buffer_name(impl, d)
+            if use_mmap and dev_impl.maps_host_memory:  # Metal maps the file: ggml_backend_metal_buffer_type_mapped
+                name += "_Mapped"
         elif use_mmap and dev_impl.maps_host_memory:
             name = f"{dev_impl.name}_Mapped"  # ggml_backend_cpu_buffer_from_ptr_type: "CPU_Mapped"
         else:

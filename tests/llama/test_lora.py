@@ -105,6 +105,9 @@ def test_lora_buffer_follows_the_base_weights_device() -> None:
     assert set(moe) == {"CUDA0", "CPU_Mapped"} and moe["CUDA0"] < full["CUDA0"]
     assert set(rows(n_gpu_layers=0)) == {"CPU_Mapped"}
     assert set(rows(n_gpu_layers=0, no_mmap=True)) == {"CUDA_Host"}  # the GPU's pinned host buffer type
+    # Metal maps the file: the GPU's weights sit in MTL0_Mapped buffers, and so do their pairs
+    p = predict(header, spec, RunConfig(n_ctx=512, lora=((lora, 1.0),)), Backend.METAL)
+    assert [(b.device, b.bytes) for b in p.buffers if b.kind == "lora"] == [("MTL0_Mapped", full["CUDA0"])]
 
 
 def test_an_adapter_keys_every_graph_cache(monkeypatch: pytest.MonkeyPatch) -> None:
