@@ -60,6 +60,10 @@ CASES = [
     # two adapters on the same weights (llama_context's unordered_map: the newest first), one more scaled
     ("llama", [(("ffn_up", "ffn_down"), dict(rank=16, ftype="f16"), 1.0),
                (("ffn_up", "attn_q"), dict(rank=48, seed=1), 0.5)], _cfg(256, 128, "on"), True),
+    # several sequences (-np 4 with a unified cache, -np 2 split), -ngl (all CPU on this build)
+    ("qwen3moe", [(("ffn_up_exps", "ffn_gate_exps", "ffn_down_exps", "attn_v"), dict(rank=24, ftype="f16"), 1.0)],
+     dict(_cfg(1024, 256, "off", n_gpu_layers=2), n_parallel=4, kv_unified=True), True),
+    ("llama", [(DENSE, dict(rank=32, ftype="q8_0"), 1.0)], dict(_cfg(1024, 512, "on"), n_parallel=2), True),
     # the order matters here (a rank-512 pair after a rank-16 one on ffn_up, or before it): given small, large
     ("llama", [(("ffn_up",), dict(rank=16), 1.0), (("ffn_up",), dict(rank=512, seed=1), 1.0)],
      _cfg(512, 128, "on"), True),
