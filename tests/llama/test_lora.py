@@ -41,6 +41,11 @@ DENSE = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_gate", "ffn
 
 
 def _base(arch: str) -> Path:
+    if arch not in BASES:
+        from tests.llama.test_compute import MODELS
+
+        kind, arg = MODELS[arch]
+        return build(kind, **arg)
     return build(arch, **BASES[arch])
 
 
@@ -67,6 +72,9 @@ CASES = [
     # the order matters here (a rank-512 pair after a rank-16 one on ffn_up, or before it): given small, large
     ("llama", [(("ffn_up",), dict(rank=16), 1.0), (("ffn_up",), dict(rank=512, seed=1), 1.0)],
      _cfg(512, 128, "on"), True),
+    # deepseek2 without q_lora (MHA): wq, wkv_a_mqa and wkv_b are plain ggml_mul_mat; adapters there change no graph
+    ("deepseek2-lite-mha", [(("attn_kv_a_mqa", "attn_kv_b", "attn_q"), dict(rank=64), 1.0)], _cfg(1024, 256, "on"),
+     False),
     # a zero scale: the weights are loaded, the context leaves the adapter out of its graph
     ("llama", [(("ffn_down", "ffn_gate", "ffn_up"), dict(rank=16, ftype="f16"), 0.0)], _cfg(256, 128, "on"), False),
 ]
@@ -90,6 +98,42 @@ def test_matches_llama_cpp(arch: str, adapters: list, cfg: dict, moves: bool) ->
     assert pred.by_kind("compute") == run.breakdown_total("compute")
     assert (pred.by_kind("compute") != plain.by_kind("compute")) == moves
     assert pred.by_kind("model") == plain.by_kind("model")
+
+
+ARCHS = ("qwen2", "mistral3", "phi3", "gemma2", "gemma3", "gemma4", "gemma4-ple256", "gpt-oss", "glm4moe",
+         "deepseek2", "deepseek2-lite-mha", "qwen35", "qwen35moe", "qwen3next")
+
+
+@pytest.mark.parametrize("model", ARCHS)
+def test_every_architecture(model: str) -> None:
+    """An adapter on every matrix of every trunk layer (one adapter per set of layers that has the same matrices:
+    attention layers, recurrent layers, dense or MoE FFNs, shared experts), and on the output: llama.cpp's compute
+    buffer to the byte and its LoRA lines. deepseek2 multiplies its attention matrices plainly (no build_lora_mm)."""
+    from fitter.gguf.reader import read_header
+    from tests.llama.test_compute import MODELS
+
+    kind, arg = MODELS[model]
+    base = build(kind, **arg)
+    header, spec = load_model_spec(str(base))
+    layers_of: dict[str, list[int]] = {}
+    for t in read_header(str(base)).tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and len(t.shape) >= 2 and parts[-1] == "weight" and "norm" not in t.name \
+                and "conv" not in t.name and int(parts[1]) < spec.n_layer:
+            layers_of.setdefault(".".join(parts[2:-1]), []).append(int(parts[1]))
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for suffix, layers in layers_of.items():
+        groups.setdefault(tuple(sorted(layers)), []).append(suffix)
+    loras = tuple((str(build_lora(base, tuple(sorted(ts)) + (("output",) if header.tensor("output.weight") else ()),
+                                  rank=16, layers=list(ls), seed=i)), 1.0)
+                  for i, (ls, ts) in enumerate(sorted(groups.items())))
+    config = RunConfig(**_cfg(1024, 256, "on"), lora=loras)
+    pred = predict(header, spec, config, Backend.CPU)
+    run = measure(str(base), llama_params(pred.context, config), mode="load", decode_tokens=8, loras=loras,
+                  log_level="info").raise_for_status()
+    assert pred.by_kind("compute") == run.breakdown_total("compute")
+    assert [(b.buffer, b.mib) for b in run.report.buffers if b.kind == "lora"] == [
+        (b.device, round(b.bytes / MIB, 2)) for b in pred.buffers if b.kind == "lora"]
 
 
 def test_lora_buffer_follows_the_base_weights_device() -> None:
