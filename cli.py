@@ -108,6 +108,8 @@ GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers"
 NCpuMoe = Annotated[int, typer.Option("-ncmoe", "--n-cpu-moe", metavar="N", help="Keep the MoE expert weights of the first N layers on the CPU.")]
 CpuMoe = Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Keep every MoE expert weight on the CPU.")]
 OverrideTensor = Annotated[Optional[list[str]], typer.Option("-ot", "--override-tensor", metavar="PATTERN=BUFT", help="Tensors whose name matches the regex go to that buffer type: CPU, CUDA0, CUDA1, ... (repeatable; comma-separated lists too).")]
+Lora = Annotated[Optional[list[str]], typer.Option("--lora", metavar="FILE", help="A LoRA adapter GGUF, scale 1 (repeatable; comma-separated lists too): its buffers and its graph nodes.")]
+LoraScaled = Annotated[Optional[list[str]], typer.Option("--lora-scaled", metavar="FILE:SCALE", help="A LoRA adapter with its scale (repeatable; comma-separated lists too; after the --lora ones).")]
 NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep the KV cache (and recurrent state) in host memory.")]
 NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
 SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
@@ -272,6 +274,16 @@ def _llama_build(value: str | None, llama_server: str | None = None):
     return fitter.resolve_build(value)
 
 
+def _lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
+    """RunConfig.lora from --lora FILE (scale 1) and --lora-scaled FILE:SCALE, as common/arg.cpp reads them."""
+    from fitter.llama.cparams import lora_scaled as parse_scaled
+
+    out = [(p, 1.0) for v in lora or () for p in v.split(",") if p]
+    for v in lora_scaled or ():
+        out += parse_scaled(v)
+    return tuple(out)
+
+
 def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
                       no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
                       budgets: list) -> dict[str, Any]:
@@ -375,6 +387,8 @@ def fit(
     split_mode: SplitModeOpt = "layer",
     main_gpu: MainGpu = 0,
     tensor_split: TensorSplit = None,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     host_budget: HostBudgetOpt = None,
     no_mmap: NoMmap = False,
     repack: Repack = False,
@@ -433,6 +447,7 @@ def fit(
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
         **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
                             tensor_split, buds),
+        lora=_lora_fields(lora, lora_scaled),
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
@@ -477,6 +492,8 @@ def quants(
     cpu_moe: CpuMoe = False,
     override_tensor: OverrideTensor = None,
     no_kv_offload: NoKvOffload = False,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
@@ -492,7 +509,7 @@ def quants(
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
                       n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                      no_kv_offload=no_kv_offload)
+                      no_kv_offload=no_kv_offload, lora=_lora_fields(lora, lora_scaled))
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
@@ -551,6 +568,8 @@ def optimise(
     override_tensor: OverrideTensor = None,
     no_kv_offload: NoKvOffload = False,
     no_op_offload: NoOpOffload = False,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     llama_build: LlamaBuildOpt = None,
     engine: EnginesOpt = None,
 ) -> None:
@@ -591,7 +610,8 @@ def optimise(
     # n_cpu_moe / n_gpu_layers instead)
     given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
                                      ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
-                                     ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False))
+                                     ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False),
+                                     ("lora", _lora_fields(lora, lora_scaled), ()))
              if v != dflt}
     study_def: Any = study
     if given:
