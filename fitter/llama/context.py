@@ -174,7 +174,19 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
             return ()
         return tuple(sorted((k, v[il]) for k, v in lt.items() if il in v))
 
-    return [k + (dev(il), dev(il - 1) if il else pl.dev_in, dev(il + 1) if il + 1 < n else pl.dev_out, wkey(il))
+    first: dict[tuple, int] = {}
+    for il, k in enumerate(keys):
+        first.setdefault(k, il)
+
+    def opens_kind(il: int) -> bool:
+        # a layer whose weights sit on another backend than its ops (experts on the CPU, a CPU layer) starts a split
+        # inside it (ggml_backend_sched_split_graph, pass 5: a weight on an incompatible backend); that split reaches
+        # into the next layer, and when the next layer is the first of its kind, the copies of the graph inputs that
+        # kind reads first (KQ mask, positions, ...) are made once, at that split's start, in this layer alone
+        return il + 1 < n and first[keys[il + 1]] == il + 1
+
+    return [k + (dev(il), dev(il - 1) if il else pl.dev_in, dev(il + 1) if il + 1 < n else pl.dev_out, wkey(il),
+                 opens_kind(il))
             for il, k in enumerate(keys)]
 
 

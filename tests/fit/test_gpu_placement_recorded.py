@@ -7,7 +7,8 @@ exact bytes per buffer type from its memory breakdown) on the full-size Qwen3.6-
 predict the same configs again, without a GPU.
 
 Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact too, pipeline
-parallelism over two GPUs included, except the residuals pinned in RESIDUAL (ggfit minus llama.cpp, bytes).
+parallelism over two GPUs and experts on the CPU included, except the residuals pinned in RESIDUAL (ggfit minus
+llama.cpp, bytes): -nkvo on the hybrid model, and 8 KiB on gpt-oss with three layers' experts on the CPU.
 """
 
 from __future__ import annotations
@@ -31,20 +32,8 @@ _BASE = ("n_ctx", "n_ubatch", "flash_attn", "no_mmap")
 # (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's; every other compute buffer is exact
 RESIDUAL = {
     ("qwen36-35b-a3b-1-no_kv_offloadTrue", "CUDA0"): 20963328,
-    ("qwen36-35b-a3b-1-n_cpu_moe4", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_cpu_moe20", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_cpu_moe39", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_cpu_moe40", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-cpu_moeTrue", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_batch2048-n_cpu_moe20", "CUDA0"): 16777216,
-    ("qwen36-35b-a3b-1-type_kq8_0-type_vq8_0-n_cpu_moe20", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_cpu_moe4-no_kv_offloadTrue", "CUDA0"): 36864,
-    ("qwen36-35b-a3b-1-override_tensor['ffn_down_exps=CPU']", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-1-n_batch2048-override_tensor['blk\\\\.[0-9]\\\\.ffn_(up|gate)_exps=CPU']", "CUDA0"): 8388608,
     ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
     ("qwen36-35b-a3b-2-no_kv_offloadTrue", "CUDA0"): 20963328,
-    ("qwen36-35b-a3b-2-n_cpu_moe20", "CUDA0"): 4194304,
-    ("qwen36-35b-a3b-2-n_cpu_moe4-tensor_split[1.0, 1.0]", "CUDA0"): 4194304,
 }
 
 
@@ -118,6 +107,9 @@ def test_split_mode_row_is_refused_as_llama_cpp_fails_it() -> None:
 
 
 EXPERTS = json.loads((RESULTS / "gpu-experts-h200.json").read_text())
+# the held-budget runs were predicted before the scheduler's graph-input copies of a split that starts inside a layer
+# (experts on the CPU) were placed in that layer alone: the same runs predict 4 MiB less on CUDA0 now (-ub 512)
+_SPLIT_INPUT_FIX = 4 * 2**20
 
 
 @pytest.mark.slow
@@ -135,7 +127,8 @@ def test_recorded_expert_placement_loaded_and_one_predicted_over_ran_out_of_memo
     ok, over = rows["placement from ggfit fit"], rows["512 MiB over"]
     for r in (ok, over):
         pred = predict(header, spec, RunConfig(**r["config"]), Backend.CUDA, Frontend.SERVER)
-        assert pred.total_device_bytes == r["predicted_device_bytes"]
+        # recorded before the graph-input copies of a mid-layer split moved to their layer (4 MiB less at -ub 512)
+        assert r["predicted_device_bytes"] - pred.total_device_bytes == _SPLIT_INPUT_FIX
     assert ok["status"] == "ok" and ok["decode_tps"] > 0 and ok["predicted_device_bytes"] <= available
     assert over["status"] == "oom" and over["predicted_device_bytes"] >= free + 512 * 2**20
 
@@ -155,7 +148,8 @@ def test_recorded_host_budget_held_by_the_process_resident_memory() -> None:
     row = HOSTRSS["rows"][0]
     cfg = RunConfig.from_server_args([a for f in row["flags"] for a in f]).config
     pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)
-    assert (pred.total_device_bytes, pred.host_bytes) == (row["predicted_device_bytes"], row["predicted_host_bytes"])
+    assert (row["predicted_device_bytes"] - pred.total_device_bytes, pred.host_bytes) == (
+        _SPLIT_INPUT_FIX, row["predicted_host_bytes"])
     assert row["status"] == "ok" and row["decode_tps"] > 0
     assert row["peak_rss_bytes"] <= HOSTRSS["host_budget_bytes"]
     assert pred.host_bytes < row["peak_rss_bytes"] <= pred.host_bytes + default_host_margin("cuda")
