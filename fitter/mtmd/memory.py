@@ -1,0 +1,82 @@
+"""The buffers an mmproj allocates: its weights and the compute buffer of its warmup graph.
+
+clip_ctx (tools/mtmd/clip.cpp): the CLIP backend is the first GPU (ggml_backend_init_by_type GPU, else IGPU)
+unless --no-mmproj-offload (mtmd_context_params.use_gpu false), else the CPU. load_tensors allocates every tensor
+it loads in one buffer of that backend's default buffer type (ggml_backend_alloc_ctx_tensors_from_buft: each
+tensor's alloc size padded to the alignment). warmup builds the graph of one dummy image of warmup_image_size
+a side (get_dummy_batch) and reserves it on a scheduler of [the backend, the CPU] (reserve_compute_meta):
+"compute buffer size" per backend. With -fa auto, flash attention is tried first and kept where the backend
+runs it (the CPU runs every FLASH_ATTN_EXT).
+
+llama-server with --fit (its default) first measures the same context (mtmd_get_memory_usage: the tensors'
+ggml_nbytes, unpadded, plus the compute buffers) and frees it again; only the second, real context stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitter.ggml import backends
+from fitter.ggml.alloc import Gallocr
+from fitter.ggml.backends.base import Backend
+from fitter.ggml.types import pad
+from fitter.gguf.reader import GGUFHeader
+from fitter.mtmd.graph import ClipGraph
+from fitter.mtmd.hparams import ClipHparams, MmprojError, load_clip_hparams
+from fitter.mtmd.models import BUILDERS
+
+
+@dataclass(frozen=True)
+class MmprojBuffer:
+    device: str  # llama.cpp's buffer type name: CPU, CUDA0, MTL0
+    kind: str  # "model" or "compute"
+    bytes: int
+    on_device: bool  # in the GPU's own memory (else host memory)
+    detail: str
+
+
+def mirrored(proj_type: str) -> bool:
+    return proj_type in BUILDERS
+
+
+def warmup_graph(hp: ClipHparams, flash_attn: bool) -> ClipGraph:
+    """clip_model_loader::warmup's graph: one dummy image of warmup_image_size x warmup_image_size."""
+    sz = hp.warmup_image_size
+    c = ClipGraph(hp, sz, sz, flash_attn)
+    out = BUILDERS[hp.proj_type](c)
+    c.g.expand(out)
+    return c
+
+
+def weight_bytes(hp: ClipHparams, backend: Backend, on_gpu: bool) -> int:
+    """load_tensors' buffer: every tensor, its alloc size padded to the buffer type's alignment."""
+    impl = backends.get(backend) if on_gpu else backends.get(Backend.CPU)
+    return sum(pad(impl.tensor_alloc_size(int(t.ggml_type), t.shape, t.nbytes), impl.alignment)
+               for t in hp.tensors.values())
+
+
+def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: bool = True,
+                   flash_attn: str = "auto") -> list[MmprojBuffer]:
+    """The mmproj's buffers on `backend` (the text model's): weights, then compute. A projector type whose graph is
+    not mirrored gets its weights only (and says so in the row's detail)."""
+    hp = load_clip_hparams(header, path)
+    impl = backends.get(backend)
+    on_gpu = offload and impl.is_gpu
+    dev = impl.name if on_gpu else "CPU"
+    out = [MmprojBuffer(dev, "model", weight_bytes(hp, backend, on_gpu), on_gpu,
+                        f"{len(hp.tensors)} tensors, {hp.proj_type} projector")]
+    if not mirrored(hp.proj_type):
+        out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
+                              out[0].detail + f"; its compute buffer is not modelled ({hp.proj_type} graph)")
+        return out
+    if on_gpu:
+        raise MmprojError(f"--mmproj on {backend.value}: the projector's GPU compute buffer is not modelled yet; "
+                          "use --no-mmproj-offload or --backend cpu")
+    fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
+    c = warmup_graph(hp, fa)
+    ga = Gallocr(impl.host_alignment if on_gpu else backends.get(Backend.CPU).alignment)
+    size = ga.run(c.g.nodes, c.g.leafs)
+    sz = hp.warmup_image_size
+    out.append(MmprojBuffer("CPU", "compute", size, False,
+                            f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"))
+    return out

@@ -1,0 +1,121 @@
+"""Synthetic multimodal projector (mmproj) GGUFs: random weights, clip.cpp's own keys and tensor names.
+
+Kept apart from the text-model REGISTRY (tests that load every registered architecture with llama.cpp would
+take a projector for a model). ``build_mmproj("gemma3", image_size=224)`` returns a cached path, built on first
+use under ``${GGFIT_CACHE:-~/.cache/ggfit}/synth/`` like ``tests.synth.build``.
+
+Keys and names: tools/mtmd/clip-impl.h (KEY_*, TN_*); which tensors each projector type loads:
+clip.cpp clip_model_loader::load_tensors; shapes as clip's graph builders read them (ggml order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from tests.synth.common import GGUF_VERSION, SYNTH_VERSION, cache_dir, make_vocab, options, write_gguf
+
+_MMPROJ: dict[str, Callable[..., Path]] = {}
+
+
+def _register(name: str) -> Callable[[Callable[..., Path]], Callable[..., Path]]:
+    def deco(fn: Callable[..., Path]) -> Callable[..., Path]:
+        _MMPROJ[name] = fn
+        return fn
+    return deco
+
+
+def build_mmproj(kind: str, **overrides: Any) -> Path:
+    """Path of the cached mmproj GGUF of projector `kind` with `overrides`; built on first use."""
+    src = hashlib.sha256(Path(inspect.getsourcefile(build_mmproj) or __file__).read_bytes()).hexdigest()
+    key = hashlib.sha256(json.dumps({"kind": kind, "o": overrides, "v": SYNTH_VERSION, "gguf": GGUF_VERSION,
+                                     "src": src}, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+    path = cache_dir() / f"mmproj-{kind}-{key}.gguf"
+    if path.exists():
+        return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        _MMPROJ[kind](tmp, **overrides)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _common_keys(proj: str, o: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "clip.projector_type": proj,
+        "clip.has_vision_encoder": True,
+        "clip.vision.embedding_length": o["n_embd"],
+        "clip.vision.feed_forward_length": o["n_ff"],
+        "clip.vision.block_count": o["n_layer"],
+        "clip.vision.projection_dim": o["proj_dim"],
+        "clip.vision.attention.head_count": o["n_head"],
+        "clip.vision.attention.layer_norm_epsilon": 1e-6,
+        "clip.vision.image_size": o["image_size"],
+        "clip.vision.patch_size": o["patch_size"],
+        "clip.vision.image_mean": [0.5, 0.5, 0.5],
+        "clip.vision.image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def _vit_layers(o: dict[str, Any], *, ln_bias: bool, gate: bool, ffn_bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+    e, f = o["n_embd"], o["n_ff"]
+    t: list[tuple[str, tuple[int, ...]]] = []
+    for i in range(o["n_layer"]):
+        p = f"v.blk.{i}."
+        for w in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t += [(p + w + ".weight", (e, e)), (p + w + ".bias", (e,))]
+        for n in ("ln1", "ln2"):
+            t.append((p + n + ".weight", (e,)))
+            if ln_bias:
+                t.append((p + n + ".bias", (e,)))
+        t.append((p + "ffn_up.weight", (e, f)))
+        if gate:
+            t.append((p + "ffn_gate.weight", (e, f)))
+        t.append((p + "ffn_down.weight", (f, e)))
+        if ffn_bias:
+            t += [(p + "ffn_up.bias", (f,)), (p + "ffn_down.bias", (e,))]
+            if gate:
+                t.append((p + "ffn_gate.bias", (f,)))
+    return t
+
+
+@_register("gemma3")
+def _gemma3(path: Path, **overrides: Any) -> Path:
+    """SigLIP + the Gemma 3 projector (PROJECTOR_TYPE_GEMMA3: siglip.cpp, avg-pool by n_merge, soft-emb norm)."""
+    o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=224, patch_size=14,
+                     n_merge=None, ftype="f16", seed=0), overrides)
+    e, ps = o["n_embd"], o["patch_size"]
+    hp = _common_keys("gemma3", o) | {"clip.use_gelu": True}
+    if o["n_merge"] is not None:
+        hp["clip.vision.projector.scale_factor"] = o["n_merge"]
+    n_pos = (o["image_size"] // ps) ** 2
+    t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.patch_embd.bias", (e,)), ("v.position_embd.weight", (e, n_pos))]
+    t += _vit_layers(o, ln_bias=True, gate=False)
+    t += [("v.post_ln.weight", (e,)), ("v.post_ln.bias", (e,)),
+          ("mm.input_projection.weight", (o["proj_dim"], e)), ("mm.soft_emb_norm.weight", (e,))]
+    return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
+                      name="synthetic gemma3 mmproj")
+
+
+@_register("qwen25vl")
+def _qwen25vl(path: Path, **overrides: Any) -> Path:
+    """The Qwen2.5-VL vision tower and merger (PROJECTOR_TYPE_QWEN25VL: qwen2vl.cpp, window attention, RMS norm)."""
+    o = options(dict(n_layer=4, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=560, patch_size=14,
+                     n_wa_pattern=2, ftype="f16", seed=0), overrides)
+    e, ps = o["n_embd"], o["patch_size"]
+    hp = _common_keys("qwen2.5vl_merger", o) | {"clip.use_silu": True, "clip.vision.n_wa_pattern": o["n_wa_pattern"],
+                                               "clip.vision.spatial_merge_size": 2}
+    t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.patch_embd.weight.1", (ps, ps, 3, e))]
+    t += _vit_layers(o, ln_bias=False, gate=True)
+    t += [("v.post_ln.weight", (e,)),
+          ("mm.0.weight", (4 * e, 4 * e)), ("mm.0.bias", (4 * e,)),
+          ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
+    return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
+                      name="synthetic qwen2.5-vl mmproj")
