@@ -106,15 +106,17 @@ def _gemma3(path: Path, **overrides: Any) -> Path:
 
 @_register("qwen25vl")
 def _qwen25vl(path: Path, **overrides: Any) -> Path:
-    """The Qwen2.5-VL vision tower and merger (PROJECTOR_TYPE_QWEN25VL: qwen2vl.cpp, window attention, RMS norm)."""
+    """The Qwen2.5-VL vision tower and merger (PROJECTOR_TYPE_QWEN25VL: qwen2vl.cpp, window attention, RMS norm,
+    SwiGLU); with v2=True, Qwen2-VL's (PROJECTOR_TYPE_QWEN2VL: layer norm with bias, quick GELU, no gate)."""
     o = options(dict(n_layer=4, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=560, patch_size=14,
-                     n_wa_pattern=2, ftype="f16", seed=0), overrides)
-    e, ps = o["n_embd"], o["patch_size"]
-    hp = _common_keys("qwen2.5vl_merger", o) | {"clip.use_silu": True, "clip.vision.n_wa_pattern": o["n_wa_pattern"],
-                                               "clip.vision.spatial_merge_size": 2}
+                     n_wa_pattern=2, v2=False, ftype="f16", seed=0), overrides)
+    e, ps, v2 = o["n_embd"], o["patch_size"], o["v2"]
+    hp = _common_keys("qwen2vl_merger" if v2 else "qwen2.5vl_merger", o) | {"clip.vision.spatial_merge_size": 2}
+    if not v2:
+        hp |= {"clip.use_silu": True, "clip.vision.n_wa_pattern": o["n_wa_pattern"]}
     t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.patch_embd.weight.1", (ps, ps, 3, e))]
-    t += _vit_layers(o, ln_bias=False, gate=True)
-    t += [("v.post_ln.weight", (e,)),
+    t += _vit_layers(o, ln_bias=v2, gate=not v2)
+    t += [("v.post_ln.weight", (e,))] + ([("v.post_ln.bias", (e,))] if v2 else []) + [
           ("mm.0.weight", (4 * e, 4 * e)), ("mm.0.bias", (4 * e,)),
           ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),

@@ -1,0 +1,40 @@
+"""An mmproj's buffers against the pinned libmtmd's own allocations (tests/mtmd/oracle.py), byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from fitter.ggml.backends.base import Backend
+from fitter.gguf.reader import read_header
+from fitter.mtmd.memory import mmproj_buffers
+from tests.mtmd import oracle
+from tests.synth.mmproj import build_mmproj
+
+pytestmark = pytest.mark.skipif(oracle.binary() is None, reason="no C compiler for the libmtmd oracle")
+
+CASES = [
+    # (projector, synthetic overrides, -fa)
+    ("gemma3", {}, "auto"),
+    ("gemma3", {}, "off"),
+    ("gemma3", {"image_size": 448, "ftype": "q8_0", "n_embd": 96, "n_ff": 256}, "auto"),  # 32 patches a side
+    ("gemma3", {"image_size": 336, "n_merge": 2}, "off"),  # the tinygemma3 scale factor key
+    ("qwen25vl", {}, "auto"),
+    ("qwen25vl", {}, "off"),
+    ("qwen25vl", {"patch_size": 16, "n_wa_pattern": 0, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
+    ("qwen25vl", {"v2": True}, "off"),  # Qwen2-VL: layer norm, quick GELU, no window attention
+]
+
+
+@pytest.mark.parametrize("kind,over,fa", CASES, ids=[f"{k}-{i}-fa_{fa}" for i, (k, _, fa) in enumerate(CASES)])
+def test_cpu_buffers_exact(kind: str, over: dict, fa: str) -> None:
+    path = str(build_mmproj(kind, **over))
+    ref = oracle.run(path, fa)
+    rows = mmproj_buffers(read_header(path), path, Backend.CPU, flash_attn=fa)
+    model = [r for r in rows if r.kind == "model"]
+    compute = [r for r in rows if r.kind == "compute"]
+    assert [(r.device, r.bytes) for r in model] == [ref.allocs[0]]
+    # the compute buffer: gallocr's last (largest) reservation on the CPU
+    assert compute[0].bytes == max(b for _, b in ref.allocs[1:])
+    assert [(n, round(compute[0].bytes / 2**20, 2)) for n, _ in ref.compute_lines[-1:]] == ref.compute_lines[-1:]
+    assert f"{ref.warmup_size}x{ref.warmup_size}" in compute[0].detail
+    assert ("flash attention on" in compute[0].detail) == ref.flash_attn
