@@ -38,7 +38,7 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
     "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
-    "tensor_split": "-ts",
+    "tensor_split": "-ts", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
 }
 
 # common/common.h: the tensor-name patterns --cpu-moe and --n-cpu-moe turn into overrides to the CPU buffer type
@@ -99,6 +99,9 @@ class RunConfig(BaseModel):
     split_mode: SplitMode = Field("layer", description="-sm")
     main_gpu: int = Field(0, description="-mg")
     tensor_split: tuple[float, ...] | None = Field(None, description="-ts: a proportion per GPU")
+    # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
+    mmproj: str | None = Field(None, description="--mmproj FILE")
+    no_mmproj_offload: bool = Field(False, description="--no-mmproj-offload: the projector on the CPU")
 
     @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max", "n_cpu_moe", "main_gpu")
     @classmethod
@@ -210,6 +213,10 @@ class RunConfig(BaseModel):
         if self.embeddings:
             out.append(["--embeddings"])
         out += self.placement_args()
+        if self.mmproj:
+            out.append(["--mmproj", self.mmproj])
+        if self.no_mmproj_offload:
+            out.append(["--no-mmproj-offload"])
         out += self._draft_args(draft_model or self.draft_model)
         out.append(["--no-repack"] if self.no_repack else ["--repack"])
         return out + [list(g) for g in extra]
@@ -327,6 +334,9 @@ _FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-sm", "--split-mode"), "split_mode", "str"),
     (("-mg", "--main-gpu"), "main_gpu", "int"),
     (("-ts", "--tensor-split"), "tensor_split", "floats"),
+    (("-mm", "--mmproj"), "mmproj", "str"),
+    (("--no-mmproj-offload",), "no_mmproj_offload", "true"),
+    (("--mmproj-offload",), "no_mmproj_offload", "false"),
 )
 SERVER_FLAGS: dict[str, tuple[str, str]] = {n: (field, kind) for names, field, kind in _FLAG_TABLE for n in names}
 

@@ -14,6 +14,7 @@ ggml_nbytes, unpadded, plus the compute buffers) and frees it again; only the se
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from fitter.ggml import backends
@@ -69,14 +70,46 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
         out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
                               out[0].detail + f"; its compute buffer is not modelled ({hp.proj_type} graph)")
         return out
-    if on_gpu:
-        raise MmprojError(f"--mmproj on {backend.value}: the projector's GPU compute buffer is not modelled yet; "
-                          "use --no-mmproj-offload or --backend cpu")
+    if on_gpu:  # the scheduler's split over [GPU, CPU] is not mirrored for clip graphs yet: weights only, said so
+        out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
+                              out[0].detail + f"; its {dev} compute buffer is not modelled (--no-mmproj-offload is)")
+        return out
     fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
     c = warmup_graph(hp, fa)
-    ga = Gallocr(impl.host_alignment if on_gpu else backends.get(Backend.CPU).alignment)
+    ga = Gallocr(backends.get(Backend.CPU).alignment)
     size = ga.run(c.g.nodes, c.g.leafs)
     sz = hp.warmup_image_size
     out.append(MmprojBuffer("CPU", "compute", size, False,
                             f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"))
     return out
+
+
+_CACHE: dict[tuple, list[MmprojBuffer]] = {}
+
+
+def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
+                           flash_attn: str = "auto") -> list[MmprojBuffer]:
+    """mmproj_buffers for the file at `path` (its header read once per file version; a missing, truncated or
+    foreign file is one MmprojError line naming --mmproj)."""
+    from fitter.errors import GGFitError
+    from fitter.gguf.reader import read_header
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise MmprojError(f"--mmproj {path}: {e.strerror or e}") from None
+    key = (path, st.st_ino, st.st_size, st.st_mtime_ns, backend, offload, flash_attn)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    try:
+        header = read_header(path)
+    except MmprojError:
+        raise
+    except GGFitError as e:
+        raise MmprojError(f"--mmproj {path}: {e}") from None
+    rows = mmproj_buffers(header, path, backend, offload=offload, flash_attn=flash_attn)
+    if len(_CACHE) > 16:
+        _CACHE.clear()
+    _CACHE[key] = rows
+    return rows
