@@ -439,3 +439,7 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, type_: int, nam
 
 def pool_2d(ctx: Context, a: Tensor, k: int, s: int, name: str = "") -> Tensor:  # ggml_pool_2d, no padding
     return new_tensor(ctx, "POOL_2D", F32, ((a.ne[0] - k) // s + 1, (a.ne[1] - k) // s + 1, a.ne[2], a.ne[3]), (a,), name)
+
+
+def interpolate(ctx: Context, a: Tensor, ne: Iterable[int], name: str = "") -> Tensor:  # ggml_interpolate (UPSCALE)
+    return new_tensor(ctx, "UPSCALE", a.type, ne, (a,), name)

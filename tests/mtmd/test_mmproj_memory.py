@@ -22,6 +22,9 @@ CASES = [
     ("qwen25vl", {}, "off"),
     ("qwen25vl", {"patch_size": 16, "n_wa_pattern": 0, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
     ("qwen25vl", {"v2": True}, "off"),  # Qwen2-VL: layer norm, quick GELU, no window attention
+    ("qwen3vl", {}, "auto"),  # 48x48 learned positions interpolated to the 92x92-patch warmup image
+    ("qwen3vl", {}, "off"),
+    ("qwen3vl", {"n_pos_side": 92, "deepstack": (), "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
 ]
 
 

@@ -121,3 +121,30 @@ def _qwen25vl(path: Path, **overrides: Any) -> Path:
           ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
                       name="synthetic qwen2.5-vl mmproj")
+
+
+@_register("qwen3vl")
+def _qwen3vl(path: Path, **overrides: Any) -> Path:
+    """The Qwen3-VL vision tower (PROJECTOR_TYPE_QWEN3VL: qwen3vl.cpp, fused QKV, learned positions, deepstack)."""
+    o = options(dict(n_layer=4, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=768, patch_size=16,
+                     n_pos_side=48, deepstack=(1, 2), ftype="f16", seed=0), overrides)
+    e, ps = o["n_embd"], o["patch_size"]
+    hp = _common_keys("qwen3vl_merger", o) | {"clip.use_gelu": True, "clip.vision.spatial_merge_size": 2}
+    t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.patch_embd.weight.1", (ps, ps, 3, e)),
+         ("v.patch_embd.bias", (e,)), ("v.position_embd.weight", (e, o["n_pos_side"] ** 2))]
+    for i in range(o["n_layer"]):
+        p = f"v.blk.{i}."
+        t += [(p + "attn_qkv.weight", (e, 3 * e)), (p + "attn_qkv.bias", (3 * e,)),
+              (p + "attn_out.weight", (e, e)), (p + "attn_out.bias", (e,)),
+              (p + "ln1.weight", (e,)), (p + "ln1.bias", (e,)), (p + "ln2.weight", (e,)), (p + "ln2.bias", (e,)),
+              (p + "ffn_up.weight", (e, o["n_ff"])), (p + "ffn_up.bias", (o["n_ff"],)),
+              (p + "ffn_down.weight", (o["n_ff"], e)), (p + "ffn_down.bias", (e,))]
+    for i in o["deepstack"]:
+        p = f"v.deepstack.{i}."
+        t += [(p + "norm.weight", (4 * e,)), (p + "norm.bias", (4 * e,)), (p + "fc1.weight", (4 * e, 4 * e)),
+              (p + "fc1.bias", (4 * e,)), (p + "fc2.weight", (4 * e, o["proj_dim"])), (p + "fc2.bias", (o["proj_dim"],))]
+    t += [("v.post_ln.weight", (e,)), ("v.post_ln.bias", (e,)),
+          ("mm.0.weight", (4 * e, 4 * e)), ("mm.0.bias", (4 * e,)),
+          ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
+    return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
+                      name="synthetic qwen3-vl mmproj", tensor_types={"v.position_embd.weight": "f32"})
