@@ -8,7 +8,7 @@ from fitter.ggml.backends.base import Backend
 from fitter.gguf.reader import read_header
 from fitter.mtmd.memory import mmproj_buffers
 from tests.mtmd import oracle
-from tests.synth.mmproj import build_mmproj
+from tests.synth.mmproj import FULL_SHAPES, build_mmproj
 
 pytestmark = pytest.mark.skipif(oracle.binary() is None, reason="no C compiler for the libmtmd oracle")
 
@@ -25,6 +25,9 @@ CASES = [
     ("qwen3vl", {}, "auto"),  # 48x48 learned positions interpolated to the 92x92-patch warmup image
     ("qwen3vl", {}, "off"),
     ("qwen3vl", {"n_pos_side": 92, "deepstack": (), "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
+    # released models' vision towers, full size (sparse files: clip reads zeros)
+    *((k, {**o, "sparse": True}, "auto") for k, o in FULL_SHAPES.values()),
+    ("gemma3", {**FULL_SHAPES["gemma3-27b"][1], "sparse": True}, "off"),
 ]
 
 

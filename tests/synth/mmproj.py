@@ -29,6 +29,19 @@ def _register(name: str) -> Callable[[Callable[..., Path]], Callable[..., Path]]
     return deco
 
 
+# The vision towers of released models (their HF configs), for full-size headers: write them with sparse=True
+# (no data: the file is a hole of the right size; clip reads zeros)
+FULL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    # Gemma 3 4B-27B: SigLIP-So400m at 896 px, projected to Gemma 3 27B's 5376
+    "gemma3-27b": ("gemma3", dict(n_layer=27, n_embd=1152, n_ff=4304, n_head=16, proj_dim=5376, image_size=896)),
+    # Qwen2.5-VL-7B: 32 layers, full attention every 8th (fullatt_block_indexes 7, 15, 23, 31)
+    "qwen25vl-7b": ("qwen25vl", dict(n_layer=32, n_embd=1280, n_ff=3420, n_head=16, proj_dim=3584, n_wa_pattern=8)),
+    # Qwen3-VL-8B: 27 layers, 48x48 learned positions, deepstack after layers 8, 16, 24
+    "qwen3vl-8b": ("qwen3vl", dict(n_layer=27, n_embd=1152, n_ff=4304, n_head=16, proj_dim=4096,
+                                   deepstack=(8, 16, 24))),
+}
+
+
 def build_mmproj(kind: str, **overrides: Any) -> Path:
     """Path of the cached mmproj GGUF of projector `kind` with `overrides`; built on first use."""
     src = hashlib.sha256(Path(inspect.getsourcefile(build_mmproj) or __file__).read_bytes()).hexdigest()
@@ -90,7 +103,7 @@ def _vit_layers(o: dict[str, Any], *, ln_bias: bool, gate: bool, ffn_bias: bool 
 def _gemma3(path: Path, **overrides: Any) -> Path:
     """SigLIP + the Gemma 3 projector (PROJECTOR_TYPE_GEMMA3: siglip.cpp, avg-pool by n_merge, soft-emb norm)."""
     o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=224, patch_size=14,
-                     n_merge=None, ftype="f16", seed=0), overrides)
+                     n_merge=None, ftype="f16", seed=0, sparse=False), overrides)
     e, ps = o["n_embd"], o["patch_size"]
     hp = _common_keys("gemma3", o) | {"clip.use_gelu": True}
     if o["n_merge"] is not None:
@@ -101,7 +114,7 @@ def _gemma3(path: Path, **overrides: Any) -> Path:
     t += [("v.post_ln.weight", (e,)), ("v.post_ln.bias", (e,)),
           ("mm.input_projection.weight", (o["proj_dim"], e)), ("mm.soft_emb_norm.weight", (e,))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
-                      name="synthetic gemma3 mmproj")
+                      name="synthetic gemma3 mmproj", sparse=o["sparse"])
 
 
 @_register("qwen25vl")
@@ -109,7 +122,7 @@ def _qwen25vl(path: Path, **overrides: Any) -> Path:
     """The Qwen2.5-VL vision tower and merger (PROJECTOR_TYPE_QWEN25VL: qwen2vl.cpp, window attention, RMS norm,
     SwiGLU); with v2=True, Qwen2-VL's (PROJECTOR_TYPE_QWEN2VL: layer norm with bias, quick GELU, no gate)."""
     o = options(dict(n_layer=4, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=560, patch_size=14,
-                     n_wa_pattern=2, v2=False, ftype="f16", seed=0), overrides)
+                     n_wa_pattern=2, v2=False, ftype="f16", seed=0, sparse=False), overrides)
     e, ps, v2 = o["n_embd"], o["patch_size"], o["v2"]
     hp = _common_keys("qwen2vl_merger" if v2 else "qwen2.5vl_merger", o) | {"clip.vision.spatial_merge_size": 2}
     if not v2:
@@ -120,14 +133,14 @@ def _qwen25vl(path: Path, **overrides: Any) -> Path:
           ("mm.0.weight", (4 * e, 4 * e)), ("mm.0.bias", (4 * e,)),
           ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
-                      name="synthetic qwen2.5-vl mmproj")
+                      name="synthetic qwen2.5-vl mmproj", sparse=o["sparse"])
 
 
 @_register("qwen3vl")
 def _qwen3vl(path: Path, **overrides: Any) -> Path:
     """The Qwen3-VL vision tower (PROJECTOR_TYPE_QWEN3VL: qwen3vl.cpp, fused QKV, learned positions, deepstack)."""
     o = options(dict(n_layer=4, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=768, patch_size=16,
-                     n_pos_side=48, deepstack=(1, 2), ftype="f16", seed=0), overrides)
+                     n_pos_side=48, deepstack=(1, 2), ftype="f16", seed=0, sparse=False), overrides)
     e, ps = o["n_embd"], o["patch_size"]
     hp = _common_keys("qwen3vl_merger", o) | {"clip.use_gelu": True, "clip.vision.spatial_merge_size": 2}
     t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.patch_embd.weight.1", (ps, ps, 3, e)),
@@ -147,4 +160,5 @@ def _qwen3vl(path: Path, **overrides: Any) -> Path:
           ("mm.0.weight", (4 * e, 4 * e)), ("mm.0.bias", (4 * e,)),
           ("mm.2.weight", (4 * e, o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
-                      name="synthetic qwen3-vl mmproj", tensor_types={"v.position_embd.weight": "f32"})
+                      name="synthetic qwen3-vl mmproj", tensor_types={"v.position_embd.weight": "f32"},
+                      sparse=o["sparse"])
