@@ -18,8 +18,11 @@ import os
 from dataclasses import dataclass
 
 from fitter.ggml import backends
-from fitter.ggml.alloc import Gallocr
-from fitter.ggml.backends.base import Backend
+from fitter.ggml.alloc import SIZE_MAX, Gallocr
+from fitter.ggml.backends.base import Backend, BackendImpl
+from fitter.ggml.graph import Segment
+from fitter.ggml.sched import Placement, split_graph
+from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader
 from fitter.mtmd.graph import ClipGraph
@@ -44,6 +47,7 @@ def warmup_graph(hp: ClipHparams, flash_attn: bool) -> ClipGraph:
     """clip_model_loader::warmup's graph: one dummy image of warmup_image_size x warmup_image_size."""
     sz = hp.warmup_image_size
     c = ClipGraph(hp, sz, sz, flash_attn)
+    c.ctx.track = []  # every tensor created: the scheduler's segment
     out = BUILDERS[hp.proj_type](c)
     c.g.expand(out)
     return c
@@ -70,18 +74,50 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
         out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
                               out[0].detail + f"; its compute buffer is not modelled ({hp.proj_type} graph)")
         return out
-    if on_gpu:  # the scheduler's split over [GPU, CPU] is not mirrored for clip graphs yet: weights only, said so
-        out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
-                              out[0].detail + f"; its {dev} compute buffer is not modelled (--no-mmproj-offload is)")
-        return out
-    fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
-    c = warmup_graph(hp, fa)
-    ga = Gallocr(backends.get(Backend.CPU).alignment)
-    size = ga.run(c.g.nodes, c.g.leafs)
     sz = hp.warmup_image_size
-    out.append(MmprojBuffer("CPU", "compute", size, False,
-                            f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"))
+    if not on_gpu:
+        fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
+        c = warmup_graph(hp, fa)
+        size = Gallocr(backends.get(Backend.CPU).alignment).run(c.g.nodes, c.g.leafs)
+        out.append(MmprojBuffer("CPU", "compute", size, False,
+                                f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"))
+        return out
+    # clip_model_loader::warmup with -fa auto: reserve with flash attention; when the GPU lacks a FLASH_ATTN_EXT of
+    # the graph, reserve again without it. ggml_gallocr_reserve_n only grows a buffer: each keeps the larger size.
+    sizes, fa_on = _gpu_reserve(hp, impl, flash_attn != "off")
+    if flash_attn == "auto" and not fa_on:
+        sizes = [max(a, b) for a, b in zip(sizes, _gpu_reserve(hp, impl, False)[0])]
+    used = flash_attn == "on" or (flash_attn == "auto" and fa_on)
+    what = f"warmup image {sz}x{sz}, flash attention {'on' if used else 'off'}"
+    if flash_attn == "auto" and not fa_on:
+        what += f" (not on {impl.name} for these heads: reserved with it, then without)"
+    out.append(MmprojBuffer(dev, "compute", sizes[0], True, what))
+    if sizes[1] > 1:  # reserve_compute_meta prints (and allocates) only buffers above 1 byte
+        out.append(MmprojBuffer("CPU", "compute", sizes[1], False, "the graph's inputs (image, positions, masks)"))
     return out
+
+
+def _gpu_reserve(hp: ClipHparams, impl: BackendImpl, flash_attn: bool) -> tuple[list[int], bool]:
+    """reserve_compute_meta on clip's scheduler [the GPU, the CPU] (the CPU's own buffer type, not the pinned host
+    one): the warmup graph placed and split (fitter.ggml.sched), the backend's graph_optimize, then ggml-alloc per
+    buffer. Returns (the GPU's and the CPU's sizes, whether the GPU runs every FLASH_ATTN_EXT)."""
+    c = warmup_graph(hp, flash_attn)
+    created = list(c.ctx.track or ())
+    seg = Segment(c.g.nodes, c.g.leafs, created, None, None, 0)
+    pl = Placement([0], 0, 0, impl.supports_op, impl.offload_op, graph_optimize=impl.graph_optimize,
+                   every_input=impl.build.has("sched_copies_every_input"))
+
+    def dev_size(t: Tensor) -> int:
+        return impl.copy_size(t) if t.op == "NONE" else impl.alloc_size(t)
+
+    fa_ok = all(impl.supports_op(n) for n in c.g.nodes if n.op == "FLASH_ATTN_EXT")
+    split_graph([seg], pl, dev_size, {})
+    pl.graph_optimize([seg])
+    cpu = backends.get(Backend.CPU)
+    ga = Gallocr([impl.alignment, cpu.alignment], [dev_size, Tensor.nbytes],
+                 max_buffer_size=[impl.max_size(), SIZE_MAX])
+    ga.run(seg.nodes, seg.leafs)
+    return ga.sizes(), fa_ok
 
 
 _CACHE: dict[tuple, list[MmprojBuffer]] = {}

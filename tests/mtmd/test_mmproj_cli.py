@@ -39,12 +39,13 @@ def test_predict_adds_the_projector_rows_and_nothing_else(mmproj: str) -> None:
     assert with_mm.total_device_bytes == base.total_device_bytes + 274688 + 903168
 
 
-def test_cuda_offload_weights_on_the_gpu_and_the_unmodelled_compute_said(mmproj: str) -> None:
+def test_cuda_offload_puts_the_projector_on_the_first_gpu(mmproj: str) -> None:
     header, spec = load_model_spec(resolve_model(M))
     rows = [b for b in predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj), Backend.CUDA).buffers
             if b.owner == "mmproj"]
-    assert [(b.device, b.kind, b.counts) for b in rows] == [("CUDA0", "model", True)]
-    assert "compute buffer is not modelled" in rows[0].detail
+    # the bytes: tests/mtmd/test_mmproj_gpu_recorded.py (an H200)
+    assert [(b.device, b.kind, b.counts) for b in rows] == [
+        ("CUDA0", "model", True), ("CUDA0", "compute", True), ("CPU", "compute", False)]
     off = [b for b in predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj, no_mmproj_offload=True),
                               Backend.CUDA).buffers if b.owner == "mmproj"]
     # --no-mmproj-offload: clip_ctx on the CPU backend, in host memory (not against the GPU's budget)
@@ -80,3 +81,18 @@ def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, ba
     lines = err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"ggfit: error: --mmproj {bad[which]}") and phrase in lines[0]
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["probe", M, "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal projector"),
+    (["optimise", M, "--budget", "2GiB", "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal"),
+    (["optimise", M, "--budget", "2GiB", "--runner", "server", "--mmproj", "{missing}"], "No such file"),
+])
+def test_probe_and_optimise_refuse_what_they_cannot_measure(argv: list[str], phrase: str, mmproj: str,
+                                                            bad: dict[str, str], tmp_path, monkeypatch, capfd) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(mm=mmproj, missing=bad["missing"]) for a in argv])
+    _, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and phrase in lines[0], err
