@@ -44,3 +44,10 @@ def test_cpu_buffers_exact(kind: str, over: dict, fa: str) -> None:
     assert [(n, round(compute[0].bytes / 2**20, 2)) for n, _ in ref.compute_lines[-1:]] == ref.compute_lines[-1:]
     assert f"{ref.warmup_size}x{ref.warmup_size}" in compute[0].detail
     assert ("flash attention on" in compute[0].detail) == ref.flash_attn
+
+
+def test_a_projector_type_not_mirrored_counts_its_weights_and_says_so() -> None:
+    path = str(build_mmproj("gemma3", projector_type="idefics3"))  # SigLIP too, but idefics3's pixel shuffle
+    rows = mmproj_buffers(read_header(path), path, Backend.CPU)
+    assert [(r.kind, r.bytes) for r in rows] == [("model", 274688)]  # the same tensors as the gemma3 file above
+    assert "its compute buffer is not modelled (idefics3 graph)" in rows[0].detail

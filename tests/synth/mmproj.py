@@ -103,9 +103,9 @@ def _vit_layers(o: dict[str, Any], *, ln_bias: bool, gate: bool, ffn_bias: bool 
 def _gemma3(path: Path, **overrides: Any) -> Path:
     """SigLIP + the Gemma 3 projector (PROJECTOR_TYPE_GEMMA3: siglip.cpp, avg-pool by n_merge, soft-emb norm)."""
     o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=224, patch_size=14,
-                     n_merge=None, ftype="f16", seed=0, sparse=False), overrides)
+                     n_merge=None, projector_type="gemma3", ftype="f16", seed=0, sparse=False), overrides)
     e, ps = o["n_embd"], o["patch_size"]
-    hp = _common_keys("gemma3", o) | {"clip.use_gelu": True}
+    hp = _common_keys(o["projector_type"], o) | {"clip.use_gelu": True}
     if o["n_merge"] is not None:
         hp["clip.vision.projector.scale_factor"] = o["n_merge"]
     n_pos = (o["image_size"] // ps) ** 2
