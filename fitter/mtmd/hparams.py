@@ -35,6 +35,7 @@ class ClipHparams:
     n_merge: int = 1
     n_wa_pattern: int = 0
     warmup_image_size: int = 0
+    largest_image_size: int = 0  # the side of the largest square image the preprocessor makes (0: the warmup's)
     deepstack_layers: list[int] = field(default_factory=list)
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
 
@@ -93,6 +94,9 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
         # set_limit_image_tokens(8, 4096) then set_warmup_n_tokens(46*46): the warmup image is 46 merged tokens a side
         side = int(math.isqrt(46 * 46))
         hp.warmup_image_size = side * hp.patch_size * hp.n_merge
+        # image_max_pixels = 4096 tokens x patch_area: an image can be larger than the warmup's (clip_encode then
+        # grows the compute buffer: ggml_backend_sched_alloc_graph)
+        hp.largest_image_size = int(math.isqrt(4096)) * hp.patch_size * hp.n_merge
     if proj == QWEN3VL:
         hp.deepstack_layers = [il for il in range(hp.n_layer) if f"v.deepstack.{il}.fc1.weight" in hp.tensors]
     return hp

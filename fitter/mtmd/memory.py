@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, Gallocr
@@ -43,9 +44,9 @@ def mirrored(proj_type: str) -> bool:
     return proj_type in BUILDERS
 
 
-def warmup_graph(hp: ClipHparams, flash_attn: bool) -> ClipGraph:
-    """clip_model_loader::warmup's graph: one dummy image of warmup_image_size x warmup_image_size."""
-    sz = hp.warmup_image_size
+def warmup_graph(hp: ClipHparams, flash_attn: bool, size: int = 0) -> ClipGraph:
+    """clip_model_loader::warmup's graph: one dummy image of warmup_image_size x warmup_image_size (or size x size)."""
+    sz = size or hp.warmup_image_size
     c = ClipGraph(hp, sz, sz, flash_attn)
     c.ctx.track = []  # every tensor created: the scheduler's segment
     out = BUILDERS[hp.proj_type](c)
@@ -77,10 +78,9 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
     sz = hp.warmup_image_size
     if not on_gpu:
         fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
-        c = warmup_graph(hp, fa)
-        size = Gallocr(backends.get(Backend.CPU).alignment).run(c.g.nodes, c.g.leafs)
-        out.append(MmprojBuffer("CPU", "compute", size, False,
-                                f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"))
+        size = _cpu_size(hp, fa)
+        what = f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"
+        out.append(MmprojBuffer("CPU", "compute", size, False, what + _larger(hp, lambda s: _cpu_size(hp, fa, s))))
         return out
     # clip_model_loader::warmup with -fa auto: reserve with flash attention; when the GPU lacks a FLASH_ATTN_EXT of
     # the graph, reserve again without it. ggml_gallocr_reserve_n only grows a buffer: each keeps the larger size.
@@ -91,17 +91,33 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
     what = f"warmup image {sz}x{sz}, flash attention {'on' if used else 'off'}"
     if flash_attn == "auto" and not fa_on:
         what += f" (not on {impl.name} for these heads: reserved with it, then without)"
-    out.append(MmprojBuffer(dev, "compute", sizes[0], True, what))
+    out.append(MmprojBuffer(dev, "compute", sizes[0], True,
+                            what + _larger(hp, lambda s: _gpu_reserve(hp, impl, used, s)[0][0])))
     if sizes[1] > 1:  # reserve_compute_meta prints (and allocates) only buffers above 1 byte
         out.append(MmprojBuffer("CPU", "compute", sizes[1], False, "the graph's inputs (image, positions, masks)"))
     return out
 
 
-def _gpu_reserve(hp: ClipHparams, impl: BackendImpl, flash_attn: bool) -> tuple[list[int], bool]:
+def _cpu_size(hp: ClipHparams, flash_attn: bool, size: int = 0) -> int:
+    c = warmup_graph(hp, flash_attn, size)
+    return Gallocr(backends.get(Backend.CPU).alignment).run(c.g.nodes, c.g.leafs)
+
+
+def _larger(hp: ClipHparams, size_at: Callable[[int], int]) -> str:
+    """A note (not counted, as llama.cpp's own estimate does not count it): clip_encode grows the compute buffer for
+    an image larger than the warmup's (ggml_backend_sched_alloc_graph); its size for the largest square image."""
+    side = hp.largest_image_size
+    if side <= hp.warmup_image_size:
+        return ""
+    return (f"; an image up to {side}x{side} grows it to {size_at(side) / 2**20:,.1f} MiB when encoded "
+            "(not counted: llama.cpp reserves the warmup's)")
+
+
+def _gpu_reserve(hp: ClipHparams, impl: BackendImpl, flash_attn: bool, size: int = 0) -> tuple[list[int], bool]:
     """reserve_compute_meta on clip's scheduler [the GPU, the CPU] (the CPU's own buffer type, not the pinned host
     one): the warmup graph placed and split (fitter.ggml.sched), the backend's graph_optimize, then ggml-alloc per
     buffer. Returns (the GPU's and the CPU's sizes, whether the GPU runs every FLASH_ATTN_EXT)."""
-    c = warmup_graph(hp, flash_attn)
+    c = warmup_graph(hp, flash_attn, size)
     created = list(c.ctx.track or ())
     seg = Segment(c.g.nodes, c.g.leafs, created, None, None, 0)
     pl = Placement([0], 0, 0, impl.supports_op, impl.offload_op, graph_optimize=impl.graph_optimize,
