@@ -7,11 +7,13 @@ as ggml does, so the GPU scheduler sees where they are.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from fitter.ggml import tensor as T
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import Context, Tensor
 from fitter.ggml.types import F16, F32, GGML_TYPES
-from fitter.mtmd.hparams import FFN_GELU, FFN_GELU_QUICK, FFN_SILU, GEMMA3, QWEN2VL, QWEN25VL, ClipHparams
+from fitter.mtmd.hparams import FFN_GELU, FFN_GELU_QUICK, FFN_SILU, GEMMA3, GEMMA4V, QWEN2VL, QWEN25VL, ClipHparams
 
 _FFN_SWAP_TYPES = (GEMMA3, QWEN2VL, QWEN25VL)  # load_tensors' is_ffn_swapped, of the types mirrored here
 
@@ -30,6 +32,7 @@ class ClipGraph:
         self.n_patches = self.n_patches_x * self.n_patches_y
         self.n_batch = 1
         self.flash_attn = flash_attn
+        self.clamp_mm = hp.proj_type == GEMMA4V
         self._w: dict[str, Tensor] = {}
 
     def w(self, name: str) -> Tensor | None:
@@ -72,6 +75,8 @@ class ClipGraph:
         return inp
 
     def mm(self, w: Tensor, x: Tensor) -> Tensor:  # clip_graph::build_mm
+        if self.clamp_mm:  # clip_graph_gemma4v::build_mm (Gemma4ClippableLinear): every weight has its clamp info
+            return T.clamp(self.ctx, T.mul_mat(self.ctx, w, T.clamp(self.ctx, x)))
         return T.mul_mat(self.ctx, w, x)
 
     def build_norm(self, cur: Tensor, mw: Tensor | None, mb: Tensor | None, rms: bool) -> Tensor:  # build_norm
@@ -136,8 +141,9 @@ class ClipGraph:
     def layer(self, il: int, name: str) -> Tensor | None:
         return self.w(f"v.blk.{il}.{name}")
 
-    def build_vit(self, inp: Tensor, n_pos: int, rms: bool, ffn_op: str, learned_pos_embd: Tensor | None) -> Tensor:
-        """clip_graph::build_vit: pre-norm transformer layers, separate or fused QKV, no add_pos."""
+    def build_vit(self, inp: Tensor, n_pos: int, rms: bool, ffn_op: str, learned_pos_embd: Tensor | None,
+                  add_pos: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """clip_graph::build_vit: pre-norm transformer layers, separate or fused QKV (no MoE FFN, no masks)."""
         ctx, hp = self.ctx, self.hp
         b = inp.ne[2]
         if learned_pos_embd is not None:
@@ -188,6 +194,11 @@ class ClipGraph:
                     q = self.build_norm(q, qn, None, rms)
                     if kn is not None:
                         k = self.build_norm(k, kn, None, rms)
+            if add_pos is not None:
+                q = add_pos(q)
+                k = add_pos(k)
+            if hp.proj_type == GEMMA4V:
+                v = T.rms_norm(ctx, v)
             cur = self.build_attn(L("attn_out.weight"), L("attn_out.bias"), q, k, v, None)
             if L("ls1.weight") is not None:
                 cur = T.mul(ctx, cur, L("ls1.weight"))

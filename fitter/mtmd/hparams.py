@@ -10,6 +10,9 @@ from fitter.gguf.reader import GGUFHeader, TensorInfo
 
 # clip-impl.h PROJECTOR_TYPE_NAMES of the projector types whose graph builder fitter.mtmd.models mirrors
 GEMMA3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"
+GEMMA4V = "gemma4v"
+# Gemma 4's per-weight clamp scalars: clip reads them from the file (get_scalar), never into the weight buffer
+CLAMP_SUFFIXES = (".input_max", ".input_min", ".output_max", ".output_min")
 FFN_GELU, FFN_SILU, FFN_GELU_QUICK = "gelu", "silu", "gelu_quick"
 
 
@@ -37,6 +40,7 @@ class ClipHparams:
     warmup_image_size: int = 0
     largest_image_size: int = 0  # the side of the largest square image the preprocessor makes (0: the warmup's)
     deepstack_layers: list[int] = field(default_factory=list)
+    has_audio: bool = False  # clip.has_audio_encoder: mtmd makes a second clip context for it
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
 
     def has(self, name: str) -> bool:
@@ -79,8 +83,9 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
         patch_size=int(_get(md, "clip.vision.patch_size", path)),  # type: ignore[call-overload]
         eps=float(_get(md, "clip.vision.attention.layer_norm_epsilon", path)),  # type: ignore[arg-type]
         ffn_op=FFN_GELU if use_gelu else FFN_SILU if use_silu else FFN_GELU_QUICK,
-        tensors={t.name: t for t in header.tensors},
+        tensors={t.name: t for t in header.tensors if not t.name.endswith(CLAMP_SUFFIXES)},
     )
+    hp.has_audio = bool(md.get("clip.has_audio_encoder", False))
     if hp.patch_size <= 0:
         raise MmprojError(f"--mmproj {path}: clip.vision.patch_size {hp.patch_size}: must be positive")
     hp.warmup_image_size = hp.image_size  # load_hparams: "default warmup value"
@@ -97,6 +102,11 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
         # image_max_pixels = 4096 tokens x patch_area: an image can be larger than the warmup's (clip_encode then
         # grows the compute buffer: ggml_backend_sched_alloc_graph)
         hp.largest_image_size = int(math.isqrt(4096)) * hp.patch_size * hp.n_merge
+    elif proj == GEMMA4V:
+        hp.n_merge = int(md.get("clip.vision.projector.scale_factor", 3))  # pooling_kernel_size
+        # set_limit_image_tokens(70, 1120) then set_warmup_n_tokens(256): 16 pooled tokens a side
+        hp.warmup_image_size = 16 * hp.patch_size * hp.n_merge
+        hp.largest_image_size = int(math.isqrt(1120)) * hp.patch_size * hp.n_merge
     if proj == QWEN3VL:
         hp.deepstack_layers = [il for il in range(hp.n_layer) if f"v.deepstack.{il}.fc1.weight" in hp.tensors]
     return hp

@@ -69,8 +69,10 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
     impl = backends.get(backend)
     on_gpu = offload and impl.is_gpu
     dev = impl.name if on_gpu else "CPU"
-    out = [MmprojBuffer(dev, "model", weight_bytes(hp, backend, on_gpu), on_gpu,
-                        f"{len(hp.tensors)} tensors, {hp.proj_type} projector")]
+    what = f"{len(hp.tensors)} tensors, {hp.proj_type} projector"
+    if hp.has_audio:  # mtmd's second clip context: its own weight buffer (the same padded bytes), its own compute
+        what += "; with an audio encoder, whose compute buffer is not modelled"
+    out = [MmprojBuffer(dev, "model", weight_bytes(hp, backend, on_gpu), on_gpu, what)]
     if not mirrored(hp.proj_type):
         out[0] = MmprojBuffer(dev, "model", out[0].bytes, on_gpu,
                               out[0].detail + f"; its compute buffer is not modelled ({hp.proj_type} graph)")

@@ -25,6 +25,9 @@ CASES = [
     ("qwen3vl", {}, "auto"),  # 48x48 learned positions interpolated to the 92x92-patch warmup image
     ("qwen3vl", {}, "off"),
     ("qwen3vl", {"n_pos_side": 92, "deepstack": (), "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
+    ("gemma4v", {}, "auto"),  # clamp scalars in the file: read by clip, not in the weight buffer
+    ("gemma4v", {}, "off"),
+    ("gemma4v", {"std": False, "pos_size": 128, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
     # released models' vision towers, full size (sparse files: clip reads zeros)
     *((k, {**o, "sparse": True}, "auto") for k, o in FULL_SHAPES.values()),
     ("gemma3", {**FULL_SHAPES["gemma3-27b"][1], "sparse": True}, "off"),
@@ -51,3 +54,9 @@ def test_a_projector_type_not_mirrored_counts_its_weights_and_says_so() -> None:
     rows = mmproj_buffers(read_header(path), path, Backend.CPU)
     assert [(r.kind, r.bytes) for r in rows] == [("model", 274688)]  # the same tensors as the gemma3 file above
     assert "its compute buffer is not modelled (idefics3 graph)" in rows[0].detail
+
+
+def test_an_audio_encoder_in_the_file_is_said() -> None:
+    path = str(build_mmproj("gemma4v", audio=True))
+    rows = mmproj_buffers(read_header(path), path, Backend.CPU)
+    assert "with an audio encoder, whose compute buffer is not modelled" in rows[0].detail

@@ -162,3 +162,34 @@ def _qwen3vl(path: Path, **overrides: Any) -> Path:
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
                       name="synthetic qwen3-vl mmproj", tensor_types={"v.position_embd.weight": "f32"},
                       sparse=o["sparse"])
+
+
+@_register("gemma4v")
+def _gemma4v(path: Path, **overrides: Any) -> Path:
+    """Gemma 4's vision tower (PROJECTOR_TYPE_GEMMA4V: gemma4v.cpp): per-head Q/K norms, GeGLU, post norms, a layer
+    scalar, 2-D position tables, clamp scalars next to some weights (read by clip, not loaded), std bias/scale."""
+    o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=224, patch_size=16,
+                     pos_size=64, std=True, audio=False, ftype="f16", seed=0, sparse=False), overrides)
+    e, ps, f, dh = o["n_embd"], o["patch_size"], o["n_ff"], o["n_embd"] // o["n_head"]
+    hp = _common_keys("gemma4v", o) | {"clip.use_gelu": True}
+    del hp["clip.projector_type"]
+    hp["clip.vision.projector_type"] = "gemma4v"  # Gemma4VisionAudioModel: the per-modality key
+    if o["audio"]:  # only the flag (not loadable by clip: no audio hparams or tensors)
+        hp["clip.has_audio_encoder"] = True
+    t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.position_embd.weight", (e, o["pos_size"], 2))]
+    for i in range(o["n_layer"]):
+        p = f"v.blk.{i}."
+        for w in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t.append((p + w + ".weight", (e, e)))
+        t += [(p + "attn_q_norm.weight", (dh,)), (p + "attn_k_norm.weight", (dh,)), (p + "ln1.weight", (e,)),
+              (p + "ln2.weight", (e,)), (p + "attn_post_norm.weight", (e,)), (p + "ffn_post_norm.weight", (e,)),
+              (p + "ffn_gate.weight", (e, f)), (p + "ffn_up.weight", (e, f)), (p + "ffn_down.weight", (f, e)),
+              (p + "out_scale.weight", (1,))]
+        t += [(p + "attn_q" + s, (1,)) for s in (".input_max", ".input_min", ".output_max", ".output_min")]
+    if o["std"]:
+        t += [("v.std_bias", (e,)), ("v.std_scale", (e,))]
+    t += [("mm.input_projection.weight", (e, o["proj_dim"]))]
+    return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
+                      name="synthetic gemma4 mmproj", sparse=o["sparse"],
+                      tensor_values={"*.input_max": 1e4, "*.output_max": 1e4, "*.input_min": -1e4, "*.output_min": -1e4},
+                      tensor_types={"v.position_embd.weight": "f32"})
