@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device (carry [".gpu"]): build the pinned llama.cpp's libmtmd with CUDA (sm_90, about 225 s on 16 cores), the
-# tests/mtmd/mtmd_mem.c oracle against it, then benchmarks/gpu/mmproj.py: $OUT/gpu-mmproj-h200.json.
+# tests/mtmd/mtmd_mem.cpp oracle against it, then benchmarks/gpu/mmproj.py: $OUT/gpu-mmproj-h200.json.
 set -u
 OUT=${OUT:-/tmp/o}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -14,7 +14,7 @@ t0=$(date +%s)
     -DLLAMA_BUILD_EXAMPLES=OFF && timeout 400 cmake --build /tmp/mt --target mtmd -j "$(nproc)" ) > "$OUT/build.log" 2>&1
 echo "build exit $? after $(( $(date +%s) - t0 )) s"; tail -3 "$OUT/build.log"
 L=""; for d in $(find /tmp/mt -name 'lib*.so' -printf '%h\n' | sort -u); do L="$L -L$d -Wl,-rpath,$d"; done
-gcc -O1 -rdynamic -o /tmp/mtmd_mem tests/mtmd/mtmd_mem.c -I$V/ggml/include -I$V/include -I$V/tools/mtmd $L \
+g++ -O1 -rdynamic -o /tmp/mtmd_mem tests/mtmd/mtmd_mem.cpp -I$V/ggml/include -I$V/include -I$V/tools/mtmd $L \
     -lmtmd -lggml-base -lggml -lllama -ldl || exit 1
 PYTHONPATH=/tmp/site:$(pwd) python3 benchmarks/gpu/mmproj.py /tmp/mtmd_mem "$OUT/gpu-mmproj-h200.json"
 echo "=== done after $(( $(date +%s) - t0 )) s"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
 
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, Gallocr
@@ -38,6 +37,7 @@ class MmprojBuffer:
     bytes: int
     on_device: bool  # in the GPU's own memory (else host memory)
     detail: str
+    grows_to: int = 0  # compute: the size clip_encode grows it to for the largest image (0: never larger), not counted
 
 
 def mirrored(proj_type: str) -> bool:
@@ -82,7 +82,8 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
         fa = flash_attn != "off"  # -fa auto: tried first, and the CPU runs it
         size = _cpu_size(hp, fa)
         what = f"warmup image {sz}x{sz}, flash attention {'on' if fa else 'off'}"
-        out.append(MmprojBuffer("CPU", "compute", size, False, what + _larger(hp, lambda s: _cpu_size(hp, fa, s))))
+        grows = _cpu_size(hp, fa, hp.largest_image_size) if hp.largest_image_size > sz else 0
+        out.append(MmprojBuffer("CPU", "compute", size, False, what + _larger(hp, grows), max(grows, size) if grows else 0))
         return out
     # clip_model_loader::warmup with -fa auto: reserve with flash attention; when the GPU lacks a FLASH_ATTN_EXT of
     # the graph, reserve again without it. ggml_gallocr_reserve_n only grows a buffer: each keeps the larger size.
@@ -93,8 +94,9 @@ def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: 
     what = f"warmup image {sz}x{sz}, flash attention {'on' if used else 'off'}"
     if flash_attn == "auto" and not fa_on:
         what += f" (not on {impl.name} for these heads: reserved with it, then without)"
-    out.append(MmprojBuffer(dev, "compute", sizes[0], True,
-                            what + _larger(hp, lambda s: _gpu_reserve(hp, impl, used, s)[0][0])))
+    grows = _gpu_reserve(hp, impl, used, hp.largest_image_size)[0][0] if hp.largest_image_size > sz else 0
+    grows = max(grows, sizes[0]) if grows else 0
+    out.append(MmprojBuffer(dev, "compute", sizes[0], True, what + _larger(hp, grows), grows))
     if sizes[1] > 1:  # reserve_compute_meta prints (and allocates) only buffers above 1 byte
         out.append(MmprojBuffer("CPU", "compute", sizes[1], False, "the graph's inputs (image, positions, masks)"))
     return out
@@ -105,13 +107,14 @@ def _cpu_size(hp: ClipHparams, flash_attn: bool, size: int = 0) -> int:
     return Gallocr(backends.get(Backend.CPU).alignment).run(c.g.nodes, c.g.leafs)
 
 
-def _larger(hp: ClipHparams, size_at: Callable[[int], int]) -> str:
+def _larger(hp: ClipHparams, grows: int) -> str:
     """A note (not counted, as llama.cpp's own estimate does not count it): clip_encode grows the compute buffer for
-    an image larger than the warmup's (ggml_backend_sched_alloc_graph); its size for the largest square image."""
-    side = hp.largest_image_size
-    if side <= hp.warmup_image_size:
+    an image larger than the warmup's (ggml_backend_sched_alloc_graph -> ggml_gallocr_reserve_n, which only grows);
+    `grows`: its size for the largest square image."""
+    if not grows:
         return ""
-    return (f"; an image up to {side}x{side} grows it to {size_at(side) / 2**20:,.1f} MiB when encoded "
+    side = hp.largest_image_size
+    return (f"; an image up to {side}x{side} grows it to {grows / 2**20:,.1f} MiB when encoded "
             "(not counted: llama.cpp reserves the warmup's)")
 
 

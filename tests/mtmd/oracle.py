@@ -2,7 +2,7 @@
 
 The program interposes ggml_backend_buft_alloc_buffer, so it reports the exact bytes of every buffer clip.cpp
 allocates (clip prints no weight-buffer line, and its "compute buffer size" line is rounded to 0.01 MiB).
-Built once per source under ${GGFIT_CACHE:-~/.cache/ggfit}/mtmd/; needs a C compiler.
+Built once per source under ${GGFIT_CACHE:-~/.cache/ggfit}/mtmd/; needs a C++ compiler.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import llama_cpp
 
-_SRC = Path(__file__).with_name("mtmd_mem.c")
+_SRC = Path(__file__).with_name("mtmd_mem.cpp")
 _VENDOR = Path("/work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp")
 
 
@@ -27,6 +27,7 @@ class MtmdRun:
     compute_lines: list[tuple[str, float]]  # reserve_compute_meta's "compute buffer size" lines (MiB)
     warmup_size: int
     flash_attn: bool
+    grown: list[tuple[str, int]]  # buffers (re)allocated while encoding the image, if one was asked for
 
 
 def _include_dirs() -> list[Path]:
@@ -37,8 +38,8 @@ def _include_dirs() -> list[Path]:
 
 
 def binary() -> Path | None:
-    """The built oracle, or None without a C compiler."""
-    cc = shutil.which("gcc") or shutil.which("cc")
+    """The built oracle, or None without a C++ compiler."""
+    cc = shutil.which("g++") or shutil.which("c++")
     if cc is None:
         return None
     lib = Path(llama_cpp.__file__).parent / "lib"
@@ -55,15 +56,17 @@ def binary() -> Path | None:
     return out
 
 
-def run(path: str | Path, flash_attn: str = "auto", use_gpu: bool = False) -> MtmdRun:
+def run(path: str | Path, flash_attn: str = "auto", use_gpu: bool = False, encode: int = 0) -> MtmdRun:
+    """Load `path` (and with `encode`, encode one encode x encode image after the warmup)."""
     exe = binary()
     assert exe is not None
     fa = {"auto": -1, "off": 0, "on": 1}[flash_attn]
-    p = subprocess.run([str(exe), str(path), str(fa), "1" if use_gpu else "0"], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run([str(exe), str(path), str(fa), "1" if use_gpu else "0", str(encode)], capture_output=True,
+                       text=True, timeout=300)
     log = p.stderr
     assert p.returncode == 0 and "ggfit-done" in log, log[-2000:]
-    allocs = [(m[1], int(m[2])) for m in re.finditer(r"ggfit-alloc: (\S+) (\d+)", log)]
+    allocs = [(m[1], int(m[2])) for m in re.finditer(r"ggfit-alloc: (\S+) (\d+)", log.split("ggfit-encode:")[0])]
+    grown = [(m[1], int(m[2])) for m in re.finditer(r"ggfit-alloc: (\S+) (\d+)", log.partition("ggfit-encode:")[2])]
     lines = [(m[1], float(m[2])) for m in re.finditer(r"(\S+) compute buffer size = +([\d.]+) MiB", log)]
     warm = re.search(r"warmup with image size = (\d+) x", log)
-    return MtmdRun(allocs, lines, int(warm[1]) if warm else 0, "flash attention is enabled" in log)
+    return MtmdRun(allocs, lines, int(warm[1]) if warm else 0, "flash attention is enabled" in log, grown)

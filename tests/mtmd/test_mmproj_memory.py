@@ -60,3 +60,17 @@ def test_an_audio_encoder_in_the_file_is_said() -> None:
     path = str(build_mmproj("gemma4v", audio=True))
     rows = mmproj_buffers(read_header(path), path, Backend.CPU)
     assert "with an audio encoder, whose compute buffer is not modelled" in rows[0].detail
+
+
+# patch size 4: the largest image (64 x 64 merged tokens for Qwen, 33 x 33 pooled for Gemma 4) stays cheap to encode
+LARGEST = [("qwen25vl", {"n_layer": 2, "patch_size": 4}), ("qwen3vl", {"patch_size": 4, "n_layer": 2, "deepstack": (1,)}),
+           ("gemma4v", {"patch_size": 4, "pos_size": 128})]
+
+
+@pytest.mark.parametrize("kind,over", LARGEST, ids=[k for k, _ in LARGEST])
+def test_the_largest_image_grows_the_compute_buffer_as_said(kind: str, over: dict) -> None:
+    path = str(build_mmproj(kind, **over))
+    compute = mmproj_buffers(read_header(path), path, Backend.CPU)[1]
+    side = int(compute.detail.split("an image up to ")[1].split("x")[0])
+    ref = oracle.run(path, "auto", encode=side)  # clip_image_encode of one side x side image after the warmup
+    assert compute.bytes == ref.allocs[1][1] and compute.grows_to == ref.grown[-1][1] > compute.bytes

@@ -103,7 +103,7 @@ def _vit_layers(o: dict[str, Any], *, ln_bias: bool, gate: bool, ffn_bias: bool 
 def _gemma3(path: Path, **overrides: Any) -> Path:
     """SigLIP + the Gemma 3 projector (PROJECTOR_TYPE_GEMMA3: siglip.cpp, avg-pool by n_merge, soft-emb norm)."""
     o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=224, patch_size=14,
-                     n_merge=None, projector_type="gemma3", ftype="f16", seed=0, sparse=False), overrides)
+                     n_merge=None, projector_type="gemma3", pos_f32=False, ftype="f16", seed=0, sparse=False), overrides)
     e, ps = o["n_embd"], o["patch_size"]
     hp = _common_keys(o["projector_type"], o) | {"clip.use_gelu": True}
     if o["n_merge"] is not None:
@@ -114,7 +114,9 @@ def _gemma3(path: Path, **overrides: Any) -> Path:
     t += [("v.post_ln.weight", (e,)), ("v.post_ln.bias", (e,)),
           ("mm.input_projection.weight", (o["proj_dim"], e)), ("mm.soft_emb_norm.weight", (e,))]
     return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
-                      name="synthetic gemma3 mmproj", sparse=o["sparse"])
+                      name="synthetic gemma3 mmproj", sparse=o["sparse"],
+                      # released files keep it f32; an f16 one loads and reserves, but the CPU cannot add it
+                      tensor_types={"v.position_embd.weight": "f32"} if o["pos_f32"] else None)
 
 
 @_register("qwen25vl")
