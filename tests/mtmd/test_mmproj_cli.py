@@ -96,3 +96,12 @@ def test_probe_and_optimise_refuse_what_they_cannot_measure(argv: list[str], phr
     _, err = capfd.readouterr()
     lines = err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and phrase in lines[0], err
+
+
+@pytest.mark.parametrize("command", [["fit", "{mm}", "--budget", "2GiB"], ["inspect", "{mm}"]])
+def test_an_mmproj_given_as_the_model_is_told_to_use_mmproj(command: list[str], mmproj: str, capfd) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(mm=mmproj) for a in command])
+    _, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and "a multimodal projector (mmproj), not a text model" in lines[0]
