@@ -10,7 +10,7 @@ from fitter.gguf.reader import GGUFHeader, TensorInfo
 
 # clip-impl.h PROJECTOR_TYPE_NAMES of the projector types whose graph builder fitter.mtmd.models mirrors
 GEMMA3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"
-GEMMA4V = "gemma4v"
+GEMMA4V, PIXTRAL = "gemma4v", "pixtral"
 # Gemma 4's per-weight clamp scalars: clip reads them from the file (get_scalar), never into the weight buffer
 CLAMP_SUFFIXES = (".input_max", ".input_min", ".output_max", ".output_min")
 FFN_GELU, FFN_SILU, FFN_GELU_QUICK = "gelu", "silu", "gelu_quick"
@@ -107,6 +107,11 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
         # set_limit_image_tokens(70, 1120) then set_warmup_n_tokens(256): 16 pooled tokens a side
         hp.warmup_image_size = 16 * hp.patch_size * hp.n_merge
         hp.largest_image_size = int(math.isqrt(1120)) * hp.patch_size * hp.n_merge
+    elif proj == PIXTRAL:
+        hp.n_merge = int(md.get("clip.vision.spatial_merge_size", 1))  # the original Pixtral does not merge patches
+        # set_limit_image_tokens(8, 1024) then set_warmup_n_tokens(256)
+        hp.warmup_image_size = 16 * hp.patch_size * hp.n_merge
+        hp.largest_image_size = int(math.isqrt(1024)) * hp.patch_size * hp.n_merge
     if proj == QWEN3VL:
         hp.deepstack_layers = [il for il in range(hp.n_layer) if f"v.deepstack.{il}.fc1.weight" in hp.tensors]
     return hp

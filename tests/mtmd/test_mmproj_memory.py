@@ -28,6 +28,9 @@ CASES = [
     ("gemma4v", {}, "auto"),  # clamp scalars in the file: read by clip, not in the weight buffer
     ("gemma4v", {}, "off"),
     ("gemma4v", {"std": False, "pos_size": 128, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),
+    ("pixtral", {}, "auto"),  # Mistral Small 3.1: the patch merger, [IMG_BREAK] after each row
+    ("pixtral", {}, "off"),
+    ("pixtral", {"merger": False, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}, "auto"),  # Pixtral 12B
     # released models' vision towers, full size (sparse files: clip reads zeros)
     *((k, {**o, "sparse": True}, "auto") for k, o in FULL_SHAPES.values()),
     ("gemma3", {**FULL_SHAPES["gemma3-27b"][1], "sparse": True}, "off"),
@@ -64,7 +67,7 @@ def test_an_audio_encoder_in_the_file_is_said() -> None:
 
 # patch size 4: the largest image (64 x 64 merged tokens for Qwen, 33 x 33 pooled for Gemma 4) stays cheap to encode
 LARGEST = [("qwen25vl", {"n_layer": 2, "patch_size": 4}), ("qwen3vl", {"patch_size": 4, "n_layer": 2, "deepstack": (1,)}),
-           ("gemma4v", {"patch_size": 4, "pos_size": 128})]
+           ("gemma4v", {"patch_size": 4, "pos_size": 128}), ("pixtral", {"patch_size": 4})]
 
 
 @pytest.mark.parametrize("kind,over", LARGEST, ids=[k for k, _ in LARGEST])

@@ -195,3 +195,28 @@ def _gemma4v(path: Path, **overrides: Any) -> Path:
                       name="synthetic gemma4 mmproj", sparse=o["sparse"],
                       tensor_values={"*.input_max": 1e4, "*.output_max": 1e4, "*.input_min": -1e4, "*.output_min": -1e4},
                       tensor_types={"v.position_embd.weight": "f32"})
+
+
+@_register("pixtral")
+def _pixtral(path: Path, **overrides: Any) -> Path:
+    """Pixtral's vision tower (PROJECTOR_TYPE_PIXTRAL: pixtral.cpp); merger=True: Mistral Small 3.1's patch merger
+    (spatial_merge_size 2)."""
+    o = options(dict(n_layer=2, n_embd=64, n_ff=160, n_head=4, proj_dim=96, image_size=1024, patch_size=16,
+                     merger=True, ftype="f16", seed=0, sparse=False), overrides)
+    e, ps, f = o["n_embd"], o["patch_size"], o["n_ff"]
+    hp = _common_keys("pixtral", o) | {"clip.use_silu": True}
+    if o["merger"]:
+        hp["clip.vision.spatial_merge_size"] = 2
+    t = [("v.patch_embd.weight", (ps, ps, 3, e)), ("v.pre_ln.weight", (e,))]
+    for i in range(o["n_layer"]):
+        p = f"v.blk.{i}."
+        t += [(p + w + ".weight", (e, e)) for w in ("attn_q", "attn_k", "attn_v", "attn_out")]
+        t += [(p + "ln1.weight", (e,)), (p + "ln2.weight", (e,)), (p + "ffn_gate.weight", (e, f)),
+              (p + "ffn_up.weight", (e, f)), (p + "ffn_down.weight", (f, e))]
+    if o["merger"]:
+        t += [("mm.input_norm.weight", (e,)), ("mm.patch_merger.weight", (e * 4, e))]
+    t += [("mm.1.weight", (e, o["proj_dim"])), ("mm.1.bias", (o["proj_dim"],)),
+          ("mm.2.weight", (o["proj_dim"], o["proj_dim"])), ("mm.2.bias", (o["proj_dim"],)),
+          ("v.token_embd.img_break", (o["proj_dim"],))]
+    return write_gguf(path, "clip", hp, t, ftype=o["ftype"], seed=o["seed"], vocab=make_vocab("gpt2", 260),
+                      name="synthetic pixtral mmproj", sparse=o["sparse"])
