@@ -108,6 +108,8 @@ GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers"
 NCpuMoe = Annotated[int, typer.Option("-ncmoe", "--n-cpu-moe", metavar="N", help="Keep the MoE expert weights of the first N layers on the CPU.")]
 CpuMoe = Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Keep every MoE expert weight on the CPU.")]
 OverrideTensor = Annotated[Optional[list[str]], typer.Option("-ot", "--override-tensor", metavar="PATTERN=BUFT", help="Tensors whose name matches the regex go to that buffer type: CPU, CUDA0, CUDA1, ... (repeatable; comma-separated lists too).")]
+Lora = Annotated[Optional[list[str]], typer.Option("--lora", metavar="FILE", help="A LoRA adapter GGUF, scale 1 (repeatable; comma-separated lists too): its buffers and its graph nodes.")]
+LoraScaled = Annotated[Optional[list[str]], typer.Option("--lora-scaled", metavar="FILE:SCALE", help="A LoRA adapter with its scale (repeatable; comma-separated lists too; after the --lora ones).")]
 NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep the KV cache (and recurrent state) in host memory.")]
 NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
 SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
@@ -123,7 +125,10 @@ SpecType = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", 
 DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", help="KV cache type for K of the draft context.")]
 DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
 DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
-EngineOpt = Annotated[EngineName, typer.Option("--engine", help="llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL).")]
+ENGINE_HELP = ("llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL); optimise takes llama,mlx: "
+               "engine searched as a parameter, MODELS a GGUF and its MLX directory, as in compare-engines.")
+EngineOpt = Annotated[EngineName, typer.Option("--engine", help=ENGINE_HELP)]
+EnginesOpt = Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE[,ENGINE]", help=ENGINE_HELP)]
 MaxKvSize = Annotated[Optional[int], typer.Option("--max-kv-size", metavar="N", help="mlx: RotatingKVCache of N tokens (models without their own make_cache).")]
 KvBits = Annotated[Optional[int], typer.Option("--kv-bits", metavar="N", help="mlx: QuantizedKVCache bits (4 or 8; mlx also takes 2, 3, 5, 6).")]
 KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="mlx: KV quantization group size (default 64).")]
@@ -271,6 +276,16 @@ def _llama_build(value: str | None, llama_server: str | None = None):
     return fitter.resolve_build(value)
 
 
+def _lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
+    """RunConfig.lora from --lora FILE (scale 1) and --lora-scaled FILE:SCALE, as common/arg.cpp reads them."""
+    from fitter.llama.cparams import lora_scaled as parse_scaled
+
+    out = [(p, 1.0) for v in lora or () for p in v.split(",") if p]
+    for v in lora_scaled or ():
+        out += parse_scaled(v)
+    return tuple(out)
+
+
 def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
                       no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
                       budgets: list) -> dict[str, Any]:
@@ -374,6 +389,8 @@ def fit(
     split_mode: SplitModeOpt = "layer",
     main_gpu: MainGpu = 0,
     tensor_split: TensorSplit = None,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     host_budget: HostBudgetOpt = None,
     mmproj: Mmproj = None,
     no_mmproj_offload: NoMmprojOffload = False,
@@ -435,6 +452,7 @@ def fit(
         mmproj=mmproj, no_mmproj_offload=no_mmproj_offload,
         **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
                             tensor_split, buds),
+        lora=_lora_fields(lora, lora_scaled),
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
@@ -479,6 +497,8 @@ def quants(
     cpu_moe: CpuMoe = False,
     override_tensor: OverrideTensor = None,
     no_kv_offload: NoKvOffload = False,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     mmproj: Mmproj = None,
     no_mmproj_offload: NoMmprojOffload = False,
     model_draft: ModelDraft = None,
@@ -496,7 +516,8 @@ def quants(
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
                       n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                      no_kv_offload=no_kv_offload, mmproj=mmproj, no_mmproj_offload=no_mmproj_offload)
+                      no_kv_offload=no_kv_offload, lora=_lora_fields(lora, lora_scaled), mmproj=mmproj,
+                      no_mmproj_offload=no_mmproj_offload)
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
@@ -555,9 +576,12 @@ def optimise(
     override_tensor: OverrideTensor = None,
     no_kv_offload: NoKvOffload = False,
     no_op_offload: NoOpOffload = False,
+    lora: Lora = None,
+    lora_scaled: LoraScaled = None,
     mmproj: Mmproj = None,
     no_mmproj_offload: NoMmprojOffload = False,
     llama_build: LlamaBuildOpt = None,
+    engine: EnginesOpt = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -574,12 +598,35 @@ def optimise(
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
         raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+    engines = {e.strip() for e in (engine or "llama").split(",")}
+    if not engines <= {"llama", "mlx"}:
+        raise fitter.ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
+    if engines == {"mlx"}:
+        raise fitter.ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
+                                 "MLX_DIR); fit --engine mlx sizes an MLX model alone")
+    if "mlx" in engines:
+        if len(models) != 2:
+            raise fitter.ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
+                                     f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
+        unused = [flag for flag, on in (("--study", study != "prefill"), ("--draft", bool(draft)), ("--storage", storage),
+                                        ("--runner", runner != RunnerName.python), ("--backend", backend),
+                                        ("--no-compare", no_compare), ("--llama-build", llama_build),
+                                        ("-ngl", n_gpu_layers != -1), ("--n-cpu-moe", n_cpu_moe), ("--cpu-moe", cpu_moe),
+                                        ("-ot", override_tensor), ("--no-kv-offload", no_kv_offload),
+                                        ("--no-op-offload", no_op_offload)) if on]
+        if unused:
+            raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} do not apply to the engine study "
+                                     "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
+        _compare_engines(models[0], models[1], budget=budget, margin=margin, trials=trials, prompt_tokens=64,
+                         gen_tokens=16, llama_server=llama_server, seed=seed, as_json=False)
+        return
     # placement flags every trial shares: the study's [fixed] settings (the study file's [space] may search
     # n_cpu_moe / n_gpu_layers instead)
     given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
                                      ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
                                      ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False),
-                                     ("mmproj", mmproj, None), ("no_mmproj_offload", no_mmproj_offload, False))
+                                     ("lora", _lora_fields(lora, lora_scaled), ()), ("mmproj", mmproj, None),
+                                     ("no_mmproj_offload", no_mmproj_offload, False))
              if v != dflt}
     study_def: Any = study
     if given:
@@ -618,6 +665,14 @@ def compare_engines_cmd(
 ) -> None:
     """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
     (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
+    _compare_engines(gguf, mlx_model, budget=budget, margin=margin, trials=trials, prompt_tokens=prompt_tokens,
+                     gen_tokens=gen_tokens, llama_server=llama_server, seed=seed, as_json=as_json)
+
+
+def _compare_engines(gguf: str, mlx_model: str, *, budget: str, margin: str | None, trials: int | None,
+                     prompt_tokens: int, gen_tokens: int, llama_server: str | None, seed: int | None,
+                     as_json: bool) -> None:
+    """compare-engines, and optimise --engine llama,mlx: the engine study; exit 1 when no engine ran."""
     fitter.require_mlx_lm()
     trials = 8 if trials is None else trials
     if trials < 2:

@@ -144,7 +144,7 @@ class FitRun:
                                            "type_v": cp.type_v})
         if self.rec is not None:
             base = base.model_copy(update={"n_batch": self.rec.n_batch})
-        host = self.host.bytes if self.host is not None else None
+        host = self.host_avail
         self.placement, self.placement_why = fitter.solve_placement(
             self.header, self.spec, base, self.be, self.fe, self.avail, host,
             draft=self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
@@ -152,9 +152,19 @@ class FitRun:
             self.placement_cfg = base.model_copy(update=self.placement.update)
 
     @property
+    def host_margin(self) -> int:
+        """What the host budget keeps for the process's own memory beside the predicted host bytes."""
+        return fitter.default_host_margin(self.be.value)
+
+    @property
+    def host_avail(self) -> int | None:
+        """What the predicted host bytes may use: the host budget less the host margin (None: no host budget)."""
+        return None if self.host is None else self.host.bytes - self.host_margin
+
+    @property
     def fits(self) -> bool:
         # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
-        if self.host is not None and self.pred.host_bytes > self.host.bytes:
+        if self.host_avail is not None and self.pred.host_bytes > self.host_avail:
             return False
         return fitter.excess(self.pred, self.avail) <= 0
 
@@ -194,6 +204,8 @@ class FitRun:
             "host_bytes": self.pred.host_bytes,
             "host_budget_bytes": self.host.bytes if self.host is not None else None,
             "host_budget_source": self.host.source if self.host is not None else None,
+            "host_margin_bytes": self.host_margin if self.host is not None else None,
+            "host_margin_source": fitter.host_margin_note(self.be.value) if self.host is not None else None,
             "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
                           if self.placement is not None else None),
             "placement_note": self.placement_why or None,
@@ -239,9 +251,10 @@ def print_fit(r: FitRun, asked: dict[str, int | None]) -> None:
         print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
               "Metal buffers but stay in the same RAM, so they free nothing overall")
     if r.host is not None:
-        hb = pred.host_bytes
-        print(f"host memory: {mib(hb)} of the {mib(r.host.bytes)} host budget ({r.host.source}): "
-              + ("fits" if hb <= r.host.bytes else "does NOT fit"))
+        hb, ha = pred.host_bytes, r.host_avail
+        print(f"host memory: {mib(hb)} of the {mib(r.host.bytes)} host budget ({r.host.source}) less a "
+              f"{mib(r.host_margin)} host margin ({fitter.host_margin_note(r.be.value)}): "
+              + ("fits" if ha is not None and hb <= ha else "does NOT fit"))
     print_placement(r)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))

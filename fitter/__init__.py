@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "parse_margin": "fitter.fit.budget",
     "margin_note": "fitter.fit.margin",
     "default_margin": "fitter.fit.margin",
+    "default_host_margin": "fitter.fit.margin",
+    "host_margin_note": "fitter.fit.margin",
     "parse_size": "fitter.fit.budget",
     "BEST_RULE": "fitter.fit.quant_fit",
     "best_fit": "fitter.fit.quant_fit",
@@ -126,7 +128,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
     "calibrate", "calibration", "check_model_path", "compare_log", "log_summary", "read_user_log", "record_log", "child_env", "child_event", "child_events", "child_preexec", "config_error",
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
-    "load_model_spec", "margin_note", "default_margin", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
+    "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
     "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
@@ -170,7 +172,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         parse_margin,
         parse_size,
     )
-    from fitter.fit.margin import default_margin, margin_note
+    from fitter.fit.margin import default_host_margin, default_margin, host_margin_note, margin_note
     from fitter.fit.memory import build_differences, predict
     from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (

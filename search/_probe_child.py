@@ -54,6 +54,7 @@ from fitter import (
     lib_type_name,
     load_ggml_base,
 )
+from fitter.oracle._llama_child import load_loras, set_loras
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
@@ -371,6 +372,10 @@ class _Child:
         self.n_vocab = l.llama_vocab_n_tokens(self.vocab)
         emit_event({"event": "model", "size": l.llama_model_size(self.model), "n_params": l.llama_model_n_params(self.model),
                     "n_vocab": self.n_vocab, "n_ctx_train": l.llama_model_n_ctx_train(self.model)})
+        loras = req.get("loras") or []  # --lora: loaded after the model, applied to the context (common_init_result)
+        adapters, why = load_loras(l, self.model, loras)
+        if why:
+            raise _Stop("error", self.log.errors[-1] if self.log.errors else why)
         cp = self.context_params(req.get("context", {}))
         self.hook("context")
         t = time.perf_counter()
@@ -378,6 +383,7 @@ class _Child:
         self.timings["context_s"] = time.perf_counter() - t
         if not self.ctx:
             raise _Stop("error", self.log.errors[0] if self.log.errors else "llama_init_from_model returned NULL")
+        set_loras(l, self.ctx, adapters, loras)
         pool = _attach_threadpool(l, self.ctx, int(req.get("context", {}).get("n_threads") or os.cpu_count() or 1))
         if isinstance(pool, str):
             emit_event({"event": "threadpool", "attached": False, "reason": pool})

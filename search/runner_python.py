@@ -208,6 +208,7 @@ def python_probe(model_path: str, config: RunConfig, workload: Workload, *, budg
         "model_path": model_path, "model": model, "context": context, "prompts": workload.prompts(),
         "warmup": workload.warmup, "prompt_tokens": workload.prompt_tokens, "gen_tokens": workload.gen_tokens,
         "budget_bytes": budget_bytes, "spec": spec, "log_level": log_level, "test": _test or {},
+        "loras": [[check_model_path(p), s] for p, s in config.lora],
     }
     cmd = [sys.executable, "-m", "search._probe_child"]
     res = ProbeResult(status="error", runner="python", model_path=model_path, config=config, workload=workload,

@@ -434,10 +434,11 @@ def phase_experts(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
                   f"{pred.host_bytes / MiB:,.1f} MiB host -> {res.status}: {res.summary()}", flush=True)
 
 
-def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
+def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144, repeats: int = 1) -> None:
     """ggfit's placement against llama.cpp's own --fit (llama-fit-params of the pinned build, path in
     $LLAMA_FIT_PARAMS; run.sh builds it) on the same held budget: each tool's flags, whether they load, and prefill /
-    decode tok/s at 4K and 32K prompts, in the same run."""
+    decode tok/s at 4K and 32K prompts, in the same run (`repeats` measured runs per prompt after one warm-up:
+    medians and ranges)."""
     import os
     import shlex
 
@@ -467,14 +468,71 @@ def phase_fitparams(out: Path, budget_mib: int, n_ctx: int = 262144) -> None:
         for label, cfg in configs.items():
             cfg = cfg.model_copy(update={"no_repack": True})  # both: this host's AMX kills repacked CPU experts
             for prompt in (4096, 32768):
-                work = Workload(kind="prose", prompt_tokens=prompt, gen_tokens=64, repeats=1, warmup=0)
+                work = Workload(kind="prose", prompt_tokens=prompt, gen_tokens=64, repeats=repeats,
+                                warmup=1 if repeats > 1 else 0)
                 t = time.time()
-                res = (run_probe(path, cfg, work, timeout=400, runner="server", llama_server=server) if server
-                       else run_probe(path, cfg, work, timeout=400))
+                res = (run_probe(path, cfg, work, timeout=400 + 200 * repeats, runner="server", llama_server=server)
+                       if server else run_probe(path, cfg, work, timeout=400 + 200 * repeats))
                 log.add({"tool": label, "prompt_tokens": prompt, "flags": cfg.to_server_args(), "status": res.status,
                          "message": res.message, "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
+                         "prefill_spread": res.prefill_spread and res.prefill_spread.model_dump(),
+                         "decode_spread": res.decode_spread and res.decode_spread.model_dump(),
                          "peak_rss_bytes": res.peak_rss_bytes, "wall_s": round(time.time() - t, 1)})
                 print(f"fitparams: {label} @ {prompt}: {res.status}: {res.summary()}", flush=True)
+
+
+def phase_hostrss(out: Path, budget_mib: int, host_budget_mib: int, n_ctx: int = 262144) -> None:
+    """Issue 15's host budget, measured with the process's resident memory: with `budget_mib` free on the GPU,
+    `ggfit fit -c N --no-mmap --host-budget H` on the Qwen3.6-35B-A3B shape proposes a placement whose predicted host
+    bytes are within H; llama-server (the pinned build, $LLAMA_SERVER) runs it with `-lm none` (weights read into
+    process memory, not mapped), and its peak RSS (wait4) is recorded beside the prediction and H. Without mmap the
+    CPU experts are anonymous memory, so the RSS is what the host budget bounds; with mmap it also counts the page
+    cache of the whole file (see the experts phase). A second fit with a host budget below that placement's host
+    bytes must refuse it (one line, exit 1) rather than propose one that spills."""
+    import os
+
+    from search.probe import run_probe
+    from search.workload import Workload
+
+    log = Log(out, "hostrss")
+    path = model_file("qwen36-35b-a3b", filled=True)
+    header, spec = load_model_spec(path)
+    server = os.environ.get("LLAMA_SERVER")
+    work = Workload(kind="prose", prompt_tokens=4096, gen_tokens=32, repeats=1, warmup=0)
+    with held_to(budget_mib * MiB, out) as free:
+        log.doc["free_bytes_held_to"] = free
+        log.doc["host_budget_bytes"] = host_budget_mib * MiB
+        r = ggfit("fit", path, "--backend", "cuda", "--budget", "auto", "-c", str(n_ctx), "--no-mmap",
+                  "--host-budget", f"{host_budget_mib}MiB", "--json")
+        fit = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+        log.doc["fit"] = {k: fit.get(k) for k in ("budget_bytes", "margin_bytes", "placement", "host_budget_bytes",
+                                                   "host_bytes")}
+        p = fit.get("placement")
+        if not p:
+            raise RuntimeError(f"ggfit fit proposed no placement: {r.stderr.strip() or r.stdout[-2000:]}")
+        cfg = RunConfig.from_server_args([a for f in p["flags"][1:] for a in f.split(" ", 1)]).config
+        cfg = cfg.model_copy(update={"no_mmap": True, "no_repack": True})
+        pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)
+        t = time.time()
+        res = (run_probe(path, cfg, work, timeout=400, runner="server", llama_server=server) if server
+               else run_probe(path, cfg, work, timeout=400))
+        log.add({"case": "placement from ggfit fit --no-mmap --host-budget", "flags": cfg.to_server_args(),
+                 "predicted_device_bytes": pred.total_device_bytes, "predicted_host_bytes": pred.host_bytes,
+                 "host_budget_bytes": host_budget_mib * MiB, "free_bytes": free, "status": res.status,
+                 "message": res.message, "summary": res.summary(), "peak_rss_bytes": res.peak_rss_bytes,
+                 "wall_s": round(time.time() - t, 1), "prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps})
+        print(f"hostrss: {' '.join(a for f in cfg.to_server_args() for a in f)}: predicted {pred.total_device_bytes / MiB:,.1f} MiB device, "
+              f"{pred.host_bytes / MiB:,.1f} MiB host (budget {host_budget_mib:,}) -> {res.status}: {res.summary()}",
+              flush=True)
+        tight = max(1, pred.host_bytes // MiB - 1024)
+        r2 = ggfit("fit", path, "--backend", "cuda", "--budget", "auto", "-c", str(n_ctx), "--no-mmap",
+                   "--host-budget", f"{tight}MiB", "--json")
+        fit2 = json.loads(r2.stdout) if r2.stdout.strip().startswith("{") else {}
+        log.add({"case": f"host budget {tight} MiB (1 GiB below that placement's host bytes)", "rc": r2.returncode,
+                 "placement": fit2.get("placement"), "placement_note": fit2.get("placement_note"),
+                 "stderr_tail": r2.stderr[-1500:]})
+        print(f"hostrss: --host-budget {tight}MiB -> rc {r2.returncode}: {fit2.get('placement_note') or fit2.get('placement')}",
+              flush=True)
 
 
 def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], study_args: list[str]) -> None:
@@ -499,13 +557,16 @@ def phase_study(out: Path, budget_mib: int, trials: int, studies: list[str], stu
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement", "experts", "fitparams"])
+    ap.add_argument("--phase", required=True, choices=["dry", "load", "budget", "study", "placement", "experts", "fitparams",
+                                                           "hostrss"])
     ap.add_argument("--shapes", default=ALL_SHAPES)
     ap.add_argument("--keep", default="qwen36-35b-a3b,qwen35-0.8b", help="load: filled files kept for later phases")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=1, help="placement: 2 adds the split-mode grid")
     ap.add_argument("--budget-mib", type=int, default=25559)
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=1, help="fitparams: measured runs per prompt (after a warm-up)")
+    ap.add_argument("--host-budget-mib", type=int, default=8192, help="hostrss: the --host-budget given to ggfit fit")
     ap.add_argument("--cases", default="", help="budget: only the cases whose label contains this")
     ap.add_argument("--studies", default="prefill,decode", help="named studies or .toml files beside this script")
     ap.add_argument("--study-args", default="", help="ggfit optimise flags instead of --budget auto")
@@ -521,7 +582,9 @@ def main() -> int:
     elif args.phase == "experts":
         phase_experts(out, args.budget_mib)
     elif args.phase == "fitparams":
-        phase_fitparams(out, args.budget_mib)
+        phase_fitparams(out, args.budget_mib, repeats=args.repeats)
+    elif args.phase == "hostrss":
+        phase_hostrss(out, args.budget_mib, args.host_budget_mib)
     elif args.phase == "placement":
         phase_placement(out, shapes, args.workers, args.gpus)
     elif args.phase == "load":

@@ -45,8 +45,10 @@ for arg in "${@:-dry}"; do
     [ "$phase" = placement ] && extra+=(--gpus "${GPUS:-1}" --workers "${WORKERS:-8}")  # GPUS=2: the split-mode grid too
     [ "$phase" = experts ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")  # a 3090-sized GPU
     [ "$phase" = study ] && [ -n "${BUDGET_MIB:-}" ] && extra+=(--budget-mib "$BUDGET_MIB")  # held free meanwhile
-    if [ "$phase" = fitparams ]; then  # llama.cpp's own --fit tool and llama-server from the pinned source
-        extra+=(--budget-mib "${BUDGET_MIB:-22000}")
+    [ "$phase" = fitparams ] && extra+=(--repeats "${REPEATS:-1}")  # measured runs per prompt
+    [ "$phase" = hostrss ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}" --host-budget-mib "${HOST_BUDGET_MIB:-8192}")
+    if [ "$phase" = fitparams ] || [ "$phase" = hostrss ]; then  # llama-fit-params and llama-server, pinned source
+        [ "$phase" = fitparams ] && extra+=(--budget-mib "${BUDGET_MIB:-22000}")
         if [ ! -x /tmp/fitp/bin/llama-fit-params ]; then
             mkdir -p /tmp/src && [ -d /tmp/src/llama_cpp_python-0.3.36 ] || tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src
             ( cd /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B /tmp/fitp -DGGML_CUDA=on \

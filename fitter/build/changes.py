@@ -132,8 +132,10 @@ CHANGES: tuple[Change, ...] = (
     Change("kq_mask_f16_fa", _d("2026-05-27"), (23764,), "all", "compute",
            "with flash attention the KQ mask is built f32 and cast to f16 (both in the compute buffers)",
            first_build=9410),
-    # merged 2026-06-01 (opened 2026-05-29 as "continue #23764"); its build number was not found: b9459 was out on
-    # 2026-06-01 (issue #23978) and 0.3.25's 210a6570c of that day has it. A build is placed by its date.
+    # merged 2026-06-01 as de6f727aa (opened 2026-05-29 as "continue #23764"; public changelogs of forks list the
+    # commit with that date); its build number was not found: b9459 was out on 2026-06-01 (issue #23978) and 0.3.25's
+    # 210a6570c of that day has it. A build is placed by its date. The June seed (b9430) is older: it reserves the
+    # whole ubatch's logits, and so does the August draft seed, whose figures grow by them (tests/fit/test_seed_figures.py).
     Change("logits_whole_ubatch", _d("2026-06-01"), (23861,), "all", "compute",
            "the worst-case graph computes logits for every token of the ubatch (n_outputs_max does not exist)"),
     Change("embd_pre_norm_output", _d("2026-06-01"), (), "all", "output",

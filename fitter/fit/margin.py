@@ -12,6 +12,13 @@ be, and a safety share for what varies between machines (driver, GPU, other proc
 | CPU | 48 MiB | llama-server's resident memory beyond its buffers after a decode, measured here (pinned build, gemma3-270m: 12 MiB of program text, 30 MiB of heap and thread stacks) |
 
 The safety share is 256 MiB on every backend.
+
+The host budget (`--host-budget`, next to a GPU) gets the same treatment: what the process holds in system RAM
+beyond its host buffers and the weights it keeps on the CPU, plus the safety share.
+
+| backend | outside the host buffers | evidence |
+|---|---|---|
+| CUDA | 747 MiB | H200 host, pinned llama-server with `-lm none` (weights read into process memory, not mapped), Qwen3.6-35B-A3B Q4_K_M shape, `--n-cpu-moe 11 -c 262144`: peak RSS 6,501.3 MiB after a 4,096-token prefill and a decode, against 5,754.6 MiB of predicted host bytes (CPU experts, host buffers) (benchmarks/results/gpu-hostrss-h200.json) |
 """
 
 from __future__ import annotations
@@ -32,6 +39,27 @@ OVERHEAD: dict[str, Overhead] = {
     "metal": Overhead(512 * MiB, "Metal's own allocations, estimated (at most 901 MiB by the b9430 seed)"),
     "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
 }
+
+
+HOST_OVERHEAD: dict[str, Overhead] = {
+    "cuda": Overhead(747 * MiB, "llama-server's resident memory beyond its host buffers (CUDA runtime, heap; "
+                                "measured on the H200 host)"),
+}
+
+
+def default_host_margin(backend: str) -> int:
+    """What a host budget must leave beside the predicted host bytes: the process's own resident memory outside its
+    buffers plus the safety share (0 on the CPU backend, where the one --margin covers it)."""
+    if backend == "cpu":
+        return 0
+    o = HOST_OVERHEAD.get(backend)
+    return (o.bytes if o else 0) + SAFETY_BYTES
+
+
+def host_margin_note(backend: str) -> str:
+    o = HOST_OVERHEAD.get(backend)
+    head = f"{o.what}" if o else "nothing modelled outside the host buffers"
+    return f"{backend}: {head} + {SAFETY_BYTES // MiB} MiB safety share"
 
 
 def default_margin(backend: str) -> int:

@@ -24,10 +24,11 @@ from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, 
 from fitter.llama.graph_details import graph_details
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.kv_cache import memory_caches
+from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
 
 Owner = Literal["target", "draft", "mtp", "mmproj"]
-Kind = Literal["model", "kv", "rs", "output", "compute"]
+Kind = Literal["model", "lora", "kv", "rs", "output", "compute"]
 
 
 class Buffer(BaseModel):
@@ -203,9 +204,16 @@ def predict(
     ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
     buffers = _weight_rows("target", header, spec, backend, config, use_mtp, wp)
     details = graph_details(header)
+    adapters = [read_lora(path, scale) for path, scale in config.lora]
+    for a in adapters:  # llama_adapter_lora_init after the model, before the context (common_init_result)
+        buffers += [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
+                           counts=backend == Backend.CPU or lb.on_device, detail=f"{lb.n_tensors} tensors of {a.path}")
+                    for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
     changed: list[BufferChange] = []
-    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal, details=details,
-                                changed=changed, **ctx_kw)
+    # the context's graph with the adapters (llama-server applies them before its first decode re-reserves); an MTP
+    # or draft context gets none
+    buffers += _context_buffers("target", spec, cp, backend, config.n_gpu_layers, calibration=cal,
+                                details=lora_details(details, adapters), changed=changed, **ctx_kw)
     d_cal, d_changed = None, changed
 
     draft_cp = None

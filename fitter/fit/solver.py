@@ -318,7 +318,7 @@ def solve_placement(
     model every layer stays on the GPU and the experts of the first N layers go to the CPU, the smallest N that fits
     (what --n-cpu-moe does; llama.cpp's --fit also moves experts first); a dense model, or a MoE model whose
     attention and shared weights alone do not fit, gets the largest -ngl that fits. Host memory grows as the device's
-    shrinks: a placement over `host_available` is refused. Returns the choice, or None and why not."""
+    shrinks: a placement over `host_available` (the host budget less its margin) is refused. Returns the choice, or None and why not."""
     impl = backends.get(backend)
     if not impl.is_gpu:
         return None, "the CPU backend has no GPU to offload from"
@@ -338,7 +338,7 @@ def solve_placement(
         if host_available is not None and host > host_available:
             what = "--n-cpu-moe" if lever == "n_cpu_moe" else "-ngl"
             return None, (f"{what} {value} fits the device but needs {host / 2**20:,.0f} MiB of host memory, over the "
-                          f"{host_available / 2**20:,.0f} MiB host budget")
+                          f"{host_available / 2**20:,.0f} MiB the host budget leaves after its margin")
         rows = (_placement_table(header, spec, base, backend, frontend, available, draft, lever, value, build)
                 if table else [])
         return PlacementChoice(

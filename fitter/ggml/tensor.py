@@ -81,7 +81,7 @@ class Context:
     e.g. "ffn_up").
     """
 
-    __slots__ = ("track", "dev", "layer", "weights", "wtype", "wdev", "kv_dev")
+    __slots__ = ("track", "dev", "layer", "weights", "wtype", "wdev", "kv_dev", "lora")
 
     def __init__(self) -> None:
         self.track: list[Tensor] | None = None
@@ -92,6 +92,9 @@ class Context:
         # a weight's backend by (name, the backend it has without tensor overrides)
         self.wdev: Callable[[str, int], int] | None = None
         self.kv_dev: int | None = None  # the caches' backend when not the layer's (-nkvo: HOST)
+        # LoRA adapters: the (rank, lora_a type, lora_b type) pairs a matmul's weight has, by the op's base name
+        # (fitter.llama.graph.GraphContext.lora_pairs); None: no adapter
+        self.lora: Callable[[str], tuple[tuple[int, int, int], ...]] | None = None
 
     def add(self, t: Tensor) -> Tensor:
         if self.track is not None:
@@ -232,16 +235,41 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
 
 
 def mm(ctx: Context, rows: int, b: Tensor, name: str = "", wne: Iterable[int] | None = None) -> Tensor:
-    """ggml_mul_mat(W, b) for a weight W with ne1 = rows (wne: W's shape when it is not [b.ne0, rows])."""
+    """ggml_mul_mat(W, b) for a weight W with ne1 = rows (wne: W's shape when it is not [b.ne0, rows]); with LoRA
+    adapters on W, llm_graph_context::build_lora_mm."""
     w = op_weight(ctx, wne or (b.ne[0], rows), name)
-    return new_tensor(ctx, "MUL_MAT", F32, (rows, b.ne[1], b.ne[2], b.ne[3]), (w, b) if w is not None else (b,), name)
+    t = new_tensor(ctx, "MUL_MAT", F32, (rows, b.ne[1], b.ne[2], b.ne[3]), (w, b) if w is not None else (b,), name)
+    return lora_mm(ctx, t, b, name) if ctx.lora is not None else t
 
 
 def mul_mat_id(ctx: Context, rows: int, b: Tensor, ids: Tensor, name: str = "", n_expert: int = 0) -> Tensor:  # ggml_mul_mat_id(as, b, ids)
     w = op_weight(ctx, (b.ne[0], rows, n_expert), name)
     t = new_tensor(ctx, "MUL_MAT_ID", F32, (rows, ids.ne[0], b.ne[2], 1), (w, b, ids) if w is not None else (b, ids), name)
     t.n_expert = n_expert
-    return t
+    return lora_mm(ctx, t, b, name, ids) if ctx.lora is not None else t
+
+
+def lora_mm(ctx: Context, res: Tensor, cur: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+    """llm_graph_context::build_lora_mm (ids None) / build_lora_mm_id after the base matmul `res` of `cur`: per
+    adapter on the weight, res + scale(W_b x (W_a x cur)), the matmuls by expert with ids. The adapter's weights
+    sit in the buffer type of the base weight (llama_adapter_lora_init_impl): placed as it is."""
+    assert ctx.lora is not None
+    base = name.split("-", 1)[0]
+    for rank, ta, tb in ctx.lora(base):
+        n_exp = res.n_expert
+        wa = weight(ctx, (cur.ne[0], rank) + ((n_exp,) if ids is not None else ()), base, type_=ta) if ctx.weights else None
+        wb = weight(ctx, (rank, res.ne[0]) + ((n_exp,) if ids is not None else ()), base, type_=tb) if ctx.weights else None
+        if ids is None:
+            ab = new_tensor(ctx, "MUL_MAT", F32, (rank, cur.ne[1], cur.ne[2], cur.ne[3]), srcs(wa, cur), name + "_lora_a")
+            ab = new_tensor(ctx, "MUL_MAT", F32, (res.ne[0], ab.ne[1], ab.ne[2], ab.ne[3]), srcs(wb, ab), name + "_lora_b")
+        else:
+            ab = new_tensor(ctx, "MUL_MAT_ID", F32, (rank, ids.ne[0], cur.ne[2], 1), srcs(wa, cur, ids), name + "_lora_a")
+            ab.n_expert = n_exp
+            ab = new_tensor(ctx, "MUL_MAT_ID", F32, (res.ne[0], ids.ne[0], ab.ne[2], 1), srcs(wb, ab, ids), name + "_lora_b")
+            ab.n_expert = n_exp
+        ab = scale(ctx, ab, name + "_lora_scaled")
+        res = add(ctx, res, ab, name)
+    return res
 
 
 def srcs(*src: Tensor | None) -> tuple:

@@ -46,27 +46,12 @@ from fitter.ggml.tensor import _NB_SLOT, HOST, Context, Tensor, header_types_rea
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.llama.cparams import ContextParams
+from fitter.llama.graph import WEIGHT_OF as _WEIGHT_OF
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_placement
-
-# what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
-_WEIGHT_OF = {
-    "Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "wqkv": "attn_qkv", "attn_out": "attn_output",
-    "ffn_up": "ffn_up", "ffn_gate": "ffn_gate", "ffn_out": "ffn_down", "ffn_moe_logits": "ffn_gate_inp",
-    "ffn_moe_up": "ffn_up_exps", "ffn_moe_gate": "ffn_gate_exps", "ffn_moe_down": "ffn_down_exps",
-    "ffn_moe_gate_up": "ffn_gate_up_exps", "result_output": "output", "q_a": "attn_q_a", "q": "attn_q_b",
-    "kv_cmpr_pe": "attn_kv_a_mqa", "q_nope_absorbed": "attn_k_b", "kv": "attn_kv_b", "fattn_mla": "attn_v_b",
-    "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
-    "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
-    "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
-    # the experts' biases (ADD_ID): the overrides of their experts' tensor names match them too
-    "ffn_moe_gate_up_b": "ffn_gate_up_exps", "ffn_moe_up_b": "ffn_up_exps", "ffn_moe_gate_b": "ffn_gate_exps",
-    "ffn_moe_down_b": "ffn_down_exps",
-}
-
 
 # the ops that read a norm or bias weight (named after the op: fitter.ggml.tensor.add / mul) -> the weight's GGUF
 # name, for the tensor overrides (-ot attn_.*=CPU moves attention norms and biases too)
@@ -84,7 +69,9 @@ def _build_full(spec: ModelSpec, cp: ContextParams, details: GraphDetails | None
     gen = m.build_graph(c)
     x = next(gen)
     for il in range(spec.n_layer):
+        c.ctx0.layer = il  # the layer being built (LoRA pairs are found by it)
         x = gen.send((il, x))
+    c.ctx0.layer = None
     try:
         gen.send((None, x))
     except StopIteration:
@@ -105,12 +92,18 @@ def _layer_keys(c: GraphContext) -> list[tuple]:
     n = sp.n_layer
     n_all = len(sp.layers)
     partial = [(k, v) for k, v in c.d.layer_tensors.items() if len(v) != n_all]
+    lora: dict[int, list] = {}  # the LoRA pairs of each layer's weights (ranks and types shape its sub-graph)
+    for name, pairs in c.d.lora_graph.items():
+        if name.startswith("blk."):
+            _, num, rest = name.split(".", 2)
+            lora.setdefault(int(num), []).append((rest, pairs))
     keys = []
     for il in range(n):
         l = sp.layers[il]
         keys.append((
             il == n - 1, il < sp.n_layer_dense_lead, l.kind, l.has_kv, l.n_head, l.n_head_kv, l.n_embd_head_k,
             l.n_embd_head_v, l.n_ff, l.n_ff_exp, l.n_expert_used, tuple(k for k, v in partial if il in v),
+            tuple(sorted(lora.get(il, ()))),
         ))
     return keys
 

@@ -38,7 +38,7 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
     "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
-    "tensor_split": "-ts", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
+    "tensor_split": "-ts", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
 }
 
 # common/common.h: the tensor-name patterns --cpu-moe and --n-cpu-moe turn into overrides to the CPU buffer type
@@ -99,6 +99,8 @@ class RunConfig(BaseModel):
     split_mode: SplitMode = Field("layer", description="-sm")
     main_gpu: int = Field(0, description="-mg")
     tensor_split: tuple[float, ...] | None = Field(None, description="-ts: a proportion per GPU")
+    # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
+    lora: tuple[tuple[str, float], ...] = Field((), description="--lora FILE / --lora-scaled FILE:SCALE")
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
     mmproj: str | None = Field(None, description="--mmproj FILE")
     no_mmproj_offload: bool = Field(False, description="--no-mmproj-offload: the projector on the CPU")
@@ -237,6 +239,8 @@ class RunConfig(BaseModel):
             out.append(["-mg", str(self.main_gpu)])
         if self.tensor_split is not None:
             out.append(["-ts", ",".join(f"{x:g}" for x in self.tensor_split)])
+        for path, sc in self.lora:  # common/arg.cpp: --lora FNAME is scale 1.0
+            out.append(["--lora", path] if sc == 1.0 else ["--lora-scaled", f"{path}:{sc!r}"])
         return out
 
     def _draft_args(self, draft: str | None) -> list[list[str]]:
@@ -279,6 +283,8 @@ class RunConfig(BaseModel):
             v = _convert(name, kind, val)
             if kind == "list":  # -ot appends (common_params.tensor_buft_overrides)
                 v = (*fields.get(field, ()), v)
+            elif kind in ("lora", "lora_scaled"):  # --lora / --lora-scaled append (common_params.lora_adapters)
+                v = (*fields.get(field, ()), *v)
             if field.startswith("@"):
                 opts[field[1:]] = v
             else:
@@ -334,6 +340,8 @@ _FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-sm", "--split-mode"), "split_mode", "str"),
     (("-mg", "--main-gpu"), "main_gpu", "int"),
     (("-ts", "--tensor-split"), "tensor_split", "floats"),
+    (("--lora",), "lora", "lora"),
+    (("--lora-scaled",), "lora", "lora_scaled"),
     (("-mm", "--mmproj"), "mmproj", "str"),
     (("--no-mmproj-offload",), "no_mmproj_offload", "true"),
     (("--mmproj-offload",), "no_mmproj_offload", "false"),
@@ -362,9 +370,27 @@ def _convert(name: str, kind: str, val: str) -> Any:
             return _LOAD_MODES[val]
         if kind == "floats":  # common/arg.cpp -ts: split by , and /
             return tuple(float(x) for x in re.split(r"[,/]+", val) if x)
+        if kind == "lora":  # common/arg.cpp --lora: comma-separated paths, scale 1.0 each
+            return tuple((p, 1.0) for p in val.split(",") if p)
+        if kind == "lora_scaled":
+            return lora_scaled(val)
     except ValueError:
         raise ConfigError(f"{name}: invalid value {val!r}") from None
     return val
+
+
+def lora_scaled(value: str) -> tuple[tuple[str, float], ...]:
+    """common/arg.cpp --lora-scaled FNAME:SCALE,...: comma-separated, each split at ':' into exactly two parts."""
+    out = []
+    for item in value.split(","):
+        parts = item.split(":")
+        if len(parts) != 2 or not parts[0]:
+            raise ConfigError(f"--lora-scaled {value}: lora-scaled format: FNAME:SCALE")
+        try:
+            out.append((parts[0], float(parts[1])))
+        except ValueError:
+            raise ConfigError(f"--lora-scaled {value}: SCALE {parts[1]!r} is not a number") from None
+    return tuple(out)
 
 
 def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
@@ -438,6 +464,8 @@ def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None)
     }
     if draft_model is None and config.spec_type == "draft-simple":
         update["spec_type"] = "none"
+    if draft_model is None and update.get("spec_type", config.spec_type) == "none":
+        update.update(draft_type_k="f16", draft_type_v="f16")  # no draft context: its cache types mean nothing
     return config.model_copy(update=update)
 
 

@@ -66,6 +66,29 @@ from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
 
+# what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
+WEIGHT_OF = {
+    "Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "wqkv": "attn_qkv", "attn_out": "attn_output",
+    "ffn_up": "ffn_up", "ffn_gate": "ffn_gate", "ffn_out": "ffn_down", "ffn_moe_logits": "ffn_gate_inp",
+    "ffn_moe_up": "ffn_up_exps", "ffn_moe_gate": "ffn_gate_exps", "ffn_moe_down": "ffn_down_exps",
+    "ffn_moe_gate_up": "ffn_gate_up_exps", "result_output": "output", "q_a": "attn_q_a", "q": "attn_q_b",
+    "kv_cmpr_pe": "attn_kv_a_mqa", "q_nope_absorbed": "attn_k_b", "kv": "attn_kv_b", "fattn_mla": "attn_v_b",
+    "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
+    "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
+    "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
+    # the experts' biases (ADD_ID): the overrides of their experts' tensor names match them too
+    "ffn_moe_gate_up_b": "ffn_gate_up_exps", "ffn_moe_up_b": "ffn_up_exps", "ffn_moe_gate_b": "ffn_gate_exps",
+    "ffn_moe_down_b": "ffn_down_exps",
+}
+
+
+# matmuls llama.cpp builds with a plain ggml_mul_mat, not build_lora_mm (src/models/<arch>.cpp, build_attn_mha's
+# v_mla): an adapter's pair on their weights is loaded but changes no graph
+_PLAIN_MUL_MAT = {
+    "deepseek2": frozenset(("attn_q_a", "attn_q_b", "attn_q", "attn_kv_a_mqa", "attn_k_b", "attn_kv_b", "output")),
+}
+_PLAIN_ANY = frozenset(("attn_v_b",))
+
 # a family's build_graph: yields the embeddings, then each layer's output; the driver sends (layer, input)
 # pairs and (None, last output) for the epilogue (see fitter.llama.context)
 GraphGen = Generator[Tensor, tuple[int | None, Tensor], None]
@@ -117,6 +140,29 @@ class GraphContext:
         self.mtp = False  # the MTP draft context's graph (graph_mtp)
         self.ctx0 = Context()  # ggml_context of the graph being built (and the simulator's state)
         self.symbolic = False  # cache sizes as fitter.ggml.symbolic.Sym (a graph traced to serve every n_ctx)
+        if details.lora_graph:
+            self.ctx0.lora = self.lora_pairs
+
+    def lora_pairs(self, op: str) -> tuple[tuple[int, int, int], ...]:
+        """The LoRA pairs (rank, lora_a type, lora_b type) on the weight of the matmul named `op` in the layer being
+        built (llama_adapter_lora::get_weight by the weight's name), unless llama.cpp multiplies it plainly."""
+        suffix = WEIGHT_OF.get(op)
+        if suffix is None or suffix in _PLAIN_ANY or suffix in _PLAIN_MUL_MAT.get(self.arch, ()):
+            return ()
+        il = self.ctx0.layer
+        return self.d.lora_graph.get(f"blk.{il}.{suffix}.weight" if il is not None else f"{suffix}.weight", ())
+
+    def _lora_embd(self, cur: Tensor, tokens: Tensor) -> Tensor:
+        """build_inp_embd's adapters on token_embd: cur + scale(lora_b x get_rows(lora_a, tokens)) (lora_b is not
+        transposed there)."""
+        ctx0 = self.ctx0
+        for rank, ta, tb in self.d.lora_graph.get("token_embd.weight", ()):
+            a = weight(ctx0, (rank, self.spec.n_vocab), "token_embd", host=True, type_=ta)
+            rows = get_rows(ctx0, a, tokens, "embd_lora_a")
+            b = weight(ctx0, (rank, cur.ne[0]), "token_embd", host=True, type_=tb)
+            d = mul_mat(ctx0, b, rows, "embd_lora_b")
+            cur = add(ctx0, cur, scale(ctx0, d, "embd_lora_scaled"), "embd")
+        return cur
 
     def cells(self, swa: bool = False) -> int:
         """The cells of the full KV cache (n_ctx_seq) or of the sliding-window one (llama_kv_cache_iswa)."""
@@ -132,10 +178,14 @@ class GraphContext:
         if not self.build.has("embd_input_always"):
             # before #18898 (0.3.16 build_inp_embd): a token batch has only the tokens input
             cur = get_rows(ctx0, weight(ctx0, (n_embd_inp, self.spec.n_vocab), "token_embd", host=True), tokens, "embd")
+            if self.d.lora_graph:
+                cur = self._lora_embd(cur, tokens)
             self.g.expand(cur)
             return cur
         embd = inp(ctx0, F32, (n_embd_inp, self.n_tokens), "inp_embd")
         cur = get_rows(ctx0, weight(ctx0, (n_embd_inp, self.spec.n_vocab), "token_embd", host=True), tokens, "embd")
+        if self.d.lora_graph:
+            cur = self._lora_embd(cur, tokens)
         # ggml_build_forward_select: both alternatives enter the graph, the unused one as a leaf
         self.g.expand(cur)
         self.g.expand(embd)

@@ -39,6 +39,9 @@ class GraphDetails(BaseModel):
     n_embd_per_layer: int = 0  # gemma4 per-layer embeddings (embedding_length_per_layer_input)
     layer_types: dict[str, dict[int, int]] = {}  # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
     global_types: dict[str, int] = {}  # "output" -> ggml type
+    # LoRA adapters the context applies (fitter.llama.lora.lora_details): base tensor name -> one (rank, lora_a
+    # type, lora_b type) per adapter, in build_lora_mm's order
+    lora_graph: dict[str, tuple[tuple[int, int, int], ...]] = {}
 
     def has(self, suffix: str, il: int | None = None) -> bool:
         layers = self.layer_tensors.get(suffix)

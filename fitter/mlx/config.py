@@ -7,7 +7,6 @@ mlx_lm/models/{llama,qwen2,qwen3,qwen3_moe,qwen3_next,qwen3_5,qwen3_5_moe}.py.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -15,7 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fitter.errors import GGFitError, SourceError, UnsupportedModelError
-from fitter.mlx.safetensors import TensorInfo, read_safetensors_header
+from fitter.mlx import MLX_LM_VERSION
+from fitter.mlx.safetensors import TensorInfo, read_safetensors
 
 _MAX_JSON = 16 * 2**20  # config.json and the shard index are small; a bigger one is not a model's
 FLAT = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")  # no make_cache: --max-kv-size gives RotatingKVCache
@@ -127,8 +127,9 @@ def load_mlx_model(location: str) -> MlxModel:
     tensors: dict[str, TensorInfo] = {}
     size = 0
     for f in files:
-        tensors.update(read_safetensors_header(f))
-        size += os.path.getsize(f) if not remote else 0
+        shard, n = read_safetensors(f)
+        tensors.update(shard)
+        size += n
     return MlxModel(location, spec_from_config(config, tensors, where=location), tensors, tuple(files), size)
 
 
@@ -148,6 +149,9 @@ def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
 
 def spec_from_config(config: dict, tensors: dict[str, TensorInfo] | None = None, *, where: str = "config.json") -> MlxSpec:
     mt = config.get("model_type")
+    if mt == "qwen3_5_mtp":  # mlx-vlm's speculative/drafters/qwen3_5_mtp (split out of a qwen3_5 checkpoint)
+        raise UnsupportedModelError(f"{where}: an MTP drafter (model_type qwen3_5_mtp, mlx_vlm.server --draft-kind "
+                                    f"mtp): mlx_lm.server {MLX_LM_VERSION} cannot load it as --draft-model")
     if mt not in FLAT + HYBRID:
         raise UnsupportedModelError(f"{where}: model_type {mt!r}: ggfit models MLX {', '.join(FLAT + HYBRID)}")
     # qwen3_5's ModelArgs.from_dict: the text model's fields under text_config, or the whole config

@@ -71,6 +71,10 @@ def _model_rows(owner, model: MlxModel, run: MlxRun, *, n_extra: int = 0) -> lis
         kind = "rs" if c.cls == "ArraysCache" else "kv"
         what = f"{c.cls}: {c.n_layers} layers" + (f", {c.capacity} slots" if c.capacity else "")
         rows.append(Buffer(owner=owner, device=DEVICE, kind=kind, bytes=c.bytes, counts=True, detail=what))
+    if w.dropped:
+        gone = [s for s, b in (("the vision tower (mlx-vlm loads it)", w.vision), ("the tied lm_head", w.dropped - w.vision)) if b]
+        rows.append(Buffer(owner=owner, device=DEVICE, kind="model", bytes=w.dropped, counts=False,
+                           detail="on disk, dropped by mlx-lm's sanitize: " + " and ".join(gone)))
     if w.mtp:
         rows.append(Buffer(owner="mtp", device=DEVICE, kind="model", bytes=w.mtp, counts=False,
                            detail="MTP head: on disk, dropped by mlx-lm's sanitize (mlx-vlm's MTP decoding loads it)"))

@@ -48,9 +48,14 @@ def _read_exact(src: ByteSource, offset: int, n: int) -> bytes:
 
 def read_safetensors_header(location: str) -> dict[str, TensorInfo]:
     """Every tensor's dtype and shape (the `__metadata__` entry is skipped)."""
+    return read_safetensors(location)[0]
+
+
+def read_safetensors(location: str) -> tuple[dict[str, TensorInfo], int]:
+    """The header's tensors and the file's size (over HTTP, from the ranged reply: nothing else travels)."""
     src = open_source(location)
     try:
-        return _parse(src)
+        return _parse(src), src.size
     finally:
         src.close()
 

@@ -278,6 +278,29 @@ def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
         mp.tensor_split = ctypes.cast(ts, ctypes.POINTER(ctypes.c_float))
 
 
+def load_loras(llama_cpp: Any, model: Any, loras: list[list[Any]]) -> tuple[list[Any], str | None]:
+    """llama_adapter_lora_init for each [path, scale], after the model (common_init_result); the adapters, or why
+    not (llama.cpp's own error line is in the log)."""
+    out: list[Any] = []
+    for path, _scale in loras:
+        a = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        if not a:
+            return out, f"failed to load lora adapter '{path}'"
+        out.append(a)
+    return out, None
+
+
+def set_loras(llama_cpp: Any, ctx: Any, adapters: list[Any], loras: list[list[Any]]) -> None:
+    """llama_set_adapters_lora with every adapter and its scale (common_set_adapter_lora): the next decode
+    re-reserves the compute graph with them (llama_context::set_adapters_lora sets sched_need_reserve)."""
+    if not adapters:
+        return
+    arr = (llama_cpp.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
+    scales = (ctypes.c_float * len(adapters))(*[float(s) for _, s in loras])
+    _KEEP.extend((arr, scales))
+    llama_cpp.llama_set_adapters_lora(ctx, arr, len(adapters), scales)
+
+
 def _model_params(llama_cpp: Any, req: dict[str, Any]) -> Any:
     mp = llama_cpp.llama_model_default_params()
     model_fields = dict(req.get("model", {}))
@@ -381,6 +404,11 @@ def main() -> int:
     api = _model_api(llama_cpp, model)
     emit_event({"event": "model", "api": api, "no_alloc": bool(mp.no_alloc), "load_mode": int(mp.load_mode)})
     run.memory("model")
+    loras = req.get("loras") or []
+    adapters, why = load_loras(llama_cpp, model, loras)
+    if why:
+        llama_cpp.llama_model_free(model)
+        return run.done("error", run.first_error(why), timings=timings)
 
     t2 = time.perf_counter()
     ctx = llama_cpp.llama_init_from_model(model, cp)
@@ -395,6 +423,7 @@ def main() -> int:
         "n_seq_max": llama_cpp.llama_n_seq_max(ctx),
     }})
     run.memory("context")
+    set_loras(llama_cpp, ctx, adapters, loras)
 
     if req.get("breakdown", True):
         try:
@@ -415,6 +444,12 @@ def main() -> int:
         timings["decode_s"] = time.perf_counter() - t4
         emit_event({"event": "decode", "tokens": n_decode, "error": err})
         run.memory("decode")
+        if adapters and req.get("breakdown", True) and not err:  # the graph re-reserved with the adapters
+            try:
+                rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
+            except (*_FFI_FAILURES, ValueError):
+                rows = None
+            emit_event({"event": "breakdown", "rows": rows})
         if err:
             llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)

@@ -68,19 +68,33 @@ def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float
             f"--check runs llama.cpp's dry run on this machine's CPU backend; predict with --backend cpu to compare "
             f"(asked: {pred.backend.value})"
         )
-    run = measure(path, llama_params(pred.context, cfg), mode="dry", timeout=timeout, log_level="info")
+    run = measure(path, llama_params(pred.context, cfg), mode="dry", timeout=timeout, log_level="info", loras=cfg.lora)
     run.raise_for_status()
-    got = measured_by_kind(run)
+    got: dict[str, int | None] = {**measured_by_kind(run), "lora": run.report.printed_bytes("lora")}
     rows = []
-    for kind in ("model", "kv", "rs", "output", "compute"):
+    notes = []
+    plain_compute = None
+    if cfg.lora:
+        # llama_set_adapters_lora comes after the context, whose constructor reserved the graph without them: a dry
+        # run (no decode to re-reserve) measures the graph without the adapters; compare it with that prediction
+        from fitter.llama.context import compute_buffers
+        from fitter.llama.graph_details import graph_details
+        from fitter.llama.model import load_model_spec
+
+        header, spec = load_model_spec(path)
+        plain_compute = sum(b.bytes for b in compute_buffers(spec, pred.context, "cpu", details=graph_details(header)))
+        notes.append("LoRA: the dry run reserves the compute graph before the adapters apply; its compute row is "
+                     "compared with ggfit's graph without them; the LoRA rows to llama.cpp's printed 0.01 MiB")
+    for kind in ("model", "lora", "kv", "rs", "output", "compute"):
         target = [b for b in pred.buffers if b.owner == "target" and b.kind == kind]
         # the dry run reports the tensors' bytes (llama_model_size), not a mapped file range
         p = sum((b.tensor_bytes or 0) if kind == "model" else b.bytes for b in target)
+        if kind == "compute" and plain_compute is not None:
+            p = plain_compute
         m = got[kind]
         if p == 0 and not m:
             continue
         rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m})
-    notes = []
     if pred.draft_context is not None:
         notes.append("only the target context is measured; the draft/MTP context is not part of this dry run")
     return {"llama_cpp": f"{run.build.commit} (llama-cpp-python {run.build.llama_cpp_python})", "rows": rows,

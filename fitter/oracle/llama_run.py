@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -470,6 +470,7 @@ def measure(
     breakdown: bool = True,
     device_memory: bool = False,
     decode_tokens: int = 0,
+    loras: Sequence[tuple[str, float]] = (),
     env: dict[str, str] | None = None,
     python: str | None = None,
     _test_signal: str | None = None,
@@ -477,7 +478,9 @@ def measure(
     """Run llama.cpp on `model_path` with `params` in a child process and report what it allocates.
 
     `device_memory`: read each GPU's free memory (cudaMemGetInfo) after each stage. `decode_tokens` (mode
-    "load"): decode that many tokens after creating the context, so the compute graph really runs.
+    "load"): decode that many tokens after creating the context, so the compute graph really runs. `loras`:
+    (adapter path, scale) loaded after the model and applied to the context (common_init_result); the first decode
+    re-reserves the graph with them, and a breakdown after it replaces the one before.
     Raises SourceError for a missing/unreadable file and LlamaRunError for bad arguments; everything
     llama.cpp itself does (refuse, abort, hang) comes back as the run's status.
     """
@@ -502,6 +505,7 @@ def measure(
         "breakdown": breakdown,
         "device_memory": device_memory,
         "decode_tokens": decode_tokens,
+        "loras": [[check_model_path(p), float(s)] for p, s in loras],
         "test_signal": _test_signal,
     }
     cmd = [python or sys.executable, "-m", "fitter.oracle._llama_child"]

@@ -138,3 +138,33 @@ def test_recorded_expert_placement_loaded_and_one_predicted_over_ran_out_of_memo
         assert pred.total_device_bytes == r["predicted_device_bytes"]
     assert ok["status"] == "ok" and ok["decode_tps"] > 0 and ok["predicted_device_bytes"] <= available
     assert over["status"] == "oom" and over["predicted_device_bytes"] >= free + 512 * 2**20
+
+
+HOSTRSS = json.loads((RESULTS / "gpu-hostrss-h200.json").read_text())
+
+
+@pytest.mark.slow
+def test_recorded_host_budget_held_by_the_process_resident_memory() -> None:
+    """22,000 MiB held free on an H200, `ggfit fit -c 262144 --no-mmap --host-budget 8192MiB`: the placement it
+    proposed (--n-cpu-moe 11, weights read into memory with -lm none) loaded and decoded with a peak RSS of 6,501 MiB,
+    within the host budget; today's prediction of its host bytes is the recorded one, and the RSS beyond them is what
+    the CUDA host margin holds. A host budget below the placement's needs makes the solver refuse it."""
+    from fitter.fit.margin import default_host_margin
+
+    header, spec = _model("qwen36-35b-a3b")
+    row = HOSTRSS["rows"][0]
+    cfg = RunConfig.from_server_args([a for f in row["flags"] for a in f]).config
+    pred = predict(header, spec, cfg, Backend.CUDA, Frontend.SERVER)
+    assert (pred.total_device_bytes, pred.host_bytes) == (row["predicted_device_bytes"], row["predicted_host_bytes"])
+    assert row["status"] == "ok" and row["decode_tps"] > 0
+    assert row["peak_rss_bytes"] <= HOSTRSS["host_budget_bytes"]
+    assert pred.host_bytes < row["peak_rss_bytes"] <= pred.host_bytes + default_host_margin("cuda")
+    fit = HOSTRSS["fit"]
+    available = fit["budget_bytes"] - fit["margin_bytes"]
+    base = RunConfig(n_ctx=262144, no_mmap=True)
+    choice, _ = solve_placement(header, spec, base, Backend.CUDA, Frontend.SERVER, available,
+                                HOSTRSS["host_budget_bytes"] - default_host_margin("cuda"), table=False)
+    assert choice is not None and (choice.lever, choice.value) == ("n_cpu_moe", 11)
+    none, why = solve_placement(header, spec, base, Backend.CUDA, Frontend.SERVER, available,
+                                pred.host_bytes - 1, table=False)
+    assert none is None and "host budget" in why

@@ -56,9 +56,54 @@ def test_june_build_b9430(target, args, fits):
     assert out["fits"] is fits, (out["total_device_bytes"] / 2**20, out["margin_bytes"] / 2**20)
 
 
-@pytest.mark.xfail(reason="issue 13, open: the August draft context's reported footprint (3,777.71 / 3,445.71 MiB at "
-                          "-ub 2048) is about 1,799 MiB more than any release's source gives it; the mechanism is not "
-                          "found, so ggfit says -c 131072 / 98304 at -ub 2048 fit", strict=True)
+DRAFT_ARGS = ("-ctk", "q8_0", "-ctv", "q8_0", "--spec-draft-type-k", "q8_0", "--spec-draft-type-v", "q8_0")
+
+# The August seed's build is not given beyond "between b9430 and b10502". Its draft figures grow by 1,170 MiB when the
+# ubatch doubles from 1024 to 2048: 970 MiB of it are logits for every token of the ubatch (248,320 x 1,024 x 4 B).
+# Every llama.cpp from #23861 / #23988 (2026-06-01) on caps the draft context's outputs at -np (the server's
+# `[spec] estimated memory usage` context and the draft context itself, 0.3.25 .. 0.3.36 sources), so the figures
+# place the build before #23861: b9430 up to that merge. `b10480` (August by number) keeps the cap.
+PRE_23861 = "b9440"
+
+
+@pytest.mark.parametrize("ctx, ub, fits", [("131072", "2048", False), ("98304", "2048", False), ("98304", "1024", True)])
+def test_august_draft_outcomes_with_the_rules_its_figures_imply(target, ctx, ub, fits):
+    draft = twin("qwen35-0.8b", "Q4_K_S")
+    out = fit(target, "-c", ctx, "-ub", ub, *DRAFT_ARGS, "-md", draft, "--llama-build", PRE_23861)
+    assert out["fits"] is fits, out["total_device_bytes"] / 2**20
+
+
+def _draft_device_mib(out: dict) -> float:
+    return sum(b["bytes"] for b in out["buffers"] if b["owner"] == "draft" and b["counts"]) / 2**20
+
+
+@pytest.mark.xfail(reason="issue 13, open: the reported draft footprints (3,777.71 / 3,445.71 / 2,275.68 MiB) exceed "
+                          "ggfit's with whole-ubatch logits (3,262.66 / 3,058.66 / 2,080.66) by the f16 KQ mask "
+                          "(512 / 384 / 192 MiB) + 3.0 MiB, as if the mask stayed allocated to the LM head; no source "
+                          "shows why, so the steps come out 204 and 978 MiB, not 332 and 1,170", strict=True)
+def test_august_draft_steps(target):
+    draft = twin("qwen35-0.8b", "Q4_K_S")
+    mib = {(c, ub): _draft_device_mib(fit(target, "-c", c, "-ub", ub, *DRAFT_ARGS, "-md", draft,
+                                          "--llama-build", PRE_23861))
+           for c, ub in (("131072", "2048"), ("98304", "2048"), ("98304", "1024"))}
+    ctx_step = mib["131072", "2048"] - mib["98304", "2048"]
+    ub_step = mib["98304", "2048"] - mib["98304", "1024"]
+    assert abs(ctx_step - 332.03) <= 0.02 * 332.03 and abs(ub_step - 1170.03) <= 0.02 * 1170.03, (ctx_step, ub_step)
+
+
+def test_august_draft_table_fits_the_draft_only_with_a_smaller_ubatch(target):
+    """No -c, no -ub: the draft fits only with a smaller ubatch, as the config that worked (-ub 1024); the flags of a
+    solution without the draft carry no draft cache types."""
+    draft = twin("qwen35-0.8b", "Q4_K_S")
+    out = fit(target, *DRAFT_ARGS, "-md", draft, "--llama-build", PRE_23861)
+    with_draft = {s["n_ubatch"]: s["n_ctx"] for s in out["solutions"] if s["draft"]}
+    assert with_draft[1024] >= 98304 > with_draft[2048]
+    assert not out["recommended"]["draft"]  # the recommendation is the target alone at its training context
+    assert not any(f.startswith(("-md", "-ctkd", "-ctvd")) for f in out["flags"])
+
+
+@pytest.mark.xfail(reason="issue 13, open: with b10480's rules (the issue's 'August') the draft's outputs are capped "
+                          "at -np, and ggfit says -c 131072 / 98304 at -ub 2048 fit; see PRE_23861", strict=True)
 @pytest.mark.parametrize("ctx", ["131072", "98304"])
 def test_august_draft_ooms_at_ubatch_2048(target, ctx):
     draft = twin("qwen35-0.8b", "Q4_K_S")

@@ -85,6 +85,7 @@ def test_model_dir_over_http(mlx_model, server):
     m = load_mlx_model(server.url("/m"))
     local = load_mlx_model(str(d))
     assert m.tensors == local.tensors and m.spec == local.spec
+    assert m.file_bytes == local.file_bytes == (d / "model.safetensors").stat().st_size  # on disk, told by the server
     server.wait_for_handlers()
     # only the header travelled (the first ranged read is 64 KiB), not the 2 MB of weights
     assert server.sent["/m/model.safetensors"] <= 64 * 1024 < (d / "model.safetensors").stat().st_size

@@ -37,3 +37,28 @@ def test_over_budget_configs_are_not_started(llama_server):
                         llama_server=llama_server, threads=2)
     assert [t.status for t in r.trials] == ["skipped", "skipped"] and r.winner is None
     assert all(not t.command for t in r.trials)
+
+
+def test_optimise_engine_llama_mlx_is_the_engine_study(monkeypatch, capsys):
+    """`optimise --engine llama,mlx GGUF MLX_DIR` runs compare-engines' study (here a stand-in that records
+    its arguments), with optimise's budget, trials and seed, and prints its report."""
+    pytest.importorskip("mlx_lm")
+    import cli
+    import search.study.engines as engines
+
+    seen: dict = {}
+
+    def study(gguf, mlx_dir, **kw):
+        seen.update(kw, gguf=gguf, mlx_dir=mlx_dir)
+        t = engines.EngineTrial(number=0, engine="mlx", params={"engine": "mlx"}, status="ok", predicted_bytes=1,
+                                decode_tps=2.0)
+        return engines.EngineReport(trials=[t], best={"mlx": t}, winner="mlx", ratio=None)
+
+    monkeypatch.setattr(engines, "compare_engines", study)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["optimise", "gemma3-270m", "/models/gemma3-270m-mlx", "--engine", "llama,mlx", "--budget", "1GiB",
+                  "--margin", "0", "--trials", "3", "--seed", "7"])
+    assert e.value.code == 0
+    assert seen["gguf"].endswith(".gguf") and seen["mlx_dir"] == "/models/gemma3-270m-mlx"
+    assert (seen["available_bytes"], seen["n_trials"], seen["seed"]) == (2**30, 3, 7)
+    assert "winner: mlx (the other engine had no config that fits and runs)" in capsys.readouterr().out
