@@ -2,7 +2,8 @@
 
 The program interposes ggml_backend_buft_alloc_buffer, so it reports the exact bytes of every buffer clip.cpp
 allocates (clip prints no weight-buffer line, and its "compute buffer size" line is rounded to 0.01 MiB).
-Built once per source under ${GGFIT_CACHE:-~/.cache/ggfit}/mtmd/; needs a C++ compiler.
+Built once per source under ${GGFIT_CACHE:-~/.cache/ggfit}/mtmd/; needs a C++ compiler and the pinned llama.cpp's
+headers ($GGFIT_LLAMA_CPP_SRC, else the reference checkout); the tests that need it are skipped without them.
 """
 
 from __future__ import annotations
@@ -30,26 +31,31 @@ class MtmdRun:
     grown: list[tuple[str, int]]  # buffers (re)allocated while encoding the image, if one was asked for
 
 
-def _include_dirs() -> list[Path]:
-    for root in (_VENDOR, Path(llama_cpp.__file__).parent.parent / "vendor" / "llama.cpp"):
+def _include_dirs() -> list[Path] | None:
+    """The pinned llama.cpp's headers ($GGFIT_LLAMA_CPP_SRC, or the reference checkout), None where there are none."""
+    roots = [Path(os.environ["GGFIT_LLAMA_CPP_SRC"])] if os.environ.get("GGFIT_LLAMA_CPP_SRC") else []
+    for root in (*roots, _VENDOR):
         if (root / "tools/mtmd/mtmd.h").exists():
             return [root / "ggml/include", root / "include", root / "tools/mtmd"]
-    raise FileNotFoundError("the pinned llama.cpp headers (tools/mtmd/mtmd.h)")
+    return None
 
 
 def binary() -> Path | None:
-    """The built oracle, or None without a C++ compiler."""
+    """The built oracle, or None without a C++ compiler, llama-cpp-python's libmtmd or the pinned headers."""
     cc = shutil.which("g++") or shutil.which("c++")
-    if cc is None:
-        return None
     lib = Path(llama_cpp.__file__).parent / "lib"
+    if cc is None or not (lib / "libmtmd.so").exists():
+        return None
     key = hashlib.sha256(_SRC.read_bytes() + str(lib).encode()).hexdigest()[:12]
     out = Path(os.environ.get("GGFIT_CACHE") or Path.home() / ".cache" / "ggfit") / "mtmd" / f"mtmd_mem-{key}"
     if out.exists():
         return out
+    dirs = _include_dirs()
+    if dirs is None:
+        return None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".{os.getpid()}")
-    inc = [f"-I{d}" for d in _include_dirs()]
+    inc = [f"-I{d}" for d in dirs]
     subprocess.run([cc, "-O1", "-rdynamic", "-o", str(tmp), str(_SRC), *inc, f"-L{lib}", "-lmtmd", "-lggml-base",
                     "-lggml", "-lllama", "-ldl", f"-Wl,-rpath,{lib}"], check=True)
     os.replace(tmp, out)

@@ -10,7 +10,7 @@ from fitter.mtmd.memory import mmproj_buffers
 from tests.mtmd import oracle
 from tests.synth.mmproj import FULL_SHAPES, build_mmproj
 
-pytestmark = pytest.mark.skipif(oracle.binary() is None, reason="no C compiler for the libmtmd oracle")
+pytestmark = pytest.mark.skipif(oracle.binary() is None, reason="no libmtmd oracle (a C++ compiler, libmtmd and the pinned headers)")
 
 CASES = [
     # (projector, synthetic overrides, -fa)
