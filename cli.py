@@ -116,6 +116,8 @@ SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|
 MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
 TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]
+Mmproj = Annotated[Optional[str], typer.Option("-mm", "--mmproj", metavar="FILE", help="A multimodal projector (mmproj GGUF): its weights and compute buffer are counted.")]
+NoMmprojOffload = Annotated[bool, typer.Option("--no-mmproj-offload", help="Keep the multimodal projector on the CPU.")]
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the weights into memory instead of mapping the file.")]
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")]
 ModelDraft = Annotated[Optional[str], typer.Option("-md", "--model-draft", metavar="MODEL", help="A draft model for speculative decoding (path, URL or bundled name).")]
@@ -390,6 +392,8 @@ def fit(
     lora: Lora = None,
     lora_scaled: LoraScaled = None,
     host_budget: HostBudgetOpt = None,
+    mmproj: Mmproj = None,
+    no_mmproj_offload: NoMmprojOffload = False,
     no_mmap: NoMmap = False,
     repack: Repack = False,
     model_draft: ModelDraft = None,
@@ -445,6 +449,7 @@ def fit(
         n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
+        mmproj=mmproj, no_mmproj_offload=no_mmproj_offload,
         **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
                             tensor_split, buds),
         lora=_lora_fields(lora, lora_scaled),
@@ -494,6 +499,8 @@ def quants(
     no_kv_offload: NoKvOffload = False,
     lora: Lora = None,
     lora_scaled: LoraScaled = None,
+    mmproj: Mmproj = None,
+    no_mmproj_offload: NoMmprojOffload = False,
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
@@ -509,7 +516,8 @@ def quants(
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
                       n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                      no_kv_offload=no_kv_offload, lora=_lora_fields(lora, lora_scaled))
+                      no_kv_offload=no_kv_offload, lora=_lora_fields(lora, lora_scaled), mmproj=mmproj,
+                      no_mmproj_offload=no_mmproj_offload)
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
@@ -570,6 +578,8 @@ def optimise(
     no_op_offload: NoOpOffload = False,
     lora: Lora = None,
     lora_scaled: LoraScaled = None,
+    mmproj: Mmproj = None,
+    no_mmproj_offload: NoMmprojOffload = False,
     llama_build: LlamaBuildOpt = None,
     engine: EnginesOpt = None,
 ) -> None:
@@ -579,6 +589,10 @@ def optimise(
 
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
+    if mmproj and runner == RunnerName.python:  # llama-cpp-python's Llama loads no projector
+        raise fitter.ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
+    if mmproj:  # a bad file: one line now, not a failed trial
+        fitter.mmproj_buffers_of_file(mmproj, fitter.Backend(_backend(backend).value))
     build = _llama_build(llama_build, llama_server if llama_build == "auto" else None)
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
@@ -611,7 +625,8 @@ def optimise(
     given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
                                      ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
                                      ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False),
-                                     ("lora", _lora_fields(lora, lora_scaled), ()))
+                                     ("lora", _lora_fields(lora, lora_scaled), ()), ("mmproj", mmproj, None),
+                                     ("no_mmproj_offload", no_mmproj_offload, False))
              if v != dflt}
     study_def: Any = study
     if given:

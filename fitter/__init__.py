@@ -114,10 +114,13 @@ _EXPORTS: dict[str, str] = {
     "solve_placement": "fitter.fit.solver",
     "excess": "fitter.fit.solver",
     "PlacementChoice": "fitter.fit.solver",
+    # --mmproj: a multimodal projector's buffers (fitter.mtmd)
+    "mmproj_buffers_of_file": "fitter.mtmd.memory",
 }
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
+    "mmproj_buffers_of_file",
     "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
     "solve_placement", "excess", "SPLIT_MODES", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
@@ -203,6 +206,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.mlx.cache import CacheSettings as MlxCacheSettings
     from fitter.mlx.config import load_mlx_model
     from fitter.mlx.memory import MlxRun, largest_context_mlx, predict_mlx
+    from fitter.mtmd.memory import mmproj_buffers_of_file
     from fitter.oracle._llama_child import (
         GGML_LOG_DEBUG,
         GGML_LOG_INFO,

@@ -16,6 +16,7 @@ from fitter import (
     REPO_ROOT,
     SPLIT_MODES,
     BuildReport,
+    ConfigError,
     Progress,
     RunConfig,
     check_model_path,
@@ -199,6 +200,8 @@ def _classify(res: ProbeResult, events: dict[str, dict[str, Any]], timed_out: bo
 def python_probe(model_path: str, config: RunConfig, workload: Workload, *, budget_bytes: int | None, timeout: float,
                  threads: int, use_extra_bufts: bool, draft_n_min: int | None, draft_p_min: float | None,
                  log_level: str, _test: dict[str, Any] | None, progress: Progress | None) -> ProbeResult:
+    if config.mmproj:  # llama-cpp-python's Llama loads no projector: only llama-server's probe measures one
+        raise ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
     model, context = resolve_server_defaults(config, threads=threads, use_extra_bufts=use_extra_bufts)
     spec = _speculation(config, model, context, draft_n_min, draft_p_min)
     request = {

@@ -211,9 +211,16 @@ def server_command(
     extra_args: list[str] | None = None,
 ) -> list[str]:
     """llama-server's argv for `config`: only flags the user set (None keeps llama-server's default), plus
-    `-fit off` (no automatic fitting), the repack switch, threads, and `--no-warmup` (the probe warms up itself)."""
+    `-fit off` (no automatic fitting), the repack switch, threads, and `--no-warmup` (the probe warms up itself) unless
+    there is an --mmproj."""
     c = config
-    cmd = [binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-fit", "off", "--no-warmup"]
+    cmd = [binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-fit", "off"]
+    # --no-warmup would also skip clip's warmup, the only place it reserves the projector's compute buffer at load
+    # (mtmd_context_params.warmup): with --mmproj the server warms up, so that the probe holds what ggfit predicts
+    if c.mmproj:
+        cmd += ["--mmproj", c.mmproj] + (["--no-mmproj-offload"] if c.no_mmproj_offload else [])
+    else:
+        cmd += ["--no-warmup"]
     if c.n_ctx is not None:
         cmd += ["-c", str(c.n_ctx)]
     if c.n_batch is not None:

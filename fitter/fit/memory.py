@@ -27,7 +27,7 @@ from fitter.llama.kv_cache import memory_caches
 from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
 
-Owner = Literal["target", "draft", "mtp"]
+Owner = Literal["target", "draft", "mtp", "mmproj"]
 Kind = Literal["model", "lora", "kv", "rs", "output", "compute"]
 
 
@@ -237,11 +237,25 @@ def predict(
         buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
                                     details=graph_details(d_header), changed=d_changed, placement=d_wp,
                                     kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
+    if config.mmproj:
+        buffers += _mmproj_rows(config, backend)
     applied = [_applied(cal, changed)] if cal else []
     if d_cal is not None and d_cal is not cal:
         applied.append(_applied(d_cal, d_changed))
     return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers,
                       calibration=applied)
+
+
+def _mmproj_rows(config: RunConfig, backend: Backend) -> list[Buffer]:
+    """--mmproj: the projector's weights and warmup compute buffer (fitter.mtmd), on the first GPU unless
+    --no-mmproj-offload; mtmd_context_params.flash_attn_type is the server's -fa."""
+    from fitter.mtmd.memory import mmproj_buffers_of_file
+
+    assert config.mmproj is not None
+    rows = mmproj_buffers_of_file(config.mmproj, backend, offload=not config.no_mmproj_offload,
+                                  flash_attn=config.flash_attn)
+    return [Buffer(owner="mmproj", device=r.device, kind=r.kind, bytes=r.bytes,
+                   counts=backend == Backend.CPU or r.on_device, detail=r.detail) for r in rows]
 
 
 class BuildDifference(BaseModel):

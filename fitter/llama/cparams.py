@@ -38,7 +38,7 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
     "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
-    "tensor_split": "-ts", "lora": "--lora",
+    "tensor_split": "-ts", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
 }
 
 # common/common.h: the tensor-name patterns --cpu-moe and --n-cpu-moe turn into overrides to the CPU buffer type
@@ -101,6 +101,9 @@ class RunConfig(BaseModel):
     tensor_split: tuple[float, ...] | None = Field(None, description="-ts: a proportion per GPU")
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
     lora: tuple[tuple[str, float], ...] = Field((), description="--lora FILE / --lora-scaled FILE:SCALE")
+    # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
+    mmproj: str | None = Field(None, description="--mmproj FILE")
+    no_mmproj_offload: bool = Field(False, description="--no-mmproj-offload: the projector on the CPU")
 
     @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max", "n_cpu_moe", "main_gpu")
     @classmethod
@@ -212,6 +215,10 @@ class RunConfig(BaseModel):
         if self.embeddings:
             out.append(["--embeddings"])
         out += self.placement_args()
+        if self.mmproj:
+            out.append(["--mmproj", self.mmproj])
+        if self.no_mmproj_offload:
+            out.append(["--no-mmproj-offload"])
         out += self._draft_args(draft_model or self.draft_model)
         out.append(["--no-repack"] if self.no_repack else ["--repack"])
         return out + [list(g) for g in extra]
@@ -335,6 +342,9 @@ _FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-ts", "--tensor-split"), "tensor_split", "floats"),
     (("--lora",), "lora", "lora"),
     (("--lora-scaled",), "lora", "lora_scaled"),
+    (("-mm", "--mmproj"), "mmproj", "str"),
+    (("--no-mmproj-offload",), "no_mmproj_offload", "true"),
+    (("--mmproj-offload",), "no_mmproj_offload", "false"),
 )
 SERVER_FLAGS: dict[str, tuple[str, str]] = {n: (field, kind) for names, field, kind in _FLAG_TABLE for n in names}
 

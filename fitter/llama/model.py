@@ -141,6 +141,9 @@ def _arch_rules(header: GGUFHeader, src: str | None, allow_unknown: bool) -> tup
     arch = header.architecture
     if arch is None:
         raise GGUFError(0, f"key '{Keys.General.ARCHITECTURE}' is missing or not a string", src)
+    if arch == "clip":  # tools/mtmd's projector: llama_model_load refuses it ("unknown model architecture: 'clip'")
+        raise UnsupportedModelError(f"{src or 'model'}: a multimodal projector (mmproj), not a text model: give it as "
+                                    "--mmproj FILE next to its text model")
     rules = rules_of(arch)
     if rules is None:
         if not allow_unknown:

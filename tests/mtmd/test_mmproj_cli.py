@@ -1,0 +1,107 @@
+"""--mmproj / --no-mmproj-offload through RunConfig, the CLI and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cli
+from fitter import Backend, RunConfig, load_model_spec, predict, resolve_model
+from tests.synth.mmproj import build_mmproj
+
+M = "gemma3-270m"
+
+
+@pytest.fixture(scope="module")
+def mmproj() -> str:
+    return str(build_mmproj("gemma3"))
+
+
+def test_server_args_round_trip(mmproj: str) -> None:
+    cfg = RunConfig(n_ctx=4096, mmproj=mmproj, no_mmproj_offload=True)
+    args = [a for g in cfg.to_server_args() for a in g]
+    assert args[args.index("--mmproj") + 1] == mmproj and "--no-mmproj-offload" in args
+    back = RunConfig.from_server_args(args)
+    assert back.config == cfg and back.unknown == []
+    assert RunConfig.from_server_args(["-mm", mmproj, "--mmproj-offload"]).config == RunConfig(mmproj=mmproj)
+
+
+def test_predict_adds_the_projector_rows_and_nothing_else(mmproj: str) -> None:
+    header, spec = load_model_spec(resolve_model(M))
+    base = predict(header, spec, RunConfig(n_ctx=4096), Backend.CPU)
+    with_mm = predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj), Backend.CPU)
+    rows = [b for b in with_mm.buffers if b.owner == "mmproj"]
+    assert [b for b in with_mm.buffers if b.owner != "mmproj"] == base.buffers
+    # the pinned libmtmd's own buffers for this file (tests/mtmd/test_mmproj_memory.py checks them against it)
+    assert [(b.device, b.kind, b.bytes, b.counts) for b in rows] == [
+        ("CPU", "model", 274688, True), ("CPU", "compute", 903168, True)]
+    assert with_mm.total_device_bytes == base.total_device_bytes + 274688 + 903168
+
+
+def test_cuda_offload_puts_the_projector_on_the_first_gpu(mmproj: str) -> None:
+    header, spec = load_model_spec(resolve_model(M))
+    rows = [b for b in predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj), Backend.CUDA).buffers
+            if b.owner == "mmproj"]
+    # the bytes: tests/mtmd/test_mmproj_gpu_recorded.py (an H200)
+    assert [(b.device, b.kind, b.counts) for b in rows] == [
+        ("CUDA0", "model", True), ("CUDA0", "compute", True), ("CPU", "compute", False)]
+    off = [b for b in predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj, no_mmproj_offload=True),
+                              Backend.CUDA).buffers if b.owner == "mmproj"]
+    # --no-mmproj-offload: clip_ctx on the CPU backend, in host memory (not against the GPU's budget)
+    assert [(b.device, b.kind, b.bytes, b.counts) for b in off] == [
+        ("CPU", "model", 274688, False), ("CPU", "compute", 903168, False)]
+
+
+def test_fit_json_lists_the_projector(mmproj: str, capfd) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", M, "--budget", "2GiB", "--backend", "cpu", "-c", "4096", "--mmproj", mmproj, "--json"])
+    out, _ = capfd.readouterr()
+    assert e.value.code == 0
+    rows = [b for b in json.loads(out)["buffers"] if b["owner"] == "mmproj"]
+    assert [(b["kind"], b["bytes"]) for b in rows] == [("model", 274688), ("compute", 903168)]
+    assert "--mmproj" in out and mmproj in out  # the llama-server flags to run it with
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory, mmproj: str) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("badmm")
+    data = open(mmproj, "rb").read()
+    (d / "trunc.gguf").write_bytes(data[:3000])
+    return {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M)}
+
+
+@pytest.mark.parametrize("which,phrase", [("missing", "No such file"), ("trunc", "invalid GGUF"),
+                                          ("text", "not 'clip'")])
+@pytest.mark.parametrize("command", ["fit", "quants"])
+def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, bad: dict[str, str], capfd) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, M, "--budget", "2GiB", "--backend", "cpu", "-c", "4096", "--mmproj", bad[which]])
+    out, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"ggfit: error: --mmproj {bad[which]}") and phrase in lines[0]
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["probe", M, "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal projector"),
+    (["optimise", M, "--budget", "2GiB", "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal"),
+    (["optimise", M, "--budget", "2GiB", "--runner", "server", "--mmproj", "{missing}"], "No such file"),
+])
+def test_probe_and_optimise_refuse_what_they_cannot_measure(argv: list[str], phrase: str, mmproj: str,
+                                                            bad: dict[str, str], tmp_path, monkeypatch, capfd) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(mm=mmproj, missing=bad["missing"]) for a in argv])
+    _, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and phrase in lines[0], err
+
+
+@pytest.mark.parametrize("command", [["fit", "{mm}", "--budget", "2GiB"], ["inspect", "{mm}"]])
+def test_an_mmproj_given_as_the_model_is_told_to_use_mmproj(command: list[str], mmproj: str, capfd) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(mm=mmproj) for a in command])
+    _, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and "a multimodal projector (mmproj), not a text model" in lines[0]
