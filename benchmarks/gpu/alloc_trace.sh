@@ -21,7 +21,8 @@ if [ ! -x /tmp/trc/bin/llama-server ]; then
     cmake --build /tmp/trc --target llama-server -j "$(nproc)" >> "$OUT/build.log" 2>&1 )
   echo "build exit $? after $(( $(date +%s) - t0 )) s"
 fi
-M=$(python3 -c "from tests.synth.shapes import build_shape, q4_k_m_types as q; print(build_shape('qwen36-35b-a3b', tensor_types=q('qwen36-35b-a3b')))")
+S=${SHAPE:-qwen36-35b-a3b}
+M=$(python3 -c "from tests.synth.shapes import build_shape, q4_k_m_types as q; print(build_shape('$S', tensor_types=q('$S')))")
 name=$1; shift
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} /tmp/trc/bin/llama-server -m "$M" --port 18123 --host 127.0.0.1 -lv 5 \
     -fit off --no-repack "$@" > "$OUT/$name.log" 2>&1 &
