@@ -8,7 +8,7 @@ predict the same configs again, without a GPU.
 
 Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact too, pipeline
 parallelism over two GPUs and experts on the CPU included, except the residuals pinned in RESIDUAL (ggfit minus
-llama.cpp, bytes): -nkvo on the hybrid model, and 8 KiB on gpt-oss with three layers' experts on the CPU.
+llama.cpp, bytes): 8 KiB on gpt-oss with three layers' experts on the CPU.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ _BASE = ("n_ctx", "n_ubatch", "flash_attn", "no_mmap")
 
 # (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's; every other compute buffer is exact
 RESIDUAL = {
-    ("qwen36-35b-a3b-1-no_kv_offloadTrue", "CUDA0"): 20963328,
     ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
-    ("qwen36-35b-a3b-2-no_kv_offloadTrue", "CUDA0"): 20963328,
 }
 
 
