@@ -174,27 +174,15 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
             return ()
         return tuple(sorted((k, v[il]) for k, v in lt.items() if il in v))
 
-    first: dict[tuple, int] = {}
-    for il, k in enumerate(keys):
-        first.setdefault(k, il)
-
-    def opens_kind(il: int) -> bool:
-        # a layer whose weights sit on another backend than its ops (experts on the CPU, a CPU layer) starts a split
-        # inside it (ggml_backend_sched_split_graph, pass 5: a weight on an incompatible backend); that split reaches
-        # into the next layer, and when the next layer is the first of its kind, the copies of the graph inputs that
-        # kind reads first (KQ mask, positions, ...) are made once, at that split's start, in this layer alone
-        return il + 1 < n and first[keys[il + 1]] == il + 1
-
-    return [k + (dev(il), dev(il - 1) if il else pl.dev_in, dev(il + 1) if il + 1 < n else pl.dev_out, wkey(il),
-                 opens_kind(il))
+    return [k + (dev(il), dev(il - 1) if il else pl.dev_in, dev(il + 1) if il + 1 < n else pl.dev_out, wkey(il))
             for il, k in enumerate(keys)]
 
 
-def _prepare(c: GraphContext, pl: Placement | None = None,
-             copy_size: Callable[[Tensor], int] | None = None) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
+def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None,
+             distinct: frozenset[int] = frozenset()) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
     """Build one segment per distinct layer, place and split them (GPU backends); the allocation then runs layer
     after layer, jumping over repeats (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the
-    full graph)."""
+    full graph). `distinct`: layers that get a segment of their own (see _misplaced_input_copies)."""
     sp = c.spec
     n = sp.n_layer
     ctx = c.ctx0
@@ -225,7 +213,7 @@ def _prepare(c: GraphContext, pl: Placement | None = None,
             assert ctx.track is not None  # _begin_segment set it
             return Segment(c.g.nodes, c.g.leafs, ctx.track, placeholder, out, ctx.dev)
 
-        keys = _segment_keys(c, pl, dev)
+        keys = [k + (("own", il),) if il in distinct else k for il, k in enumerate(_segment_keys(c, pl, dev))]
         seg0 = build(0, x0, None)
         assert seg0.out is not None  # only the epilogue (il None) has no output
         templates: dict[tuple, Segment] = {}
@@ -249,11 +237,66 @@ def _prepare(c: GraphContext, pl: Placement | None = None,
         src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
         src_of[id(epi)] = last_seg
         split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
+        move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
+        if move - distinct:
+            return _prepare(c, pl, copy_size, distinct | move)
         pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
     plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
     return (lambda ga: replay_plan(plan, ga)), order
+
+
+def _misplaced_input_copies(order: list[Segment], seg0: Segment, epi: Segment, templates: dict[tuple, Segment],
+                            keys: list[tuple], n: int) -> frozenset[int]:
+    """Layers that need a segment of their own for the copies of graph inputs to be made where llama.cpp makes them.
+
+    ggml_backend_sched_split_graph (pass 5) copies a graph input (KQ mask, positions, output ids) into a backend
+    once, at the start of the split that first reads it there; splits start where a layer's weight sits on another
+    backend (experts on the CPU) or an op falls back to the CPU. split_graph walks each distinct layer once, so the
+    copy lands in the segment where that walk last started a split, which is not the layer where the graph, layer
+    after layer, last started one before the first reader (found with allocator traces of the pinned llama-server:
+    --n-cpu-moe 4 makes the KQ mask's copy in layer 2, not in layer 1, which shares its graph; gpt-oss with the
+    experts of layers 1, 3 and 5 on the CPU makes the output ids' copy in layer 5). The layers returned get their
+    own segment, and the split is made again."""
+    seg_of = [seg0] + [templates[keys[il]] for il in range(1, n)] + [epi]  # layer n: the epilogue
+    layers: dict[int, list[int]] = {}
+    for il, seg in enumerate(seg_of):
+        layers.setdefault(id(seg), []).append(il)
+
+    def real(seg: Segment) -> list[Tensor]:
+        return [t for t in seg.nodes if t.sid >= 0 and not t.name.endswith(("#dep", "#copy"))]
+
+    nodes = {id(seg): real(seg) for seg in seg_of}
+    # where a split starts inside each layer (positions in its real nodes), layer after layer
+    starts: list[list[int]] = []
+    prev_be = None
+    for seg in seg_of:
+        ns = nodes[id(seg)]
+        pos = [i for i in range(1, len(ns)) if ns[i].sid != ns[i - 1].sid]
+        if ns and prev_be is not None and ns[0].be != prev_be:
+            pos.insert(0, 0)
+        starts.append(pos)
+        if ns:
+            prev_be = ns[-1].be
+    move: set[int] = set()
+    for seg in order:
+        if id(seg) not in layers:
+            continue  # the prologue's copies come first, as llama.cpp's
+        for cp in seg.nodes:
+            if not (cp.glob and cp.name.endswith("#copy")):
+                continue
+            first, at_pos = n + 1, 0
+            for il, s_ in enumerate(seg_of):
+                hit = next((i for i, t in enumerate(nodes[id(s_)]) if any(x is cp for x in t.src)), None)
+                if hit is not None:
+                    first, at_pos = il, hit
+                    break
+            at = next((il for il in range(min(first, n), -1, -1)
+                       if any(p <= at_pos for p in starts[il]) or (il < first and starts[il])), None)
+            if at is not None and layers[id(seg)] != [at]:
+                move.add(at)
+    return frozenset(move)
 
 
 def _prepare_mtp(c: GraphContext, pl: Placement | None = None,

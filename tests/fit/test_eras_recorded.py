@@ -15,8 +15,7 @@ the graph-input copies of a split that starts inside a layer are made in that la
 
 The two-GPU recordings (eras-cuda-x2-0.3.N.json: the same grid on two H200s, llama.cpp's default layer split with
 pipeline parallelism) are replayed for the compute and output buffers of every device. Exact but for the iSWA models
-with -fa on (_X2_NOT_EXACT: gemma3 by up to 40 MiB, gemma4 and gpt-oss by up to 1.6 MiB of a device's compute):
-624 of 704 runs. Those graphs were not recorded two-GPU with the pinned build, so whether the gap is a rule
+with -fa on (_X2_NOT_EXACT: gemma4 and gpt-oss, by up to 1.6 MiB of a device's compute): 656 of 704 runs. Those graphs were not recorded two-GPU with the pinned build, so whether the gap is a rule
 of these builds or ggfit's pipeline-parallel placement of SWA attention is not known.
 """
 

@@ -7,8 +7,7 @@ exact bytes per buffer type from its memory breakdown) on the full-size Qwen3.6-
 predict the same configs again, without a GPU.
 
 Weights and KV / recurrent state are exact on every row, one GPU or two. Compute buffers are exact too, pipeline
-parallelism over two GPUs and experts on the CPU included, except the residuals pinned in RESIDUAL (ggfit minus
-llama.cpp, bytes): 8 KiB on gpt-oss with three layers' experts on the CPU.
+parallelism over two GPUs, experts on the CPU and -nkvo included.
 """
 
 from __future__ import annotations
@@ -29,10 +28,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 ROWS = json.loads((RESULTS / "gpu-placement-h200.json").read_text())["rows"]
 _BASE = ("n_ctx", "n_ubatch", "flash_attn", "no_mmap")
 
-# (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's; every other compute buffer is exact
-RESIDUAL = {
-    ("gpt-oss-20b-1-override_tensor['blk\\\\.(1|3|5)\\\\.ffn_.*_exps=CPU']", "CUDA0"): 8320,
-}
+# (row id, buffer type) -> ggfit's compute bytes minus llama.cpp's, where not exact: none since 2026-11-30
+RESIDUAL: dict[tuple[str, str], int] = {}
 
 
 def _row_id(r: dict) -> str:
