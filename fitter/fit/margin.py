@@ -47,28 +47,30 @@ HOST_OVERHEAD: dict[str, Overhead] = {
 }
 
 
-def default_host_margin(backend: str) -> int:
-    """What a host budget must leave beside the predicted host bytes: the process's own resident memory outside its
-    buffers plus the safety share (0 on the CPU backend, where the one --margin covers it)."""
-    if backend == "cpu":
-        return 0
-    o = HOST_OVERHEAD.get(backend)
+def _with_safety(table: dict[str, Overhead], backend: str) -> int:
+    o = table.get(backend)
     return (o.bytes if o else 0) + SAFETY_BYTES
 
 
+def _note(table: dict[str, Overhead], backend: str, what: str) -> str:
+    o = table.get(backend)
+    return f"{o.what if o else f'nothing modelled outside the {what}'} + {SAFETY_BYTES // MiB} MiB safety share"
+
+
+def default_host_margin(backend: str) -> int:
+    """What a host budget must leave beside the predicted host bytes: the process's own resident memory outside its
+    buffers plus the safety share (0 on the CPU backend, where the one --margin covers it)."""
+    return 0 if backend == "cpu" else _with_safety(HOST_OVERHEAD, backend)
+
+
 def host_margin_note(backend: str) -> str:
-    o = HOST_OVERHEAD.get(backend)
-    head = f"{o.what}" if o else "nothing modelled outside the host buffers"
-    return f"{backend}: {head} + {SAFETY_BYTES // MiB} MiB safety share"
+    return f"{backend}: {_note(HOST_OVERHEAD, backend, 'host buffers')}"
 
 
 def default_margin(backend: str) -> int:
     """The --margin a backend gets when none is given: its modelled overhead plus the safety share."""
-    o = OVERHEAD.get(backend)
-    return (o.bytes if o else 0) + SAFETY_BYTES
+    return _with_safety(OVERHEAD, backend)
 
 
 def margin_note(backend: str) -> str:
-    o = OVERHEAD.get(backend)
-    head = f"{o.what}" if o else "nothing modelled outside the buffers"
-    return f"{backend} default: {head} + {SAFETY_BYTES // MiB} MiB safety share"
+    return f"{backend} default: {_note(OVERHEAD, backend, 'buffers')}"

@@ -184,12 +184,17 @@ def build(name: str, **overrides: Any) -> Path:
         import tests.synth  # noqa: F401  (registers every builder)
     if name not in REGISTRY:
         raise KeyError(f"no synthetic model {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    path = cache_dir() / f"{name}-{cache_key(name, overrides)}.gguf"
+    return write_once(cache_dir() / f"{name}-{cache_key(name, overrides)}.gguf",
+                      lambda tmp: REGISTRY[name](tmp, **overrides))
+
+
+def write_once(path: Path, write: Callable[[Path], Any]) -> Path:
+    """`path`, written by `write` (to a temporary name, then renamed) unless it is there already."""
     if path.exists():
         return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        REGISTRY[name](tmp, **overrides)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -13,11 +13,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.synth.common import GGUF_VERSION, SYNTH_VERSION, cache_dir, make_vocab, options, write_gguf
+from tests.synth.common import GGUF_VERSION, SYNTH_VERSION, cache_dir, make_vocab, options, write_gguf, write_once
 
 _MMPROJ: dict[str, Callable[..., Path]] = {}
 
@@ -47,17 +46,7 @@ def build_mmproj(kind: str, **overrides: Any) -> Path:
     src = hashlib.sha256(Path(inspect.getsourcefile(build_mmproj) or __file__).read_bytes()).hexdigest()
     key = hashlib.sha256(json.dumps({"kind": kind, "o": overrides, "v": SYNTH_VERSION, "gguf": GGUF_VERSION,
                                      "src": src}, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-    path = cache_dir() / f"mmproj-{kind}-{key}.gguf"
-    if path.exists():
-        return path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        _MMPROJ[kind](tmp, **overrides)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return write_once(cache_dir() / f"mmproj-{kind}-{key}.gguf", lambda tmp: _MMPROJ[kind](tmp, **overrides))
 
 
 def _common_keys(proj: str, o: dict[str, Any]) -> dict[str, Any]:
