@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from fitter.errors import GGFitError
 from fitter.ggml.graph import Program, Segment
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 
 SIZE_MAX = (1 << 64) - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
+_MAX_TENSOR = 1 << 56
 
 
 class DynAllocator:
@@ -199,6 +201,8 @@ class Gallocr:
             t.size = m[1]
             return
         t.size = size = self.alloc_sizes[be](t)
+        if size >= _MAX_TENSOR:  # a header's sizes beyond any machine (the addresses keep the chunk in bits 56-63)
+            raise GGFitError(f"a compute tensor ({t.name}) of {size:,} bytes: the file's sizes are not plausible")
         t.memo = (be, size)
 
     def _handover(self, old: Tensor, new: Tensor) -> None:

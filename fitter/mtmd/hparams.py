@@ -47,6 +47,10 @@ class ClipHparams:
         return name in self.tensors
 
 
+# the largest clip.vision.image_size taken as a projector's (released ones: 224 to 1540); beyond, the header is hostile
+_MAX_IMAGE_SIZE = 1 << 16
+
+
 def _get(md: dict, key: str, path: str, required: bool = True, default: object = None) -> object:
     if key in md:
         return md[key]
@@ -88,6 +92,9 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
     hp.has_audio = bool(md.get("clip.has_audio_encoder", False))
     if hp.patch_size <= 0:
         raise MmprojError(f"--mmproj {path}: clip.vision.patch_size {hp.patch_size}: must be positive")
+    if not hp.patch_size <= hp.image_size <= _MAX_IMAGE_SIZE:
+        raise MmprojError(f"--mmproj {path}: clip.vision.image_size {hp.image_size}: must be at least the patch size "
+                          f"({hp.patch_size}) and at most {_MAX_IMAGE_SIZE} (not a projector clip.cpp can warm up)")
     hp.warmup_image_size = hp.image_size  # load_hparams: "default warmup value"
     if proj == GEMMA3:
         hp.n_merge = int(md.get("clip.vision.projector.scale_factor", 4))

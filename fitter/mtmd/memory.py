@@ -154,7 +154,7 @@ def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
     try:
         st = os.stat(path)
     except OSError as e:
-        raise MmprojError(f"--mmproj {path}: {e.strerror or e}") from None
+        raise MmprojError(f"--mmproj {path}: {'no such file' if isinstance(e, FileNotFoundError) else e.strerror or e}") from None
     key = (path, st.st_ino, st.st_size, st.st_mtime_ns, backend, offload, flash_attn)
     hit = _CACHE.get(key)
     if hit is not None:
@@ -164,7 +164,7 @@ def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
     except MmprojError:
         raise
     except GGFitError as e:
-        raise MmprojError(f"--mmproj {path}: {e}") from None
+        raise MmprojError(f"--mmproj {path}: {str(e).removeprefix(f'{path}: ')}") from None
     rows = mmproj_buffers(header, path, backend, offload=offload, flash_attn=flash_attn)
     if len(_CACHE) > 16:
         _CACHE.clear()

@@ -68,11 +68,17 @@ def bad(tmp_path_factory, mmproj: str) -> dict[str, str]:
     d = tmp_path_factory.mktemp("badmm")
     data = open(mmproj, "rb").read()
     (d / "trunc.gguf").write_bytes(data[:3000])
-    return {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M)}
+    # a hostile header: the warmup image 2**31 - 1 pixels a side (its patches would not fit any address space)
+    huge = bytearray(data)
+    at = huge.index(b"clip.vision.image_size") + len(b"clip.vision.image_size") + 4  # past the u32 type
+    huge[at:at + 4] = (2**31 - 1).to_bytes(4, "little")
+    (d / "huge.gguf").write_bytes(bytes(huge))
+    return {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M),
+            "huge": str(d / "huge.gguf")}
 
 
-@pytest.mark.parametrize("which,phrase", [("missing", "No such file"), ("trunc", "invalid GGUF"),
-                                          ("text", "not 'clip'")])
+@pytest.mark.parametrize("which,phrase", [("missing", "no such file"), ("trunc", "invalid GGUF"),
+                                          ("text", "not 'clip'"), ("huge", "clip.vision.image_size 2147483647")])
 @pytest.mark.parametrize("command", ["fit", "quants"])
 def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, bad: dict[str, str], capfd) -> None:
     with pytest.raises(SystemExit) as e:
@@ -86,7 +92,7 @@ def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, ba
 @pytest.mark.parametrize("argv,phrase", [
     (["probe", M, "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal projector"),
     (["optimise", M, "--budget", "2GiB", "--mmproj", "{mm}"], "--mmproj: the python runner loads no multimodal"),
-    (["optimise", M, "--budget", "2GiB", "--runner", "server", "--mmproj", "{missing}"], "No such file"),
+    (["optimise", M, "--budget", "2GiB", "--runner", "server", "--mmproj", "{missing}"], "no such file"),
 ])
 def test_probe_and_optimise_refuse_what_they_cannot_measure(argv: list[str], phrase: str, mmproj: str,
                                                             bad: dict[str, str], tmp_path, monkeypatch, capfd) -> None:
