@@ -13,7 +13,17 @@ from fitter.ggml import tensor as T
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import Context, Tensor
 from fitter.ggml.types import F16, F32, GGML_TYPES
-from fitter.mtmd.hparams import FFN_GELU, FFN_GELU_QUICK, FFN_SILU, GEMMA3, GEMMA4V, QWEN2VL, QWEN25VL, ClipHparams
+from fitter.mtmd.hparams import (
+    FFN_GELU,
+    FFN_GELU_QUICK,
+    FFN_SILU,
+    GEMMA3,
+    GEMMA4V,
+    QWEN2VL,
+    QWEN25VL,
+    ClipHparams,
+    MmprojError,
+)
 
 _FFN_SWAP_TYPES = (GEMMA3, QWEN2VL, QWEN25VL)  # load_tensors' is_ffn_swapped, of the types mirrored here
 
@@ -48,7 +58,8 @@ class ClipGraph:
 
     def need(self, name: str) -> Tensor:
         t = self.w(name)
-        assert t is not None, name  # fitter.mtmd.models checks the required tensors first
+        if t is None:  # clip_model_loader::load_tensors' get_tensor(name, required)
+            raise MmprojError(f"--mmproj {self.hp.path}: unable to find tensor {name}")
         return t
 
     # --- clip_graph helpers (clip.cpp) ---------------------------------------------------------------

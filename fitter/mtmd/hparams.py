@@ -59,6 +59,27 @@ def _get(md: dict, key: str, path: str, required: bool = True, default: object =
     return default
 
 
+def _check_sizes(hp: ClipHparams, path: str) -> None:
+    """The sizes clip.cpp builds the warmup graph from must be those of the file's tensors: otherwise clip.cpp divides
+    by zero (d_head = n_embd / n_head), aborts on a reshape, or fails the load ("unable to find tensor")."""
+    for key, v in (("clip.vision.attention.head_count", hp.n_head), ("clip.vision.embedding_length", hp.n_embd),
+                   ("clip.vision.block_count", hp.n_layer)):
+        if v <= 0:
+            raise MmprojError(f"--mmproj {path}: {key} {v}: must be positive")
+    patch = hp.tensors.get("v.patch_embd.weight")
+    if patch is not None and patch.shape[-1] != hp.n_embd:
+        raise MmprojError(f"--mmproj {path}: clip.vision.embedding_length {hp.n_embd} is not the patch embedding's "
+                          f"width ({patch.shape[-1]})")
+    merger = hp.tensors.get("mm.2.weight")  # the Qwen-VL merger's output: clip.cpp reshapes to projection_dim
+    if hp.proj_type == QWEN25VL and merger is not None and merger.shape[1] != hp.projection_dim:
+        raise MmprojError(f"--mmproj {path}: clip.vision.projection_dim {hp.projection_dim} is not the merger's "
+                          f"output width ({merger.shape[1]})")
+    missing = next((il for il in range(hp.n_layer) if not any(n.startswith(f"v.blk.{il}.") for n in hp.tensors)), None)
+    if missing is not None:
+        raise MmprojError(f"--mmproj {path}: clip.vision.block_count {hp.n_layer}, but no tensor of layer {missing} "
+                          "(clip.cpp: unable to find tensor)")
+
+
 def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
     """clip_model_loader::load_hparams for the vision modality (the projector type, sizes, the warmup image size)."""
     md = header.metadata
@@ -90,6 +111,7 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
         tensors={t.name: t for t in header.tensors if not t.name.endswith(CLAMP_SUFFIXES)},
     )
     hp.has_audio = bool(md.get("clip.has_audio_encoder", False))
+    _check_sizes(hp, path)
     if hp.patch_size <= 0:
         raise MmprojError(f"--mmproj {path}: clip.vision.patch_size {hp.patch_size}: must be positive")
     if not hp.patch_size <= hp.image_size <= _MAX_IMAGE_SIZE:

@@ -69,16 +69,24 @@ def bad(tmp_path_factory, mmproj: str) -> dict[str, str]:
     data = open(mmproj, "rb").read()
     (d / "trunc.gguf").write_bytes(data[:3000])
     # a hostile header: the warmup image 2**31 - 1 pixels a side (its patches would not fit any address space)
-    huge = bytearray(data)
-    at = huge.index(b"clip.vision.image_size") + len(b"clip.vision.image_size") + 4  # past the u32 type
-    huge[at:at + 4] = (2**31 - 1).to_bytes(4, "little")
-    (d / "huge.gguf").write_bytes(bytes(huge))
-    return {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M),
-            "huge": str(d / "huge.gguf")}
+    out = {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M)}
+    # hostile headers: one u32 key changed (the warmup image, the heads, the layers, the width)
+    for name, key, value in (("huge", "clip.vision.image_size", 2**31 - 1), ("heads", "clip.vision.attention.head_count", 0),
+                             ("layers", "clip.vision.block_count", 2**31 - 1),
+                             ("width", "clip.vision.embedding_length", 2**31 - 1)):
+        b = bytearray(data)
+        at = b.index(key.encode()) + len(key) + 4  # past the key and its u32 type
+        b[at:at + 4] = value.to_bytes(4, "little")
+        (d / f"{name}.gguf").write_bytes(bytes(b))
+        out[name] = str(d / f"{name}.gguf")
+    return out
 
 
 @pytest.mark.parametrize("which,phrase", [("missing", "no such file"), ("trunc", "invalid GGUF"),
-                                          ("text", "not 'clip'"), ("huge", "clip.vision.image_size 2147483647")])
+                                          ("text", "not 'clip'"), ("huge", "clip.vision.image_size 2147483647"),
+                                          ("heads", "head_count 0: must be positive"),
+                                          ("layers", "no tensor of layer 2"),
+                                          ("width", "not the patch embedding's width")])
 @pytest.mark.parametrize("command", ["fit", "quants"])
 def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, bad: dict[str, str], capfd) -> None:
     with pytest.raises(SystemExit) as e:
