@@ -598,25 +598,12 @@ def optimise(
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
         raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
-    engines = {e.strip() for e in (engine or "llama").split(",")}
-    if not engines <= {"llama", "mlx"}:
-        raise fitter.ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
-    if engines == {"mlx"}:
-        raise fitter.ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
-                                 "MLX_DIR); fit --engine mlx sizes an MLX model alone")
-    if "mlx" in engines:
-        if len(models) != 2:
-            raise fitter.ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
-                                     f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
-        unused = [flag for flag, on in (("--study", study != "prefill"), ("--draft", bool(draft)), ("--storage", storage),
-                                        ("--runner", runner != RunnerName.python), ("--backend", backend),
-                                        ("--no-compare", no_compare), ("--llama-build", llama_build),
-                                        ("-ngl", n_gpu_layers != -1), ("--n-cpu-moe", n_cpu_moe), ("--cpu-moe", cpu_moe),
-                                        ("-ot", override_tensor), ("--no-kv-offload", no_kv_offload),
-                                        ("--no-op-offload", no_op_offload)) if on]
-        if unused:
-            raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} do not apply to the engine study "
-                                     "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
+    if _engine_study(engine, models, {
+            "--study": study != "prefill", "--draft": bool(draft), "--storage": bool(storage),
+            "--runner": runner != RunnerName.python, "--backend": bool(backend), "--no-compare": no_compare,
+            "--llama-build": bool(llama_build), "-ngl": n_gpu_layers != -1, "--n-cpu-moe": bool(n_cpu_moe),
+            "--cpu-moe": cpu_moe, "-ot": bool(override_tensor), "--no-kv-offload": no_kv_offload,
+            "--no-op-offload": no_op_offload}):
         _compare_engines(models[0], models[1], budget=budget, margin=margin, trials=trials, prompt_tokens=64,
                          gen_tokens=16, llama_server=llama_server, seed=seed, as_json=False)
         return
@@ -667,6 +654,27 @@ def compare_engines_cmd(
     (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
     _compare_engines(gguf, mlx_model, budget=budget, margin=margin, trials=trials, prompt_tokens=prompt_tokens,
                      gen_tokens=gen_tokens, llama_server=llama_server, seed=seed, as_json=as_json)
+
+
+def _engine_study(engine: str | None, models: list[str], given: dict[str, bool]) -> bool:
+    """optimise --engine: False for llama.cpp alone; True for llama,mlx (the engine study) once its two models are
+    there and no llama.cpp-only flag (`given`: flag -> set) is."""
+    engines = {e.strip() for e in (engine or "llama").split(",")}
+    if not engines <= {"llama", "mlx"}:
+        raise fitter.ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
+    if engines == {"mlx"}:
+        raise fitter.ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
+                                 "MLX_DIR); fit --engine mlx sizes an MLX model alone")
+    if "mlx" not in engines:
+        return False
+    if len(models) != 2:
+        raise fitter.ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
+                                 f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
+    unused = [flag for flag, on in given.items() if on]
+    if unused:
+        raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} do not apply to the engine study "
+                                 "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
+    return True
 
 
 def _compare_engines(gguf: str, mlx_model: str, *, budget: str, margin: str | None, trials: int | None,

@@ -184,13 +184,18 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
     return rows
 
 
+def _declare_devices(ggml: ctypes.CDLL) -> None:
+    """ggml_backend_dev_count / ggml_backend_dev_get, as ggml-backend.h declares them."""
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+
+
 def _device_memory(ggml: ctypes.CDLL | None) -> list[dict[str, Any]]:
     """free/total of each non-CPU backend device (ggml_backend_dev_memory: cudaMemGetInfo on CUDA)."""
     if ggml is None:
         return []
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    _declare_devices(ggml)
     ggml.ggml_backend_dev_type.restype = ctypes.c_int
     ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
@@ -237,9 +242,7 @@ def _buft_by_name(llama_cpp: Any) -> dict[str, int]:
     base = load_ggml_base(llama_cpp)
     if ggml is None or base is None:
         return {}
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    _declare_devices(ggml)
     base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
     base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
     base.ggml_backend_buft_name.restype = ctypes.c_char_p
