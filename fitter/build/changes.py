@@ -98,6 +98,11 @@ CHANGES: tuple[Change, ...] = (
            "flash attention defaults to off (-fa auto does not exist): the KQ-matrix graph"),
     Change("max_seq_256", _d("2025-09-10"), (15916,), "all", "none",
            "n_seq_max is at most 64"),
+    # "metal : allow ops to run concurrently" (#15929, opened 2025-09-10; merged before #16216 of 2025-09-24, which
+    # relaxed its conditions): ggml_graph_optimize reorders each Metal split before ggml-alloc sees it
+    Change("metal_graph_optimize", _d("2025-09-10"), (15929,), "Metal", "compute",
+           "Metal computes each split in graph order (no reorder for concurrency before the compute buffer is sized)",
+           window=(_d("2025-09-10"), _d("2025-09-24"))),
     Change("kv_size_pad_backend", _d("2025-11-06"), (16812, 17046), "all", "KV",
            "the KV cache size is padded to 256 cells with flash attention, 32 without; n_ctx is not padded"),
     # "llama : update worst-case graph for unified cache" (#17379, 2025-11-19) was folded into #17276 ("think we can
@@ -141,6 +146,13 @@ CHANGES: tuple[Change, ...] = (
     Change("embd_pre_norm_output", _d("2026-06-01"), (), "all", "output",
            "the output buffer holds no pre-norm embeddings for MTP",
            window=_between("0.3.23", "0.3.25")),
+    # with MTP support (#22673, "llama + spec: MTP Support": reviewed up to 2026-05-16, merged after): the rows are
+    # picked after the output norm unless the pre-norm embeddings are masked. The August draft seed's steps (b9440
+    # stands for it, tests/fit/test_seed_figures.py) come out to the MiB only with the rows picked after the norm
+    Change("qwen35_out_ids_after_norm", _d("2026-05-16"), (22673,), "all", "compute",
+           "qwen35 and qwen35moe pick the output rows in their last layer, before the residual add (not after the "
+           "output norm)",
+           window=(_d("2026-05-16"), _R["0.3.25"])),
     Change("mtp_context", _d("2026-06-01"), (), "all", "none",
            "no MTP draft context (LLAMA_CONTEXT_TYPE_MTP): --spec-type draft-mtp does not exist",
            window=_between("0.3.23", "0.3.25")),
@@ -156,6 +168,9 @@ CHANGES: tuple[Change, ...] = (
            "the main context's KV cache has no cells for the NextN (MTP) layers",
            window=_between("0.3.25", "0.3.29"), until=_d("2026-09-09"), until_prs=(28630,),
            after="the main context's KV cache holds cells for the NextN (MTP) layers too (fixed by #28630)"),
+    Change("qwen3next_out_ids_after_norm", _d("2026-08-16"), (), "all", "compute",
+           "qwen3next picks the output rows in its last layer, before the residual add (not after the output norm)",
+           window=_between("0.3.34", "0.3.35")),
     Change("n_outputs_max_per_seq", _d("2026-08-16"), (), "all", "compute",
            "speculative drafts reserve logits for n_parallel outputs (one per sequence)",
            window=_between("0.3.34", "0.3.35")),
@@ -167,6 +182,10 @@ CHANGES: tuple[Change, ...] = (
            window=(_R["0.3.35"], _R["0.3.36"])),
     Change("metal_fa_kv_f16_extra", _d("2026-08-20"), (27390,), "Metal", "compute",
            "Metal's flash attention reserves no f16 copy of K and V"),
+    Change("metal_fusion_table", _d("2026-10-01"), (), "Metal", "compute",
+           "Metal's reorder packs only ADD / MUL / NORM / RMS_NORM runs, and a pack's sources include what it computes "
+           "itself (no fusion table, no alloc deps for its MoE fusions)",
+           window=_between("0.3.35", "0.3.36")),
     Change("metal_mul_mat_id_amax", _d("2026-10-01"), (), "Metal", "compute",
            "Metal's MUL_MAT_ID reserves no amax scales (8 + N_MM_NPART_AMAX x 4 B) after its output",
            window=_between("0.3.35", "0.3.36")),
@@ -183,6 +202,11 @@ CHANGES: tuple[Change, ...] = (
            window=_between("0.3.35", "0.3.36")),
     Change("gallocr_clamp_inplace", _d("2026-10-01"), (), "all", "compute",
            "CLAMP is not computed in place",
+           window=_between("0.3.35", "0.3.36")),
+    # "ref: #28068" in 0.3.36's models.h build_gdn_l2_norm; 0.3.35's qwen35 / qwen3next call ggml_l2_norm. The same bytes
+    # (L2_NORM's output, or RMS_NORM's with the SCALE in place): two graph nodes instead of one, which Metal's reorder sees
+    Change("gdn_l2_norm_rms_scale", _d("2026-10-01"), (28068,), "all", "none",
+           "the gated delta net's q/k L2 norm is one GGML_OP_L2_NORM node (not RMS_NORM then SCALE)",
            window=_between("0.3.35", "0.3.36")),
     Change("rs_ple_conv_state", _d("2026-10-01"), (), "all", "RS",
            "no PLE conv state",

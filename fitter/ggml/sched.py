@@ -45,6 +45,7 @@ class Placement:
     n_gpus: int = 1  # GPU backends: 0, then 2, 3, ... (in llama.cpp's priority order, the CPU last)
     n_copies: int = 1  # pipeline parallelism (several GPUs, every layer offloaded): GGML_SCHED_MAX_COPIES
     every_input: bool = True  # pass 6 copies every graph input, used or not (else only those a split reads)
+    flat: bool = False  # graph_optimize moves nodes across layers (Metal): one segment for the whole graph
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -236,6 +237,25 @@ def _input_copy(src: Tensor, cur: int, sb: int, copy_size: Callable[[Tensor], in
     dep.be = sb
     dep.glob = src.glob
     return dep, cp
+
+
+def graph_uses(nodes: list[Tensor]) -> dict[int, int]:
+    """cgraph->use_counts of the graph before it was split (ggml_visit_parents): how often each tensor is a source of
+    a node, by id. A split input's copy stands for its original (pass 5 puts "<src>#dep", whose source is the original,
+    right before "<src>#copy"); the scheduler's own nodes are not counted."""
+    origin: dict[int, Tensor] = {}
+    for a, b in zip(nodes, nodes[1:]):
+        if a.name.endswith("#dep") and b.name.endswith("#copy"):
+            origin[id(b)] = a.src[0]
+    uses: dict[int, int] = {}
+    for t in nodes:
+        if t.sid < 0:
+            continue
+        for s in t.src:
+            if s is not None:
+                k = id(origin.get(id(s), s))
+                uses[k] = uses.get(k, 0) + 1
+    return uses
 
 
 def split_graph(seq: list[Segment], pl: Placement, copy_size: Callable[[Tensor], int], src_of: dict[int, Segment]) -> None:

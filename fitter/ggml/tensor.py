@@ -208,10 +208,20 @@ def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False, u
     return weight(ctx, ne, base, type_=t, user=user, cls=HeaderTypedWeight)
 
 
-def cache(ctx: Context, type_: int, ne: Iterable[int], name: str) -> Tensor:
+class CacheTensor(Tensor):
+    """A KV cache or recurrent-state tensor: `buf` says which llama.cpp buffer holds it and where (Metal's reorder
+    compares the memory ranges ops read and write: fitter.ggml.backends.metal_common)."""
+
+    __slots__ = ("buf",)
+
+
+def cache(ctx: Context, type_: int, ne: Iterable[int], name: str, buf: tuple = ()) -> CacheTensor:
+    """A cache tensor; `buf`: ("kv", the cache's first layer) for a llama_kv_cache (each cache, e.g. the SWA one, has
+    its own buffer), ("rs", layer, 0 for R / 1 for S) for llama_memory_recurrent's r_l / s_l (one buffer, that order)."""
     ne = list(ne) + [1] * (4 - len(list(ne)))
-    t = ctx.add(Tensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
+    t = ctx.add(CacheTensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
     t.be = ctx.dev if ctx.kv_dev is None else ctx.kv_dev  # a layer's KV / recurrent state lives on its device
+    t.buf = buf
     return t
 
 
@@ -324,6 +334,10 @@ def rms_norm(ctx: Context, a: Tensor, name: str = "") -> Tensor:
 
 def norm(ctx: Context, a: Tensor, name: str = "") -> Tensor:
     return dup(ctx, "NORM", a, (a,), name)
+
+
+def l2_norm(ctx: Context, a: Tensor, name: str = "") -> Tensor:  # ggml_l2_norm
+    return dup(ctx, "L2_NORM", a, (a,), name)
 
 
 def rope(ctx: Context, a: Tensor, pos: Tensor, factors: Tensor | None = None, name: str = "") -> Tensor:

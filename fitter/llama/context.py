@@ -188,6 +188,8 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
     ctx = c.ctx0
     m = model_of(sp.architecture)
     assert m is not None  # compute_buffers checks the architecture first
+    if pl is not None and pl.flat:
+        distinct = frozenset(range(n))  # every layer built: the graph is reordered and allocated whole
     gen = m.build_graph(c)
     dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
     if pl:
@@ -240,11 +242,44 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
         move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
         if move - distinct:
             return _prepare(c, pl, copy_size, distinct | move)
+        if pl.flat:
+            flat = _flatten(order)
+            pl.graph_optimize([flat])
+
+            def run(ga: Gallocr) -> AllocResult:
+                ga.run(flat.nodes, flat.leafs)
+                return AllocResult(ga.sizes(), ga.peak_lives, n)
+
+            return run, [flat]
         pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
     plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
     return (lambda ga: replay_plan(plan, ga)), order
+
+
+def _flatten(order: list[Segment]) -> Segment:
+    """The segments (every layer its own) as one graph: each layer's placeholder input replaced by the previous
+    layer's output, in the nodes and views that read it."""
+    nodes: list[Tensor] = []
+    leafs: list[Tensor] = []
+    created: list[Tensor] = []
+    prev: Tensor | None = None
+    for seg in order:
+        ph = seg.inp
+        if ph is not None:
+            assert prev is not None  # a layer or the epilogue follows the layer before it
+            for t in (*seg.nodes, *seg.created):
+                if any(s is ph for s in t.src):
+                    t.src = tuple(prev if s is ph else s for s in t.src)
+                if t.vs is ph:
+                    t.vs = prev
+        nodes += seg.nodes
+        leafs += seg.leafs
+        created += seg.created
+        if seg.out is not None:
+            prev = seg.out
+    return Segment(nodes, leafs, created, None, None, order[0].dev)
 
 
 def _misplaced_input_copies(order: list[Segment], seg0: Segment, epi: Segment, templates: dict[tuple, Segment],
@@ -691,7 +726,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
                    weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
-                   every_input=c.build.has("sched_copies_every_input"))
+                   every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph)
     n_extra = len(gpus) - 1
     max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
     if not c.build.has("gallocr_chunked_vbuffer"):

@@ -231,10 +231,12 @@ class GraphContext:
         t = kv.tensors.get(il)
         if t is None:
             l = self.spec.layers[il]
-            k = cache(ctx0, kv.type_k, (l.n_embd_k_gqa, kv.size, kv.n_stream), f"cache_k_l{il}")
+            buf = ("kv", kv.layers[0] if kv.layers else il)
+            k = cache(ctx0, kv.type_k, (l.n_embd_k_gqa, kv.size, kv.n_stream), f"cache_k_l{il}", buf)
             v = None
             if not self.v_less:
-                v = cache(ctx0, kv.type_v, ((self.v_gqa_max if kv.v_trans else l.n_embd_v_gqa), kv.size, kv.n_stream), f"cache_v_l{il}")
+                v = cache(ctx0, kv.type_v, ((self.v_gqa_max if kv.v_trans else l.n_embd_v_gqa), kv.size, kv.n_stream),
+                          f"cache_v_l{il}", buf)
             t = kv.tensors[il] = (k, v)
         return t
 

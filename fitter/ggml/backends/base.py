@@ -235,5 +235,10 @@ class BackendImpl:
         """ggml_backend_dev_offload_op: take an op whose weight is in host memory (op_offload_min_batch_size 32)."""
         return self.is_gpu and self.op_batch_size(t) >= 32
 
+    @property
+    def reorders_graph(self) -> bool:
+        """Whether graph_optimize moves nodes across layers (Metal): the graph is then allocated whole."""
+        return False
+
     def graph_optimize(self, segments: list) -> None:
         """ggml_backend graph_optimize: nothing on the CPU."""

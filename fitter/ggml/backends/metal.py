@@ -3,9 +3,9 @@
 Mirrors ggml/src/ggml-metal/ggml-metal.cpp and ggml-metal-device.m of the pinned llama.cpp
 0c1e57098bba: ggml_backend_metal_buffer_type_{shared,private,mapped} (alignment 32, max size the
 device's maxBufferLength, get_alloc_size below), ggml_metal_device_supports_op and the device's
-offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's graph_optimize (fusion
-alloc deps from ggml-metal-fusion.cpp, concurrency reordering from ggml-metal-common.cpp) is not
-modelled: Metal predictions are unverified.
+offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's graph_optimize (the
+concurrency reorder of ggml-metal-common.cpp, whose packs come from ggml-metal-fusion.cpp since 0.3.36) is
+fitter.ggml.backends.metal_common.
 
 Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
 (ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
@@ -63,6 +63,7 @@ from fitter.ggml.backends.base import (
     _op,
     flash_attn_shape_of,
 )
+from fitter.ggml.backends.metal_common import graph_optimize as metal_graph_optimize
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
 
@@ -280,6 +281,20 @@ class MetalBackend(BackendImpl):
         if wt in ("nvfp4", "tq1_0"):
             return f"Metal has no matmul kernel for {wt} weights"
         return None
+
+    @property
+    def reorders_graph(self) -> bool:
+        """ggml_backend_metal_graph_optimize reorders a split's nodes (since #15929); the graph is then allocated
+        whole, not replayed layer by layer (its moves cross layers)."""
+        return self.build.has("metal_graph_optimize")
+
+    def graph_optimize(self, segments: list) -> None:
+        """ggml_backend_metal_graph_optimize: each segment is a whole placed and split graph (fitter.ggml.backends
+        .metal_common)."""
+        if not self.reorders_graph:
+            return
+        for seg in segments:
+            seg.nodes = metal_graph_optimize(seg.nodes, self.build, self.alloc_size, self.alignment, 0)
 
     def offload_op(self, t: Tensor) -> bool:  # ggml_backend_metal_device_offload_op: matmuls only
         if t.op not in ("MUL_MAT", "MUL_MAT_ID"):

@@ -8,6 +8,7 @@ from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
     Tensor,
     add,
+    l2_norm,
     cache,
     concat,
     cont,
@@ -132,8 +133,8 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     conv_channels = d_inner + 2 * nkh * hk
     qkv_mixed, z = _build_qkvz(c, cur, il)
     beta, gate = _build_beta_gate(c, cur, il)
-    conv_all = cache(ctx0, F32, (ssm.n_embd_r, rs["rows"]), f"cache_r_l{il}")
-    ssm_all = cache(ctx0, F32, (ssm.n_embd_s, rs["rows"]), f"cache_s_l{il}")
+    conv_all = cache(ctx0, F32, (ssm.n_embd_r, rs["rows"]), f"cache_r_l{il}", ("rs", il, 0))
+    ssm_all = cache(ctx0, F32, (ssm.n_embd_s, rs["rows"]), f"cache_s_l{il}", ("rs", il, 1))
     # build_conv_state
     conv_states = c.build_rs(rs, conv_all, ssm.n_embd_r)
     conv_states = reshape(ctx0, conv_states, (ssm.d_conv - 1, conv_channels, n_seqs))
@@ -154,8 +155,12 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     q_conv = view(ctx0, conv_out, (hk, nkh, nst, n_seqs), (row_size(F32, hk), nb1, nb1 * nst), "q_conv")
     k_conv = view(ctx0, conv_out, (hk, nkh, nst, n_seqs), (row_size(F32, hk), nb1, nb1 * nst), "k_conv")
     v_conv = view(ctx0, conv_out, (hv, nvh, nst, n_seqs), (row_size(F32, hv), nb1, nb1 * nst), "v_conv")
-    q_conv = scale(ctx0, rms_norm(ctx0, q_conv), f"q_conv-{il}")  # build_gdn_l2_norm
-    k_conv = scale(ctx0, rms_norm(ctx0, k_conv), f"k_conv-{il}")
+    if c.build.has("gdn_l2_norm_rms_scale"):  # build_gdn_l2_norm (#28068)
+        q_conv = scale(ctx0, rms_norm(ctx0, q_conv), f"q_conv-{il}")
+        k_conv = scale(ctx0, rms_norm(ctx0, k_conv), f"k_conv-{il}")
+    else:  # 0.3.35 qwen35.cpp: ggml_l2_norm
+        q_conv = l2_norm(ctx0, q_conv, f"q_conv-{il}")
+        k_conv = l2_norm(ctx0, k_conv, f"k_conv-{il}")
     if nkh != nvh:
         rf = nvh // nkh
         if arch == "qwen3next":
@@ -244,6 +249,10 @@ def build_graph(c: GraphContext) -> Iterator:
     rs, ai = c.build_inp_mem_hybrid()
     inp_pos = c.build_inp_pos(1 if c.arch == "qwen3next" else 4)
     out_ids = c.build_inp_out_ids()
+    # the output rows are picked in the last layer, before its residual add, up to 0.3.23 (qwen35, qwen35moe) and
+    # 0.3.34 (qwen3next); after the output norm since (0.3.25 / 0.3.35 src/models/*.cpp: !embeddings_*_masked)
+    rows_in_layer = not c.build.has("qwen3next_out_ids_after_norm" if c.arch == "qwen3next" else "qwen35_out_ids_after_norm")
+
     def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         inpSA = inpL
@@ -253,6 +262,9 @@ def build_graph(c: GraphContext) -> Iterator:
             cur = _gdn_layer(c, rs, cur, il)
         else:
             cur = _gated_attn_layer(c, ai, cur, inp_pos, il)
+        if rows_in_layer and il == sp.n_layer - 1:
+            cur = get_rows(ctx0, cur, out_ids)
+            inpSA = get_rows(ctx0, inpSA, out_ids)
         cur = add(ctx0, cur, inpSA, f"attn_residual-{il}")
         ffn_residual = cur
         cur = c.build_norm(cur, name=f"attn_post_norm-{il}")
@@ -271,6 +283,9 @@ def build_graph(c: GraphContext) -> Iterator:
 
     inpL = yield from c.build_layers(inpL, layer)
     h = c.build_norm(inpL, name="result_norm")
+    if rows_in_layer:  # no t_h_nextn: t_embd and t_logits are the outputs
+        c.finish(h, mm(ctx0, sp.n_vocab, h, "result_output"))
+        return
     cur = get_rows(ctx0, h, out_ids)
     logits = mm(ctx0, sp.n_vocab, cur, "result_output")
     c.finish(h, cur, logits)

@@ -1,0 +1,229 @@
+"""Metal's graph_optimize: the concurrency reorder of each Metal split (ggml-metal-common.cpp ggml_graph_optimize).
+
+ggml_backend_sched_split_graph hands each split to its backend's graph_optimize before it builds the graph copy
+that ggml-alloc walks, so on Metal the compute buffer is that of the reordered graph. ggml_graph_optimize packs
+fusable runs of nodes into one (they must stay together), then ggml_metal_graph_optimize_reorder walks the packs:
+when a pack cannot run concurrently with the current set, it looks up to 63 packs ahead for ones that can (each
+must be of an op it may move, read nothing the current set or the skipped packs write, and write nothing they
+touch), moves them into the set and starts a new set. Tensors are told apart by the memory they occupy
+(ggml_mem_range_from_tensor): a tensor the scheduler has not allocated yet is its own range; a tensor with a buffer
+(the caches) is its byte range in that buffer, so that ranges of one buffer may overlap.
+
+What the caches' ranges are is the dry run's (llama.cpp's own estimate, `fit --check`, the memory breakdown of
+common_get_device_memory_data): a KV cache made with no_alloc has a dummy buffer and no data pointer, so every K and V
+tensor of one cache spans [0, size) and all of them overlap (llama_kv_cache's constructor); the recurrent state is
+allocated even then (llama_memory_recurrent), r_l and s_l of each layer one after the other, aligned. In a real run
+the KV tensors have their own addresses; that difference is not modelled.
+
+Eras (fitter.build.changes): no reorder before #15929 (metal_graph_optimize); 0.3.17-0.3.35 pack ADD / NORM / RMS_NORM
+runs with ggml_can_fuse and let a pack's sources and last node stand for it; since 0.3.36 the packs come from the
+fusion table (fitter.ggml.backends.metal_fusion) and every node of a pack is a destination, its internal sources
+none (metal_fusion_table). The rules mirrored are #19555's (2026-02-12): builds from #15929 to then moved fewer op
+types and looked less far ahead, and are predicted with the later rules.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fitter.build import LlamaBuild
+from fitter.ggml.sched import graph_uses
+from fitter.ggml.tensor import FLAG_OUTPUT, VIEW_OPS, Tensor
+
+EMPTY_OPS = VIEW_OPS | {"NONE"}  # ggml_op_is_empty
+# ggml_metal_graph_optimize_reorder h_safe: the ops a node may be moved across
+SAFE_OPS = EMPTY_OPS | {
+    "MUL_MAT", "MUL_MAT_ID", "ROPE", "NORM", "RMS_NORM", "GROUP_NORM", "L2_NORM", "SUM_ROWS", "SSM_CONV", "SSM_SCAN",
+    "CLAMP", "TRI", "DIAG", "MUL", "ADD", "SUB", "DIV", "GLU", "SCALE", "UNARY", "GET_ROWS", "SET_ROWS", "SET", "CPY",
+    "CONT", "REPEAT",
+}
+N_FORWARD = 64  # ggml_metal_graph_optimize_reorder: how many packs ahead to look
+_FUSE_START = ("ADD", "NORM", "RMS_NORM")  # 0.3.35 ggml_graph_optimize: ops a fused run starts with
+_FUSE_NEXT = ("ADD", "MUL", "NORM", "RMS_NORM")  # and the ops it may continue with
+MAX_FUSE = 16
+
+Range = tuple[object, int, int]  # (buffer or tensor identity, p0, p1)
+
+
+def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], alignment: int) -> dict[int, Range]:
+    """The byte ranges of the cache tensors the nodes touch, as the dry run has them (see the module's docstring):
+    every tensor of one KV cache at [0, size); the recurrent state's r_l, s_l packed in layer order
+    (ggml_backend_alloc_ctx_tensors_from_buft: offsets padded to the buffer's alignment, ranges not)."""
+    caches: dict[int, Tensor] = {}
+    for t in nodes:
+        for x in (t, *t.src):
+            if x is None:
+                continue
+            b = x.vs if x.vs is not None else x
+            if b.ext and getattr(b, "buf", ()):
+                caches[id(b)] = b
+    out: dict[int, Range] = {}
+    offset: dict[int, int] = {}
+    for b in sorted(caches.values(), key=lambda c: (c.be, c.buf)):  # type: ignore[attr-defined]
+        kind = b.buf[0]  # type: ignore[attr-defined]
+        size = alloc_size(b)
+        if kind == "kv":
+            out[id(b)] = (("kv", b.be, b.buf[1]), 0, size)  # type: ignore[attr-defined]
+        else:
+            p0 = offset.get(b.be, 0)
+            out[id(b)] = (("rs", b.be), p0, p0 + size)
+            offset[b.be] = p0 + (size + alignment - 1) // alignment * alignment
+    return out
+
+
+def _range(t: Tensor, caches: dict[int, Range]) -> Range:  # ggml_mem_range_from_tensor
+    b = t.vs if t.vs is not None else t
+    r = caches.get(id(b))
+    if r is not None:
+        return r
+    return (id(b), 0, 1024)  # not allocated: the tensor itself stands for its range
+
+
+class _Pack:
+    """A node_info of ggml_graph_optimize: a node and the nodes fused after it, with their ranges."""
+
+    __slots__ = ("nodes", "empty", "safe", "srcs", "dsts")
+
+    def __init__(self, nodes: list[Tensor], caches: dict[int, Range], table: bool) -> None:
+        self.nodes = nodes
+        op = nodes[0].op
+        self.empty = op in EMPTY_OPS
+        self.safe = op in SAFE_OPS
+        if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
+            inside = {id(n) for n in nodes}
+            self.srcs = [_range(s, caches) for n in nodes for s in n.src if s is not None and id(s) not in inside]
+            self.dsts = [_range(n, caches) for n in nodes]
+        else:  # 0.3.35: every source of every node; the last node is the destination
+            self.srcs = [_range(s, caches) for n in nodes for s in n.src if s is not None]
+            self.dsts = [_range(nodes[-1], caches)]
+
+
+class _MemRanges:
+    """ggml_mem_ranges: the ranges a set of packs reads and writes, by buffer."""
+
+    __slots__ = ("by",)
+
+    def __init__(self) -> None:
+        self.by: dict[object, list[tuple[int, int, bool]]] = {}
+
+    def add(self, p: _Pack) -> None:
+        by = self.by
+        for pb, p0, p1 in p.srcs:
+            by.setdefault(pb, []).append((p0, p1, False))
+        for pb, p0, p1 in p.dsts:
+            by.setdefault(pb, []).append((p0, p1, True))
+
+    def _clear(self, r: Range, dst: bool) -> bool:  # ggml_mem_ranges_check
+        lst = self.by.get(r[0])
+        if not lst:
+            return True
+        p0, p1 = r[1], r[2]
+        for c0, c1, cdst in lst:
+            if (dst or cdst) and p0 < c1 and p1 >= c0:
+                return False
+        return True
+
+    def check(self, p: _Pack) -> bool:
+        return all(self._clear(r, False) for r in p.srcs) and all(self._clear(r, True) for r in p.dsts)
+
+
+def _can_fuse(nodes: list[Tensor], i: int, f: int, uses: dict[int, int]) -> bool:  # ggml_can_fuse (ggml-impl.h)
+    for k in range(f):
+        node = nodes[i + k]
+        if k < f - 1 and (uses.get(id(node), 0) != 1 or node.vs is not None or node.flags & FLAG_OUTPUT):
+            return False  # ggml_node_has_n_uses(..., 1)
+        if k > 0:
+            prev = nodes[i + k - 1]
+            src = node.src
+            if not ((len(src) > 0 and src[0] is prev) or (len(src) > 1 and src[1] is prev)):
+                return False
+            if node.ne != prev.ne:
+                return False
+    return True
+
+
+def _fuse_len(nodes: list[Tensor], i: int, uses: dict[int, int]) -> int:
+    """0.3.35 ggml_graph_optimize: the longest run from i of ADD / MUL / NORM / RMS_NORM that ggml_can_fuse allows."""
+    if nodes[i].op not in _FUSE_START:
+        return 1
+    n = len(nodes)
+    f = i + 1
+    while f < n and f < i + MAX_FUSE and nodes[f].op in _FUSE_NEXT:
+        f += 1
+    f -= i
+    while f > 1 and not _can_fuse(nodes, i, f, uses):
+        f -= 1
+    return f
+
+
+def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range], build: LlamaBuild) -> list[Tensor]:
+    """ggml_graph_optimize over one split's nodes: pack, reorder (ggml_metal_graph_optimize_reorder), unpack."""
+    table = build.has("metal_fusion_table")
+    if table:
+        from fitter.ggml.backends.metal_fusion import fusion_max
+
+        def span(i: int) -> int:
+            return fusion_max(nodes, i, uses)
+    else:
+        def span(i: int) -> int:
+            return _fuse_len(nodes, i, uses)
+
+    packs: list[_Pack] = []
+    i = 0
+    while i < len(nodes):
+        f = span(i)
+        packs.append(_Pack(nodes[i:i + f], caches, table))
+        i += f
+    n = len(packs)
+    used = [False] * n
+    order: list[int] = []
+    mrs0 = _MemRanges()
+    for i0 in range(n):
+        if used[i0]:
+            continue
+        p0 = packs[i0]
+        if not p0.empty and not mrs0.check(p0):
+            mrs1 = _MemRanges()
+            mrs1.add(p0)
+            for i1 in range(i0 + 1, min(i0 + N_FORWARD, n)):
+                if used[i1]:
+                    continue
+                p1 = packs[i1]
+                if not p1.safe:
+                    break
+                if (p1.empty or mrs0.check(p1)) and mrs1.check(p1):
+                    mrs0.add(p1)
+                    order.append(i1)
+                    used[i1] = True
+                else:
+                    mrs1.add(p1)
+            mrs0 = _MemRanges()
+        mrs0.add(p0)
+        order.append(i0)
+    return [t for k in order for t in packs[k].nodes]
+
+
+def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,
+                   gpu: int) -> list[Tensor]:
+    """ggml_backend_metal_graph_optimize on every split of backend `gpu` in a placed and split graph (the scheduler's
+    copies of a split's inputs stay at its start, as graph_copy puts them)."""
+    uses = graph_uses(nodes)
+    caches = cache_ranges(nodes, alloc_size, alignment)
+    out: list[Tensor] = []
+    i, n = 0, len(nodes)
+    while i < n:
+        j = i
+        while j < n and nodes[j].sid < 0:  # the input copies pass 5 put before the split
+            j += 1
+        out += nodes[i:j]
+        if j == n:
+            break
+        sid = nodes[j].sid
+        k = j
+        while k < n and nodes[k].sid == sid:
+            k += 1
+        split = nodes[j:k]
+        be = next((t.be for t in split if t.op not in VIEW_OPS), split[0].be)
+        out += reorder(split, uses, caches, build) if be == gpu else split
+        i = k
+    return out
