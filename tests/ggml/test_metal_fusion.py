@@ -23,6 +23,7 @@ from fitter.ggml.tensor import (
     norm,
     rms_norm,
     scale,
+    sqr,
     unary,
     view,
     weight,
@@ -277,6 +278,22 @@ def test_the_span_is_capped_at_16():
     assert _fmax(nodes, 16) == 7  # the last 7 ADDs
 
 
+# --- snake (ggfit builds no SIN: the table's check on hand-made nodes) ------------------------------------
+
+
+@pytest.mark.parametrize(("a_ne", "n"), [((1, 4), 5), ((16, 4), 1)])
+def test_snake(a_ne: tuple[int, ...], n: int):
+    # x + inv_b * sin(a * x)^2 with a, inv_b one value per channel (ne1); a full-size `a` is not the kernel's
+    ctx = _ctx()
+    x, a, inv_b = _x(ctx, "x", (16, 4)), _x(ctx, "a", a_ne), _x(ctx, "inv_b", a_ne)
+    mul1 = mul(ctx, sqr(ctx, new_tensor(ctx, "SIN", F32, (16, 4), (mul(ctx, x, a),))), inv_b)
+    out = add(ctx, mul1, x)
+    nodes = _nodes(out)
+    assert _ops(nodes) == ["MUL", "SIN", "SQR", "MUL", "ADD"]
+    assert _fmax(nodes) == n
+    assert fusion_alloc_deps(nodes) == [(x, out), (a, out), (inv_b, out)]
+
+
 # --- SSM_CONV + silu, GATED_DELTA_NET + CPY (qwen35's graph) ----------------------------------------
 
 
@@ -292,10 +309,13 @@ def test_ssm_conv_silu():
 
 
 @lru_cache(maxsize=None)
-def _model_graph(arch: str) -> tuple[list[Tensor], dict[int, int]]:
-    """The whole graph of a synthetic model as a GPU backend sees it (weights as sources), one split."""
-    spec = load_model_spec(str(build(arch)))[1]
-    cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=64), Frontend.LIBRARY)
+def _model_graph(arch: str, mtp: bool = False) -> tuple[list[Tensor], dict[int, int]]:
+    """The whole graph of a synthetic model as a GPU backend sees it (weights as sources), one split. mtp: with an MTP
+    head and -draft-mtp (3 drafts): the recurrent layers keep 4 state snapshots (n_rs_seq)."""
+    spec = load_model_spec(str(build(arch, **({"n_nextn": 1} if mtp else {}))))[1]
+    extra = dict(spec_type="draft-mtp", draft_n_max=3) if mtp else {}
+    cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=64, **extra), Frontend.LIBRARY)
+    assert cp.n_rs_seq == (3 if mtp else 0)
     c = GraphContext(spec, cp, default_details(spec))
     c.ctx0.weights = True
     m = model_of(spec.architecture)
@@ -325,14 +345,24 @@ def test_qwen35_ssm_conv_silu_then_the_l2_norms():
     assert fusion_max(nodes, i + 1, uses) == 1  # the UNARY alone starts nothing
 
 
-def test_qwen35_gated_delta_net_cache_copy():
-    nodes, uses = _model_graph("qwen35")
+@pytest.mark.parametrize("mtp", [False, True])
+def test_qwen35_gated_delta_net_cache_copy(mtp: bool):
+    nodes, uses = _model_graph("qwen35", mtp)
     i = _first(nodes, "GATED_DELTA_NET")
+    # the cache view the CPY writes: [S_v*S_v*H, n_seqs, min(n_tokens, K), 1], K = n_rs_seq + 1 snapshots
+    assert nodes[i + 3].src[1].ne == [1024, 1, 4 if mtp else 1, 1]
     # GDN_CACHE: the CPY of the state snapshot (a view of the GDN) into the recurrent cache, two views between;
     # then the output view's RMS_NORM + MUL (ssm_norm)
     assert _ops(nodes[i:i + 7]) == ["GATED_DELTA_NET", "VIEW", "VIEW", "CPY", "VIEW", "RMS_NORM", "MUL"]
     assert fusion_max(nodes, i, uses) == 7
     gdn, cp = nodes[i], nodes[i + 3]
+    if mtp:  # K is read back from the GDN's shape: with 2 snapshots the 4-row cache view is not min(n_tokens, K)
+        ne1 = gdn.ne[1]
+        gdn.ne[1] = ne1 - 2 * 16  # S_v = 16, one sequence
+        try:
+            assert fusion_max(nodes, i, uses) == 1
+        finally:
+            gdn.ne[1] = ne1
     # an output GDN may not fuse (the kernel skips the snapshot tail); the RMS_NORM + MUL after it still packs alone
     gdn.flags |= FLAG_OUTPUT
     try:
