@@ -398,7 +398,8 @@ def fusion_alloc_deps(nodes: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
 
     At each raw index the longest pattern whose raw op sequence (ops_all, views included) matches there, with no other
     check; each source of its nodes that is not one of its earlier nodes is kept alive until its last node. The scan
-    resumes after the pattern."""
+    resumes after the pattern. Runs on the split's nodes before the reorder (ggml_backend_metal_graph_optimize); the
+    pairs are as called, the scheduler's add_alloc_dep drops a tensor already kept for the same `until`."""
     deps: list[tuple[Tensor, Tensor]] = []
     n_nodes = len(nodes)
     i = 0
