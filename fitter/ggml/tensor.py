@@ -55,7 +55,7 @@ class Tensor:
         self.be = 0  # buffer / backend: 0 the device (or the only CPU buffer), 1 the host CPU
         self.w = -1  # IS_WEIGHT for model weights
         self.n_expert = 0
-        self.uop = ""  # UNARY: which (only the MoE gating ones are named: "sigmoid", "softplus")
+        self.uop = ""  # UNARY: which (named only where a fusion reads it: MoE gating "sigmoid", "softplus"; SSM_CONV's "silu")
         self.sid = -1  # the scheduler split the node belongs to (GPU backends)
         # (buffer, alloc size) from an earlier allocation of this graph (fitter.llama.context._Traced reuses graphs
         # and clears it where the cache sizes reach)

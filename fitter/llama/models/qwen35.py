@@ -149,7 +149,7 @@ def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     state = reshape(ctx0, state, (hv, hv, nvh, n_seqs))
     conv_out = new_tensor(ctx0, "SSM_CONV", F32, (conv_channels, conv_input.ne[0] - ssm.d_conv + 1, conv_input.ne[2]),
                     srcs(conv_input, op_weight(ctx0, (ssm.d_conv, conv_channels), "ssm_conv1d", True)), f"conv_out-{il}")
-    conv_out = unary(ctx0, conv_out, f"conv_out_silu-{il}")
+    conv_out = unary(ctx0, conv_out, f"conv_out_silu-{il}", "silu")
     qkv_dim = hk * nkh * 2 + hv * nvh
     nb1 = row_size(F32, qkv_dim)
     q_conv = view(ctx0, conv_out, (hk, nkh, nst, n_seqs), (row_size(F32, hk), nb1, nb1 * nst), "q_conv")
