@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fitter.errors import GGFitError
-from fitter.ggml.graph import Program, Segment
+from fitter.ggml.graph import Program, Segment, program
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 
 SIZE_MAX = (1 << 64) - 1
@@ -246,6 +246,16 @@ class Gallocr:
         self.process(nodes)
         return self.talloc.max_size
 
+    def run_flat(self, g: FlatGraph) -> None:
+        """`run` over a graph compiled by flat_graph: the same allocations and frees, in the same order."""
+        for t, nc, nv in g.counts:
+            t.nc = nc
+            t.nv = nv
+        allocate = self._allocate
+        for t in g.first:
+            allocate(t)
+        self.process_program(g.prog)
+
     def process(self, nodes: list[Tensor]) -> None:
         """The allocation pass of ggml_gallocr_alloc_graph_impl (children and views already counted).
 
@@ -307,6 +317,42 @@ class Gallocr:
                         p.own = False
                         if live is not None:
                             live.pop(p, None)
+
+
+@dataclass
+class FlatGraph:
+    """A whole graph as Gallocr.run walks it, worked out once: the tensors allocated before the first node (the
+    leafs, then the graph inputs in the order `run` meets them), every tensor's n_children / n_views, the nodes'
+    program (fitter.ggml.graph.program)."""
+
+    first: list[Tensor]
+    counts: list[tuple[Tensor, int, int]]
+    prog: Program
+
+
+def flat_graph(nodes: list[Tensor], leafs: list[Tensor]) -> FlatGraph:
+    first = list(leafs)
+    counts: dict[int, list] = {}
+
+    def entry(t: Tensor) -> list:
+        e = counts.get(id(t))
+        if e is None:
+            e = counts[id(t)] = [t, 0, 0]
+        return e
+
+    for node in nodes:  # the first loop of ggml_gallocr_alloc_graph_impl (Gallocr.run)
+        vs = node.vs
+        if vs is not None and node.op != "NONE":
+            entry(vs)[2] += 1
+        if node.flags & FLAG_INPUT:
+            first.append(node)
+        for s in node.src:
+            if s is None:
+                continue
+            entry(s)[1] += 1
+            if s.flags & FLAG_INPUT:
+                first.append(s)
+    return FlatGraph(first, [(t, nc, nv) for t, nc, nv in counts.values()], program(nodes))
 
 
 @dataclass

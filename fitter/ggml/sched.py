@@ -28,7 +28,7 @@ class Placement:
     embeddings always on the CPU). `supports(node)` says whether the GPU runs an op, `offload(node)`
     whether it takes an op whose weight is in host memory (ggml_backend_dev_offload_op, op_offload).
     `graph_optimize` is the backend's (CUDA's keeps some tensors alive longer around fusible patterns:
-    fitter.ggml.backends.cuda_fusion; Metal's, which also reorders nodes, is not modelled).
+    fitter.ggml.backends.cuda_fusion; Metal's reorders each split: fitter.ggml.backends.metal_common).
     """
 
     layer_dev: list[int]
@@ -237,6 +237,35 @@ def _input_copy(src: Tensor, cur: int, sb: int, copy_size: Callable[[Tensor], in
     dep.be = sb
     dep.glob = src.glob
     return dep, cp
+
+
+GGML_MAX_SRC = 10
+
+
+def insert_alloc_deps(nodes: list[Tensor], deps: dict[int, list[Tensor]]) -> list[Tensor]:
+    """graph_copy's dependency nodes (ggml_backend_sched_split_graph): after each `until` node (deps is keyed by its
+    id), a GGML_OP_NONE view per GGML_MAX_SRC kept tensors, so that ggml-alloc frees none of them before it."""
+    if not deps:
+        return nodes
+    out: list[Tensor] = []
+    for n in nodes:
+        out.append(n)
+        keep = deps.get(id(n))
+        if keep:
+            for k in range(0, len(keep), GGML_MAX_SRC):
+                d = Tensor("NONE", keep[k].type, list(keep[k].ne), list(keep[k].nb), tuple(keep[k:k + GGML_MAX_SRC]),
+                           keep[k].vs or keep[k], "alloc_dep")
+                d.be = n.be
+                d.glob = n.glob
+                out.append(d)
+    return out
+
+
+def add_alloc_dep(deps: dict[int, list[Tensor]], tensor: Tensor, until: Tensor) -> None:
+    """ggml_backend_graph_optimize_params.add_alloc_dep: keep `tensor` until `until`, each tensor once per node."""
+    keep = deps.setdefault(id(until), [])
+    if all(x is not tensor for x in keep):
+        keep.append(tensor)
 
 
 def graph_uses(nodes: list[Tensor]) -> dict[int, int]:

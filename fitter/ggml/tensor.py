@@ -213,13 +213,15 @@ class CacheTensor(Tensor):
     compares the memory ranges ops read and write: fitter.ggml.backends.metal_common)."""
 
     __slots__ = ("buf",)
+    buf: tuple
 
 
 def cache(ctx: Context, type_: int, ne: Iterable[int], name: str, buf: tuple = ()) -> CacheTensor:
     """A cache tensor; `buf`: ("kv", the cache's first layer) for a llama_kv_cache (each cache, e.g. the SWA one, has
     its own buffer), ("rs", layer, 0 for R / 1 for S) for llama_memory_recurrent's r_l / s_l (one buffer, that order)."""
     ne = list(ne) + [1] * (4 - len(list(ne)))
-    t = ctx.add(CacheTensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True))
+    t = CacheTensor("NONE", type_, ne, contig_nb(type_, ne), (), None, name, ext=True)
+    ctx.add(t)
     t.be = ctx.dev if ctx.kv_dev is None else ctx.kv_dev  # a layer's KV / recurrent state lives on its device
     t.buf = buf
     return t

@@ -23,8 +23,9 @@ Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): 
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
 262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
-uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) but not Metal's
-graph_optimize (fusion alloc deps, concurrency reordering): unverified.
+uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) and Metal's graph_optimize
+(fitter.ggml.backends.metal_common), whose reorder crosses layers: there every layer is built and the graph is
+allocated whole (`_flatten`), not replayed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, replay_plan
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_graph, replay_plan
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -245,9 +246,10 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
         if pl.flat:
             flat = _flatten(order)
             pl.graph_optimize([flat])
+            compiled = flat_graph(flat.nodes, flat.leafs)
 
             def run(ga: Gallocr) -> AllocResult:
-                ga.run(flat.nodes, flat.leafs)
+                ga.run_flat(compiled)
                 return AllocResult(ga.sizes(), ga.peak_lives, n)
 
             return run, [flat]

@@ -9,6 +9,7 @@ ggml_can_fuse_subgraph (ggml/src/ggml-impl.h). Each kept set becomes an "alloc_d
 from __future__ import annotations
 
 from fitter.ggml.graph import Segment
+from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_OUTPUT, HOST, IS_WEIGHT, Tensor, is_contiguous
 from fitter.ggml.types import F32
 
@@ -29,15 +30,10 @@ def cuda_alloc_deps(seq: list[Segment]) -> None:
                 if s_ is not None:
                     uses[id(s_)] = uses.get(id(s_), 0) + 1
         deps: dict[int, list[Tensor]] = {}
-        until_of: dict[int, Tensor] = {}
 
         def dep(t: Tensor | None, until: Tensor) -> None:  # called in this loop turn only
-            if t is None:
-                return
-            lst = deps.setdefault(id(until), [])  # noqa: B023
-            until_of[id(until)] = until  # noqa: B023
-            if all(x is not t for x in lst):
-                lst.append(t)
+            if t is not None:
+                add_alloc_dep(deps, t, until)  # noqa: B023
 
         n_nodes = len(nodes)
         i = 0
@@ -64,20 +60,7 @@ def cuda_alloc_deps(seq: list[Segment]) -> None:
                             dep(s_, last)
                     i += ops - 1
             i += 1
-        if not deps:
-            continue
-        out: list[Tensor] = []
-        for n in seg.nodes:
-            out.append(n)
-            keep = deps.get(id(n))
-            if keep:
-                for k in range(0, len(keep), 10):
-                    d = Tensor("NONE", keep[k].type, list(keep[k].ne), list(keep[k].nb), tuple(keep[k:k + 10]),
-                           keep[k].vs or keep[k], "alloc_dep")
-                    d.be = n.be
-                    d.glob = n.glob
-                    out.append(d)
-        seg.nodes = out
+        seg.nodes = insert_alloc_deps(seg.nodes, deps)
 
 
 def _same_split(nodes: list[Tensor], i: int, count: int) -> bool:

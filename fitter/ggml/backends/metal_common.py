@@ -27,8 +27,9 @@ from __future__ import annotations
 from typing import Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.sched import graph_uses
-from fitter.ggml.tensor import FLAG_OUTPUT, VIEW_OPS, Tensor
+from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
+from fitter.ggml.sched import add_alloc_dep, graph_uses, insert_alloc_deps
+from fitter.ggml.tensor import FLAG_OUTPUT, VIEW_OPS, CacheTensor, Tensor
 
 EMPTY_OPS = VIEW_OPS | {"NONE"}  # ggml_op_is_empty
 # ggml_metal_graph_optimize_reorder h_safe: the ops a node may be moved across
@@ -49,40 +50,35 @@ def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], align
     """The byte ranges of the cache tensors the nodes touch, as the dry run has them (see the module's docstring):
     every tensor of one KV cache at [0, size); the recurrent state's r_l, s_l packed in layer order
     (ggml_backend_alloc_ctx_tensors_from_buft: offsets padded to the buffer's alignment, ranges not)."""
-    caches: dict[int, Tensor] = {}
+    caches: dict[int, CacheTensor] = {}
     for t in nodes:
         for x in (t, *t.src):
             if x is None:
                 continue
             b = x.vs if x.vs is not None else x
-            if b.ext and getattr(b, "buf", ()):
+            if isinstance(b, CacheTensor) and b.buf:
                 caches[id(b)] = b
     out: dict[int, Range] = {}
     offset: dict[int, int] = {}
-    for b in sorted(caches.values(), key=lambda c: (c.be, c.buf)):  # type: ignore[attr-defined]
-        kind = b.buf[0]  # type: ignore[attr-defined]
-        size = alloc_size(b)
-        if kind == "kv":
-            out[id(b)] = (("kv", b.be, b.buf[1]), 0, size)  # type: ignore[attr-defined]
+    for b in sorted(caches.values(), key=lambda c: (c.be, c.buf)):
+        if b.buf[0] == "kv":
+            # [0, size): any two overlap whatever their sizes, so 1 stands for every size (the cell counts stay free)
+            out[id(b)] = (("kv", b.be, b.buf[1]), 0, 1)
         else:
+            size = alloc_size(b)
             p0 = offset.get(b.be, 0)
             out[id(b)] = (("rs", b.be), p0, p0 + size)
             offset[b.be] = p0 + (size + alignment - 1) // alignment * alignment
     return out
 
 
-def _range(t: Tensor, caches: dict[int, Range]) -> Range:  # ggml_mem_range_from_tensor
-    b = t.vs if t.vs is not None else t
-    r = caches.get(id(b))
-    if r is not None:
-        return r
-    return (id(b), 0, 1024)  # not allocated: the tensor itself stands for its range
-
-
 class _Pack:
-    """A node_info of ggml_graph_optimize: a node and the nodes fused after it, with their ranges."""
+    """A node_info of ggml_graph_optimize: a node and the nodes fused after it, with the memory it reads and writes.
 
-    __slots__ = ("nodes", "empty", "safe", "srcs", "dsts")
+    A tensor not allocated yet is its own range and overlaps only itself: those are kept as sets of identities
+    (`src_ids`, `dst_ids`); the caches' ranges in their buffers as (buffer, p0, p1) (`src_iv`, `dst_iv`)."""
+
+    __slots__ = ("nodes", "empty", "safe", "src_ids", "dst_ids", "src_iv", "dst_iv")
 
     def __init__(self, nodes: list[Tensor], caches: dict[int, Range], table: bool) -> None:
         self.nodes = nodes
@@ -91,30 +87,45 @@ class _Pack:
         self.safe = op in SAFE_OPS
         if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
             inside = {id(n) for n in nodes}
-            self.srcs = [_range(s, caches) for n in nodes for s in n.src if s is not None and id(s) not in inside]
-            self.dsts = [_range(n, caches) for n in nodes]
+            srcs = [s for n in nodes for s in n.src if s is not None and id(s) not in inside]
+            dsts = nodes
         else:  # 0.3.35: every source of every node; the last node is the destination
-            self.srcs = [_range(s, caches) for n in nodes for s in n.src if s is not None]
-            self.dsts = [_range(nodes[-1], caches)]
+            srcs = [s for n in nodes for s in n.src if s is not None]
+            dsts = nodes[-1:]
+        self.src_ids: set[int] = set()
+        self.dst_ids: set[int] = set()
+        self.src_iv: list[Range] = []
+        self.dst_iv: list[Range] = []
+        for ts, ids, iv in ((srcs, self.src_ids, self.src_iv), (dsts, self.dst_ids, self.dst_iv)):
+            for t in ts:
+                b = t.vs if t.vs is not None else t  # ggml_mem_range_from_tensor: the base tensor
+                r = caches.get(id(b))
+                if r is None:
+                    ids.add(id(b))
+                else:
+                    iv.append(r)
 
 
 class _MemRanges:
-    """ggml_mem_ranges: the ranges a set of packs reads and writes, by buffer."""
+    """ggml_mem_ranges: what a set of packs reads and writes (ggml_mem_ranges_check: two ranges conflict when they
+    overlap, `p0 < cmp.p1 && p1 >= cmp.p0`, in one buffer, unless both are read)."""
 
-    __slots__ = ("by",)
+    __slots__ = ("src_ids", "dst_ids", "iv")
 
     def __init__(self) -> None:
-        self.by: dict[object, list[tuple[int, int, bool]]] = {}
+        self.src_ids: set[int] = set()
+        self.dst_ids: set[int] = set()
+        self.iv: dict[object, list[tuple[int, int, bool]]] = {}
 
     def add(self, p: _Pack) -> None:
-        by = self.by
-        for pb, p0, p1 in p.srcs:
-            by.setdefault(pb, []).append((p0, p1, False))
-        for pb, p0, p1 in p.dsts:
-            by.setdefault(pb, []).append((p0, p1, True))
+        self.src_ids |= p.src_ids
+        self.dst_ids |= p.dst_ids
+        for rs, dst in ((p.src_iv, False), (p.dst_iv, True)):
+            for pb, p0, p1 in rs:
+                self.iv.setdefault(pb, []).append((p0, p1, dst))
 
-    def _clear(self, r: Range, dst: bool) -> bool:  # ggml_mem_ranges_check
-        lst = self.by.get(r[0])
+    def _clear(self, r: Range, dst: bool) -> bool:
+        lst = self.iv.get(r[0])
         if not lst:
             return True
         p0, p1 = r[1], r[2]
@@ -124,7 +135,12 @@ class _MemRanges:
         return True
 
     def check(self, p: _Pack) -> bool:
-        return all(self._clear(r, False) for r in p.srcs) and all(self._clear(r, True) for r in p.dsts)
+        dst_ids = self.dst_ids
+        if not dst_ids.isdisjoint(p.src_ids) or not dst_ids.isdisjoint(p.dst_ids) or not self.src_ids.isdisjoint(p.dst_ids):
+            return False
+        if self.iv:
+            return all(self._clear(r, False) for r in p.src_iv) and all(self._clear(r, True) for r in p.dst_iv)
+        return True
 
 
 def _can_fuse(nodes: list[Tensor], i: int, f: int, uses: dict[int, int]) -> bool:  # ggml_can_fuse (ggml-impl.h)
@@ -160,8 +176,6 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
     """ggml_graph_optimize over one split's nodes: pack, reorder (ggml_metal_graph_optimize_reorder), unpack."""
     table = build.has("metal_fusion_table")
     if table:
-        from fitter.ggml.backends.metal_fusion import fusion_max
-
         def span(i: int) -> int:
             return fusion_max(nodes, i, uses)
     else:
@@ -209,6 +223,7 @@ def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[
     copies of a split's inputs stay at its start, as graph_copy puts them)."""
     uses = graph_uses(nodes)
     caches = cache_ranges(nodes, alloc_size, alignment)
+    deps: dict[int, list[Tensor]] = {}
     out: list[Tensor] = []
     i, n = 0, len(nodes)
     while i < n:
@@ -224,6 +239,11 @@ def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[
             k += 1
         split = nodes[j:k]
         be = next((t.be for t in split if t.op not in VIEW_OPS), split[0].be)
-        out += reorder(split, uses, caches, build) if be == gpu else split
+        if be == gpu:
+            if build.has("metal_fusion_table"):  # ggml_metal_fusion_add_alloc_deps, on the split as it came
+                for t, until in fusion_alloc_deps(split):
+                    add_alloc_dep(deps, t, until)
+            split = reorder(split, uses, caches, build)
+        out += split
         i = k
-    return out
+    return insert_alloc_deps(out, deps)  # graph_copy: after each `until` node, in the reordered order

@@ -333,6 +333,15 @@ FUSIONS: tuple[_Fusion, ...] = (
 )
 
 
+# the table's patterns by their first op (non-empty ops, then raw ops), in table order: a node no pattern starts with
+# is never looked at further
+_BY_OP: dict[str, tuple[_Fusion, ...]] = {}
+_BY_RAW_OP: dict[str, tuple[_Fusion, ...]] = {}
+for _f in FUSIONS:
+    _BY_OP[_f.ops[0]] = _BY_OP.get(_f.ops[0], ()) + (_f,)
+    _BY_RAW_OP[_f.ops_all[0]] = _BY_RAW_OP.get(_f.ops_all[0], ()) + (_f,)
+
+
 # ---- queries ---------------------------------------------------------------------------------------
 
 
@@ -341,7 +350,7 @@ def _fusion_next(nodes: list[Tensor], idxs: list[int], idx: int, uses: dict[int,
     position in idxs, the non-empty raw indices) and the count of idxs it takes (1: none)."""
     res: _Fusion | None = None
     best = 1
-    for f in FUSIONS:
+    for f in _BY_OP.get(nodes[idxs[idx]].op, ()):
         n_ops = len(f.ops)
         if n_ops <= best or idx + n_ops > len(idxs):
             continue
@@ -370,7 +379,7 @@ def fusion_max(nodes: list[Tensor], idx: int, uses: dict[int, int]) -> int:
     Patterns are chained back to back over the non-empty nodes (views are skipped, and packed along when inside the
     span), at most GGML_METAL_FUSION_MAX (16) non-empty nodes; the span is capped at 16 raw nodes too. `nodes` is one
     split's node list, `uses[id(t)]` t's use count over the whole graph."""
-    if nodes[idx].op in _EMPTY_OPS:  # a view cannot start a pattern
+    if nodes[idx].op in _EMPTY_OPS or nodes[idx].op not in _BY_OP:  # a view cannot start a pattern, nor an op none has
         return 1
     idxs: list[int] = []  # the non-empty nodes from idx on, at most 16
     for i in range(idx, len(nodes)):
@@ -406,7 +415,7 @@ def fusion_alloc_deps(nodes: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
     while i < n_nodes:
         best: _Fusion | None = None
         best_raw = 0
-        for f in FUSIONS:
+        for f in _BY_RAW_OP.get(nodes[i].op, ()):
             n = len(f.ops_all)
             if n <= best_raw or i + n > n_nodes:
                 continue

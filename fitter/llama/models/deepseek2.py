@@ -50,7 +50,10 @@ def _deepseek2_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il:
         q = mm(ctx0, n_head * hk, q, f"q-{il}")
     else:  # V2-Lite: no q LoRA
         q = mm(ctx0, n_head * hk, cur, f"q-{il}")
-    q = reshape(ctx0, q, (hk, n_head, n_tokens))
+    # 0.3.36 deepseek2.cpp reshapes q to {n_embd_head_k, n_head, n_tokens} first; 0.3.35's MLA path views the 2-d q
+    if c.build.has("deepseek2_q_reshape") or not sp.is_mla:
+        q = reshape(ctx0, q, (hk, n_head, n_tokens))
+    q_nb = (row_size(q.type, hk), row_size(q.type, hk) * n_head)  # the views' strides (before: on the 2-d q)
     kv_pe = mm(ctx0, kvr + n_rot, cur, f"kv_cmpr_pe-{il}")
     rs = row_size(kv_pe.type, kvr + n_rot)
     kv_cmpr = view(ctx0, kv_pe, (kvr, n_tokens), (rs,), f"kv_cmpr-{il}")
@@ -58,8 +61,8 @@ def _deepseek2_attn(c: GraphContext, cur: Tensor, inp_pos: Tensor, ai: dict, il:
     k_pe = rope(ctx0, k_pe, inp_pos, None, f"k_pe-{il}")
     kv_cmpr = c.build_norm(kv_cmpr, name=f"kv_cmpr_norm-{il}")
     if sp.is_mla:
-        q_nope = view(ctx0, q, (nope, n_head, n_tokens), (q.nb[1], q.nb[2]), f"q_nope-{il}")
-        q_pe = view(ctx0, q, (n_rot, n_head, n_tokens), (q.nb[1], q.nb[2]), f"q_pe-{il}")
+        q_nope = view(ctx0, q, (nope, n_head, n_tokens), q_nb, f"q_nope-{il}")
+        q_pe = view(ctx0, q, (n_rot, n_head, n_tokens), q_nb, f"q_pe-{il}")
         q_pe = rope(ctx0, q_pe, inp_pos, None, f"q_pe-{il}")
         q_nope = permute(ctx0, q_nope, 0, 2, 1, 3)
         q_abs = mm(ctx0, kvr, q_nope, f"q_nope_absorbed-{il}", wne=(nope, kvr, n_head))

@@ -107,8 +107,11 @@ def build_graph(c: GraphContext) -> GraphGen:
     ai = c.build_attn_inp_kv_iswa()
     out_ids = c.build_inp_out_ids()
     inp_per_layer = _build_inp_per_layer(c, inpL) if ple else None
+    # up to 0.3.25 the output rows are picked in the last layer: after attention, and in its per-layer input
+    rows_in_layer = not c.build.has("gemma4_out_ids_after_norm")
     il, inpL = yield inpL  # the driver sends (layer, input) pairs: see fitter.llama.context
     while il is not None:
+        last = rows_in_layer and il == sp.n_layer - 1
         l = sp.layers[il]
         hd, nh, nkv = l.n_embd_head_k, l.n_head, l.n_head_kv
         cur = c.build_norm(inpL, name=f"attn_norm-{il}")
@@ -136,6 +139,9 @@ def build_graph(c: GraphContext) -> GraphGen:
             cur = c.build_attn(ai, q, k, v, il)
         else:
             cur = c.build_attn(ai, q, None, None, il)
+        if last:
+            cur = get_rows(ctx0, cur, out_ids)
+            inpL = get_rows(ctx0, inpL, out_ids)
         cur = c.build_norm(cur, name=f"attn_post_norm-{il}")
         attn_out = add(ctx0, cur, inpL, f"attn_out-{il}")
         if d.has("ffn_gate_inp", il):
@@ -150,6 +156,8 @@ def build_graph(c: GraphContext) -> GraphGen:
             cur = mm(ctx0, ple, cur, f"per_layer_inp_gate-{il}")
             cur = unary(ctx0, cur)
             this = view(ctx0, inp_per_layer, (inp_per_layer.ne[0], inp_per_layer.ne[1]), (row_size(F32, inp_per_layer.ne[0]),), f"inp_per_layer-{il}")
+            if last:
+                this = get_rows(ctx0, this, out_ids)
             cur = mul(ctx0, cur, this)
             cur = mm(ctx0, c.n_embd, cur, f"per_layer_proj-{il}")
             cur = c.build_norm(cur, name=f"per_layer_post_norm-{il}")
@@ -158,10 +166,10 @@ def build_graph(c: GraphContext) -> GraphGen:
             cur = mul(ctx0, cur, None, f"out_scaled-{il}")
         il, inpL = yield cur
     h = c.build_norm(inpL, name="result_norm")
-    cur = get_rows(ctx0, h, out_ids)
+    cur = h if rows_in_layer else get_rows(ctx0, h, out_ids)
     logits = mm(ctx0, sp.n_vocab, cur, "result_output")
     if d.final_logit_softcapping:
         logits = scale(ctx0, logits)
         logits = unary(ctx0, logits)
         logits = scale(ctx0, logits, "result_output")
-    c.finish(h, cur, logits)
+    c.finish(*((h, logits) if rows_in_layer else (h, cur, logits)))

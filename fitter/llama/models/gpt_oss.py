@@ -35,6 +35,9 @@ def build_graph(c: GraphContext) -> Iterator:
     inp_pos = c.build_inp_pos()
     ai = c.build_attn_inp_kv_iswa() if sp.is_swa_any else c.build_attn_inp_kv()
     out_ids = c.build_inp_out_ids()
+    # up to 0.3.34 the output rows are picked in the last layer, before its residual add (openai-moe.cpp)
+    rows_in_layer = not c.build.has("out_ids_after_norm")
+
     def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
         inpSA = inpL
@@ -42,6 +45,9 @@ def build_graph(c: GraphContext) -> Iterator:
         q, k, v = c.build_qkv(l, cur, bias=c.d.has("attn_q.bias", il))
         q, k = c.build_qk_rope(q, k, inp_pos, il)
         cur = c.build_attn(ai, q, k, v, il, wo_b=c.d.has("attn_output.bias", il), sinks=True)
+        if rows_in_layer and il == sp.n_layer - 1:
+            cur = get_rows(ctx0, cur, out_ids)
+            inpSA = get_rows(ctx0, inpSA, out_ids)
         ffn_inp = add(ctx0, cur, inpSA, f"ffn_inp-{il}")
         cur = c.build_norm(ffn_inp, name=f"attn_post_norm-{il}")
         cur = c.build_moe_ffn(cur, l, il, gating=3, norm_w=False, w_scale=c.d.expert_weights_scale, gate_inp_b=True,
@@ -49,6 +55,10 @@ def build_graph(c: GraphContext) -> Iterator:
         return add(ctx0, cur, ffn_inp, f"l_out-{il}")
 
     inpL = yield from c.build_layers(inpL, layer)
+    if rows_in_layer:  # t_embd and t_logits are the outputs
+        cur = c.build_norm(inpL, name="result_norm")
+        c.finish(cur, mm(ctx0, sp.n_vocab, cur, "result_output"))
+        return
     h_nextn = inpL
     cur = get_rows(ctx0, inpL, out_ids)
     cur = c.build_norm(cur, name="result_norm")

@@ -8,13 +8,13 @@ from fitter.errors import GGUFError
 from fitter.ggml.tensor import (
     Tensor,
     add,
-    l2_norm,
     cache,
     concat,
     cont,
     cont_nd,
     cpy,
     get_rows,
+    l2_norm,
     mm,
     mul,
     new_tensor,
@@ -217,6 +217,8 @@ def _gated_attn_layer(c: GraphContext, ai: dict, cur: Tensor, inp_pos: Tensor, i
         cur = c.build_attn(ai, q, k, v, il, wo=0)
         gate = cont_nd(ctx0, gate, (hd * nh, n_tokens))
         gate = unary(ctx0, gate, f"gate_sigmoid-{il}")
+        if not c.build.has("qwen3next_gate_no_reshape"):  # 0.3.34 qwen3next.cpp: ggml_reshape_2d of the gate
+            gate = reshape(ctx0, gate, (hd * nh, n_tokens))
         cur = mul(ctx0, cur, gate)
     else:
         q = view(ctx0, q_full, (hd, nh, n_tokens), (es * hd * 2, es * hd * 2 * nh), "Qcur")
@@ -251,7 +253,7 @@ def build_graph(c: GraphContext) -> Iterator:
     out_ids = c.build_inp_out_ids()
     # the output rows are picked in the last layer, before its residual add, up to 0.3.23 (qwen35, qwen35moe) and
     # 0.3.34 (qwen3next); after the output norm since (0.3.25 / 0.3.35 src/models/*.cpp: !embeddings_*_masked)
-    rows_in_layer = not c.build.has("qwen3next_out_ids_after_norm" if c.arch == "qwen3next" else "qwen35_out_ids_after_norm")
+    rows_in_layer = not c.build.has("out_ids_after_norm" if c.arch == "qwen3next" else "qwen35_out_ids_after_norm")
 
     def layer(il: int, inpL: Tensor) -> Tensor:
         l = sp.layers[il]
