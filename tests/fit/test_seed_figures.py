@@ -119,3 +119,14 @@ def test_august_draft_fits_at_ubatch_1024(target):
     out = fit(target, "-c", "98304", "-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0", "-md", draft,
               "--spec-draft-type-k", "q8_0", "--spec-draft-type-v", "q8_0", "--llama-build", "b10480")
     assert out["fits"]
+
+
+def test_august_draft_failure_points_to_the_config_that_worked(target):
+    """`-c 98304 -ub 2048` with the draft ran out of memory; what ggfit offers instead, one change at a time,
+    includes the config that worked: `-ub 1024` at the same context, with the draft."""
+    draft = twin("qwen35-0.8b", "Q4_K_S")
+    r = subprocess.run([sys.executable, "cli.py", "fit", target, "-c", "98304", "-ub", "2048", "-b", "2048", *DRAFT_ARGS,
+                        "-md", draft, "--llama-build", PRE_23861, *COMMON[:-1]], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "does NOT fit" in r.stdout and "  -ub 1024 (fits at -c 98304)\n" in r.stdout, r.stdout[-800:]
