@@ -7,7 +7,7 @@ times is built once and replayed (fitter.ggml.alloc.replay_segments).
 
 from __future__ import annotations
 
-from fitter.ggml.tensor import Tensor
+from fitter.ggml.tensor import FLAG_OUTPUT, IS_WEIGHT, Tensor
 
 
 class Graph:
@@ -115,3 +115,24 @@ class Segment:
         local = [(t, a, b) for t, a, b in nc.values() if not t.glob]
         glob = [(t, a, b) for t, a, b in nc.values() if t.glob]
         return local, glob
+
+
+def can_fuse_subgraph(sub: list[Tensor], ops: tuple[str, ...] | list[str], outputs: tuple[Tensor, ...],
+                      uses: dict[int, int]) -> bool:
+    """ggml.c ggml_can_fuse_subgraph_ext over the subgraph's nodes: the ops match, and every node that is not an
+    output is used only inside the subgraph (ggml_node_get_use_count, `uses` by id), is not a graph output, and views
+    nothing outside it but weights (ggml_is_constant; ggfit keeps a view's base only)."""
+    for i, node in enumerate(sub):
+        if node.op != ops[i]:
+            return False
+        if any(node is o for o in outputs):
+            continue
+        if node.flags & FLAG_OUTPUT:
+            return False
+        n_uses = sum(1 for other in sub[i + 1:] for s in other.src if s is node)
+        if n_uses != uses.get(id(node), 0):
+            return False
+        vs = node.vs
+        if vs is not None and all(vs is not x for x in sub) and vs.w != IS_WEIGHT:
+            return False
+    return True

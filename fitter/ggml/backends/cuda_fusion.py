@@ -8,9 +8,9 @@ ggml_can_fuse_subgraph (ggml/src/ggml-impl.h). Each kept set becomes an "alloc_d
 
 from __future__ import annotations
 
-from fitter.ggml.graph import Segment
+from fitter.ggml.graph import Segment, can_fuse_subgraph
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
-from fitter.ggml.tensor import FLAG_OUTPUT, HOST, IS_WEIGHT, Tensor, is_contiguous
+from fitter.ggml.tensor import HOST, Tensor, is_contiguous
 from fitter.ggml.types import F32
 
 
@@ -69,25 +69,9 @@ def _same_split(nodes: list[Tensor], i: int, count: int) -> bool:
 
 
 def _can_fuse(nodes: list[Tensor], i: int, ops: list[str], outputs: tuple[Tensor, ...], uses: dict[int, int]) -> bool:
-    """ggml_can_fuse_subgraph: the ops match, and every non-output node is only used inside the pattern."""
+    """ggml_can_fuse_subgraph over the nodes from i, within one split."""
     count = len(ops)
-    if not _same_split(nodes, i, count):
-        return False
-    sub = nodes[i:i + count]
-    for k, node in enumerate(sub):
-        if node.op != ops[k]:
-            return False
-        if any(node is o for o in outputs):
-            continue
-        if node.flags & FLAG_OUTPUT:
-            return False
-        n_uses = sum(1 for other in sub[k + 1:] for s_ in other.src if s_ is node)
-        if n_uses != uses.get(id(node), 0):
-            return False
-        vs = node.vs
-        if vs is not None and all(vs is not x for x in sub) and vs.w != IS_WEIGHT:
-            return False
-    return True
+    return _same_split(nodes, i, count) and can_fuse_subgraph(nodes[i:i + count], ops, outputs, uses)
 
 
 def _match_moe_reduction(nodes: list[Tensor], i: int, uses: dict[int, int]):

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fitter.ggml.tensor import FLAG_OUTPUT, IS_WEIGHT, Tensor, is_contiguous
+from fitter.ggml.graph import can_fuse_subgraph
+from fitter.ggml.tensor import FLAG_OUTPUT, Tensor, is_contiguous
 from fitter.ggml.types import BLCK, F16, F32, GGML_TYPES, I32, TSIZE
 
 FUSION_MAX = 16  # GGML_METAL_FUSION_MAX (ggml-metal-fusion.h)
@@ -76,24 +77,8 @@ def _contiguous_rows(t: Tensor) -> bool:  # ggml_is_contiguous_rows
 
 
 def _can_fuse_subgraph(nodes: list[Tensor], idxs: list[int], ops: tuple[str, ...], outputs: tuple[Tensor, ...],
-                       uses: dict[int, int]) -> bool:
-    """ggml.c ggml_can_fuse_subgraph_ext: every node that is not an output is used only inside the subgraph, is not a
-    graph output, and views nothing outside it but weights (ggml_is_constant)."""
-    sub = [nodes[k] for k in idxs]
-    for i, node in enumerate(sub):
-        if node.op != ops[i]:
-            return False
-        if any(node is o for o in outputs):
-            continue
-        if node.flags & FLAG_OUTPUT:
-            return False
-        n_uses = sum(1 for other in sub[i + 1:] for s in other.src if s is node)
-        if n_uses != uses.get(id(node), 0):  # ggml_node_get_use_count
-            return False
-        vs = node.vs  # ggfit keeps the base only (ggml_new_tensor_impl resolves chains of views)
-        if vs is not None and all(vs is not x for x in sub) and vs.w != IS_WEIGHT:
-            return False
-    return True
+                       uses: dict[int, int]) -> bool:  # ggml_can_fuse_subgraph_ext over the nodes at idxs
+    return can_fuse_subgraph([nodes[k] for k in idxs], ops, outputs, uses)
 
 
 # ---- pattern checks --------------------------------------------------------------------------------
