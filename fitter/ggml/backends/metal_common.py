@@ -72,75 +72,36 @@ def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], align
     return out
 
 
-class _Pack:
-    """A node_info of ggml_graph_optimize: a node and the nodes fused after it, with the memory it reads and writes.
-
-    A tensor not allocated yet is its own range and overlaps only itself: those are kept as sets of identities
-    (`src_ids`, `dst_ids`); the caches' ranges in their buffers as (buffer, p0, p1) (`src_iv`, `dst_iv`)."""
-
-    __slots__ = ("nodes", "empty", "safe", "src_ids", "dst_ids", "src_iv", "dst_iv")
-
-    def __init__(self, nodes: list[Tensor], caches: dict[int, Range], table: bool) -> None:
-        self.nodes = nodes
-        op = nodes[0].op
-        self.empty = op in EMPTY_OPS
-        self.safe = op in SAFE_OPS
-        if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
-            inside = {id(n) for n in nodes}
-            srcs = [s for n in nodes for s in n.src if s is not None and id(s) not in inside]
-            dsts = nodes
-        else:  # 0.3.35: every source of every node; the last node is the destination
-            srcs = [s for n in nodes for s in n.src if s is not None]
-            dsts = nodes[-1:]
-        self.src_ids: set[int] = set()
-        self.dst_ids: set[int] = set()
-        self.src_iv: list[Range] = []
-        self.dst_iv: list[Range] = []
-        for ts, ids, iv in ((srcs, self.src_ids, self.src_iv), (dsts, self.dst_ids, self.dst_iv)):
-            for t in ts:
-                b = t.vs if t.vs is not None else t  # ggml_mem_range_from_tensor: the base tensor
-                r = caches.get(id(b))
-                if r is None:
-                    ids.add(id(b))
-                else:
-                    iv.append(r)
+def _ranges(ts: list[Tensor], caches: dict[int, Range]) -> tuple[set[int], list[Range] | None]:
+    """ggml_mem_range_from_tensor of each tensor (its base): a tensor not allocated yet is its own range and overlaps
+    only itself, so those are a set of identities; the caches' ranges in their buffers are (buffer, p0, p1)."""
+    ids: set[int] = set()
+    iv: list[Range] | None = None
+    for t in ts:
+        b = t.vs if t.vs is not None else t
+        r = caches.get(id(b))
+        if r is None:
+            ids.add(id(b))
+        elif iv is None:
+            iv = [r]
+        else:
+            iv.append(r)
+    return ids, iv
 
 
-class _MemRanges:
-    """ggml_mem_ranges: what a set of packs reads and writes (ggml_mem_ranges_check: two ranges conflict when they
-    overlap, `p0 < cmp.p1 && p1 >= cmp.p0`, in one buffer, unless both are read)."""
-
-    __slots__ = ("src_ids", "dst_ids", "iv")
-
-    def __init__(self) -> None:
-        self.src_ids: set[int] = set()
-        self.dst_ids: set[int] = set()
-        self.iv: dict[object, list[tuple[int, int, bool]]] = {}
-
-    def add(self, p: _Pack) -> None:
-        self.src_ids |= p.src_ids
-        self.dst_ids |= p.dst_ids
-        for rs, dst in ((p.src_iv, False), (p.dst_iv, True)):
-            for pb, p0, p1 in rs:
-                self.iv.setdefault(pb, []).append((p0, p1, dst))
-
-    def _clear(self, r: Range, dst: bool) -> bool:
-        lst = self.iv.get(r[0])
-        if not lst:
-            return True
-        p0, p1 = r[1], r[2]
-        for c0, c1, cdst in lst:
+def _iv_clear(iv: dict[object, list[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> bool:
+    """ggml_mem_ranges_check for ranges in buffers: none overlaps one of the set's, `p0 < cmp.p1 && p1 >= cmp.p0`,
+    unless both are read."""
+    for pb, p0, p1 in rs or ():
+        for c0, c1, cdst in iv.get(pb, ()):
             if (dst or cdst) and p0 < c1 and p1 >= c0:
                 return False
-        return True
+    return True
 
-    def check(self, p: _Pack) -> bool:
-        dst_ids = self.dst_ids
-        if not dst_ids.isdisjoint(p.src_ids) or not dst_ids.isdisjoint(p.dst_ids) or not self.src_ids.isdisjoint(p.dst_ids):
-            return False
-        if self.iv:
-            return all(self._clear(r, False) for r in p.src_iv) and all(self._clear(r, True) for r in p.dst_iv)
-        return True
+
+def _iv_add(iv: dict[object, list[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> None:
+    for pb, p0, p1 in rs or ():
+        iv.setdefault(pb, []).append((p0, p1, dst))
 
 
 def _can_fuse(nodes: list[Tensor], i: int, f: int, uses: dict[int, int]) -> bool:  # ggml_can_fuse (ggml-impl.h)
@@ -182,39 +143,74 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
         def span(i: int) -> int:
             return _fuse_len(nodes, i, uses)
 
-    packs: list[_Pack] = []
+    # the packs (node_info), as parallel lists: nodes, op empty / movable, what each reads and writes
+    packs: list[list[Tensor]] = []
+    empty: list[bool] = []
+    safe: list[bool] = []
+    src_ids: list[set[int]] = []
+    dst_ids: list[set[int]] = []
+    src_iv: list[list[Range] | None] = []
+    dst_iv: list[list[Range] | None] = []
     i = 0
     while i < len(nodes):
-        f = span(i)
-        packs.append(_Pack(nodes[i:i + f], caches, table))
-        i += f
+        pack = nodes[i:i + span(i)]
+        if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
+            inside = {id(x) for x in pack}
+            srcs = [s for x in pack for s in x.src if s is not None and id(s) not in inside]
+            dsts = pack
+        else:  # 0.3.35: every source of every node; the last node is the destination
+            srcs = [s for x in pack for s in x.src if s is not None]
+            dsts = pack[-1:]
+        for ts, ids, ivs in ((srcs, src_ids, src_iv), (dsts, dst_ids, dst_iv)):
+            a, b = _ranges(ts, caches)
+            ids.append(a)
+            ivs.append(b)
+        packs.append(pack)
+        empty.append(pack[0].op in EMPTY_OPS)
+        safe.append(pack[0].op in SAFE_OPS)
+        i += len(pack)
+
+    # ggml_metal_graph_optimize_reorder: the running concurrent set (mrs0) and the skipped packs (mrs1), each as the
+    # identities read (s), written (d) and the buffer ranges touched (iv)
+    def concurrent(s: set[int], d: set[int], iv: dict, k: int) -> bool:  # h_check
+        return (d.isdisjoint(src_ids[k]) and d.isdisjoint(dst_ids[k]) and s.isdisjoint(dst_ids[k])
+                and (not iv or (_iv_clear(iv, src_iv[k], False) and _iv_clear(iv, dst_iv[k], True))))
+
+    def add(s: set[int], d: set[int], iv: dict, k: int) -> None:  # h_add
+        s |= src_ids[k]
+        d |= dst_ids[k]
+        _iv_add(iv, src_iv[k], False)
+        _iv_add(iv, dst_iv[k], True)
+
     n = len(packs)
     used = [False] * n
     order: list[int] = []
-    mrs0 = _MemRanges()
+    s0: set[int] = set()
+    d0: set[int] = set()
+    iv0: dict = {}
     for i0 in range(n):
         if used[i0]:
             continue
-        p0 = packs[i0]
-        if not p0.empty and not mrs0.check(p0):
-            mrs1 = _MemRanges()
-            mrs1.add(p0)
+        if not empty[i0] and not concurrent(s0, d0, iv0, i0):
+            s1: set[int] = set()
+            d1: set[int] = set()
+            iv1: dict = {}
+            add(s1, d1, iv1, i0)
             for i1 in range(i0 + 1, min(i0 + N_FORWARD, n)):
                 if used[i1]:
                     continue
-                p1 = packs[i1]
-                if not p1.safe:
+                if not safe[i1]:
                     break
-                if (p1.empty or mrs0.check(p1)) and mrs1.check(p1):
-                    mrs0.add(p1)
+                if (empty[i1] or concurrent(s0, d0, iv0, i1)) and concurrent(s1, d1, iv1, i1):
+                    add(s0, d0, iv0, i1)
                     order.append(i1)
                     used[i1] = True
                 else:
-                    mrs1.add(p1)
-            mrs0 = _MemRanges()
-        mrs0.add(p0)
+                    add(s1, d1, iv1, i1)
+            s0, d0, iv0 = set(), set(), {}
+        add(s0, d0, iv0, i0)
         order.append(i0)
-    return [t for k in order for t in packs[k].nodes]
+    return [t for k in order for t in packs[k]]
 
 
 def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,

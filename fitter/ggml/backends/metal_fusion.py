@@ -330,18 +330,17 @@ for _f in FUSIONS:
 # ---- queries ---------------------------------------------------------------------------------------
 
 
-def _fusion_next(nodes: list[Tensor], idxs: list[int], idx: int, uses: dict[int, int]) -> tuple[_Fusion | None, int]:
+def _fusion_next(nodes: list[Tensor], idxs: list[int], idx: int, uses: dict[int, int],
+                 ops: tuple[str, ...]) -> tuple[_Fusion | None, int]:
     """ggml_metal_fusion_next in GGML_METAL_FUSION_STRUCTURAL mode: the longest pattern matching at idxs[idx] (idx a
-    position in idxs, the non-empty raw indices) and the count of idxs it takes (1: none)."""
+    position in idxs, the non-empty raw indices; `ops` their ops) and the count of idxs it takes (1: none)."""
     res: _Fusion | None = None
     best = 1
-    for f in _BY_OP.get(nodes[idxs[idx]].op, ()):
+    for f in _BY_OP.get(ops[idx], ()):
         n_ops = len(f.ops)
-        if n_ops <= best or idx + n_ops > len(idxs):
+        if n_ops <= best or idx + n_ops > len(idxs) or ops[idx:idx + n_ops] != f.ops:
             continue
         p = [nodes[idxs[idx + j]] for j in range(n_ops)]
-        if any(t.op != op for t, op in zip(p, f.ops)):
-            continue
         if not f.unsafe:
             # element-wise chain: each node reads the previous one, all of one shape
             if any((_src(p[j], 0) is not p[j - 1] and _src(p[j], 1) is not p[j - 1]) or not _same_shape(p[j], p[j - 1])
@@ -374,10 +373,11 @@ def fusion_max(nodes: list[Tensor], idx: int, uses: dict[int, int]) -> int:
             idxs.append(i)
     if not idxs:
         return 1
+    ops = tuple(nodes[i].op for i in idxs)
     total = 0
     i_f = 0
     while i_f < len(idxs) and total < FUSION_MAX:
-        f, n = _fusion_next(nodes, idxs, i_f, uses)
+        f, n = _fusion_next(nodes, idxs, i_f, uses, ops)
         if f is None or total + n > FUSION_MAX:
             break
         total += n
