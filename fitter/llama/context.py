@@ -240,10 +240,7 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
         src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
         src_of[id(epi)] = last_seg
         split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
-        move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
-        if move - distinct:
-            return _prepare(c, pl, copy_size, distinct | move)
-        if pl.flat:
+        if pl.flat:  # every layer has a segment of its own: no input copy can be misplaced
             flat = _flatten(order)
             pl.graph_optimize([flat])
             compiled = flat_graph(flat.nodes, flat.leafs)
@@ -253,6 +250,9 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
                 return AllocResult(ga.sizes(), ga.peak_lives, n)
 
             return run, [flat]
+        move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
+        if move - distinct:
+            return _prepare(c, pl, copy_size, distinct | move)
         pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
