@@ -534,3 +534,110 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
         il += 1
     _run(ga, epi, epi.prog_first, epi.first_counts, carried)
     return AllocResult(ga.sizes(), ga.peak_lives, simulated)
+
+
+class Chunk:
+    """A stretch of a graph whose nodes another stretch repeats (Metal's reordered layers: fitter.ggml.backends
+    .metal_segments), with the tensors it hands on: `inps` stand for tensors made before it (in the order the previous
+    stretch's `outs` list them), `outs` are what later stretches read (each counted one use more, so that no count of
+    this stretch frees it: ggml-alloc's own count has those later readers in it). A global tensor (the prologue's,
+    emitted in some stretch) is the same object everywhere; every other one is the stretch's own."""
+
+    __slots__ = ("nodes", "prog", "locals", "counts", "glob", "inps", "outs")
+
+    def __init__(self, nodes: list[Tensor], inps: list[Tensor], outs: list[Tensor]) -> None:
+        self.nodes, self.inps, self.outs = nodes, inps, outs
+        local, self.glob = Segment._counts(nodes)
+        counts: dict[int, tuple[Tensor, int, int]] = {id(t): (t, a, b) for t, a, b in local}
+        for t in inps:
+            counts.setdefault(id(t), (t, 0, 0))
+        for t in outs:  # pinned: one use more than this chunk's
+            _, a, b = counts.get(id(t), (t, 0, 0))
+            counts[id(t)] = (t, a + 1, b)
+        self.counts = list(counts.values())
+        seen: dict[int, Tensor] = {id(t): t for t in nodes if not t.glob and not t.ext}
+        for t in inps:
+            seen[id(t)] = t
+        self.locals = list(seen.values())
+        self.prog = program(nodes)
+
+
+class ChunkPlan:
+    """A graph as a sequence of chunks (`seq`: an index into `chunks` per position): what replay_chunks needs."""
+
+    __slots__ = ("chunks", "seq", "first", "totals", "sigs")
+
+    def __init__(self, chunks: list[Chunk], seq: list[int], first: list[Tensor]) -> None:
+        self.chunks, self.seq, self.first = chunks, seq, first
+        totals: dict[int, list] = {}
+        last: dict[int, int] = {}
+        for pos, k in enumerate(seq):
+            for t, a, b in chunks[k].glob:
+                e = totals.get(id(t))
+                if e is None:
+                    totals[id(t)] = [t, a, b]
+                else:
+                    e[1] += a
+                    e[2] += b
+                last[id(t)] = pos
+        self.totals = list(totals.values())
+        finals: dict[int, set[int]] = {}
+        for tid, pos in last.items():
+            finals.setdefault(pos, set()).add(tid)
+        self.sigs = [(k, frozenset(finals.get(pos, ()))) for pos, k in enumerate(seq)]
+
+
+def _carried_key(ga: Gallocr, carried: list[Tensor]) -> tuple:
+    """state_key with every tensor handed on (and the view holds on it, which decide when it is freed)."""
+    key: list[object] = [(t.addr, t.size, t.own, t.be, t.nv) for t in carried]
+    for t in ga.tallocs:
+        key.append(t.state())
+        if t.max_chunk < SIZE_MAX // 2:
+            key.append(tuple(t.maxes))
+    return tuple(key)
+
+
+def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
+    """Gallocr.run over the chunks in sequence, jumping over whole periods of repeated chunks where the allocator's
+    state (and that of the tensors handed on) repeats, as replay_plan does for layers."""
+    for t in plan.first:  # leafs, then the graph inputs, as Gallocr.run meets them
+        ga._allocate(t)
+    for t, a, b in plan.totals:
+        t.nc = a
+        t.nv = b
+    seq, chunks, sigs = plan.seq, plan.chunks, plan.sigs
+    m = len(seq)
+    carried: list[Tensor] = []
+    hist: dict[tuple, list[int]] = {}
+    simulated = 0
+    pos = 0
+    while pos < m:
+        if pos:
+            prev = hist.setdefault(_carried_key(ga, carried), [])
+            best = _period(sigs, prev, pos, m)
+            if best:
+                for p2 in range(pos, pos + best):  # the skipped chunks still use the global tensors
+                    for g, a, b in chunks[seq[p2]].glob:
+                        g.nc -= a
+                        g.nv -= b
+                pos += best
+                continue
+            prev.append(pos)
+        ch = chunks[seq[pos]]
+        saved = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
+        for t in ch.locals:
+            t.own = False
+            t.nc = 0
+            t.nv = 0
+        for t, a, b in ch.counts:
+            t.nc = a
+            t.nv = b
+        for ph, (own, addr, size, be, nv), old in zip(ch.inps, saved, carried):
+            ph.own, ph.addr, ph.size, ph.be = own, addr, size, be
+            ph.nv += nv  # the views made before that still hold it
+            ga._handover(old, ph)
+        ga.process_program(ch.prog)
+        carried = ch.outs
+        simulated += 1
+        pos += 1
+    return AllocResult(ga.sizes(), ga.peak_lives, simulated)

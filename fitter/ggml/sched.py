@@ -10,7 +10,7 @@ the copies of their inputs). It runs over the segments of fitter.ggml.graph, eac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from fitter.ggml.graph import Segment
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
@@ -46,6 +46,9 @@ class Placement:
     n_copies: int = 1  # pipeline parallelism (several GPUs, every layer offloaded): GGML_SCHED_MAX_COPIES
     every_input: bool = True  # pass 6 copies every graph input, used or not (else only those a split reads)
     flat: bool = False  # graph_optimize moves nodes across layers (Metal): one segment for the whole graph
+    # where `flat`: the backend's graph_optimize over the segments of distinct layers (n, pro, seg0, templates, keys,
+    # epi): the chunks to allocate (fitter.ggml.backends.metal_segments), or None: the graph is built whole
+    optimize_segments: Callable[..., Any] | None = None
 
     @property
     def order(self) -> tuple[int, ...]:

@@ -61,6 +61,17 @@ class Tensor:
         # and clears it where the cache sizes reach)
         self.memo: tuple[int, int] | None = None
 
+    def clone(self) -> "Tensor":
+        """A copy of every field (another instance of the same node: fitter.ggml.backends.metal_segments)."""
+        c = Tensor.__new__(Tensor)
+        c.op, c.type, c.ne, c.nb, c.src, c.vs, c.flags, c.name = (
+            self.op, self.type, self.ne, self.nb, self.src, self.vs, self.flags, self.name)
+        c.ext, c.vis, c.inpl, c.nc, c.nv, c.own, c.addr, c.size = (
+            self.ext, self.vis, self.inpl, self.nc, self.nv, self.own, self.addr, self.size)
+        c.glob, c.be, c.w, c.n_expert, c.uop, c.sid, c.memo = (
+            self.glob, self.be, self.w, self.n_expert, self.uop, self.sid, self.memo)
+        return c
+
     def nbytes(self) -> int:  # ggml_nbytes for the contiguous tensors the allocator places
         ne = self.ne
         return TSIZE[self.type] * ne[0] // BLCK[self.type] * ne[1] * ne[2] * ne[3]

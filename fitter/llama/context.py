@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_graph, replay_plan
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_graph, replay_chunks, replay_plan
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -180,16 +180,19 @@ def _segment_keys(c: GraphContext, pl: Placement | None, dev: Callable[[int], in
 
 
 def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None,
-             distinct: frozenset[int] = frozenset()) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
+             distinct: frozenset[int] = frozenset(),
+             whole: bool = False) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
     """Build one segment per distinct layer, place and split them (GPU backends); the allocation then runs layer
     after layer, jumping over repeats (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the
-    full graph). `distinct`: layers that get a segment of their own (see _misplaced_input_copies)."""
+    full graph). `distinct`: layers that get a segment of their own (see _misplaced_input_copies). A backend whose
+    graph_optimize reorders across layers (Metal) reorders the segments where that stands for the whole graph's
+    reorder (Placement.optimize_segments); elsewhere, or `whole`, every layer is built and allocated whole."""
     sp = c.spec
     n = sp.n_layer
     ctx = c.ctx0
     m = model_of(sp.architecture)
     assert m is not None  # compute_buffers checks the architecture first
-    if pl is not None and pl.flat:
+    if whole:
         distinct = frozenset(range(n))  # every layer built: the graph is reordered and allocated whole
     gen = m.build_graph(c)
     dev = (lambda il: pl.layer_dev[il]) if pl else (lambda il: 0)
@@ -240,7 +243,14 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
         src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
         src_of[id(epi)] = last_seg
         split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
-        if pl.flat:  # every layer has a segment of its own: no input copy can be misplaced
+        if pl.flat and not whole:
+            assert pl.optimize_segments is not None  # set with flat
+            chunked = pl.optimize_segments(n, pro, seg0, templates, keys, epi)
+            if chunked is None:
+                return _prepare(c, pl, copy_size, distinct, whole=True)
+            chunk_plan, segs = chunked
+            return (lambda ga: replay_chunks(chunk_plan, ga)), segs
+        elif pl.flat:  # every layer has a segment of its own: no input copy can be misplaced
             flat = _flatten(order)
             pl.graph_optimize([flat])
             compiled = flat_graph(flat.nodes, flat.leafs)
@@ -250,10 +260,11 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
                 return AllocResult(ga.sizes(), ga.peak_lives, n)
 
             return run, [flat]
-        move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
-        if move - distinct:
-            return _prepare(c, pl, copy_size, distinct | move)
-        pl.graph_optimize(order)
+        else:
+            move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
+            if move - distinct:
+                return _prepare(c, pl, copy_size, distinct | move)
+            pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
     plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
@@ -728,7 +739,8 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
                    impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
                    weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
-                   every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph)
+                   every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph,
+                   optimize_segments=getattr(impl, "optimize_segments", None))
     n_extra = len(gpus) - 1
     max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
     if not c.build.has("gallocr_chunked_vbuffer"):

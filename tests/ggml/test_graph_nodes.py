@@ -60,6 +60,8 @@ def _ggfit_graph(release: str, model: str, monkeypatch: pytest.MonkeyPatch) -> l
         return inner(nodes, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr("fitter.ggml.backends.metal.metal_graph_optimize", capture)
+    # the whole graph, as llama.cpp prints it (not the chunks of fitter.ggml.backends.metal_segments)
+    monkeypatch.setattr("fitter.ggml.backends.metal.optimize_segments", lambda *args: None)
     for memo in (context._CACHE, context._BY_CONTENT, context._TRACED):  # built again, so that it is captured
         memo.clear()
     from fitter.fit.memory import predict

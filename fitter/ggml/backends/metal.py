@@ -53,6 +53,7 @@ from __future__ import annotations
 from typing import Any
 
 from fitter.build import PINNED, LlamaBuild
+from fitter.ggml.alloc import ChunkPlan
 from fitter.ggml.backends.base import (
     SIZE_MAX,
     Backend,
@@ -64,6 +65,8 @@ from fitter.ggml.backends.base import (
     flash_attn_shape_of,
 )
 from fitter.ggml.backends.metal_common import graph_optimize as metal_graph_optimize
+from fitter.ggml.backends.metal_segments import optimize_segments
+from fitter.ggml.graph import Segment
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
 
@@ -295,6 +298,12 @@ class MetalBackend(BackendImpl):
             return
         for seg in segments:
             seg.nodes = metal_graph_optimize(seg.nodes, self.build, self.alloc_size, self.alignment, 0)
+
+    def optimize_segments(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
+                          keys: list[tuple], epi: Segment) -> tuple[ChunkPlan, list[Segment]] | None:
+        """graph_optimize over a graph built one segment per distinct layer (fitter.ggml.backends.metal_segments): its
+        chunks to allocate; None: build it whole."""
+        return optimize_segments(n, pro, seg0, templates, keys, epi, self.build, self.alloc_size, self.alignment, 0)
 
     def offload_op(self, t: Tensor) -> bool:  # ggml_backend_metal_device_offload_op: matmuls only
         if t.op not in ("MUL_MAT", "MUL_MAT_ID"):

@@ -217,9 +217,15 @@ def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[
                    gpu: int) -> list[Tensor]:
     """ggml_backend_metal_graph_optimize on every split of backend `gpu` in a placed and split graph (the scheduler's
     copies of a split's inputs stay at its start, as graph_copy puts them)."""
-    uses = graph_uses(nodes)
-    caches = cache_ranges(nodes, alloc_size, alignment)
     deps: dict[int, list[Tensor]] = {}
+    out = optimize_splits(nodes, graph_uses(nodes), cache_ranges(nodes, alloc_size, alignment), build, gpu, deps)
+    return insert_alloc_deps(out, deps)  # graph_copy: after each `until` node, in the reordered order
+
+
+def optimize_splits(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range], build: LlamaBuild, gpu: int,
+                    deps: dict[int, list[Tensor]]) -> list[Tensor]:
+    """graph_optimize's walk over the splits of some nodes of the graph (uses and caches: the whole graph's): each
+    split of backend `gpu` reordered, its alloc deps added to `deps`."""
     out: list[Tensor] = []
     i, n = 0, len(nodes)
     while i < n:
@@ -242,4 +248,4 @@ def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[
             split = reorder(split, uses, caches, build)
         out += split
         i = k
-    return insert_alloc_deps(out, deps)  # graph_copy: after each `until` node, in the reordered order
+    return out

@@ -387,17 +387,18 @@ def fusion_max(nodes: list[Tensor], idx: int, uses: dict[int, int]) -> int:
     return min(FUSION_MAX, idxs[i_f - 1] - idx + 1)
 
 
-def fusion_alloc_deps(nodes: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
+def fusion_alloc_deps(nodes: list[Tensor], end: int | None = None) -> list[tuple[Tensor, Tensor]]:
     """ggml_metal_fusion_add_alloc_deps: (tensor, until) pairs in the order add_alloc_dep is called.
 
     At each raw index the longest pattern whose raw op sequence (ops_all, views included) matches there, with no other
     check; each source of its nodes that is not one of its earlier nodes is kept alive until its last node. The scan
     resumes after the pattern. Runs on the split's nodes before the reorder (ggml_backend_metal_graph_optimize); the
-    pairs are as called, the scheduler's add_alloc_dep drops a tensor already kept for the same `until`."""
+    pairs are as called, the scheduler's add_alloc_dep drops a tensor already kept for the same `until`. `end`: scan
+    only patterns that start before it (the nodes after it are the ones they may reach)."""
     deps: list[tuple[Tensor, Tensor]] = []
     n_nodes = len(nodes)
     i = 0
-    while i < n_nodes:
+    while i < (n_nodes if end is None else end):
         best: _Fusion | None = None
         best_raw = 0
         for f in _BY_RAW_OP.get(nodes[i].op, ()):

@@ -1,0 +1,724 @@
+"""Metal's graph_optimize over a graph built one segment per distinct layer, allocated as repeating chunks (ggfit's own).
+
+ggml_graph_optimize (fitter.ggml.backends.metal_common) reorders each Metal split, and its look-ahead crosses layers:
+a node of the next layer moves up among this layer's, a fusion packs this layer's last add with the next one's norm.
+Reordering the whole graph means building every layer (context._flatten); here each distinct layer is built once:
+
+- Instances. The node sequence is the segments' instances in graph order: the prologue's part of the split, layer 0,
+  each layer's segment in the variant it runs (a template's first instance also emits the prologue tensors it first
+  reads), the epilogue's part. A tensor local to a segment is told apart by its instance; a placeholder stands for
+  the previous instance's output; each layer's recurrent state sits at its own offset (cache_ranges' layout).
+- Packs (`_Kind`) are worked out per node list and what follows it: fusions see the next instance's first nodes, as
+  copies that read this instance's output, and may take some of them.
+- The reorder (`_reorder`) walks the instances in turn. Its state as it enters one (the concurrent set, the packs
+  already moved up), relative to that instance, with the kinds its look-ahead can reach, decides what it emits there:
+  the first answer for such a state is kept and reused, as the allocator's replay reuses a layer's.
+- Chunks (`_chunks`). What the reorder emitted while at one instance is a chunk (fitter.ggml.alloc.Chunk): copies of
+  the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier chunks hand it. Chunks of the same
+  nodes read the same way that are handed the same tensors are one; ggml-alloc then runs chunk after chunk and jumps
+  over whole periods (fitter.ggml.alloc.replay_chunks), which is `Gallocr.run` over the reordered whole graph.
+
+Where the layers are not one Metal split (an op or a weight on the CPU), a pack spans more than one boundary, or an
+alloc dep would keep a tensor of an earlier layer, `optimize_segments` says so and the caller builds the graph whole.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from fitter.build import LlamaBuild
+from fitter.ggml.alloc import Chunk, ChunkPlan
+from fitter.ggml.backends.metal_common import (
+    EMPTY_OPS,
+    N_FORWARD,
+    SAFE_OPS,
+    _fuse_len,
+    _iv_add,
+    _iv_clear,
+    optimize_splits,
+)
+from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
+from fitter.ggml.graph import Segment
+from fitter.ggml.sched import add_alloc_dep, graph_uses, insert_alloc_deps
+from fitter.ggml.tensor import FLAG_INPUT, VIEW_OPS, CacheTensor, Tensor
+
+_CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSION_MAX)
+
+
+class _Unsupported(Exception):
+    """The segments cannot stand for the whole graph's reorder: build and reorder it whole."""
+
+
+# what a pack reads or writes, relative to its instance: local tensors ((instance offset, id), ...), whether it reads the
+# previous instance's output, global tensor ids, KV ranges, recurrent tensors ((offset, layer built for, slot, size, be))
+Ref = tuple
+
+
+class _Kind:
+    """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
+    node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
+
+    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover")
+
+    def __init__(self, nodes: list[Tensor]) -> None:
+        self.nodes = nodes
+        # per pack: its raw nodes as (instance offset 0 or 1, start, end) ranges of those instances' node lists
+        self.parts: list[tuple[tuple[int, int, int], ...]] = []
+        self.empty: list[bool] = []
+        self.safe: list[bool] = []
+        self.rd: list[Ref] = []
+        self.wr: list[Ref] = []
+        self.deps: list[tuple[Tensor, Tensor]] = []  # alloc deps (tensor, until) of this instance's patterns
+        self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
+        self.over = 0  # how many nodes of the next instance its last pack takes
+        self.dover = 0  # and its last alloc-dep pattern
+
+
+def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
+                      epi: Segment, build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,
+                      gpu: int) -> tuple[ChunkPlan, list[Segment]] | None:
+    """ggml_backend_metal_graph_optimize over the graph these segments stand for (fitter.llama.context's _prepare),
+    as chunks for fitter.ggml.alloc.replay_chunks and the segments that hold their tensors; None where only the whole
+    graph can be reordered."""
+    try:
+        return _Plan(n, pro, seg0, templates, keys, epi, build, alloc_size, alignment, gpu).run()
+    except _Unsupported:
+        return None
+
+
+class _Plan:
+    def __init__(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
+                 epi: Segment, build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,
+                 gpu: int) -> None:
+        self.n, self.pro, self.epi, self.build, self.gpu = n, pro, epi, build, gpu
+        self.alloc_size, self.alignment = alloc_size, alignment
+        self._by_id: dict[int, Tensor] = {}  # the local tensors _resolve has met
+        # packs away from a node list's end, the same in every kind of that list: (list, index) -> (length, empty,
+        # movable, reads, writes)
+        self._packs: dict[tuple[int, int], tuple] = {}
+        self._inner_of: dict[int, int] = {}
+        self.table = build.has("metal_fusion_table")
+        # the layers' instances: (segment, first): a template's first instance runs all its nodes, the later ones its
+        # steady nodes (the prologue's tensors are emitted once, fitter.ggml.alloc)
+        seen: set[int] = set()
+        self.layers: list[tuple[Segment, bool]] = [(seg0, True)]
+        for il in range(1, n):
+            seg = templates[keys[il]]
+            self.layers.append((seg, id(seg) not in seen))
+            seen.add(id(seg))
+
+    def run(self) -> tuple[ChunkPlan, list[Segment]]:
+        pro, epi = self.pro, self.epi
+        lists: dict[tuple[int, bool], list[Tensor]] = {}
+        for seg, first in self.layers:
+            if (id(seg), first) not in lists:
+                lists[(id(seg), first)] = seg.nodes if first else [t for t in seg.nodes if not t.glob]
+        seg0 = self.layers[0][0]
+        # the Metal split the layers lie in, whole: layer 0 may start with the copies of the split's inputs
+        n_copy = 0
+        while n_copy < len(seg0.nodes) and seg0.nodes[n_copy].sid < 0:
+            n_copy += 1
+        sid = seg0.nodes[n_copy].sid if n_copy < len(seg0.nodes) else -1
+        for (sid_of, _), nodes in lists.items():
+            body = nodes[n_copy:] if sid_of == id(seg0) else nodes
+            if any(t.sid != sid for t in body):
+                raise _Unsupported
+            if any(t.be != self.gpu for t in body if t.op not in VIEW_OPS):
+                raise _Unsupported
+        if sid < 0:
+            raise _Unsupported
+        pro_tail = 0
+        if not n_copy:
+            while pro_tail < len(pro.nodes) and pro.nodes[len(pro.nodes) - 1 - pro_tail].sid == sid:
+                pro_tail += 1
+        epi_head = 0
+        while epi_head < len(epi.nodes) and epi.nodes[epi_head].sid == sid:
+            epi_head += 1
+        # the instances of the split: (segment, its nodes in the split, its full node list)
+        self.insts: list[tuple[Segment, list[Tensor]]] = [(pro, pro.nodes[len(pro.nodes) - pro_tail:])]
+        for k, (seg, first) in enumerate(self.layers):
+            nodes = lists[(id(seg), first)]  # one list object per segment and variant (they key the kinds)
+            self.insts.append((seg, nodes[n_copy:] if k == 0 else nodes))
+        self.insts.append((epi, epi.nodes[:epi_head]))
+        full = [pro.nodes] + [lists[(id(seg), first)] for seg, first in self.layers] + [epi.nodes]
+        self._uses(full)
+        self._kinds()
+        self._rs_layout()
+        work = self._reorder()
+        return self._chunks(work, n_copy, pro_tail, epi_head)
+
+    # ---- use counts ------------------------------------------------------------------------------------------------
+
+    def _locals(self, seg: Segment) -> set[int]:
+        loc = {id(t) for t in seg.created if not t.glob and not t.ext}
+        loc.update(id(t) for t in seg.nodes if not t.glob and not t.ext)
+        if seg.inp is not None:
+            loc.add(id(seg.inp))
+        return loc
+
+    def _uses(self, full: list[list[Tensor]]) -> None:
+        """cgraph->use_counts (fitter.ggml.sched.graph_uses) of the whole graph: the global tensors' summed over every
+        instance, each instance's own local ones, a layer's output counted where the next instance reads it."""
+        segs = [self.pro] + [seg for seg, _ in self.layers] + [self.epi]
+        self.local_ids = {id(seg): self._locals(seg) for seg in segs}
+        glob: dict[int, int] = {}
+        self.inst_uses: list[dict[int, int]] = []
+        cache: dict[int, dict[int, int]] = {}
+        for seg, nodes in zip(segs, full):
+            u = cache.get(id(nodes))
+            if u is None:
+                u = cache[id(nodes)] = graph_uses(nodes)
+            loc = self.local_ids[id(seg)]
+            for k, v in u.items():
+                if k not in loc:
+                    glob[k] = glob.get(k, 0) + v
+            self.inst_uses.append(u)
+        self.glob_uses = glob
+
+    def _uses_at(self, q: int) -> dict[int, int]:
+        """The use counts an instance's fusion checks read: the global ones, its local ones, its output's readers."""
+        seg = self.insts[q][0]
+        uses = dict(self.glob_uses)
+        loc = self.local_ids[id(seg)]
+        for k, v in self.inst_uses[q].items():
+            if k in loc:
+                uses[k] = v
+        out = seg.out
+        if out is not None and q + 1 < len(self.insts) and id(out) in loc:
+            nxt = self.insts[q + 1][0]
+            uses[id(out)] = self.inst_uses[q].get(id(out), 0) + (
+                self.inst_uses[q + 1].get(id(nxt.inp), 0) if nxt.inp is not None else 0)
+        return uses
+
+    # ---- packs -----------------------------------------------------------------------------------------------------
+
+    def _kinds(self) -> None:
+        """Each instance's packs (fitter.ggml.backends.metal_common.reorder's), worked out once per (node list, next
+        node list, where the previous instance's last pack and last alloc-dep pattern ended in this one)."""
+        kinds: dict[tuple, _Kind] = {}
+        self.kind_of: list[_Kind] = []
+        start = dstart = 0
+        insts = self.insts
+        for q, (_, nodes) in enumerate(insts):
+            # one list object per segment and variant; the one after the next where the next is short
+            after = tuple(id(insts[q1][1]) for q1 in range(q + 1, min(q + 3, len(insts))))
+            key = (id(nodes), after, start, dstart)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = self._kind(q, nodes, start, dstart)
+            self.kind_of.append(kind)
+            start, dstart = kind.over, kind.dover
+
+    def _context(self, q: int) -> tuple[list[Tensor], dict[int, int], dict[int, tuple[int, Tensor]]]:
+        """The nodes after instance q that a fusion starting in it can reach (16 that are not empty), as copies that
+        read q's output where they read their placeholder, with their use counts; copy id -> (instance offset, node)."""
+        ctx: list[Tensor] = []
+        uses: dict[int, int] = {}
+        back: dict[int, tuple[int, Tensor]] = {}
+        clone: dict[int, Tensor] = {}
+        out = self.insts[q][0].out
+        n_real = 0
+        q1 = q + 1
+        while q1 < len(self.insts) and n_real < _CONTEXT:
+            seg, nodes = self.insts[q1]
+            u = self._uses_at(q1)
+            for t in nodes:
+                if n_real == _CONTEXT:
+                    break
+                c = t.clone()
+                c.src = tuple(out if x is seg.inp and x is not None else clone.get(id(x), x) for x in t.src)
+                if t.vs is not None:
+                    c.vs = out if t.vs is seg.inp else clone.get(id(t.vs), t.vs)
+                clone[id(t)] = c
+                back[id(c)] = (q1 - q, t)
+                if id(t) in u:
+                    uses[id(c)] = u[id(t)]
+                ctx.append(c)
+                if t.op not in EMPTY_OPS:
+                    n_real += 1
+            out = clone.get(id(seg.out)) if seg.out is not None else None
+            q1 += 1
+        return ctx, uses, back
+
+    def _kind(self, q: int, nodes: list[Tensor], start: int, dstart: int) -> _Kind:
+        seg = self.insts[q][0]
+        kind = _Kind(nodes)
+        ctx, ctx_uses, back = self._context(q)
+        uses = self._uses_at(q)
+        for k, v in ctx_uses.items():
+            uses[k] = v
+        win = nodes[start:] + ctx
+        end = len(nodes) - start
+        inner = self._inner(nodes) - start  # packs from before it see this node list alone (not its output's readers)
+        memo = self._packs
+        i = 0
+        while i < end:
+            hit = memo.get((id(nodes), start + i)) if i < inner else None
+            if hit is None:
+                f = fusion_max(win, i, uses) if self.table else _fuse_len(win, i, uses)
+                pack = win[i:i + f]
+                if self.table:  # 0.3.36: sources made inside the pack are not sources; every node is a destination
+                    inside = {id(x) for x in pack}
+                    srcs = [s for x in pack for s in x.src if s is not None and id(s) not in inside]
+                    dsts = pack
+                else:  # 0.3.35: every source of every node; the last node is the destination
+                    srcs = [s for x in pack for s in x.src if s is not None]
+                    dsts = pack[-1:]
+                hit = (f, pack[0].op in EMPTY_OPS, pack[0].op in SAFE_OPS, self._ref(seg, srcs, back),
+                       self._ref(seg, dsts, back))
+                if i < inner:
+                    memo[(id(nodes), start + i)] = hit
+            f, empty, safe, rd, wr = hit
+            parts: list[tuple[int, int, int]] = [(0, start + i, start + min(i + f, end))]
+            if i + f > end:
+                over = [back[id(x)] for x in win[end:i + f]]
+                if any(dq != 1 for dq, _ in over):
+                    raise _Unsupported  # a pack across two instance boundaries
+                parts.append((1, 0, len(over)))
+                kind.over = len(over)
+            kind.parts.append(tuple(parts))
+            kind.empty.append(empty)
+            kind.safe.append(safe)
+            kind.rd.append(rd)
+            kind.wr.append(wr)
+            i += f
+        if self.table:
+            dwin = nodes[dstart:] + ctx
+            for t, until in fusion_alloc_deps(dwin, len(nodes) - dstart):
+                if id(until) not in back:
+                    kind.deps.append((t, until))
+                    continue
+                # a pattern that ends in the next instance: its dep goes there, keeping a global tensor, a node of that
+                # instance, or this instance's output (that instance's placeholder)
+                dq, u = back[id(until)]
+                kept: Tensor | None = t
+                if id(t) in back:
+                    kept = back[id(t)][1]
+                elif t is seg.out:
+                    kept = self.insts[q + 1][0].inp
+                elif not (t.glob or t.ext):
+                    raise _Unsupported
+                if dq != 1 or kept is None:
+                    raise _Unsupported
+                kind.spill.append((kept, u))
+                kind.dover = max(kind.dover, self.insts[q + 1][1].index(u) + 1)
+        return kind
+
+    def _inner(self, nodes: list[Tensor]) -> int:
+        """The first index of a node list from which a fusion could reach its last node: GGML_METAL_FUSION_MAX nodes
+        that are not empty before it (fusion_max looks no further ahead)."""
+        hit = self._inner_of.get(id(nodes))
+        if hit is None:
+            k, seen = len(nodes) - 1, 0
+            while k > 0 and seen < _CONTEXT + 1:
+                k -= 1
+                if nodes[k].op not in EMPTY_OPS:
+                    seen += 1
+            hit = self._inner_of[id(nodes)] = k
+        return hit
+
+    def _ref(self, seg: Segment, ts: list[Tensor], back: dict[int, tuple[int, Tensor]]) -> Ref:
+        """What a pack reads or writes (ggml_mem_range_from_tensor of each tensor's base, as metal_common._ranges),
+        relative to its instance: local tensors as (instance offset, id), whether it reads the previous instance's
+        output, global tensors by id, KV ranges, recurrent slots as (instance offset, layer built for, slot, size,
+        backend)."""
+        loc: list[tuple[int, int]] = []
+        prev = False
+        glob: list[int] = []
+        kv: list[tuple] = []
+        rs: list[tuple] = []
+        for t in ts:
+            b = t.vs if t.vs is not None else t
+            dq = 0
+            hit = back.get(id(b))
+            if hit is not None:  # a node of the next instance (never its placeholder: the copies read q's output)
+                dq, b = hit
+            if isinstance(b, CacheTensor) and b.buf:
+                if b.buf[0] == "kv":
+                    kv.append((("kv", b.be, b.buf[1]), 0, 1))
+                else:
+                    rs.append((dq, b.buf[1], b.buf[2], self.alloc_size(b), b.be))
+            elif dq == 0 and b is seg.inp:
+                prev = True
+            elif b.glob or b.ext:
+                glob.append(id(b))
+            else:
+                loc.append((dq, id(b)))
+        return tuple(loc), prev, frozenset(glob), tuple(kv), tuple(rs)
+
+    # ---- recurrent state layout ------------------------------------------------------------------------------------
+
+    def _rs_layout(self) -> None:
+        """metal_common.cache_ranges' offsets of r_l / s_l, each layer's at its own place: a layer's segment stands for
+        every layer that runs it, so its recurrent tensors are those of the layer it was built for."""
+        segs = [self.pro] + [seg for seg, _ in self.layers] + [self.epi]
+        last = len(segs) - 1
+        of_seg: dict[int, dict[tuple, int]] = {}  # segment -> (be, layer built for, slot) -> size
+        touched: dict[tuple, int] = {}  # (be, layer, slot) -> size
+        for q, seg in enumerate(segs):
+            rs = of_seg.get(id(seg))
+            if rs is None:
+                rs = of_seg[id(seg)] = {}
+                for t in seg.nodes:
+                    for x in (t, *t.src):
+                        if x is None:
+                            continue
+                        b = x.vs if x.vs is not None else x
+                        if isinstance(b, CacheTensor) and b.buf and b.buf[0] == "rs":
+                            rs[(b.be, b.buf[1], b.buf[2])] = self.alloc_size(b)
+                if len({il for _, il, _ in rs}) > 1 and 0 < q < last:
+                    raise _Unsupported  # a layer reading another layer's recurrent state
+            for (be, il, slot), size in rs.items():
+                touched[(be, il if q in (0, last) else q - 1, slot)] = size
+        if len({be for be, _, _ in touched}) > 1:
+            raise _Unsupported
+        a = self.alignment
+        self.rs_off: dict[tuple, int] = {}
+        off = 0
+        first_at: dict[int, int] = {}  # layer -> the offset of its first recurrent tensor
+        for key in sorted(touched):
+            self.rs_off[key] = off
+            first_at.setdefault(key[1], off)
+            off += (touched[key] + a - 1) // a * a
+        # per instance, where the recurrent state of its layer and the ones after it starts (the reorder's states are
+        # kept relative to it)
+        self.rs_base = [0] * (self.n + 2)
+        self.rs_base[-1] = nxt = off
+        for il in range(self.n - 1, -1, -1):
+            nxt = first_at.get(il, nxt)
+            self.rs_base[il + 1] = nxt
+
+    # ---- the reorder -----------------------------------------------------------------------------------------------
+
+    def _qual(self, q: int, ref: Ref) -> tuple[set, list | None]:
+        """A pack's Ref at instance q: its identities (local ones as (instance, id), global ones as ids) and its buffer
+        ranges (metal_common.Range)."""
+        loc, prev, glob, kv, rs = ref
+        ids: set = {(q + dq, x) for dq, x in loc}
+        if prev:
+            ids.add((q - 1, id(self.insts[q - 1][0].out)))
+        ids |= glob
+        iv: list | None = list(kv) if kv else None
+        if rs:
+            iv = iv or []
+            last = len(self.insts) - 1
+            for dq, bl, slot, size, be in rs:
+                q1 = q + dq
+                p0 = self.rs_off[(be, bl if q1 in (0, last) else q1 - 1, slot)]
+                iv.append((("rs", be), p0, p0 + size))
+        return ids, iv
+
+    def _reorder(self) -> list[tuple]:
+        """ggml_metal_graph_optimize_reorder (metal_common.reorder's loop) over the packs of every instance in turn,
+        each instance's work kept by the state it starts from (relative to it) and replayed where that repeats.
+        Returns, per instance, the work kept for it: the packs it emits ((instance offset, pack) each) and the state it
+        leaves; equal work is the same object."""
+        kinds = self.kind_of
+        m = len(kinds)
+        qual: dict[tuple[int, int], tuple] = {}
+
+        def packed(q: int, k: int) -> tuple:
+            e = qual.get((q, k))
+            if e is None:
+                kind = kinds[q]
+                e = qual[(q, k)] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
+            return e
+
+        def concurrent(st: list, q: int, k: int) -> bool:  # h_check
+            s, d, iv = st
+            si, siv, di, div = packed(q, k)
+            return (d.isdisjoint(si) and d.isdisjoint(di) and s.isdisjoint(di)
+                    and (not iv or (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True))))
+
+        def add(st: list, q: int, k: int) -> None:  # h_add
+            si, siv, di, div = packed(q, k)
+            st[0] |= si
+            st[1] |= di
+            _iv_add(st[2], siv, False)
+            _iv_add(st[2], div, True)
+
+        chunks: list[tuple] = []
+        memo: dict[tuple, tuple] = {}
+        state: list = [set(), set(), {}]
+        used: set[tuple[int, int]] = set()
+        for q in range(m):
+            key = self._key(q, state, used)
+            hit = memo.get(key)
+            if hit is None:
+                emitted: list[tuple[int, int]] = []
+                kind = kinds[q]
+                for k in range(len(kind.parts)):
+                    if (q, k) in used:
+                        continue
+                    if not kind.empty[k] and not concurrent(state, q, k):
+                        st1: list = [set(), set(), {}]
+                        add(st1, q, k)
+                        for q1, k1 in self._ahead(q, k):
+                            if (q1, k1) in used:
+                                continue
+                            k1kind = kinds[q1]
+                            if not k1kind.safe[k1]:
+                                break
+                            if (k1kind.empty[k1] or concurrent(state, q1, k1)) and concurrent(st1, q1, k1):
+                                add(state, q1, k1)
+                                emitted.append((q1, k1))
+                                used.add((q1, k1))
+                            else:
+                                add(st1, q1, k1)
+                        state = [set(), set(), {}]
+                    add(state, q, k)
+                    emitted.append((q, k))
+                rel = [(q1 - q, k1) for q1, k1 in emitted]
+                used = {u for u in used if u[0] > q}
+                hit = memo[key] = (rel, self._relative(q, state, used))
+            else:
+                rel, exit_state = hit
+                state, used = self._absolute(q, exit_state)
+            chunks.append(hit)
+        return chunks
+
+    def _ahead(self, q: int, k: int) -> Iterator[tuple[int, int]]:
+        """The packs after pack k of instance q that the look-ahead reaches (N_FORWARD - 1 of them, in the split)."""
+        left = N_FORWARD - 1
+        k += 1
+        kinds = self.kind_of
+        while q < len(kinds) and left > 0:
+            n_k = len(kinds[q].parts)
+            while k < n_k and left > 0:
+                yield q, k
+                k += 1
+                left -= 1
+            q += 1
+            k = 0
+
+    def _key(self, q: int, state: list, used: set) -> tuple:
+        """The reorder's state entering instance q, relative to q, and the kinds of the instances its look-ahead can
+        reach."""
+        kinds = self.kind_of
+        ahead = [id(kinds[q])]
+        reach = 0
+        q1 = q + 1
+        while q1 < len(kinds) and reach < N_FORWARD:
+            ahead.append(id(kinds[q1]))
+            reach += len(kinds[q1].parts)
+            q1 += 1
+        return (tuple(ahead), self._relative(q, state, used))
+
+    def _relative(self, q: int, state: list, used: set) -> tuple:
+        base = self.rs_base[q]
+        s, d, iv = state
+        rel_iv = frozenset((pb, p0 - base, p1 - base, dst) if pb[0] == "rs" else (pb, p0, p1, dst)
+                           for pb, rs in iv.items() for p0, p1, dst in rs)
+        return (frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in s),
+                frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in d),
+                rel_iv, frozenset((q1 - q, k) for q1, k in used))
+
+    def _absolute(self, q: int, rel: tuple) -> tuple[list, set]:
+        """A state kept relative to an instance, made the one entering instance q + 1 after q's work."""
+        base = self.rs_base[q]
+        s, d, rel_iv, used = rel
+        iv: dict = {}
+        for pb, p0, p1, dst in rel_iv:
+            if pb[0] == "rs":
+                p0, p1 = p0 + base, p1 + base
+            iv.setdefault(pb, []).append((p0, p1, dst))
+        return ([{(x[0] + q, x[1]) if type(x) is tuple else x for x in s},
+                 {(x[0] + q, x[1]) if type(x) is tuple else x for x in d}, iv],
+                {(q1 + q, k) for q1, k in used})
+
+    # ---- the chunks ------------------------------------------------------------------------------------------------
+
+    def _chunks(self, work: list[tuple], n_copy: int, pro_tail: int, epi_head: int) -> tuple[ChunkPlan, list[Segment]]:
+        """The reordered graph as chunks (fitter.ggml.alloc.Chunk), one per instance: the nodes emitted while the
+        reorder walked that instance's packs (some of them the next instances'), the alloc deps after their `until`.
+        Instances whose work is the same object, and that hand on the same tensors (relative to them), share one chunk:
+        its nodes are copies of the segments' (the global tensors themselves), its inputs stand for what it reads from
+        earlier chunks."""
+        insts, kinds = self.insts, self.kind_of
+        m = len(insts)
+        pro, epi, seg0 = self.pro, self.epi, self.layers[0][0]
+        rest: dict[int, list[Tensor]] = {}
+        head = optimize_splits(pro.nodes[:len(pro.nodes) - pro_tail], self._uses_at(0), {}, self.build, self.gpu, rest)
+        tail = optimize_splits(epi.nodes[epi_head:], self._uses_at(m - 1), {}, self.build, self.gpu, rest)
+        for part in (head, tail):
+            if any(isinstance(b, CacheTensor) for t in part for x in (t, *t.src) if x is not None
+                   for b in (x.vs if x.vs is not None else x,)):
+                raise _Unsupported  # (the caches' ranges are worked out for the layers' split only)
+        head = insert_alloc_deps(head, rest)
+        tail = insert_alloc_deps(tail, rest)
+
+        # each instance's alloc-dep nodes by their `until` (shared by instances of one node list and deps)
+        dep_cache: dict[tuple, dict[int, list[Tensor]]] = {}
+        deps_at: list[dict[int, list[Tensor]]] = []
+        for q in range(m):
+            pairs = (kinds[q - 1].spill if q else []) + kinds[q].deps
+            key = (id(insts[q][1]), tuple((id(t), id(u)) for t, u in pairs))
+            d = dep_cache.get(key)
+            if d is None:
+                keep: dict[int, list[Tensor]] = {}
+                for t, until in pairs:
+                    add_alloc_dep(keep, t, until)
+                d = dep_cache[key] = {}
+                for until_id, kept in keep.items():
+                    until = next(u for _, u in pairs if id(u) == until_id)
+                    d[until_id] = insert_alloc_deps([until], {until_id: kept})[1:]
+            deps_at.append(d)
+
+        # each chunk's nodes relative to it ((instance offset, node)), with what each reads ((offset, id) or None for a
+        # global tensor, the placeholders followed back), what it makes and what it reads from earlier chunks: worked
+        # out once per (work, kind of the instance before: its output is what the placeholders stand for)
+        shapes: dict[tuple, _Stretch] = {}
+        by_content: dict[tuple, _Stretch] = {}
+        at: list[_Stretch] = []
+        for c, hit in enumerate(work):
+            skey = (id(hit), id(kinds[c - 1])) if 1 < c < m - 1 else (c, 0)
+            st = shapes.get(skey)
+            if st is None:
+                r: list[tuple[int, Tensor]] = []
+                if c == 0:
+                    r = [(0, t) for t in head]
+                elif c == 1:
+                    r = [(0, t) for t in seg0.nodes[:n_copy]]
+                for dq, k in hit[0]:
+                    for dq2, a0, b0 in kinds[c + dq].parts[k]:
+                        q = c + dq + dq2
+                        dmap = deps_at[q]
+                        for t in insts[q][1][a0:b0]:
+                            r.append((q - c, t))
+                            extra = dmap.get(id(t))
+                            if extra:
+                                r += [(q - c, d) for d in extra]
+                if c == m - 1:
+                    r += [(0, t) for t in tail]
+                st = self._stretch(c, r)
+                # the same nodes read the same way (the look-ahead near the graph's end often moves nothing more)
+                st = shapes[skey] = by_content.setdefault((tuple((dq, id(t)) for dq, t in r), tuple(st.wiring)), st)
+            at.append(st)
+
+        # what each chunk is handed: the tensors made before it and read in it or after it
+        carried: list[set[tuple[int, int]]] = [set() for _ in range(m + 1)]
+        for c, st in enumerate(at):
+            for dq, tid in st.reads:
+                q = c + dq
+                c0 = c - 1
+                while c0 >= 0 and (q - c0, tid) not in at[c0].made:
+                    c0 -= 1
+                if c0 < 0:
+                    raise _Unsupported  # (a tensor no chunk makes)
+                for b1 in range(c0 + 1, c + 1):
+                    carried[b1].add((q, tid))
+
+        chunks: list[Chunk] = []
+        types: dict[tuple, int] = {}
+        seq: list[int] = []
+        for c, st in enumerate(at):
+            cin = tuple(sorted((q - c, x) for q, x in carried[c]))
+            cout = tuple(sorted((q - c, x) for q, x in carried[c + 1])) if c + 1 < m else ()
+            tkey = (id(st), cin, cout)
+            k = types.get(tkey)
+            if k is None:
+                k = types[tkey] = len(chunks)
+                chunks.append(self._chunk(c, st, cin, cout))
+            seq.append(k)
+        first: list[Tensor] = []
+        for seg in [pro, seg0, *(s for s, f in self.layers[1:] if f), epi]:
+            for leaf in seg.leafs:
+                if not leaf.glob:
+                    raise _Unsupported  # (a layer's own leaf: the segments' replay would allocate it once)
+                first.append(leaf)
+        seen_in: set[int] = set()
+        for k in dict.fromkeys(seq):  # graph inputs as Gallocr.run meets them (later chunks meet the same ones)
+            for t in chunks[k].nodes:
+                for x in (t, *t.src):
+                    if x is not None and x.flags & FLAG_INPUT and id(x) not in seen_in:
+                        seen_in.add(id(x))
+                        first.append(x)
+        segs = [Segment(ch.nodes, [], ch.inps, None, None) for ch in chunks]
+        segs[0].leafs = first
+        return ChunkPlan(chunks, seq, first), segs
+
+    def _resolve(self, q: int, x: Tensor | None) -> tuple[int, int] | None:
+        """The tensor a node of instance q reads as x: (instance, id), its placeholder followed back to the output it
+        stands for; None for a global tensor."""
+        if x is None:
+            return None
+        seg = self.insts[q][0]
+        while seg.inp is not None and x is seg.inp:
+            q -= 1
+            seg = self.insts[q][0]
+            assert seg.out is not None  # a placeholder stands for a layer's output
+            x = seg.out
+        if x.glob or x.ext:
+            return None
+        self._by_id[id(x)] = x
+        return q, id(x)
+
+    def _stretch(self, c: int, r: list[tuple[int, Tensor]]) -> "_Stretch":
+        st = _Stretch(r)
+        made = st.made
+        for dq, t in r:
+            if not (t.glob or t.ext):
+                made.add((dq, id(t)))
+        reads: dict[tuple[int, int], None] = {}
+        for dq, t in r:
+            q = c + dq
+            src = tuple(self._resolve(q, x) for x in t.src)
+            vs = self._resolve(q, t.vs)
+            st.wiring.append((tuple(None if x is None else (x[0] - c, x[1]) for x in src),
+                              None if vs is None else (vs[0] - c, vs[1])))
+            for x in (*src, vs):
+                while x is not None and (x[0] - c, x[1]) not in made:  # read from an earlier chunk, with its base
+                    reads[(x[0] - c, x[1])] = None
+                    base = self._by_id[x[1]].vs
+                    x = self._resolve(x[0], base) if base is not None else None
+        st.reads = list(reads)
+        return st
+
+    def _chunk(self, c: int, st: "_Stretch", cin: tuple, cout: tuple) -> Chunk:
+        """Chunk c's own tensors: a copy of each node that is not global, a stand-in for each tensor it is handed
+        (relative refs: (instance offset, id))."""
+        objs: dict[tuple[int, int], Tensor] = {}
+        by_id = self._by_id
+
+        def obj(ref: tuple[int, int]) -> Tensor:
+            o = objs.get(ref)
+            if o is None:  # made in an earlier chunk: a stand-in, never a node here
+                t = by_id[ref[1]]
+                o = objs[ref] = t.clone()
+                o.src = ()
+                o.vs = None
+                if t.vs is not None:
+                    base = self._resolve(c + ref[0], t.vs)
+                    o.vs = t.vs if base is None else obj((base[0] - c, base[1]))
+            return o
+
+        nodes: list[Tensor] = []
+        pending: list[tuple[Tensor, Tensor, tuple]] = []
+        for (dq, t), wiring in zip(st.nodes, st.wiring):
+            if t.glob or t.ext:
+                nodes.append(t)
+                continue
+            cl = t.clone()
+            objs[(dq, id(t))] = cl
+            pending.append((t, cl, wiring))
+            nodes.append(cl)
+        inps = [obj(ref) for ref in cin]
+        for t, cl, (src, vs) in pending:
+            cl.src = tuple(x if ref is None else obj(ref) for x, ref in zip(t.src, src))
+            if vs is not None:
+                cl.vs = obj(vs)
+        outs = [obj(ref) for ref in cout]
+        return Chunk(nodes, inps, outs)
+
+
+class _Stretch:
+    """A chunk's nodes relative to it: (instance offset, node); per node where its sources and view base are ((offset,
+    id), None for a global tensor); what it makes; what it reads from earlier chunks (view bases included)."""
+
+    __slots__ = ("nodes", "wiring", "made", "reads")
+
+    def __init__(self, nodes: list[tuple[int, Tensor]]) -> None:
+        self.nodes = nodes
+        self.wiring: list[tuple[tuple, tuple[int, int] | None]] = []
+        self.made: set[tuple[int, int]] = set()
+        self.reads: list[tuple[int, int]] = []
