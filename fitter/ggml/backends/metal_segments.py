@@ -33,7 +33,6 @@ from fitter.ggml.backends.metal_common import (
     N_FORWARD,
     SAFE_OPS,
     _fuse_len,
-    _iv_add,
     _iv_clear,
     optimize_splits,
 )
@@ -43,6 +42,11 @@ from fitter.ggml.sched import add_alloc_dep, graph_uses, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, VIEW_OPS, CacheTensor, Tensor
 
 _CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSION_MAX)
+# across graphs: each kind's fingerprint (what the reorder reads of it) -> a number, and the reorder's work by the
+# fingerprints of every instance's kind and the recurrent layout
+_FINGERPRINTS: dict[tuple, int] = {}
+_WORK: dict[tuple, list] = {}
+_MEMO_MAX = 64
 
 
 class _Unsupported(Exception):
@@ -58,7 +62,7 @@ class _Kind:
     """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
     node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
 
-    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover")
+    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover", "fp")
 
     def __init__(self, nodes: list[Tensor]) -> None:
         self.nodes = nodes
@@ -72,6 +76,7 @@ class _Kind:
         self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
         self.over = 0  # how many nodes of the next instance its last pack takes
         self.dover = 0  # and its last alloc-dep pattern
+        self.fp = -1  # what the reorder reads of it (parts, empty, safe, rd, wr), as an interned number
 
 
 def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
@@ -97,6 +102,10 @@ class _Plan:
         # movable, reads, writes)
         self._packs: dict[tuple[int, int], tuple] = {}
         self._inner_of: dict[int, int] = {}
+        self._glob_index: dict[int, int] = {}  # global tensor id -> its index, in the order the packs meet them
+        self._local_index: dict[int, dict[int, int]] = {}  # segment -> tensor id -> its index in the segment
+        self._bits: dict[object, int] = {}  # the reorder's sets as bits: tensor identity -> its bit
+        self._idents: list[object] = []
         self.table = build.has("metal_fusion_table")
         # the layers' instances: (segment, first): a template's first instance runs all its nodes, the later ones its
         # steady nodes (the prologue's tensors are emitted once, fitter.ggml.alloc)
@@ -144,7 +153,15 @@ class _Plan:
         self._uses(full)
         self._kinds()
         self._rs_layout()
-        work = self._reorder()
+        # the reorder reads nothing but the kinds and the recurrent layout, none of it an object: graphs of one shape
+        # (another -ub or K/V type of the same model, as a `fit` table asks) reorder alike
+        wkey = (self.table, tuple(k.fp for k in self.kind_of), tuple(sorted(self.rs_off.items())), tuple(self.rs_base))
+        work = _WORK.get(wkey)
+        if work is None:
+            work = self._reorder()
+            if len(_WORK) >= _MEMO_MAX:
+                _WORK.pop(next(iter(_WORK)))
+            _WORK[wkey] = work
         return self._chunks(work, n_copy, pro_tail, epi_head)
 
     # ---- use counts ------------------------------------------------------------------------------------------------
@@ -200,12 +217,23 @@ class _Plan:
         start = dstart = 0
         insts = self.insts
         for q, (_, nodes) in enumerate(insts):
-            # one list object per segment and variant; the one after the next where the next is short
-            after = tuple(id(insts[q1][1]) for q1 in range(q + 1, min(q + 3, len(insts))))
-            key = (id(nodes), after, start, dstart)
+            # one list object per segment and variant; the lists after it that a fusion could reach
+            after = []
+            q1 = q + 1
+            while q1 < len(insts):
+                after.append(id(insts[q1][1]))
+                if self._inner(insts[q1][1]) > 0:  # long enough to hold every fusion from before it
+                    break
+                q1 += 1
+            key = (id(nodes), tuple(after), start, dstart)
             kind = kinds.get(key)
             if kind is None:
                 kind = kinds[key] = self._kind(q, nodes, start, dstart)
+                if len(_FINGERPRINTS) > _MEMO_MAX * 64:
+                    _FINGERPRINTS.clear()
+                    _WORK.clear()
+                fp = (tuple(kind.parts), tuple(kind.empty), tuple(kind.safe), tuple(kind.rd), tuple(kind.wr))
+                kind.fp = _FINGERPRINTS.setdefault(fp, len(_FINGERPRINTS))
             self.kind_of.append(kind)
             start, dstart = kind.over, kind.dover
 
@@ -264,8 +292,8 @@ class _Plan:
                 else:  # 0.3.35: every source of every node; the last node is the destination
                     srcs = [s for x in pack for s in x.src if s is not None]
                     dsts = pack[-1:]
-                hit = (f, pack[0].op in EMPTY_OPS, pack[0].op in SAFE_OPS, self._ref(seg, srcs, back),
-                       self._ref(seg, dsts, back))
+                hit = (f, pack[0].op in EMPTY_OPS, pack[0].op in SAFE_OPS, self._ref(q, srcs, back),
+                       self._ref(q, dsts, back))
                 if i < inner:
                     memo[(id(nodes), start + i)] = hit
             f, empty, safe, rd, wr = hit
@@ -317,11 +345,13 @@ class _Plan:
             hit = self._inner_of[id(nodes)] = k
         return hit
 
-    def _ref(self, seg: Segment, ts: list[Tensor], back: dict[int, tuple[int, Tensor]]) -> Ref:
-        """What a pack reads or writes (ggml_mem_range_from_tensor of each tensor's base, as metal_common._ranges),
-        relative to its instance: local tensors as (instance offset, id), whether it reads the previous instance's
-        output, global tensors by id, KV ranges, recurrent slots as (instance offset, layer built for, slot, size,
-        backend)."""
+    def _ref(self, q: int, ts: list[Tensor], back: dict[int, tuple[int, Tensor]]) -> Ref:
+        """What a pack of instance q reads or writes (ggml_mem_range_from_tensor of each tensor's base, as
+        metal_common._ranges), relative to the instance and with no object identity in it (so that graphs of the same
+        shape have the same Refs): local tensors as (instance offset, index in their segment), whether it reads the
+        previous instance's output, global tensors by their index in the graph, KV ranges, recurrent tensors as
+        (instance offset, layer built for, slot, size, backend)."""
+        seg = self.insts[q][0]
         loc: list[tuple[int, int]] = []
         prev = False
         glob: list[int] = []
@@ -341,10 +371,20 @@ class _Plan:
             elif dq == 0 and b is seg.inp:
                 prev = True
             elif b.glob or b.ext:
-                glob.append(id(b))
+                glob.append(self._glob_index.setdefault(id(b), len(self._glob_index)))
             else:
-                loc.append((dq, id(b)))
+                loc.append((dq, self._local(self.insts[q + dq][0], b)))
         return tuple(loc), prev, frozenset(glob), tuple(kv), tuple(rs)
+
+    def _local(self, seg: Segment, t: Tensor) -> int:
+        """t's index among the tensors of its segment (made in it, its nodes, its placeholder)."""
+        index = self._local_index.get(id(seg))
+        if index is None:
+            index = self._local_index[id(seg)] = {}
+            for x in (*seg.created, *seg.nodes, seg.inp):
+                if x is not None:
+                    index.setdefault(id(x), len(index))
+        return index[id(t)]
 
     # ---- recurrent state layout ------------------------------------------------------------------------------------
 
@@ -390,14 +430,20 @@ class _Plan:
 
     # ---- the reorder -----------------------------------------------------------------------------------------------
 
-    def _qual(self, q: int, ref: Ref) -> tuple[set, list | None]:
-        """A pack's Ref at instance q: its identities (local ones as (instance, id), global ones as ids) and its buffer
-        ranges (metal_common.Range)."""
+    def _qual(self, q: int, ref: Ref) -> tuple[int, list | None]:
+        """A pack's Ref at instance q: its identities as a bit set (_bit: local tensors as (instance, id), global ones
+        by id) and its buffer ranges (metal_common.Range)."""
         loc, prev, glob, kv, rs = ref
-        ids: set = {(q + dq, x) for dq, x in loc}
+        bit = self._bit
+        mask = 0
+        for dq, x in loc:
+            mask |= bit((q + dq, x))
         if prev:
-            ids.add((q - 1, id(self.insts[q - 1][0].out)))
-        ids |= glob
+            out = self.insts[q - 1][0].out
+            assert out is not None  # a placeholder stands for a layer's output
+            mask |= bit((q - 1, self._local(self.insts[q - 1][0], out)))
+        for x in glob:
+            mask |= bit(x)
         iv: list | None = list(kv) if kv else None
         if rs:
             iv = iv or []
@@ -406,7 +452,24 @@ class _Plan:
                 q1 = q + dq
                 p0 = self.rs_off[(be, bl if q1 in (0, last) else q1 - 1, slot)]
                 iv.append((("rs", be), p0, p0 + size))
-        return ids, iv
+        return mask, iv
+
+    def _bit(self, ident: object) -> int:
+        """The bit that stands for a tensor in the reorder's sets."""
+        b = self._bits.get(ident)
+        if b is None:
+            b = self._bits[ident] = 1 << len(self._idents)
+            self._idents.append(ident)
+        return b
+
+    def _idents_of(self, mask: int) -> list:
+        out = []
+        idents = self._idents
+        while mask:
+            low = mask & -mask
+            out.append(idents[low.bit_length() - 1])
+            mask ^= low
+        return out
 
     def _reorder(self) -> list[tuple]:
         """ggml_metal_graph_optimize_reorder (metal_common.reorder's loop) over the packs of every instance in turn,
@@ -424,22 +487,25 @@ class _Plan:
                 e = qual[(q, k)] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
             return e
 
+        # a state: [identities read, identities written, buffer ranges touched (buffer -> {(p0, p1, written)})]
         def concurrent(st: list, q: int, k: int) -> bool:  # h_check
             s, d, iv = st
             si, siv, di, div = packed(q, k)
-            return (d.isdisjoint(si) and d.isdisjoint(di) and s.isdisjoint(di)
+            return (not (d & (si | di)) and not (s & di)
                     and (not iv or (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True))))
 
         def add(st: list, q: int, k: int) -> None:  # h_add
             si, siv, di, div = packed(q, k)
             st[0] |= si
             st[1] |= di
-            _iv_add(st[2], siv, False)
-            _iv_add(st[2], div, True)
+            iv = st[2]
+            for ranges, dst in ((siv, False), (div, True)):
+                for pb, p0, p1 in ranges or ():
+                    iv.setdefault(pb, set()).add((p0, p1, dst))
 
         chunks: list[tuple] = []
         memo: dict[tuple, tuple] = {}
-        state: list = [set(), set(), {}]
+        state: list = [0, 0, {}]
         used: set[tuple[int, int]] = set()
         for q in range(m):
             key = self._key(q, state, used)
@@ -451,7 +517,7 @@ class _Plan:
                     if (q, k) in used:
                         continue
                     if not kind.empty[k] and not concurrent(state, q, k):
-                        st1: list = [set(), set(), {}]
+                        st1: list = [0, 0, {}]
                         add(st1, q, k)
                         for q1, k1 in self._ahead(q, k):
                             if (q1, k1) in used:
@@ -465,7 +531,7 @@ class _Plan:
                                 used.add((q1, k1))
                             else:
                                 add(st1, q1, k1)
-                        state = [set(), set(), {}]
+                        state = [0, 0, {}]
                     add(state, q, k)
                     emitted.append((q, k))
                 rel = [(q1 - q, k1) for q1, k1 in emitted]
@@ -509,8 +575,8 @@ class _Plan:
         s, d, iv = state
         rel_iv = frozenset((pb, p0 - base, p1 - base, dst) if pb[0] == "rs" else (pb, p0, p1, dst)
                            for pb, rs in iv.items() for p0, p1, dst in rs)
-        return (frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in s),
-                frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in d),
+        return (frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in self._idents_of(s)),
+                frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in self._idents_of(d)),
                 rel_iv, frozenset((q1 - q, k) for q1, k in used))
 
     def _absolute(self, q: int, rel: tuple) -> tuple[list, set]:
@@ -521,10 +587,14 @@ class _Plan:
         for pb, p0, p1, dst in rel_iv:
             if pb[0] == "rs":
                 p0, p1 = p0 + base, p1 + base
-            iv.setdefault(pb, []).append((p0, p1, dst))
-        return ([{(x[0] + q, x[1]) if type(x) is tuple else x for x in s},
-                 {(x[0] + q, x[1]) if type(x) is tuple else x for x in d}, iv],
-                {(q1 + q, k) for q1, k in used})
+            iv.setdefault(pb, set()).add((p0, p1, dst))
+        bit = self._bit
+        ms = md = 0
+        for x in s:
+            ms |= bit((x[0] + q, x[1]) if type(x) is tuple else x)
+        for x in d:
+            md |= bit((x[0] + q, x[1]) if type(x) is tuple else x)
+        return [ms, md, iv], {(q1 + q, k) for q1, k in used}
 
     # ---- the chunks ------------------------------------------------------------------------------------------------
 
