@@ -461,21 +461,33 @@ class _Traced:
 
 
 _TRACED: dict[tuple, _Traced] = {}
+_TRACED_BY_CONTENT: dict[tuple, _Traced] = {}  # those that read no weight's type, by content (_allocated)
 # dropped at exit, before the interpreter's last collection walks them (~10 ms off a `fit`)
 atexit.register(_TRACED.clear)
+atexit.register(_TRACED_BY_CONTENT.clear)
 # a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
 # every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
 _TRACED_MAX = 4
 
 
 def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: tuple | None,
-               pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None) -> AllocResult:
+               pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None,
+               content_key: tuple | None = None) -> AllocResult:
     """The graph of `c` allocated by `ga`: a traced graph of the same key (the model, the context but its cache
-    sizes, the placement) reused where its guards hold for these cache sizes, else built and traced."""
+    sizes, the placement) reused where its guards hold for these cache sizes, else built and traced. `content_key`:
+    the same by content (the model less its file's facts and weight types); a graph that never read a weight's type
+    serves every model of that content (the quants of one model)."""
     if key is not None:
         hit = _TRACED.get(key)
         if hit is not None and hit.spec is c.spec and hit.details is details:
             _TRACED[key] = _TRACED.pop(key)  # the most recently used last
+        elif content_key is not None:
+            hit = _TRACED_BY_CONTENT.get(content_key)
+            if hit is not None and hit.types_read:
+                hit = None
+        else:
+            hit = None
+        if hit is not None:
             cells = _Traced.cells(c)
             if holds(hit.guards, cells):
                 hit.apply(cells)
@@ -499,6 +511,10 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
     if len(_TRACED) >= _TRACED_MAX:
         _TRACED.pop(next(iter(_TRACED)))
     _TRACED[key] = traced
+    if content_key is not None and not types_read:
+        if len(_TRACED_BY_CONTENT) >= _TRACED_MAX:
+            _TRACED_BY_CONTENT.pop(next(iter(_TRACED_BY_CONTENT)))
+        _TRACED_BY_CONTENT[content_key] = traced
     return run(ga)
 
 
@@ -689,12 +705,13 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
     # same spec and details objects (the graph reads them)
     tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq", "n_batch")),
             c.n_tokens, c.n_outputs, *key[3:])
+    ctkey = (ckey[0], ckey[1], tkey[2:], ckey[3])  # and by content: the quants of one model share it
     if impl.is_gpu:
         out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
-                           details=details, tkey=tkey)
+                           details=details, tkey=tkey, ctkey=ctkey)
     else:
         ga = Gallocr(impl.alignment, trace=True)
-        r = _allocated(c, ga, details, tkey)
+        r = _allocated(c, ga, details, tkey, content_key=ctkey)
         terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
         out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
     if not header_types_read[0]:
@@ -707,7 +724,7 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
 def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None,
                  placement: WeightPlacement | None = None, kv_host: bool = False,
                  op_offload: bool = True, *, details: GraphDetails | None = None,
-                 tkey: tuple | None = None) -> list[ComputeBuffer]:
+                 tkey: tuple | None = None, ctkey: tuple | None = None) -> list[ComputeBuffer]:
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
@@ -748,7 +765,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
                  [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=True,
                  max_buffer_size=[max_size, SIZE_MAX] + [max_size] * n_extra)
-    r = _allocated(c, ga, details, tkey, pl, dev_size)
+    r = _allocated(c, ga, details, tkey, pl, dev_size, content_key=ctkey)
     names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
     names += [(device_buffer_name(impl, g), impl.alignment) for g in gpus[1:]]
     out = []
