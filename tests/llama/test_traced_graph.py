@@ -49,7 +49,7 @@ def _scratch(spec, cp, backend, ngl, details, mtp, monkeypatch: pytest.MonkeyPat
     """The buffers built from scratch: no cache, no trace."""
     with monkeypatch.context() as m:
         real = C._allocated
-        m.setattr(C, "_allocated", lambda c, ga, d, key, *a: real(c, ga, d, None, *a))
+        m.setattr(C, "_allocated", lambda c, ga, d, key, *a, **kw: real(c, ga, d, None, *a))
         m.setattr(C, "_CACHE", {})
         m.setattr(C, "_BY_CONTENT", {})
         return C.compute_buffers(spec, cp, backend, ngl, details=details, mtp=mtp, **opts)
@@ -92,6 +92,24 @@ def test_qwen35moe_full_size_reuses_one_graph_for_every_n_ctx_past_the_ubatch(mo
     for n_ctx in (4096, 262144, 65536, 4352):
         cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=2048, type_k="q8_0", type_v="q8_0"), Frontend.SERVER)
         assert C.compute_buffers(spec, cp, "metal", details=d) == _scratch(spec, cp, "metal", -1, d, False, monkeypatch)
+    assert len(traced) == 1
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+def test_the_quants_of_one_model_share_a_graph(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another quant of the model (another spec and header, other weight types) reuses the traced graph by content
+    where the graph read no weight's type, and gives what a graph built from scratch gives."""
+    header, spec = load_model_spec(str(build("qwen3moe")))
+    d = graph_details(header)
+    types = {k: {il: 12 for il in v} for k, v in d.layer_types.items()}  # every layer weight Q4_K
+    other = (spec.model_copy(update={"name": "another quant", "file_size": spec.file_size // 2}),
+             d.model_copy(update={"layer_types": types}))
+    for memo in (C._TRACED, C._TRACED_BY_CONTENT, C._CACHE, C._BY_CONTENT):
+        memo.clear()
+    traced = _count_traces(monkeypatch)
+    for (sp, dd), n_ctx in (((spec, d), 4096), (other, 8192), (other, 2560)):
+        cp = resolve_context(sp, RunConfig(n_ctx=n_ctx, n_ubatch=512), Frontend.SERVER)
+        assert C.compute_buffers(sp, cp, backend, details=dd) == _scratch(sp, cp, backend, -1, dd, False, monkeypatch)
     assert len(traced) == 1
 
 
