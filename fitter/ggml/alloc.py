@@ -543,7 +543,7 @@ class Chunk:
     this stretch frees it: ggml-alloc's own count has those later readers in it). A global tensor (the prologue's,
     emitted in some stretch) is the same object everywhere; every other one is the stretch's own."""
 
-    __slots__ = ("nodes", "prog", "locals", "counts", "glob", "inps", "outs")
+    __slots__ = ("nodes", "prog", "counts", "glob", "inps", "outs")
 
     def __init__(self, nodes: list[Tensor], inps: list[Tensor], outs: list[Tensor]) -> None:
         self.nodes, self.inps, self.outs = nodes, inps, outs
@@ -554,11 +554,11 @@ class Chunk:
         for t in outs:  # pinned: one use more than this chunk's
             _, a, b = counts.get(id(t), (t, 0, 0))
             counts[id(t)] = (t, a + 1, b)
+        # every tensor of its own with its n_children / n_views (0 where none of its nodes reads it)
+        for t in nodes:
+            if not t.glob and not t.ext and id(t) not in counts:
+                counts[id(t)] = (t, 0, 0)
         self.counts = list(counts.values())
-        seen: dict[int, Tensor] = {id(t): t for t in nodes if not t.glob and not t.ext}
-        for t in inps:
-            seen[id(t)] = t
-        self.locals = list(seen.values())
         self.prog = program(nodes)
 
 
@@ -625,11 +625,8 @@ def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
             prev.append(pos)
         ch = chunks[seq[pos]]
         saved = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
-        for t in ch.locals:
+        for t, a, b in ch.counts:  # its own tensors reset
             t.own = False
-            t.nc = 0
-            t.nv = 0
-        for t, a, b in ch.counts:
             t.nc = a
             t.nv = b
         for ph, (own, addr, size, be, nv), old in zip(ch.inps, saved, carried):

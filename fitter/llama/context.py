@@ -24,8 +24,9 @@ CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small vari
 262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
 uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) and Metal's graph_optimize
-(fitter.ggml.backends.metal_common), whose reorder crosses layers: there every layer is built and the graph is
-allocated whole (`_flatten`), not replayed.
+(fitter.ggml.backends.metal_common), whose reorder crosses layers: the distinct layers' segments are reordered as the
+whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal_segments, alloc.replay_chunks);
+where the layers are not one Metal split, every layer is built and the graph is allocated whole (`_flatten`).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def test_an_adapter_keys_every_graph_cache(monkeypatch: pytest.MonkeyPatch) -> N
         cp = resolve_context(spec, cfg.model_copy(update={"n_ctx": n_ctx}), Frontend.SERVER)
         got = C.compute_buffers(spec, cp, details=dl)
         with monkeypatch.context() as m:
-            m.setattr(C, "_allocated", lambda c, ga, det, key, *a: real(c, ga, det, None, *a))
+            m.setattr(C, "_allocated", lambda c, ga, det, key, *a, **kw: real(c, ga, det, None, *a))
             m.setattr(C, "_CACHE", {})
             m.setattr(C, "_BY_CONTENT", {})
             assert C.compute_buffers(spec, cp, details=dl) == got

@@ -287,8 +287,8 @@ class MetalBackend(BackendImpl):
 
     @property
     def reorders_graph(self) -> bool:
-        """ggml_backend_metal_graph_optimize reorders a split's nodes (since #15929); the graph is then allocated
-        whole, not replayed layer by layer (its moves cross layers)."""
+        """ggml_backend_metal_graph_optimize reorders a split's nodes (since #15929), across layers: the graph is then
+        allocated as chunks of the reordered layers (optimize_segments) or whole, not replayed layer by layer."""
         return self.build.has("metal_graph_optimize")
 
     def graph_optimize(self, segments: list) -> None:
