@@ -9,7 +9,7 @@ allocator over a graph cut into segments, skipping whole periods of repeated lay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from fitter.errors import GGFitError
 from fitter.ggml.graph import Program, Segment, program
@@ -374,12 +374,17 @@ class AllocResult:
 def state_key(ga: Gallocr, carried: Tensor) -> tuple:
     # The high-water marks are left out: with a single chunk they never steer a decision (the last
     # free block always fits), and a replayed period cannot raise them. Chunked allocators keep them.
-    key: list[object] = [carried.addr, carried.size, carried.own, carried.be]
+    return (carried.addr, carried.size, carried.own, carried.be, *_talloc_states(ga))
+
+
+def _talloc_states(ga: Gallocr) -> list[object]:
+    """Each buffer's free blocks, and its chunks' high-water marks where it has a maximum buffer size."""
+    key: list[object] = []
     for t in ga.tallocs:
         key.append(t.state())
         if t.max_chunk < SIZE_MAX // 2:
             key.append(tuple(t.maxes))
-    return tuple(key)
+    return key
 
 
 def _first_instances(keys: list[tuple], n: int) -> list[bool]:
@@ -394,31 +399,31 @@ def _first_instances(keys: list[tuple], n: int) -> list[bool]:
     return first
 
 
-def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
-                   glob_of: Callable[[int], list[tuple[Tensor, int, int]]]) -> tuple[dict[int, list], dict[int, set[int]]]:
-    """Total n_children / n_views of prologue tensors, and per layer the ones it uses for the last time."""
+def _global_uses(entries: Iterable[tuple[list[tuple[Tensor, int, int]], int]]) -> tuple[dict[int, list], dict[int, set[int]]]:
+    """Total n_children / n_views of the global (prologue) tensors over (counts, position) pairs in graph order, and
+    per position the ones it uses for the last time."""
     totals: dict[int, list] = {}
     last: dict[int, int] = {}
-
-    def add(entries: list[tuple[Tensor, int, int]], il: int) -> None:
-        for t, a, b in entries:
+    for counts, at in entries:
+        for t, a, b in counts:
             e = totals.get(id(t))
             if e is None:
                 totals[id(t)] = [t, a, b]
             else:
                 e[1] += a
                 e[2] += b
-            last[id(t)] = il
-
-    add(pro.glob_first, -1)
-    add(seg0.glob_first, 0)
-    for il in range(1, n):
-        add(glob_of(il), il)
-    add(epi.glob_first, n)
+            last[id(t)] = at
     finals: dict[int, set[int]] = {}
-    for tid, il in last.items():
-        finals.setdefault(il, set()).add(tid)
+    for tid, at in last.items():
+        finals.setdefault(at, set()).add(tid)
     return totals, finals
+
+
+def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
+                   glob_of: Callable[[int], list[tuple[Tensor, int, int]]]) -> tuple[dict[int, list], dict[int, set[int]]]:
+    """Total n_children / n_views of prologue tensors, and per layer the ones it uses for the last time."""
+    return _global_uses([(pro.glob_first, -1), (seg0.glob_first, 0), *((glob_of(il), il) for il in range(1, n)),
+                         (epi.glob_first, n)])
 
 
 def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor, int, int]],
@@ -569,32 +574,14 @@ class ChunkPlan:
 
     def __init__(self, chunks: list[Chunk], seq: list[int], first: list[Tensor]) -> None:
         self.chunks, self.seq, self.first = chunks, seq, first
-        totals: dict[int, list] = {}
-        last: dict[int, int] = {}
-        for pos, k in enumerate(seq):
-            for t, a, b in chunks[k].glob:
-                e = totals.get(id(t))
-                if e is None:
-                    totals[id(t)] = [t, a, b]
-                else:
-                    e[1] += a
-                    e[2] += b
-                last[id(t)] = pos
+        totals, finals = _global_uses((chunks[k].glob, pos) for pos, k in enumerate(seq))
         self.totals = list(totals.values())
-        finals: dict[int, set[int]] = {}
-        for tid, pos in last.items():
-            finals.setdefault(pos, set()).add(tid)
         self.sigs = [(k, frozenset(finals.get(pos, ()))) for pos, k in enumerate(seq)]
 
 
 def _carried_key(ga: Gallocr, carried: list[Tensor]) -> tuple:
     """state_key with every tensor handed on (and the view holds on it, which decide when it is freed)."""
-    key: list[object] = [(t.addr, t.size, t.own, t.be, t.nv) for t in carried]
-    for t in ga.tallocs:
-        key.append(t.state())
-        if t.max_chunk < SIZE_MAX // 2:
-            key.append(tuple(t.maxes))
-    return tuple(key)
+    return (*((t.addr, t.size, t.own, t.be, t.nv) for t in carried), *_talloc_states(ga))
 
 
 def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:

@@ -133,6 +133,15 @@ def _fuse_len(nodes: list[Tensor], i: int, uses: dict[int, int]) -> int:
     return f
 
 
+def pack_ends(pack: list[Tensor], table: bool) -> tuple[list[Tensor], list[Tensor]]:
+    """ggml_graph_optimize's node_info of a pack: the tensors it reads and those it writes."""
+    if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
+        inside = {id(x) for x in pack}
+        return [s for x in pack for s in x.src if s is not None and id(s) not in inside], pack
+    # 0.3.35: every source of every node; the last node is the destination
+    return [s for x in pack for s in x.src if s is not None], pack[-1:]
+
+
 def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range], build: LlamaBuild) -> list[Tensor]:
     """ggml_graph_optimize over one split's nodes: pack, reorder (ggml_metal_graph_optimize_reorder), unpack."""
     table = build.has("metal_fusion_table")
@@ -154,13 +163,7 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
     i = 0
     while i < len(nodes):
         pack = nodes[i:i + span(i)]
-        if table:  # 0.3.36: sources produced inside the pack are not sources; every node of it is a destination
-            inside = {id(x) for x in pack}
-            srcs = [s for x in pack for s in x.src if s is not None and id(s) not in inside]
-            dsts = pack
-        else:  # 0.3.35: every source of every node; the last node is the destination
-            srcs = [s for x in pack for s in x.src if s is not None]
-            dsts = pack[-1:]
+        srcs, dsts = pack_ends(pack, table)
         for ts, ids, ivs in ((srcs, src_ids, src_iv), (dsts, dst_ids, dst_iv)):
             a, b = _ranges(ts, caches)
             ids.append(a)

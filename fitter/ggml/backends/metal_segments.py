@@ -35,6 +35,7 @@ from fitter.ggml.backends.metal_common import (
     _fuse_len,
     _iv_clear,
     optimize_splits,
+    pack_ends,
 )
 from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Segment
@@ -285,13 +286,7 @@ class _Plan:
             if hit is None:
                 f = fusion_max(win, i, uses) if self.table else _fuse_len(win, i, uses)
                 pack = win[i:i + f]
-                if self.table:  # 0.3.36: sources made inside the pack are not sources; every node is a destination
-                    inside = {id(x) for x in pack}
-                    srcs = [s for x in pack for s in x.src if s is not None and id(s) not in inside]
-                    dsts = pack
-                else:  # 0.3.35: every source of every node; the last node is the destination
-                    srcs = [s for x in pack for s in x.src if s is not None]
-                    dsts = pack[-1:]
+                srcs, dsts = pack_ends(pack, self.table)
                 hit = (f, pack[0].op in EMPTY_OPS, pack[0].op in SAFE_OPS, self._ref(q, srcs, back),
                        self._ref(q, dsts, back))
                 if i < inner:
