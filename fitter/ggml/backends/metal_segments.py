@@ -54,8 +54,9 @@ class _Unsupported(Exception):
     """The segments cannot stand for the whole graph's reorder: build and reorder it whole."""
 
 
-# what a pack reads or writes, relative to its instance: local tensors ((instance offset, id), ...), whether it reads the
-# previous instance's output, global tensor ids, KV ranges, recurrent tensors ((offset, layer built for, slot, size, be))
+# what a pack reads or writes, relative to its instance (_Plan._ref): local tensors ((instance offset, index in their
+# segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges, recurrent tensors
+# ((instance offset, layer built for, slot, size, backend), ...)
 Ref = tuple
 
 
@@ -93,6 +94,8 @@ def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple
 
 
 class _Plan:
+    """One graph's segments through the reorder and into chunks (see the module's docstring); `run` or _Unsupported."""
+
     def __init__(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
                  epi: Segment, build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,
                  gpu: int) -> None:
@@ -144,7 +147,7 @@ class _Plan:
         epi_head = 0
         while epi_head < len(epi.nodes) and epi.nodes[epi_head].sid == sid:
             epi_head += 1
-        # the instances of the split: (segment, its nodes in the split, its full node list)
+        # the instances in the split: (segment, its nodes there)
         self.insts: list[tuple[Segment, list[Tensor]]] = [(pro, pro.nodes[len(pro.nodes) - pro_tail:])]
         for k, (seg, first) in enumerate(self.layers):
             nodes = lists[(id(seg), first)]  # one list object per segment and variant (they key the kinds)
@@ -154,9 +157,12 @@ class _Plan:
         self._uses(full)
         self._kinds()
         self._rs_layout()
-        # the reorder reads nothing but the kinds and the recurrent layout, none of it an object: graphs of one shape
-        # (another -ub or K/V type of the same model, as a `fit` table asks) reorder alike
-        wkey = (self.table, tuple(k.fp for k in self.kind_of), tuple(sorted(self.rs_off.items())), tuple(self.rs_base))
+        # the reorder reads nothing but the kinds, which tensor each instance hands on and the recurrent layout, none
+        # of it an object: graphs of one shape (another -ub or K/V type of the same model, as a `fit` table asks)
+        # reorder alike
+        outs = tuple(-1 if seg.out is None else self._local(seg, seg.out) for seg, _ in self.insts[:-1])
+        wkey = (self.table, tuple(k.fp for k in self.kind_of), outs, tuple(sorted(self.rs_off.items())),
+                tuple(self.rs_base))
         work = _WORK.get(wkey)
         if work is None:
             work = self._reorder()
