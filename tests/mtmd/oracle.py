@@ -3,7 +3,8 @@
 The program interposes ggml_backend_buft_alloc_buffer, so it reports the exact bytes of every buffer clip.cpp
 allocates (clip prints no weight-buffer line, and its "compute buffer size" line is rounded to 0.01 MiB).
 Built once per source under ${GGFIT_CACHE:-~/.cache/ggfit}/mtmd/; needs a C++ compiler and the pinned llama.cpp's
-headers ($GGFIT_LLAMA_CPP_SRC, else the reference checkout); the tests that need it are skipped without them.
+headers ($GGFIT_LLAMA_CPP_SRC, else the reference checkout, else the ones llama-cpp-python's wheel installs); the
+tests that need it are skipped without them.
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ class MtmdRun:
 
 
 def _include_dirs() -> list[Path] | None:
-    """The pinned llama.cpp's headers ($GGFIT_LLAMA_CPP_SRC, or the reference checkout), None where there are none."""
+    """The pinned llama.cpp's headers ($GGFIT_LLAMA_CPP_SRC, the reference checkout, or the ones the llama-cpp-python
+    wheel installs next to its package, from the same build as its libmtmd), None where there are none."""
     roots = [Path(os.environ["GGFIT_LLAMA_CPP_SRC"])] if os.environ.get("GGFIT_LLAMA_CPP_SRC") else []
     for root in (*roots, _VENDOR):
         if (root / "tools/mtmd/mtmd.h").exists():
             return [root / "ggml/include", root / "include", root / "tools/mtmd"]
+    installed = Path(llama_cpp.__file__).parent.parent / "include"
+    if (installed / "mtmd.h").exists() and (installed / "ggml-backend.h").exists():
+        return [installed]
     return None
 
 
