@@ -506,17 +506,18 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
             run, segs = prepare(c, pl, copy_size)
     finally:
         c.symbolic = False
-    types_read = header_types_read[0]
-    header_types_read[0] = read_before or types_read
-    traced = _Traced(c, details, guards, run, segs, types_read)
+    traced = _Traced(c, details, guards, run, segs, header_types_read[0])
     if len(_TRACED) >= _TRACED_MAX:
         _TRACED.pop(next(iter(_TRACED)))
     _TRACED[key] = traced
-    if content_key is not None and not types_read:
+    out = run(ga)
+    traced.types_read = header_types_read[0]  # by the graph or by its allocation (a backend's alloc sizes)
+    header_types_read[0] = read_before or traced.types_read
+    if content_key is not None and not traced.types_read:
         if len(_TRACED_BY_CONTENT) >= _TRACED_MAX:
             _TRACED_BY_CONTENT.pop(next(iter(_TRACED_BY_CONTENT)))
         _TRACED_BY_CONTENT[content_key] = traced
-    return run(ga)
+    return out
 
 
 def _default_weight_type(spec: ModelSpec) -> int:
