@@ -11,6 +11,11 @@ parses the header and stores it), both in a temporary GGFIT_CACHE (never the use
 shared: compare CPU medians, and read the load average printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs 3]
+    python benchmarks/fit_speed.py --baseline DIR [--runs 7]   # A/B against another checkout, runs interleaved
+
+With --baseline (a checkout of another commit, e.g. `git worktree add /tmp/base <rev>`), each command and the
+in-process predict() run alternately from this tree and that one, and only the CPU medians of the two are printed:
+on a machine whose speed drifts, only figures taken side by side compare.
 
 Issue 14's targets: fit -c < 0.25 s, fit < 0.4 s, quants < 0.6 s, each >= 4x faster than the dry run;
 predict() < 2 ms. This script prints the figures; it asserts nothing.
@@ -93,15 +98,62 @@ def dry_run_s(path: str, runs: int) -> float:
     return statistics.median(walls)
 
 
+_PREDICT_CHILD = """
+import statistics, sys, time
+sys.path.insert(0, ".")
+from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
+header, spec = load_model_spec(sys.argv[1])
+ms = []
+for i in range(200):
+    cfg = RunConfig(n_ctx=4096 + 256 * i, n_ubatch=(512, 1024, 2048)[i % 3])
+    t = time.perf_counter()
+    predict(header, spec, cfg, Backend.METAL, Frontend.SERVER)
+    ms.append((time.perf_counter() - t) * 1e3)
+print(statistics.median(ms))
+"""
+
+
+def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) -> None:
+    """Each command's CPU median from this tree and from `baseline`, run alternately (header cache warm)."""
+    env = child_env()
+    trees = (str(ROOT), os.path.abspath(baseline))
+    with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
+        env["GGFIT_CACHE"] = tmp
+
+        def cpu(tree: str, argv: list[str]) -> float:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, *argv], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+        print(f"{'':<40}{'this tree':>12}{'baseline':>12}  (CPU medians, {runs} runs each, interleaved)")
+        for name, argv in cases.items():
+            got: dict[str, list[float]] = {t: [] for t in trees}
+            for t in trees:
+                cpu(t, ["cli.py", *argv])  # warm-up: byte code, header cache
+            for _ in range(runs):
+                for t in trees:
+                    got[t].append(cpu(t, ["cli.py", *argv]))
+            print(f"{name:<40}" + "".join(f"{statistics.median(got[t]):>11.3f}s" for t in trees))
+        pm: dict[str, list[float]] = {t: [] for t in trees}
+        for _ in range(max(3, runs // 2)):
+            for t in trees:
+                out = subprocess.run([sys.executable, "-c", _PREDICT_CHILD, path], cwd=t, env=env, capture_output=True,
+                                     text=True)
+                pm[t].append(float(out.stdout.split()[-1]))
+        print(f"{'predict() of a new config, in-process':<40}" + "".join(f"{statistics.median(pm[t]):>10.2f}ms"
+                                                                     for t in trees))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--dry-runs", type=int, default=3)
+    ap.add_argument("--baseline", help="another checkout to compare with, side by side")
     args = ap.parse_args()
 
     path = model_path()
     print(f"model: {path} ({os.path.getsize(path) / 2**20:,.0f} MiB, sparse; qwen35moe 35B-A3B shape, Q4_K_M mix)")
-    dry = dry_run_s(path, args.dry_runs)
     common = ["--budget", "25559MiB", "--backend", "metal"]
     cases = {
         "fit -c 131072": ["fit", path, *common, "-c", "131072", "-ctk", "q8_0", "-ctv", "q8_0", "-ub", "2048"],
@@ -109,6 +161,11 @@ def main() -> int:
         "quants (every ftype, largest context)": ["quants", path, *common],
         "inspect": ["inspect", path],
     }
+    if args.baseline:
+        compare(cases, args.baseline, path, args.runs)
+        print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        return 0
+    dry = dry_run_s(path, args.dry_runs)
     print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
     print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'dry run /':>10}{'wall median':>12}{'CPU median':>12}")
     for name, argv in cases.items():
