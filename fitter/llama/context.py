@@ -244,32 +244,35 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
         src_of = {id(t): (seg0 if prev_of[k] == 0 else templates[keys[prev_of[k]]]) for k, t in templates.items()}
         src_of[id(epi)] = last_seg
         split_graph(order, pl, copy_size or Tensor.nbytes, src_of)
-        if pl.flat and not whole:
+        if pl.flat and whole:  # every layer has a segment of its own: no input copy can be misplaced
+            return _whole_graph(order, pl, n)
+        if pl.flat:
             assert pl.optimize_segments is not None  # set with flat
             chunked = pl.optimize_segments(n, pro, seg0, templates, keys, epi)
             if chunked is None:
                 return _prepare(c, pl, copy_size, distinct, whole=True)
-            chunk_plan, segs = chunked
-            return (lambda ga: replay_chunks(chunk_plan, ga)), segs
-        elif pl.flat:  # every layer has a segment of its own: no input copy can be misplaced
-            flat = _flatten(order)
-            pl.graph_optimize([flat])
-            compiled = flat_graph(flat.nodes, flat.leafs)
-
-            def run(ga: Gallocr) -> AllocResult:
-                ga.run_flat(compiled)
-                return AllocResult(ga.sizes(), ga.peak_lives, n)
-
-            return run, [flat]
-        else:
-            move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
-            if move - distinct:
-                return _prepare(c, pl, copy_size, distinct | move)
-            pl.graph_optimize(order)
+            return (lambda ga: replay_chunks(chunked[0], ga)), chunked[1]
+        move = _misplaced_input_copies(order, seg0, epi, templates, keys, n)
+        if move - distinct:
+            return _prepare(c, pl, copy_size, distinct | move)
+        pl.graph_optimize(order)
     for seg in order:
         seg.finalize()
     plan = SegmentPlan(n, pro, seg0, templates, keys, epi)
     return (lambda ga: replay_plan(plan, ga)), order
+
+
+def _whole_graph(order: list[Segment], pl: Placement, n: int) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
+    """Every layer built (a segment each): the graph joined, reordered by the backend and allocated whole."""
+    flat = _flatten(order)
+    pl.graph_optimize([flat])
+    compiled = flat_graph(flat.nodes, flat.leafs)
+
+    def run(ga: Gallocr) -> AllocResult:
+        ga.run_flat(compiled)
+        return AllocResult(ga.sizes(), ga.peak_lives, n)
+
+    return run, [flat]
 
 
 def _flatten(order: list[Segment]) -> Segment:

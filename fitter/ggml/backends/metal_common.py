@@ -24,7 +24,7 @@ types and looked less far ahead, and are predicted with the later rules.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Hashable, Iterable, TypeVar
 
 from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
@@ -44,6 +44,8 @@ _FUSE_NEXT = ("ADD", "MUL", "NORM", "RMS_NORM")  # and the ops it may continue w
 MAX_FUSE = 16
 
 Range = tuple[object, int, int]  # (buffer or tensor identity, p0, p1)
+P = TypeVar("P", bound=Hashable)  # a pack, as reorder_walk's caller names them
+S = TypeVar("S")  # a set of packs' reads and writes, as its caller keeps them
 
 
 def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], alignment: int) -> dict[int, Range]:
@@ -173,47 +175,53 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
         safe.append(pack[0].op in SAFE_OPS)
         i += len(pack)
 
-    # ggml_metal_graph_optimize_reorder: the running concurrent set (mrs0) and the skipped packs (mrs1), each as the
-    # identities read (s), written (d) and the buffer ranges touched (iv)
-    def concurrent(s: set[int], d: set[int], iv: dict, k: int) -> bool:  # h_check
+    # a state: the identities read (s) and written (d) and the buffer ranges touched (iv) of a set of packs
+    def concurrent(st: tuple[set[int], set[int], dict], k: int) -> bool:  # h_check
+        s, d, iv = st
         return (d.isdisjoint(src_ids[k]) and d.isdisjoint(dst_ids[k]) and s.isdisjoint(dst_ids[k])
                 and (not iv or (_iv_clear(iv, src_iv[k], False) and _iv_clear(iv, dst_iv[k], True))))
 
-    def add(s: set[int], d: set[int], iv: dict, k: int) -> None:  # h_add
-        s |= src_ids[k]
-        d |= dst_ids[k]
-        _iv_add(iv, src_iv[k], False)
-        _iv_add(iv, dst_iv[k], True)
+    def add(st: tuple[set[int], set[int], dict], k: int) -> None:  # h_add
+        st[0].update(src_ids[k])
+        st[1].update(dst_ids[k])
+        _iv_add(st[2], src_iv[k], False)
+        _iv_add(st[2], dst_iv[k], True)
 
     n = len(packs)
-    used = [False] * n
     order: list[int] = []
-    s0: set[int] = set()
-    d0: set[int] = set()
-    iv0: dict = {}
-    for i0 in range(n):
-        if used[i0]:
-            continue
-        if not empty[i0] and not concurrent(s0, d0, iv0, i0):
-            s1: set[int] = set()
-            d1: set[int] = set()
-            iv1: dict = {}
-            add(s1, d1, iv1, i0)
-            for i1 in range(i0 + 1, min(i0 + N_FORWARD, n)):
-                if used[i1]:
-                    continue
-                if not safe[i1]:
-                    break
-                if (empty[i1] or concurrent(s0, d0, iv0, i1)) and concurrent(s1, d1, iv1, i1):
-                    add(s0, d0, iv0, i1)
-                    order.append(i1)
-                    used[i1] = True
-                else:
-                    add(s1, d1, iv1, i1)
-            s0, d0, iv0 = set(), set(), {}
-        add(s0, d0, iv0, i0)
-        order.append(i0)
+    reorder_walk(range(n), lambda i0: range(i0 + 1, min(i0 + N_FORWARD, n)), set(), (set(), set(), {}),
+                 lambda: (set(), set(), {}), empty.__getitem__, safe.__getitem__, concurrent, add, order)
     return [t for k in order for t in packs[k]]
+
+
+def reorder_walk(mains: Iterable[P], ahead: Callable[[P], Iterable[P]], used: set[P], state: S, fresh: Callable[[], S],
+                 empty: Callable[[P], bool], safe: Callable[[P], bool], concurrent: Callable[[S, P], bool],
+                 add: Callable[[S, P], None], emitted: list[P]) -> S:
+    """ggml_metal_graph_optimize_reorder's walk over the packs `mains` (keys of any kind), from `state`, the running
+    concurrent set (mrs0): a pack that cannot join it pulls into it the packs `ahead` of it (N_FORWARD - 1 of them)
+    that read nothing the set or the skipped packs (mrs1) write and write nothing they touch, then starts a new set.
+    Appends the packs in their new order to `emitted`, the pulled ones to `used`; returns the set it ends with."""
+    for i0 in mains:
+        if i0 in used:
+            continue
+        if not empty(i0) and not concurrent(state, i0):
+            skipped = fresh()
+            add(skipped, i0)
+            for i1 in ahead(i0):
+                if i1 in used:
+                    continue
+                if not safe(i1):
+                    break
+                if (empty(i1) or concurrent(state, i1)) and concurrent(skipped, i1):
+                    add(state, i1)
+                    emitted.append(i1)
+                    used.add(i1)
+                else:
+                    add(skipped, i1)
+            state = fresh()
+        add(state, i0)
+        emitted.append(i0)
+    return state
 
 
 def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,

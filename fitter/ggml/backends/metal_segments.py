@@ -24,6 +24,7 @@ alloc dep would keep a tensor of an earlier layer, `optimize_segments` says so a
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Callable, Iterator
 
 from fitter.build import LlamaBuild
@@ -36,6 +37,7 @@ from fitter.ggml.backends.metal_common import (
     _iv_clear,
     optimize_splits,
     pack_ends,
+    reorder_walk,
 )
 from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Segment
@@ -489,20 +491,26 @@ class _Plan:
             return e
 
         # a state: [identities read, identities written, buffer ranges touched (buffer -> {(p0, p1, written)})]
-        def concurrent(st: list, q: int, k: int) -> bool:  # h_check
+        def concurrent(st: list, p: tuple[int, int]) -> bool:  # h_check
             s, d, iv = st
-            si, siv, di, div = packed(q, k)
+            si, siv, di, div = packed(*p)
             return (not (d & (si | di)) and not (s & di)
                     and (not iv or (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True))))
 
-        def add(st: list, q: int, k: int) -> None:  # h_add
-            si, siv, di, div = packed(q, k)
+        def add(st: list, p: tuple[int, int]) -> None:  # h_add
+            si, siv, di, div = packed(*p)
             st[0] |= si
             st[1] |= di
             iv = st[2]
             for ranges, dst in ((siv, False), (div, True)):
                 for pb, p0, p1 in ranges or ():
                     iv.setdefault(pb, set()).add((p0, p1, dst))
+
+        def empty(p: tuple[int, int]) -> bool:
+            return kinds[p[0]].empty[p[1]]
+
+        def safe(p: tuple[int, int]) -> bool:
+            return kinds[p[0]].safe[p[1]]
 
         chunks: list[tuple] = []
         memo: dict[tuple, tuple] = {}
@@ -513,28 +521,8 @@ class _Plan:
             hit = memo.get(key)
             if hit is None:
                 emitted: list[tuple[int, int]] = []
-                kind = kinds[q]
-                for k in range(len(kind.parts)):
-                    if (q, k) in used:
-                        continue
-                    if not kind.empty[k] and not concurrent(state, q, k):
-                        st1: list = [0, 0, {}]
-                        add(st1, q, k)
-                        for q1, k1 in self._ahead(q, k):
-                            if (q1, k1) in used:
-                                continue
-                            k1kind = kinds[q1]
-                            if not k1kind.safe[k1]:
-                                break
-                            if (k1kind.empty[k1] or concurrent(state, q1, k1)) and concurrent(st1, q1, k1):
-                                add(state, q1, k1)
-                                emitted.append((q1, k1))
-                                used.add((q1, k1))
-                            else:
-                                add(st1, q1, k1)
-                        state = [0, 0, {}]
-                    add(state, q, k)
-                    emitted.append((q, k))
+                state = reorder_walk(((q, k) for k in range(len(kinds[q].parts))), lambda p: self._ahead(*p), used,
+                                     state, lambda: [0, 0, {}], empty, safe, concurrent, add, emitted)
                 rel = [(q1 - q, k1) for q1, k1 in emitted]
                 used = {u for u in used if u[0] > q}
                 hit = memo[key] = (rel, self._relative(q, state, used))
@@ -546,17 +534,9 @@ class _Plan:
 
     def _ahead(self, q: int, k: int) -> Iterator[tuple[int, int]]:
         """The packs after pack k of instance q that the look-ahead reaches (N_FORWARD - 1 of them, in the split)."""
-        left = N_FORWARD - 1
-        k += 1
         kinds = self.kind_of
-        while q < len(kinds) and left > 0:
-            n_k = len(kinds[q].parts)
-            while k < n_k and left > 0:
-                yield q, k
-                k += 1
-                left -= 1
-            q += 1
-            k = 0
+        return islice(((q1, k1) for q1 in range(q, len(kinds)) for k1 in range(k + 1 if q1 == q else 0,
+                                                                                  len(kinds[q1].parts))), N_FORWARD - 1)
 
     def _key(self, q: int, state: list, used: set) -> tuple:
         """The reorder's state entering instance q, relative to q, and the kinds of the instances its look-ahead can
@@ -605,39 +585,68 @@ class _Plan:
         Instances whose work is the same object, and that hand on the same tensors (relative to them), share one chunk:
         its nodes are copies of the segments' (the global tensors themselves), its inputs stand for what it reads from
         earlier chunks."""
-        insts, kinds = self.insts, self.kind_of
-        m = len(insts)
-        pro, epi, seg0 = self.pro, self.epi, self.layers[0][0]
-        rest: dict[int, list[Tensor]] = {}
-        head = optimize_splits(pro.nodes[:len(pro.nodes) - pro_tail], self._uses_at(0), {}, self.build, self.gpu, rest)
-        tail = optimize_splits(epi.nodes[epi_head:], self._uses_at(m - 1), {}, self.build, self.gpu, rest)
+        m = len(self.insts)
+        head, tail = self._outside(pro_tail, epi_head)
+        at = self._stretches(work, head, n_copy, tail)
+        carried = self._carried(at)
+        chunks: list[Chunk] = []
+        types: dict[tuple, int] = {}
+        seq: list[int] = []
+        for c, st in enumerate(at):
+            cin = tuple(sorted((q - c, x) for q, x in carried[c]))
+            cout = tuple(sorted((q - c, x) for q, x in carried[c + 1])) if c + 1 < m else ()
+            tkey = (id(st), cin, cout)
+            k = types.get(tkey)
+            if k is None:
+                k = types[tkey] = len(chunks)
+                chunks.append(self._chunk(c, st, cin, cout))
+            seq.append(k)
+        first = self._first(chunks, seq)
+        segs = [Segment(ch.nodes, [], ch.inps, None, None) for ch in chunks]
+        segs[0].leafs = first
+        return ChunkPlan(chunks, seq, first), segs
+
+    def _outside(self, pro_tail: int, epi_head: int) -> tuple[list[Tensor], list[Tensor]]:
+        """The prologue's nodes before the layers' split and the epilogue's after it, their own splits reordered apart
+        (metal_common.optimize_splits), their alloc deps in."""
+        pro, epi = self.pro, self.epi
+        head, tail = pro.nodes[:len(pro.nodes) - pro_tail], epi.nodes[epi_head:]
         for part in (head, tail):
             if any(isinstance(b, CacheTensor) for t in part for x in (t, *t.src) if x is not None
                    for b in (x.vs if x.vs is not None else x,)):
                 raise _Unsupported  # (the caches' ranges are worked out for the layers' split only)
-        head = insert_alloc_deps(head, rest)
-        tail = insert_alloc_deps(tail, rest)
+        rest: dict[int, list[Tensor]] = {}
+        head = optimize_splits(head, self._uses_at(0), {}, self.build, self.gpu, rest)
+        tail = optimize_splits(tail, self._uses_at(len(self.insts) - 1), {}, self.build, self.gpu, rest)
+        return insert_alloc_deps(head, rest), insert_alloc_deps(tail, rest)
 
-        # each instance's alloc-dep nodes by their `until` (shared by instances of one node list and deps)
-        dep_cache: dict[tuple, dict[int, list[Tensor]]] = {}
-        deps_at: list[dict[int, list[Tensor]]] = []
-        for q in range(m):
+    def _deps_at(self) -> list[dict[int, list[Tensor]]]:
+        """Each instance's alloc-dep nodes by their `until` (shared by instances of one node list and deps)."""
+        insts, kinds = self.insts, self.kind_of
+        cache: dict[tuple, dict[int, list[Tensor]]] = {}
+        out: list[dict[int, list[Tensor]]] = []
+        for q in range(len(insts)):
             pairs = (kinds[q - 1].spill if q else []) + kinds[q].deps
             key = (id(insts[q][1]), tuple((id(t), id(u)) for t, u in pairs))
-            d = dep_cache.get(key)
+            d = cache.get(key)
             if d is None:
                 keep: dict[int, list[Tensor]] = {}
                 for t, until in pairs:
                     add_alloc_dep(keep, t, until)
-                d = dep_cache[key] = {}
+                d = cache[key] = {}
                 for until_id, kept in keep.items():
                     until = next(u for _, u in pairs if id(u) == until_id)
                     d[until_id] = insert_alloc_deps([until], {until_id: kept})[1:]
-            deps_at.append(d)
+            out.append(d)
+        return out
 
-        # each chunk's nodes relative to it ((instance offset, node)), with what each reads ((offset, id) or None for a
-        # global tensor, the placeholders followed back), what it makes and what it reads from earlier chunks: worked
-        # out once per (work, kind of the instance before: its output is what the placeholders stand for)
+    def _stretches(self, work: list[tuple], head: list[Tensor], n_copy: int, tail: list[Tensor]) -> list["_Stretch"]:
+        """Each chunk's nodes relative to it ((instance offset, node)), with what each reads, what it makes and what it
+        reads from earlier chunks (_Stretch): worked out once per (work, kind of the instance before: its output is
+        what the placeholders stand for), and one object for the same nodes read the same way."""
+        insts, kinds = self.insts, self.kind_of
+        m = len(insts)
+        deps_at = self._deps_at()
         shapes: dict[tuple, _Stretch] = {}
         by_content: dict[tuple, _Stretch] = {}
         at: list[_Stretch] = []
@@ -649,7 +658,7 @@ class _Plan:
                 if c == 0:
                     r = [(0, t) for t in head]
                 elif c == 1:
-                    r = [(0, t) for t in seg0.nodes[:n_copy]]
+                    r = [(0, t) for t in self.layers[0][0].nodes[:n_copy]]
                 for dq, k in hit[0]:
                     for dq2, a0, b0 in kinds[c + dq].parts[k]:
                         q = c + dq + dq2
@@ -665,9 +674,12 @@ class _Plan:
                 # the same nodes read the same way (the look-ahead near the graph's end often moves nothing more)
                 st = shapes[skey] = by_content.setdefault((tuple((dq, id(t)) for dq, t in r), tuple(st.wiring)), st)
             at.append(st)
+        return at
 
-        # what each chunk is handed: the tensors made before it and read in it or after it
-        carried: list[set[tuple[int, int]]] = [set() for _ in range(m + 1)]
+    @staticmethod
+    def _carried(at: list["_Stretch"]) -> list[set[tuple[int, int]]]:
+        """What each chunk is handed: the tensors made before it and read in it or after it."""
+        carried: list[set[tuple[int, int]]] = [set() for _ in range(len(at) + 1)]
         for c, st in enumerate(at):
             for dq, tid in st.reads:
                 q = c + dq
@@ -678,35 +690,24 @@ class _Plan:
                     raise _Unsupported  # (a tensor no chunk makes)
                 for b1 in range(c0 + 1, c + 1):
                     carried[b1].add((q, tid))
+        return carried
 
-        chunks: list[Chunk] = []
-        types: dict[tuple, int] = {}
-        seq: list[int] = []
-        for c, st in enumerate(at):
-            cin = tuple(sorted((q - c, x) for q, x in carried[c]))
-            cout = tuple(sorted((q - c, x) for q, x in carried[c + 1])) if c + 1 < m else ()
-            tkey = (id(st), cin, cout)
-            k = types.get(tkey)
-            if k is None:
-                k = types[tkey] = len(chunks)
-                chunks.append(self._chunk(c, st, cin, cout))
-            seq.append(k)
+    def _first(self, chunks: list[Chunk], seq: list[int]) -> list[Tensor]:
+        """What Gallocr.run allocates before the first node: the leafs, then the graph inputs as it meets them."""
         first: list[Tensor] = []
-        for seg in [pro, seg0, *(s for s, f in self.layers[1:] if f), epi]:
+        for seg in [self.pro, *(s for s, f in self.layers if f), self.epi]:
             for leaf in seg.leafs:
                 if not leaf.glob:
                     raise _Unsupported  # (a layer's own leaf: the segments' replay would allocate it once)
                 first.append(leaf)
         seen_in: set[int] = set()
-        for k in dict.fromkeys(seq):  # graph inputs as Gallocr.run meets them (later chunks meet the same ones)
+        for k in dict.fromkeys(seq):  # (later chunks meet the same ones)
             for t in chunks[k].nodes:
                 for x in (t, *t.src):
                     if x is not None and x.flags & FLAG_INPUT and id(x) not in seen_in:
                         seen_in.add(id(x))
                         first.append(x)
-        segs = [Segment(ch.nodes, [], ch.inps, None, None) for ch in chunks]
-        segs[0].leafs = first
-        return ChunkPlan(chunks, seq, first), segs
+        return first
 
     def _resolve(self, q: int, x: Tensor | None) -> tuple[int, int] | None:
         """The tensor a node of instance q reads as x: (instance, id), its placeholder followed back to the output it
