@@ -83,12 +83,25 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
             memo[k] = total(k)
         return memo[k]
 
-    if t(1) > available:  # k = 1 is asked first, as a binary search would: it raises what llama.cpp refuses
-        return 0, 0
-    if k_max <= 1 or t(k_max) <= available:
-        k = max(1, k_max) if k_max >= 1 else 0
-        return k, t(k) if k else 0
-    lo, hi = 1, k_max  # total(lo) fits, total(hi) does not
+    if k_max <= 1:
+        if t(1) > available:  # asked even for k_max = 0: it raises what llama.cpp refuses
+            return 0, 0
+        return (1, t(1)) if k_max == 1 else (0, 0)
+    if t(k_max) <= available:
+        return k_max, t(k_max)
+    # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits. The
+    # smallest context is another graph (llama.cpp reserves min(n_ctx, n_ubatch) tokens), one more trace.
+    lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not
+    k = k_max // 8
+    while k > 1 and not lo:
+        if t(k) <= available:
+            lo = k
+        else:
+            hi, k = k, k // 8
+    if not lo:
+        if t(1) > available:
+            return 0, 0
+        lo = 1
     bisect = False
     misses = 0
     side = 0  # which end the last step moved: -1 lo, 1 hi, 0 both
