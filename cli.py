@@ -904,13 +904,25 @@ _ONE_SHOT = frozenset({"fit", "quants", "inspect"})
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: user errors (ggfit's and click's usage errors) become one line on stderr and exit code 2;
     Ctrl-C is exit code 130."""
-    from fitter.gguf import header_cache  # the standard library only
-
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] and args[0] in _ONE_SHOT:
+    one_shot = bool(args[:1]) and args[0] in _ONE_SHOT
+    if one_shot:
         # one answer and exit: what they allocate is bounded (a header, a few graphs), and the cyclic collector's
         # passes over the imported modules' objects cost 20-65 ms of a 0.25-0.4 s command
         gc.disable()
+    try:
+        _run(argv)
+    finally:
+        if one_shot and argv is None:
+            # and the interpreter's last collection at exit walks every object left (typer's, pydantic's, ggfit's
+            # modules: ~25 ms); frozen, they are left to the process's end (their files are closed by then, by the
+            # `with` blocks that opened them)
+            gc.freeze()
+
+
+def _run(argv: Optional[list[str]]) -> None:
+    from fitter.gguf import header_cache  # the standard library only
+
     try:
         with header_cache.enabled():  # a command reads a local header's parse from disk when the file is unchanged
             rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
