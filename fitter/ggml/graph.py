@@ -51,11 +51,11 @@ def program(nodes: list[Tensor]) -> Program:
     cans, allocs, uses = [], [], []
     for n in nodes:
         src = n.src
-        a = tuple(p for p in src if p is not None and not p.ext and p.vs is None)
-        u = tuple(p for p in src if p is not None and not p.ext)
+        u = [p for p in src if p is not None and not p.ext]
+        a = [p for p in u if p.vs is None]
         cans.append(not n.ext and n.vs is None)
-        allocs.append(src if len(a) == len(src) else a)
-        uses.append(src if len(u) == len(src) else u)
+        allocs.append(src if len(a) == len(src) else tuple(a))
+        uses.append(src if len(u) == len(src) else tuple(u))
     return nodes, cans, allocs, uses
 
 

@@ -411,36 +411,39 @@ class _Traced:
             stack += seg.leafs
             stack += seg.created
             stack.append(seg.inp)
+        pop = stack.pop
         while stack:
-            t = stack.pop()
+            t = pop()
             if t is None or id(t) in seen:
                 continue
             seen[id(t)] = t
-            stack.extend(t.src)
-            stack.append(t.vs)
+            stack += t.src
+            if t.vs is not None:
+                stack.append(t.vs)
         # before the first allocation, in parallel lists (fewer objects for the collector): the tensors the allocator
         # may touch (not weights and caches, never allocated, their counts never read), their sizes and backends
         self.ts: list[Tensor] = []
         self.sizes: list[int] = []
         self.bes: list[int] = []
         self.shapes: list[tuple] = []  # (tensor, its index in ts or -1, ne, nb, preset size as forms) where cells reach
+        ts, sizes, bes = self.ts, self.sizes, self.bes
         for t in seen.values():
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
-            k = len(self.ts) if not t.ext else -1
-            if Sym in map(type, t.ne) or Sym in map(type, nb) or type(size) is Sym:
+            k = len(ts) if not t.ext else -1
+            if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
                 self.shapes.append((t, k, [form(x) for x in t.ne], [form(x) for x in nb],
                                     form(size) if type(size) is Sym else None))
                 t.ne = [int.__int__(x) for x in t.ne]
                 _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
                 t.size = size = int.__int__(size)
             if k >= 0:
-                self.ts.append(t)
-                self.sizes.append(size)
-                self.bes.append(t.be)
+                ts.append(t)
+                sizes.append(size)
+                bes.append(t.be)
         # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
         # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
         dep = {id(e[0]) for e in self.shapes}
-        self.fresh = [t for t in seen.values() if id(t) in dep or not dep.isdisjoint(map(id, t.src))]
+        self.fresh = [t for i, t in seen.items() if i in dep or (t.src and not dep.isdisjoint(map(id, t.src)))]
 
     @staticmethod
     def cells(c: GraphContext) -> tuple[int, int]:

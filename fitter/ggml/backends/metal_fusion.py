@@ -397,15 +397,16 @@ def fusion_alloc_deps(nodes: list[Tensor], end: int | None = None) -> list[tuple
     only patterns that start before it (the nodes after it are the ones they may reach)."""
     deps: list[tuple[Tensor, Tensor]] = []
     n_nodes = len(nodes)
+    ops = tuple(t.op for t in nodes)
     i = 0
     while i < (n_nodes if end is None else end):
         best: _Fusion | None = None
         best_raw = 0
-        for f in _BY_RAW_OP.get(nodes[i].op, ()):
+        for f in _BY_RAW_OP.get(ops[i], ()):
             n = len(f.ops_all)
             if n <= best_raw or i + n > n_nodes:
                 continue
-            if all(nodes[i + k].op == op for k, op in enumerate(f.ops_all)):  # ggml_metal_fusion_match_raw_pattern
+            if ops[i:i + n] == f.ops_all:  # ggml_metal_fusion_match_raw_pattern
                 best, best_raw = f, n
         if best is not None:
             last = nodes[i + best_raw - 1]

@@ -186,7 +186,10 @@ class _Plan:
         """cgraph->use_counts (fitter.ggml.sched.graph_uses) of the whole graph: the global tensors' summed over every
         instance, each instance's own local ones, a layer's output counted where the next instance reads it."""
         segs = [self.pro] + [seg for seg, _ in self.layers] + [self.epi]
-        self.local_ids = {id(seg): self._locals(seg) for seg in segs}
+        self.local_ids: dict[int, set[int]] = {}
+        for seg in segs:  # (a layer's segment stands for every layer that runs it)
+            if id(seg) not in self.local_ids:
+                self.local_ids[id(seg)] = self._locals(seg)
         glob: dict[int, int] = {}
         self.inst_uses: list[dict[int, int]] = []
         cache: dict[int, dict[int, int]] = {}
@@ -731,18 +734,31 @@ class _Plan:
         for dq, t in r:
             if not (t.glob or t.ext):
                 made.add((dq, id(t)))
+        insts, by_id, resolve = self.insts, self._by_id, self._resolve
+        wiring = st.wiring
         reads: dict[tuple[int, int], None] = {}
+
+        def rel(q: int, x: Tensor | None) -> tuple[int, int] | None:  # _resolve, relative to the chunk
+            if x is None:
+                return None
+            if x is insts[q][0].inp:
+                hit = resolve(q, x)
+                return None if hit is None else (hit[0] - c, hit[1])
+            if x.glob or x.ext:
+                return None
+            by_id[id(x)] = x
+            return q - c, id(x)
+
         for dq, t in r:
             q = c + dq
-            src = tuple(self._resolve(q, x) for x in t.src)
-            vs = self._resolve(q, t.vs)
-            st.wiring.append((tuple(None if x is None else (x[0] - c, x[1]) for x in src),
-                              None if vs is None else (vs[0] - c, vs[1])))
+            src = tuple([rel(q, x) for x in t.src])
+            vs = rel(q, t.vs)
+            wiring.append((src, vs))
             for x in (*src, vs):
-                while x is not None and (x[0] - c, x[1]) not in made:  # read from an earlier chunk, with its base
-                    reads[(x[0] - c, x[1])] = None
-                    base = self._by_id[x[1]].vs
-                    x = self._resolve(x[0], base) if base is not None else None
+                while x is not None and x not in made:  # read from an earlier chunk, with its base
+                    reads[x] = None
+                    base = by_id[x[1]].vs
+                    x = rel(x[0] + c, base) if base is not None else None
         st.reads = list(reads)
         return st
 
@@ -775,10 +791,11 @@ class _Plan:
             pending.append((t, cl, wiring))
             nodes.append(cl)
         inps = [obj(ref) for ref in cin]
+        get = objs.get
         for t, cl, (src, vs) in pending:
-            cl.src = tuple(x if ref is None else obj(ref) for x, ref in zip(t.src, src))
+            cl.src = tuple([x if ref is None else (get(ref) or obj(ref)) for x, ref in zip(t.src, src)])
             if vs is not None:
-                cl.vs = obj(vs)
+                cl.vs = get(vs) or obj(vs)
         outs = [obj(ref) for ref in cout]
         return Chunk(nodes, inps, outs)
 
