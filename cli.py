@@ -1,6 +1,7 @@
-"""ggfit's command line: a thin typer app over `fitter` and `search`."""
+"""ggfit's command line: a thin typer app over `fitter` and `search`.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: typer reads every command's annotations when it builds the app, and
+strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
 import gc
 import json
