@@ -68,13 +68,10 @@ def _code_fingerprint() -> bytes:
     """The reader's own code: an entry written by another reader is a miss."""
     global _fingerprint
     if _fingerprint is None:
-        import sys
-
         from fitter.gguf import constants, reader
 
         parts = [MAGIC]
-        gguf_constants = sys.modules.get("gguf.constants")
-        for path in (reader.__file__, constants.__file__, __file__, getattr(gguf_constants, "__file__", None)):
+        for path in (reader.__file__, constants.__file__, __file__, constants.SOURCE):
             if path:
                 with open(path, "rb") as f:
                     parts.append(f.read())
