@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,12 +54,15 @@ def time_process(argv: list[str], runs: int, cache: str | None = None) -> tuple[
     """Wall and CPU (user + system) seconds of each run, after one warm-up run.
 
     cache: the header cache (fitter.gguf.header_cache) as it is for every run: "warm" (filled by the
-    warm-up), "cold" (empty: each run parses the header and stores it), None (the children's own)."""
+    warm-up), "cold" (emptied before each run: each parses the header and stores it), None (the children's own).
+    The rest of GGFIT_CACHE (gguf-py's constants, fitter.gguf.constants) is kept: it depends on the install only."""
     env = child_env()
     with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
         def run(i: int) -> None:
             if cache is not None:
-                env["GGFIT_CACHE"] = os.path.join(tmp, str(i) if cache == "cold" else "warm")
+                env["GGFIT_CACHE"] = os.path.join(tmp, cache)
+                if cache == "cold":
+                    shutil.rmtree(os.path.join(tmp, cache, "headers"), ignore_errors=True)
             subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         run(-1)
