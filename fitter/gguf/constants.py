@@ -47,7 +47,7 @@ def _selected(text: str) -> str:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             wanted.append(node)
         names: list[str] = []
-        if isinstance(node, ast.ClassDef):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             names = [node.name]
         elif isinstance(node, ast.Assign):
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
@@ -90,12 +90,18 @@ def _code(src: Path) -> CodeType | None:
                     return code
         except (OSError, ValueError, EOFError, TypeError):
             pass
-        code = compile(_selected(src.read_text(encoding="utf-8")), str(src), "exec")
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.access(os.path.dirname(path), os.W_OK):
+            return None  # the whole file is cheaper than selecting anew in every run
+        code = compile(_selected(src.read_text(encoding="utf-8")), str(src), "exec")
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(key + marshal.dumps(code))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(key + marshal.dumps(code))
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return code
     except Exception:  # an unwritable cache, a file gguf-py changed in a way the selection does not cover
         return None
