@@ -81,3 +81,20 @@ def test_a_bending_total_takes_a_handful_of_predictions():
         k, _ = largest_fitting(lambda k: calls.append(k) or total(k), available, 1024)  # noqa: B023 - runs now
         assert k == _binary(total, available, 1024) and 0 < k < 1024
         assert len(set(calls)) <= 11, calls  # the line through the ends alone took up to 15
+
+
+def test_the_smallest_context_is_asked_only_where_nothing_larger_fits():
+    """k = 1 is another graph (llama.cpp reserves min(n_ctx, n_ubatch) tokens): asked last, only if needed."""
+    def total(k: int) -> int:
+        return 20_000 * 2**20 + k * 4 * 2**20
+
+    for available, k_max in ((22_222 * 2**20, 1024), (30_000 * 2**20, 1024), (20_010 * 2**20, 1024), (20_004 * 2**20, 1024),
+                             (22_222 * 2**20, 7)):
+        calls: list[int] = []
+        k, _ = largest_fitting(lambda k: calls.append(k) or total(k), available, k_max)  # noqa: B023 - runs now
+        assert k == _binary(total, available, k_max)
+        anchors = [a for a in (k_max // 8, k_max // 64, k_max // 512) if a > 1]  # the lower ends tried, k_max // 8 on
+        assert (1 in calls) == (k < k_max and (not anchors or k < anchors[-1])), (available, k_max, calls)
+    calls = []
+    assert largest_fitting(lambda k: calls.append(k) or total(k), 10 * 2**20, 1024) == (0, 0)
+    assert calls[-1] == 1  # nothing fits: k = 1 settles it
