@@ -77,7 +77,8 @@ def _code(src: Path) -> CodeType | None:
     """The selected statements' code, from the cache or compiled and stored; None where neither works."""
     try:
         st = src.stat()
-        key = b"\0".join((_FORMAT, importlib.util.MAGIC_NUMBER, os.fsencode(src), b"%d %d" % (st.st_size, st.st_mtime_ns)))
+        stamp = b"%d %d" % (st.st_size, st.st_mtime_ns)
+        key = b"\0".join((_FORMAT, importlib.util.MAGIC_NUMBER, os.fsencode(src), stamp))
         base = os.environ.get("GGFIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ggfit")
         where = os.fsencode(src) + importlib.util.MAGIC_NUMBER  # one entry per gguf-py and Python, rewritten on change
         path = os.path.join(base, "gguf-constants", f"{zlib.crc32(where):08x}.bin")
