@@ -5,23 +5,89 @@ strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
 import gc
 import json
-import os
 import re
-import shutil
 import sys
-from enum import Enum
 from typing import Annotated, Any, Optional
 
 import typer
 
 import fitter
+from cli_options import (
+    MODEL_HELP,
+    SIZE_HELP,
+    AsJson,
+    BackendName,
+    BackendOpt,
+    Batch,
+    BudgetOpt,
+    CacheK,
+    CacheV,
+    CpuMoe,
+    Ctx,
+    DraftNMax,
+    DraftTypeK,
+    DraftTypeV,
+    EngineName,
+    EngineOpt,
+    EnginesOpt,
+    FlashAttn,
+    FlashAttnMode,
+    FrontendName,
+    FrontendOpt,
+    GenTokensOpt,
+    GpuLayers,
+    HostBudgetOpt,
+    KvBits,
+    KvGroupSize,
+    KVUnified,
+    LlamaBuildOpt,
+    LlamaServerOpt,
+    Lora,
+    LoraScaled,
+    MainGpu,
+    MarginOpt,
+    MaxKvSize,
+    MaxTokens,
+    Mmproj,
+    ModelDraft,
+    NCpuMoe,
+    NoKvOffload,
+    NoMmap,
+    NoMmprojOffload,
+    NoOpOffload,
+    OverrideTensor,
+    Parallel,
+    PrefillStep,
+    PromptCacheBytes,
+    PromptKind,
+    PromptTokensOpt,
+    QuantizedKvStart,
+    Repack,
+    RunnerName,
+    RunnerOpt,
+    SeedOpt,
+    SpecType,
+    SplitModeOpt,
+    StorageOpt,
+    SwaFull,
+    TensorSplit,
+    TrialsOpt,
+    UBatch,
+    backend_of,
+    detect_backend,
+    frontend_of,
+    llama_build_of,
+    lora_fields,
+    placement_fields,
+    run_config,
+)
 from cli_output import (
     FitRun,
     calibrate_clear,
     calibrate_list,
     calibration_lines,
+    fit_mlx,
     mib,
-    print_breakdown,
     print_fit,
     print_log_extras,
     print_log_side,
@@ -47,109 +113,6 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Fit llama.cpp models to a memory budget, from GGUF metadata alone."""
-
-
-class BackendName(str, Enum):
-    """fitter's Backend values (tests/test_bad_invocations.py checks they agree), without importing fitter for --help."""
-
-    metal = "metal"
-    cuda = "cuda"
-    cpu = "cpu"
-
-
-class FrontendName(str, Enum):
-    """fitter's Frontend values: whose defaults apply."""
-
-    server = "server"
-    library = "library"
-
-
-class FlashAttnMode(str, Enum):
-    on = "on"
-    off = "off"
-    auto = "auto"
-
-
-class RunnerName(str, Enum):
-    python = "python"
-    server = "server"
-    openai = "openai"
-    mlx = "mlx"
-
-
-class EngineName(str, Enum):
-    llama = "llama"
-    mlx = "mlx"
-
-
-class PromptKind(str, Enum):
-    prose = "prose"
-    code = "code"
-
-
-MODEL_HELP = "A GGUF path, an http(s) URL (read by Range requests), or a bundled model name (gemma3-270m)."
-SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559MiB, 24GiB, 26800MB)"
-
-# One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
-# meaning, common/arg.cpp) and ggfit's own budget/backend options.
-BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit); one per GPU separated by commas (24GiB,24GiB).")]
-MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default: what the backend holds outside its buffers plus a 256 MiB safety share: CUDA 1028MiB, Metal 768MiB, CPU 304MiB).")]
-BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
-FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
-Ctx = Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="N", help="n_ctx: context size in tokens, 0 = the model's training context (fit: omit to solve for the largest that fits).")]
-Batch = Annotated[Optional[int], typer.Option("-b", "--batch-size", metavar="N", help="n_batch: logical maximum batch size (default 2048; llama.cpp caps it at n_ctx).")]
-UBatch = Annotated[Optional[int], typer.Option("-ub", "--ubatch-size", metavar="N", help="n_ubatch: physical maximum batch size (default 512; llama.cpp caps it at n_batch).")]
-CacheK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", metavar="TYPE", help="KV cache type for K: f32, f16 (default), bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.")]
-CacheV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", metavar="TYPE", help="KV cache type for V (same types as -ctk; quantized V needs flash attention).")]
-FlashAttn = Annotated[FlashAttnMode, typer.Option("-fa", "--flash-attn", help="Flash attention.")]
-Parallel = Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", help="n_seq_max: server slots, 1..256, or -1 = auto (llama-server: 4 slots with a unified KV cache).")]
-KVUnified = Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="One KV buffer shared by all slots (default: on with -np auto).")]
-SwaFull = Annotated[Optional[bool], typer.Option("--swa-full/--no-swa-full", help="Full-size sliding-window KV cache (llama-server default: off).")]
-GpuLayers = Annotated[int, typer.Option("-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="Layers on the GPU; -1 = all.")]
-NCpuMoe = Annotated[int, typer.Option("-ncmoe", "--n-cpu-moe", metavar="N", help="Keep the MoE expert weights of the first N layers on the CPU.")]
-CpuMoe = Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Keep every MoE expert weight on the CPU.")]
-OverrideTensor = Annotated[Optional[list[str]], typer.Option("-ot", "--override-tensor", metavar="PATTERN=BUFT", help="Tensors whose name matches the regex go to that buffer type: CPU, CUDA0, CUDA1, ... (repeatable; comma-separated lists too).")]
-Lora = Annotated[Optional[list[str]], typer.Option("--lora", metavar="FILE", help="A LoRA adapter GGUF, scale 1 (repeatable; comma-separated lists too): its buffers and its graph nodes.")]
-LoraScaled = Annotated[Optional[list[str]], typer.Option("--lora-scaled", metavar="FILE:SCALE", help="A LoRA adapter with its scale (repeatable; comma-separated lists too; after the --lora ones).")]
-NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep the KV cache (and recurrent state) in host memory.")]
-NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
-SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
-MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
-TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
-HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]
-Mmproj = Annotated[Optional[str], typer.Option("-mm", "--mmproj", metavar="FILE", help="A multimodal projector (mmproj GGUF): its weights and compute buffer are counted.")]
-NoMmprojOffload = Annotated[bool, typer.Option("--no-mmproj-offload", help="Keep the multimodal projector on the CPU.")]
-NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the weights into memory instead of mapping the file.")]
-Repack = Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's extra CPU buffer types (off by default: they crash on AMX machines).")]
-ModelDraft = Annotated[Optional[str], typer.Option("-md", "--model-draft", metavar="MODEL", help="A draft model for speculative decoding (path, URL or bundled name).")]
-SpecType = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="Speculative decoding: draft-simple (with -md) or draft-mtp (the model's MTP head).")]
-DraftTypeK = Annotated[str, typer.Option("--spec-draft-type-k", metavar="TYPE", help="KV cache type for K of the draft context.")]
-DraftTypeV = Annotated[str, typer.Option("--spec-draft-type-v", metavar="TYPE", help="KV cache type for V of the draft context.")]
-DraftNMax = Annotated[int, typer.Option("--spec-draft-n-max", metavar="N", help="Tokens drafted per step (default 3).")]
-ENGINE_HELP = ("llama (llama.cpp, a GGUF) or mlx (mlx-lm, an MLX model directory or its URL); optimise takes llama,mlx: "
-               "engine searched as a parameter, MODELS a GGUF and its MLX directory, as in compare-engines.")
-EngineOpt = Annotated[EngineName, typer.Option("--engine", help=ENGINE_HELP)]
-EnginesOpt = Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE[,ENGINE]", help=ENGINE_HELP)]
-MaxKvSize = Annotated[Optional[int], typer.Option("--max-kv-size", metavar="N", help="mlx: RotatingKVCache of N tokens (models without their own make_cache).")]
-KvBits = Annotated[Optional[int], typer.Option("--kv-bits", metavar="N", help="mlx: QuantizedKVCache bits (4 or 8; mlx also takes 2, 3, 5, 6).")]
-KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="mlx: KV quantization group size (default 64).")]
-QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="N", help="mlx: tokens before the KV cache is quantized (default 5000).")]
-PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
-PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
-RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url) or mlx (mlx_lm.server on an MLX model directory; further arguments are its flags).")]
-LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="A llama-server binary: the one the server runner starts (default: ggfit's pinned build, then PATH), and the one --llama-build auto asks for its build.")]
-LlamaBuildOpt = Annotated[Optional[str], typer.Option(
-    "--llama-build", metavar="BUILD",
-    help="The llama.cpp build whose rules apply: a build number (b9430), a commit prefix, a date (2026-06-15), a "
-         "llama-cpp-python version (0.3.25), a llama.cpp log file, or auto (runs --llama-server PATH or the "
-         "llama-server on PATH with --version). Default: ggfit's pinned build (calibrate --log: the log's build line).")]
-PromptTokensOpt = Annotated[int, typer.Option("--prompt-tokens", help="Prompt length per request, in the model's tokens (1 or more).")]
-GenTokensOpt = Annotated[int, typer.Option("--gen-tokens", help="Tokens to decode after the prompt (1 or more).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="The sampler's seed (optimise: leave unset when several workers share a study; compare-engines: default 0).")]
-TrialsOpt = Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (optimise: default the study's budget; compare-engines: default 8, 2 or more, both engines' defaults first).")]
-StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
 
 @app.command()
@@ -225,146 +188,6 @@ def inspect(
         print(f"{k:<{width}}  {v}")
 
 
-def _detect_backend() -> str:
-    import platform  # only without --backend
-
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        return "metal"
-    if shutil.which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
-
-
-def _backend(name: BackendName | None):
-    """--backend, or this machine's own when not given."""
-
-    return fitter.Backend(name.value if name else _detect_backend())
-
-
-def _frontend(name: FrontendName):
-
-    return fitter.Frontend(name.value)
-
-
-def _run_config(**fields):
-    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
-    from pydantic import ValidationError  # pydantic loads with fitter's RunConfig, not for --help
-
-
-    try:
-        return fitter.RunConfig(**fields)
-    except ValidationError as e:
-        raise fitter.config_error(e) from None
-
-
-def _llama_build(value: str | None, llama_server: str | None = None):
-    """--llama-build: the pinned build, a named build, a log's build line, or (auto) what a binary says it is."""
-    if value is None:
-        if llama_server:
-            raise fitter.ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
-                                     "add --llama-build auto")
-        return fitter.PINNED
-    if value == "auto":
-        binary = llama_server or shutil.which("llama-server")
-        if binary is None:
-            raise fitter.ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
-                                     "or the build itself (llama-server --version prints it: --llama-build b9430)")
-        return fitter.build_of_binary(binary)
-    if os.path.isfile(value):  # a log of the user's llama.cpp
-        with open(value, "rb") as f:
-            text = f.read(64 * 2**20).decode("utf-8", "replace")
-        return fitter.build_from_text(text, os.path.basename(value))
-    return fitter.resolve_build(value)
-
-
-def _lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
-    """RunConfig.lora from --lora FILE (scale 1) and --lora-scaled FILE:SCALE, as common/arg.cpp reads them."""
-    from fitter.llama.cparams import lora_scaled as parse_scaled
-
-    out = [(p, 1.0) for v in lora or () for p in v.split(",") if p]
-    for v in lora_scaled or ():
-        out += parse_scaled(v)
-    return tuple(out)
-
-
-def _placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
-                      no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
-                      budgets: list) -> dict[str, Any]:
-    """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
-    budgets (llama.cpp splits by free memory)."""
-    ts: tuple[float, ...] | None = None
-    if tensor_split is not None:
-        try:
-            ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
-        except ValueError:
-            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
-    elif len(budgets) > 1:
-        ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
-    return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
-                tensor_split=ts)
-
-
-def _fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
-             max_kv_size: int | None, kv_bits: int | None, kv_group_size: int, quantized_kv_start: int,
-             prefill_step_size: int, max_tokens: int, prompt_cache_bytes: str | None, draft_n_max: int,
-             as_json: bool) -> None:
-    """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
-    bud = fitter.parse_budget(budget, _detect_backend())
-    margin_bytes = fitter.parse_margin(margin)
-    available = fitter.available_bytes(bud, margin_bytes)
-    for flag, v in (("--prefill-step-size", prefill_step_size), ("--max-tokens", max_tokens)):
-        if v < 1:
-            raise fitter.GGFitError(f"{flag} {v}: must be at least 1")
-    m = fitter.load_mlx_model(model)
-    draft = fitter.load_mlx_model(model_draft) if model_draft else None
-    settings = fitter.MlxCacheSettings(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size,
-                                       quantized_kv_start=quantized_kv_start, prefill_step_size=prefill_step_size)
-    pc = fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes") if prompt_cache_bytes else None
-    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=max_tokens, cache=settings, prompt_cache_bytes=pc,
-                        num_draft_tokens=draft_n_max)
-    spec = m.spec
-    n_max = spec.max_position_embeddings or 262144
-    if n_ctx is None:
-        best, pred = fitter.largest_context_mlx(m, run, available, n_max, draft)
-        if pred is None:
-            pred = fitter.predict_mlx(m, run, draft)
-    else:
-        best, pred = 0, fitter.predict_mlx(m, run, draft)
-    total = pred.total_device_bytes
-    fits = total <= available
-    if as_json:
-        print(json.dumps({
-            "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
-            "margin_bytes": margin_bytes, "n_ctx": pred.run.n_ctx, "largest_n_ctx": best if n_ctx is None else None,
-            "config": {"max_tokens": max_tokens, "max_kv_size": max_kv_size, "kv_bits": kv_bits,
-                       "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start,
-                       "prefill_step_size": prefill_step_size, "prompt_cache_bytes": pc},
-            "buffers": [b.model_dump(mode="json") for b in pred.buffers], "total_device_bytes": total,
-            "fits": fits, "headroom_bytes": available - total, "warnings": pred.warnings,
-        }, indent=2))
-    else:
-        print(f"model    {model} ({spec.model_type}, "
-              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
-        print(f"engine   mlx, {fitter.mlx_label()}")
-        print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
-        if n_ctx is None:
-            print(f"\nlargest context: -c {best} (prompt + --max-tokens {max_tokens}; the model's limit {n_max:,})"
-                  if best else "\nnothing fits, not even -c 256")
-        print()
-        print_breakdown(pred, available)
-        for w in pred.warnings:
-            print("warning: " + w)
-        if fits:
-            flags = [f"--model {model}", f"--prefill-step-size {prefill_step_size}", f"--max-tokens {max_tokens}"]
-            flags += [f"--kv-bits {kv_bits}", f"--kv-group-size {kv_group_size}"] if kv_bits else []
-            flags += [f"--prompt-cache-bytes {pc}"] if pc else []
-            flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
-            print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))
-    if not fits:
-        raise typer.Exit(1)
-
-
 @app.command()
 def fit(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
@@ -418,17 +241,17 @@ def fit(
 ) -> None:
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
     if engine == EngineName.mlx:
-        _fit_mlx(model, budget=budget, margin=margin, n_ctx=n_ctx, model_draft=model_draft, max_kv_size=max_kv_size,
+        fit_mlx(model, budget=budget, margin=margin, n_ctx=n_ctx, model_draft=model_draft, max_kv_size=max_kv_size,
                 kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                 prefill_step_size=prefill_step_size, max_tokens=max_tokens, prompt_cache_bytes=prompt_cache_bytes,
                 draft_n_max=draft_n_max, as_json=as_json)
         return
-    be, fe = _backend(backend), _frontend(frontend)
+    be, fe = backend_of(backend), frontend_of(frontend)
     fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
     if fit_params is not None and llama_build is None:
         build = fitter.build_of_binary(fit_params)
     else:
-        build = _llama_build(llama_build, llama_server)
+        build = llama_build_of(llama_build, llama_server)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     buds = fitter.parse_budgets(budget, be.value)
@@ -444,16 +267,16 @@ def fit(
     # Mac's unified memory is the Metal budget already (a host budget there only when given)
     host = (fitter.parse_host_budget(host_budget) if be.value == "cuda" or (host_budget and be.value != "cpu")
             else None)
-    cfg = _run_config(
+    cfg = run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
         flash_attn=flash_attn.value, n_parallel=n_parallel, kv_unified=kv_unified, swa_full=swa_full,
         n_gpu_layers=n_gpu_layers, no_mmap=no_mmap, no_repack=not repack,
         spec_type=spec_type or ("draft-simple" if model_draft else "none"), draft_model=model_draft,
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
         mmproj=mmproj, no_mmproj_offload=no_mmproj_offload,
-        **_placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
+        **placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
                             tensor_split, buds),
-        lora=_lora_fields(lora, lora_scaled),
+        lora=lora_fields(lora, lora_scaled),
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
@@ -511,13 +334,13 @@ def quants(
 ) -> None:
     """Every quant's file size and device total at these settings, from one header, before downloading."""
 
-    be, fe = _backend(backend), _frontend(frontend)
-    build = _llama_build(llama_build, llama_server)
-    cfg = _run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
+    be, fe = backend_of(backend), frontend_of(frontend)
+    build = llama_build_of(llama_build, llama_server)
+    cfg = run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
                       n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                      no_kv_offload=no_kv_offload, lora=_lora_fields(lora, lora_scaled), mmproj=mmproj,
+                      no_kv_offload=no_kv_offload, lora=lora_fields(lora, lora_scaled), mmproj=mmproj,
                       no_mmproj_offload=no_mmproj_offload)
     bud = fitter.parse_budget(budget, be.value)
     margin_bytes = fitter.parse_margin(margin, be.value)
@@ -593,8 +416,8 @@ def optimise(
     if mmproj and runner == RunnerName.python:  # llama-cpp-python's Llama loads no projector
         raise fitter.ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
     if mmproj:  # a bad file: one line now, not a failed trial
-        fitter.mmproj_buffers_of_file(mmproj, fitter.Backend(_backend(backend).value))
-    build = _llama_build(llama_build, llama_server if llama_build == "auto" else None)
+        fitter.mmproj_buffers_of_file(mmproj, fitter.Backend(backend_of(backend).value))
+    build = llama_build_of(llama_build, llama_server if llama_build == "auto" else None)
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
@@ -613,21 +436,21 @@ def optimise(
     given = {k: v for k, v, dflt in (("n_gpu_layers", n_gpu_layers, -1), ("n_cpu_moe", n_cpu_moe, 0),
                                      ("cpu_moe", cpu_moe, False), ("override_tensor", tuple(override_tensor or ()), ()),
                                      ("no_kv_offload", no_kv_offload, False), ("no_op_offload", no_op_offload, False),
-                                     ("lora", _lora_fields(lora, lora_scaled), ()), ("mmproj", mmproj, None),
+                                     ("lora", lora_fields(lora, lora_scaled), ()), ("mmproj", mmproj, None),
                                      ("no_mmproj_offload", no_mmproj_offload, False))
              if v != dflt}
     study_def: Any = study
     if given:
         from search.study.define import StudyDef, load_study
 
-        _run_config(**given)  # one line for a value llama.cpp refuses
+        run_config(**given)  # one line for a value llama.cpp refuses
         d = load_study(study)
         study_def = StudyDef(**{**d.model_dump(), "fixed": {**d.fixed, **given}})
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with fitter.Progress("optimise") as live:
             result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget, margin=margin,
-                               backend=_backend(backend).value, storage=storage, n_trials=trials, runner=runner.value,
+                               backend=backend_of(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,
                                llama_build=build)
@@ -688,7 +511,7 @@ def _compare_engines(gguf: str, mlx_model: str, *, budget: str, margin: str | No
         raise fitter.ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
     from search.study.engines import compare_engines  # optuna: only for this command
 
-    backend = _detect_backend()
+    backend = detect_backend()
     bud = fitter.parse_budget(budget, backend)
     available = fitter.available_bytes(bud, fitter.parse_margin(margin, backend))
     r = compare_engines(fitter.resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
@@ -742,7 +565,7 @@ def calibrate(
         return
     if model is None:
         raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
-    be = _backend(backend)
+    be = backend_of(backend)
     path = fitter.resolve_model(model)
     with fitter.Progress("calibrate", json_output=as_json) as progress:
         cal, rows = fitter.calibrate(path, be, progress=progress)

@@ -1,5 +1,5 @@
 """How ggfit's commands print what they found: `fit`'s run (the prediction, the solved table, the recommendation,
-the placement, the build's rules, the checks), `calibrate`'s tables and a user log's side. cli.py parses the
+the placement, the build's rules, the checks), `fit --engine mlx`'s, `calibrate`'s tables and a user log's side. cli.py parses the
 flags and calls fitter; the text is here."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Optional
 import typer
 
 import fitter
+from cli_options import detect_backend
 from fitter import GGFitError
 
 
@@ -451,3 +452,63 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
         return
     print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''} {what}: "
           + ", ".join(f"{c.architecture} on {c.backend} (llama.cpp {c.llama_cpp[:12]})" for c in gone) + f" ({where})")
+
+
+def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
+             max_kv_size: int | None, kv_bits: int | None, kv_group_size: int, quantized_kv_start: int,
+             prefill_step_size: int, max_tokens: int, prompt_cache_bytes: str | None, draft_n_max: int,
+             as_json: bool) -> None:
+    """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
+    bud = fitter.parse_budget(budget, detect_backend())
+    margin_bytes = fitter.parse_margin(margin)
+    available = fitter.available_bytes(bud, margin_bytes)
+    for flag, v in (("--prefill-step-size", prefill_step_size), ("--max-tokens", max_tokens)):
+        if v < 1:
+            raise fitter.GGFitError(f"{flag} {v}: must be at least 1")
+    m = fitter.load_mlx_model(model)
+    draft = fitter.load_mlx_model(model_draft) if model_draft else None
+    settings = fitter.MlxCacheSettings(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size,
+                                       quantized_kv_start=quantized_kv_start, prefill_step_size=prefill_step_size)
+    pc = fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes") if prompt_cache_bytes else None
+    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=max_tokens, cache=settings, prompt_cache_bytes=pc,
+                        num_draft_tokens=draft_n_max)
+    spec = m.spec
+    n_max = spec.max_position_embeddings or 262144
+    if n_ctx is None:
+        best, pred = fitter.largest_context_mlx(m, run, available, n_max, draft)
+        if pred is None:
+            pred = fitter.predict_mlx(m, run, draft)
+    else:
+        best, pred = 0, fitter.predict_mlx(m, run, draft)
+    total = pred.total_device_bytes
+    fits = total <= available
+    if as_json:
+        print(json.dumps({
+            "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
+            "margin_bytes": margin_bytes, "n_ctx": pred.run.n_ctx, "largest_n_ctx": best if n_ctx is None else None,
+            "config": {"max_tokens": max_tokens, "max_kv_size": max_kv_size, "kv_bits": kv_bits,
+                       "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start,
+                       "prefill_step_size": prefill_step_size, "prompt_cache_bytes": pc},
+            "buffers": [b.model_dump(mode="json") for b in pred.buffers], "total_device_bytes": total,
+            "fits": fits, "headroom_bytes": available - total, "warnings": pred.warnings,
+        }, indent=2))
+    else:
+        print(f"model    {model} ({spec.model_type}, "
+              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
+        print(f"engine   mlx, {fitter.mlx_label()}")
+        print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
+        if n_ctx is None:
+            print(f"\nlargest context: -c {best} (prompt + --max-tokens {max_tokens}; the model's limit {n_max:,})"
+                  if best else "\nnothing fits, not even -c 256")
+        print()
+        print_breakdown(pred, available)
+        for w in pred.warnings:
+            print("warning: " + w)
+        if fits:
+            flags = [f"--model {model}", f"--prefill-step-size {prefill_step_size}", f"--max-tokens {max_tokens}"]
+            flags += [f"--kv-bits {kv_bits}", f"--kv-group-size {kv_group_size}"] if kv_bits else []
+            flags += [f"--prompt-cache-bytes {pc}"] if pc else []
+            flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
+            print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))
+    if not fits:
+        raise typer.Exit(1)
