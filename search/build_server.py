@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from fitter import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, GGFitError
+from fitter.cache import cache_root as fitter_cache_root
 
 SDIST = f"llama_cpp_python-{PINNED_LLAMA_CPP_PYTHON}"
 KNOWN_UNPACKED = (Path("/tmp/lcp") / SDIST,)
@@ -54,7 +55,7 @@ class BuildError(GGFitError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("GGFIT_CACHE") or Path.home() / ".cache" / "ggfit")
+    return Path(fitter_cache_root())
 
 
 def server_dir(commit: str = PINNED_COMMIT) -> Path:

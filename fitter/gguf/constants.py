@@ -23,6 +23,8 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
+from fitter.cache import cache_root
+
 _NAMES = ("GGUF_MAGIC", "GGUF_DEFAULT_ALIGNMENT", "GGML_QUANT_VERSION", "Keys", "GGMLQuantizationType",
           "LlamaFileType", "GGUFValueType", "GGML_QUANT_SIZES")
 _FORMAT = b"ggfit-gguf-constants 2\n"  # of a cached entry: change it when _NAMES or the selection changes
@@ -79,9 +81,8 @@ def _code(src: Path) -> CodeType | None:
         st = src.stat()
         stamp = b"%d %d" % (st.st_size, st.st_mtime_ns)
         key = b"\0".join((_FORMAT, importlib.util.MAGIC_NUMBER, os.fsencode(src), stamp))
-        base = os.environ.get("GGFIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ggfit")
         where = os.fsencode(src) + importlib.util.MAGIC_NUMBER  # one entry per gguf-py and Python, rewritten on change
-        path = os.path.join(base, "gguf-constants", f"{zlib.crc32(where):08x}.bin")
+        path = os.path.join(cache_root(), "gguf-constants", f"{zlib.crc32(where):08x}.bin")
         try:
             with open(path, "rb") as f:
                 data = f.read()

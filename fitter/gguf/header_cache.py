@@ -35,6 +35,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from fitter.cache import cache_root
+
 MAGIC = b"ggfit-header-cache 3\n"
 RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
 _DIGEST = 8
@@ -60,8 +62,7 @@ def is_enabled() -> bool:
 
 
 def cache_dir() -> str:
-    base = os.environ.get("GGFIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ggfit")
-    return os.path.join(base, "headers")
+    return os.path.join(cache_root(), "headers")
 
 
 def _code_fingerprint() -> bytes:
