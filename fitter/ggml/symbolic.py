@@ -1,12 +1,15 @@
-"""Cache sizes as affine integers, so that one built graph serves every context size (ggfit's own, not ggml's).
+"""Cache sizes and the ubatch as integer forms, so that one built graph serves every context size and ubatch
+(ggfit's own, not ggml's).
 
-A graph built for one n_ctx differs from the graph for another only where the KV caches' cell counts reach: the
-caches, the masks, the views of K and V and the scores over them. While a graph is traced, those cell counts are
-`Sym`s: ints that also carry how they follow from the cell counts (k . cells + c). Arithmetic that stays affine
-keeps the form; every other use of the value (a comparison, a branch, a non-exact division, a product of two
-`Sym`s, an index, a string) returns the plain value and records a guard: the condition that the use gives the same
-answer. For other cell counts, where every guard holds, the same program takes the same path, so the graph has
-the same nodes, placement and splits, and each shape is its form evaluated at the new cell counts.
+A graph built for one n_ctx and n_ubatch differs from the graph for another only where the KV caches' cell counts
+and the number of tokens reach: the caches, the masks, the activations, the views of K and V and the scores over
+them. While a graph is traced, those counts are `Sym`s: ints that also carry how they follow from the variables
+(the cell counts and the tokens, as k . m + c over the monomials m of degree one and two of the variables, so that
+a stride of cells x tokens keeps its form). Arithmetic that stays in that form keeps it; every other use of the
+value (a comparison, a branch, a non-exact division, a product of degree three, an index, a string) returns the
+plain value and records a guard: the condition that the use gives the same answer. For other values of the
+variables, where every guard holds, the same program takes the same path, so the graph has the same nodes,
+placement and splits, and each shape is its form evaluated at the new values.
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ import operator
 import threading
 from typing import Any, Callable
 
-N_VARS = 2  # the cell counts: 0 the full KV cache's (n_ctx_seq), 1 the sliding-window cache's (swa_cells)
+# the variables: 0 the full KV cache's cells (n_ctx_seq), 1 the sliding-window cache's (swa_cells), 2 the tokens
+# of the reserved ubatch in units of a power of two (GraphContext.tokens_unit: GGML_PAD and chunkings stay exact)
+N_VARS = 3
+# the monomials a form's coefficients go with: the variables, then their products of two
+MONOMIALS: tuple[tuple[int, ...], ...] = (*((i,) for i in range(N_VARS)),
+                                          *((i, j) for i in range(N_VARS) for j in range(i, N_VARS)))
+N_MONO = len(MONOMIALS)
+_LINEAR = N_VARS  # the coefficients past it are of degree two
+_PRODUCT = {(i, j): MONOMIALS.index((min(i, j), max(i, j))) for i in range(N_VARS) for j in range(N_VARS)}
+_ZERO = (0,) * N_MONO
 
 # (coefficients, constant, op, argument, expected): op(value, argument) == expected must hold for a reuse
 Guard = tuple[tuple[int, ...], int, Callable[[Any, Any], Any], Any, Any]
@@ -48,8 +60,9 @@ class Sym(int):
         return o
 
     @classmethod
-    def var(cls, i: int, value: int) -> "Sym":
-        return cls(value, tuple(int(j == i) for j in range(N_VARS)), 0)
+    def var(cls, i: int, value: int, unit: int = 1) -> "Sym":
+        """Variable i, whose value here is `value` (a multiple of `unit`): unit . x_i."""
+        return cls(value, tuple(unit if j == i else 0 for j in range(N_MONO)), 0)
 
     def pin(self) -> int:
         """The plain value, on the guard that it stays this value."""
@@ -85,7 +98,17 @@ class Sym(int):
 
     def __mul__(self, o: Any) -> Any:
         if type(o) is Sym:
-            return self.pin() * o.pin()
+            a, b = self.k, o.k
+            if any(a[_LINEAR:]) or any(b[_LINEAR:]):  # degree three: pinned
+                return self.pin() * o.pin()
+            ca, cb = self.c, o.c  # (a . x + ca)(b . x + cb)
+            k = [x * cb + y * ca for x, y in zip(a, b)]
+            for i in range(_LINEAR):
+                if a[i]:
+                    for j in range(_LINEAR):
+                        if b[j]:
+                            k[_PRODUCT[i, j]] += a[i] * b[j]
+            return _mk(tuple(k), ca * cb, int.__mul__(self, o))
         if isinstance(o, int):
             o = int(o)
             return _mk(tuple(a * o for a in self.k), self.c * o, int.__mul__(self, o))
@@ -184,18 +207,28 @@ for _name in ("__truediv__", "__rtruediv__", "__rfloordiv__", "__rmod__", "__div
 
 
 def form(v: int) -> tuple[int, ...]:
-    """v as (k..., c): its coefficients on the cell counts and its constant."""
+    """v as (k..., c): its coefficients on the monomials (MONOMIALS) and its constant."""
     if type(v) is Sym:
         return (*v.k, v.c)
-    return (*([0] * N_VARS), int(v))
+    return (*_ZERO, int(v))
 
 
-def holds(guards: list[Guard], cells: tuple[int, ...]) -> bool:
-    """Whether every guard of a trace gives the same answer at these cell counts."""
+def monomials(values: tuple[int, ...]) -> tuple[int, ...]:
+    """The monomials (MONOMIALS) at these values of the variables."""
+    out = list(values)
+    for m in MONOMIALS[_LINEAR:]:
+        out.append(values[m[0]] * values[m[1]])
+    return tuple(out)
+
+
+def holds(guards: list[Guard], values: tuple[int, ...]) -> bool:
+    """Whether every guard of a trace gives the same answer at these values of the variables."""
+    m = monomials(values)
     for k, c, op, arg, expected in guards:
         v = c
-        for a, x in zip(k, cells):
-            v += a * x
+        for a, x in zip(k, m):
+            if a:
+                v += a * x
         if op(v, arg) != expected:
             return False
     return True

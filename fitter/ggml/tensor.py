@@ -472,8 +472,9 @@ VIEW_OPS = frozenset(("RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"))  # ggml_is_vie
 
 def nbytes_strided(t: Tensor) -> int:  # ggml_nbytes of a possibly non-contiguous tensor
     ne, nb = t.ne, t.nb
-    if min(ne) <= 0:
-        return 0
+    for x in ne:  # each extent on its own, as ggml_nbytes (min() would compare them: a guard in a trace)
+        if x <= 0:
+            return 0
     if BLCK[t.type] == 1:
         n = TSIZE[t.type]
         for i in range(4):

@@ -16,8 +16,9 @@ and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer
 allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
 cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
 memoized on (spec, context, backend). The built, placed and split graph is traced with the KV caches' cell
-counts symbolic (fitter.ggml.symbolic) and reused for another n_ctx of the same model and context where the
-trace's guards hold (`_Traced`): only the shapes the cells reach are evaluated again before the allocator runs.
+counts and the ubatch's tokens symbolic (fitter.ggml.symbolic) and reused for another n_ctx or n_ubatch of the same
+model and context where the trace's guards hold (`_Traced`): only the shapes they reach are evaluated again before
+the allocator runs.
 
 Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): byte-exact on the
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
@@ -43,7 +44,7 @@ from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
-from fitter.ggml.symbolic import Sym, form, holds, trace
+from fitter.ggml.symbolic import Sym, form, holds, monomials, trace
 from fitter.ggml.tensor import _NB_SLOT, HOST, Context, Tensor, header_types_read
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
@@ -391,11 +392,11 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
 
 
 class _Traced:
-    """A graph built, placed and split once with its cache sizes symbolic (fitter.ggml.symbolic), for every
-    context that differs from it only in those sizes and keeps its guards: each tensor whose shape (or preset
-    size: the scheduler's copies) follows from the sizes gets it evaluated, every tensor its allocator state reset."""
+    """A graph built, placed and split once with its cache sizes and tokens symbolic (fitter.ggml.symbolic), for
+    every context that differs from it only in those and keeps its guards: each tensor whose shape (or preset size:
+    the scheduler's copies) follows from them gets it evaluated, every tensor its allocator state reset."""
 
-    __slots__ = ("spec", "details", "guards", "run", "shapes", "ts", "sizes", "bes", "types_read", "fresh")
+    __slots__ = ("spec", "details", "guards", "run", "shapes", "forms", "ts", "sizes", "bes", "types_read", "fresh")
 
     def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
                  segs: list[Segment], types_read: bool) -> None:
@@ -425,14 +426,25 @@ class _Traced:
         self.ts: list[Tensor] = []
         self.sizes: list[int] = []
         self.bes: list[int] = []
-        self.shapes: list[tuple] = []  # (tensor, its index in ts or -1, ne, nb, preset size as forms) where cells reach
+        # where the variables reach: (tensor, its index in ts or -1, ne, nb, preset size or -1), each an index in forms
+        self.shapes: list[tuple] = []
+        self.forms: list[tuple[tuple[int, int], ...]] = []  # the distinct forms, sparse: ((monomial or -1, coef), ...)
+        index: dict[tuple[int, ...], int] = {}
+
+        def at(f: tuple[int, ...]) -> int:
+            i = index.get(f)
+            if i is None:
+                i = index[f] = len(self.forms)
+                self.forms.append(tuple((j, a) for j, a in enumerate(f[:-1]) if a) + ((-1, f[-1]),))
+            return i
+
         ts, sizes, bes = self.ts, self.sizes, self.bes
         for t in seen.values():
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                self.shapes.append((t, k, [form(x) for x in t.ne], [form(x) for x in nb],
-                                    form(size) if type(size) is Sym else None))
+                self.shapes.append((t, k, [at(form(x)) for x in t.ne], [at(form(x)) for x in nb],
+                                    at(form(size)) if type(size) is Sym else -1))
                 t.ne = [int.__int__(x) for x in t.ne]
                 _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
                 t.size = size = int.__int__(size)
@@ -446,17 +458,19 @@ class _Traced:
         self.fresh = [t for i, t in seen.items() if i in dep or (t.src and not dep.isdisjoint(map(id, t.src)))]
 
     @staticmethod
-    def cells(c: GraphContext) -> tuple[int, int]:
-        return c.cells(), c.cells(swa=True)
+    def values(c: GraphContext) -> tuple[int, int, int]:
+        """The variables (fitter.ggml.symbolic.N_VARS) for this context: the cells, the SWA cells, the tokens."""
+        return c.cells(), c.cells(swa=True), c.n_tokens // c.tokens_unit if c.tokens_unit else 0
 
-    def apply(self, cells: tuple[int, int]) -> None:
-        v0, v1 = cells
+    def apply(self, values: tuple[int, int, int]) -> None:
+        m = (*monomials(values), 1)  # the constant's monomial last (index -1)
+        v = [sum([m[j] * a for j, a in f]) for f in self.forms]
         sizes = self.sizes
         for t, i, ne, nb, size in self.shapes:
-            t.ne = [a * v0 + b * v1 + k for a, b, k in ne]
-            _NB_SLOT.__set__(t, [a * v0 + b * v1 + k for a, b, k in nb])
-            if size is not None and i >= 0:
-                sizes[i] = size[0] * v0 + size[1] * v1 + size[2]
+            t.ne = [v[x] for x in ne]
+            _NB_SLOT.__set__(t, [v[x] for x in nb])
+            if size >= 0 and i >= 0:
+                sizes[i] = v[size]
         for t in self.fresh:
             t.memo = None
         for t, size, be in zip(self.ts, sizes, self.bes):
@@ -481,7 +495,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
                pl: Placement | None = None, copy_size: Callable[[Tensor], int] | None = None,
                content_key: tuple | None = None) -> AllocResult:
     """The graph of `c` allocated by `ga`: a traced graph of the same key (the model, the context but its cache
-    sizes, the placement) reused where its guards hold for these cache sizes, else built and traced. `content_key`:
+    sizes and ubatch, the placement) reused where its guards hold for these values, else built and traced. `content_key`:
     the same by content (the model less its file's facts and weight types); a graph that never read a weight's type
     serves every model of that content (the quants of one model)."""
     if key is not None:
@@ -495,9 +509,9 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
         else:
             hit = None
         if hit is not None:
-            cells = _Traced.cells(c)
-            if holds(hit.guards, cells):
-                hit.apply(cells)
+            values = _Traced.values(c)
+            if holds(hit.guards, values):
+                hit.apply(values)
                 if hit.types_read:
                     header_types_read[0] = True
                 return hit.run(ga)
@@ -507,11 +521,14 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
     read_before = header_types_read[0]
     header_types_read[0] = False
     c.symbolic = True
+    plain = c.n_tokens, c.n_outputs
     try:
         with trace() as guards:
+            c.trace_tokens()
             run, segs = prepare(c, pl, copy_size)
     finally:
         c.symbolic = False
+        c.n_tokens, c.n_outputs = plain
     traced = _Traced(c, details, guards, run, segs, header_types_read[0])
     if len(_TRACED) >= _TRACED_MAX:
         _TRACED.pop(next(iter(_TRACED)))
@@ -708,11 +725,13 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
     header_types_read[0] = False
     c = GraphContext(spec, cp, d)
     c.mtp = mtp
-    # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq; n_tokens and n_outputs follow
-    # from n_ctx too) and n_batch, which no graph builder reads (llama_context::graph_reserve takes n_ubatch); the
-    # same spec and details objects (the graph reads them)
-    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in ("n_ctx", "n_ctx_seq", "n_batch")),
-            c.n_tokens, c.n_outputs, *key[3:])
+    # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq), n_batch, which no graph builder
+    # reads (llama_context::graph_reserve takes n_ubatch), and the ubatch where the tokens are traced (then their
+    # unit instead: GraphContext.trace_tokens; else n_tokens and n_outputs, which follow from n_ctx too); the same
+    # spec and details objects (the graph reads them)
+    free = ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch") if c.tokens_unit else ("n_ctx", "n_ctx_seq", "n_batch")
+    tokens = ("tokens", c.tokens_unit) if c.tokens_unit else (c.n_tokens, c.n_outputs)
+    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in free), tokens, *key[3:])
     ctkey = (ckey[0], ckey[1], tkey[2:], ckey[3])  # and by content: the quants of one model share it
     if impl.is_gpu:
         out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,

@@ -126,12 +126,16 @@ class GraphContext:
             n_seqs = 1 if cp.kv_unified else n_seqs  # llama_context::llama_context (0.3.16): unified reserves 1 seq
         n_tokens = min(cp.n_ctx, cp.n_ubatch)  # llama_context::sched_reserve
         self.n_outputs = min(n_tokens, cp.n_outputs_max)
-        if n_tokens % n_seqs:  # llama_context::graph_reserve
+        rounded = n_tokens % n_seqs
+        if rounded:  # llama_context::graph_reserve
             n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
         if not self.build.has("logits_whole_ubatch"):
             # before #23861, llama_context::llama_context: graph_reserve(n_tokens, n_seqs, n_tokens) (0.3.23)
             self.n_outputs = n_tokens
         self.n_tokens = n_tokens
+        # the unit n_tokens is traced in (trace_tokens): its largest power-of-two divisor up to 256, so that GGML_PAD
+        # and the chunkings of 64 stay exact forms; 0 (n_tokens kept in the trace's key) where it was rounded up
+        self.tokens_unit = 0 if rounded else min(n_tokens & -n_tokens, 256)
         self.n_seqs = n_seqs
         self.n_stream = 1 if cp.kv_unified else n_seqs
         self.g = Graph()
@@ -163,6 +167,13 @@ class GraphContext:
             d = mul_mat(ctx0, b, rows, "embd_lora_b")
             cur = add(ctx0, cur, scale(ctx0, d, "embd_lora_scaled"), "embd")
         return cur
+
+    def trace_tokens(self) -> None:
+        """n_tokens (and n_outputs with it) as a Sym, so that the graph being traced serves every ubatch of its unit."""
+        if self.tokens_unit:
+            t = Sym.var(2, self.n_tokens, self.tokens_unit)
+            self.n_outputs = min(t, self.cp.n_outputs_max) if self.build.has("logits_whole_ubatch") else t
+            self.n_tokens = t
 
     def cells(self, swa: bool = False) -> int:
         """The cells of the full KV cache (n_ctx_seq) or of the sliding-window one (llama_kv_cache_iswa)."""

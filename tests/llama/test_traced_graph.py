@@ -1,10 +1,11 @@
-"""One graph per model and context less its cache sizes (fitter.llama.context._TRACED, fitter.ggml.symbolic).
+"""One graph per model and context less its cache sizes and ubatch (fitter.llama.context._TRACED,
+fitter.ggml.symbolic).
 
-A graph is traced once with its KV caches' cell counts symbolic; a context that differs only in n_ctx reuses it,
-its shapes evaluated at the new cell counts, where the trace's guards hold. Everything here is checked against the
-same compute buffers built from scratch without tracing (no reuse, plain ints): every architecture, the CPU, CUDA
-and Metal, a sweep of n_ctx in both directions, flash attention on and off, a quantized cache, several sequences,
-partial offload (the scheduler's copies), MTP heads."""
+A graph is traced once with its KV caches' cell counts and its tokens symbolic; a context that differs only in n_ctx
+or n_ubatch reuses it, its shapes evaluated at the new values, where the trace's guards hold. Everything here is
+checked against the same compute buffers built from scratch without tracing (no reuse, plain ints): every
+architecture, the CPU, CUDA and Metal, sweeps of n_ctx and n_ubatch in both directions, flash attention on and off,
+a quantized cache, several sequences, partial offload (the scheduler's copies), MTP heads."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import operator
 
 import pytest
 
-from fitter.ggml.symbolic import Sym, holds, trace
+from fitter.ggml.symbolic import MONOMIALS, N_MONO, Sym, form, holds, monomials, trace
 from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
@@ -82,6 +83,41 @@ def test_a_reused_graph_equals_one_built_from_scratch(arch: str, backend: str, m
     assert ran and runs - len(traced) >= runs * 5 // 8  # most of the sweep reuses a traced graph
 
 
+# (n_ctx, n_ubatch), n_tokens a multiple of 256: the ubatch up and down across the sizes `fit` tabulates, n_ctx below
+# it (n_tokens = n_ctx); then other units (384: 128; 100: 4; 1001: 1) and, with 4 sequences, n_tokens rounded up (1001
+# -> 1004: traced with n_tokens in the key)
+UB_SWEEP = ((8192, 512), (8192, 4096), (4096, 256), (33024, 2048), (256, 1024), (8192, 1024), (131072, 512))
+UB_OTHER = ((8192, 384), (4096, 100), (3072, 1001))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_graph_reused_for_another_ubatch_equals_one_built_from_scratch(arch: str, backend: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokens traced as a variable too (GraphContext.trace_tokens): one graph serves every ubatch of a unit."""
+    header, spec = load_model_spec(str(build(arch)))
+    d = graph_details(header)
+    traced = _count_traces(monkeypatch)
+    ran = 0
+    for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on"), dict(n_parallel=4, kv_unified=False)):
+        C._TRACED.clear()
+        before = len(traced)
+        for n_ctx, n_ubatch in UB_SWEEP + UB_OTHER:
+            try:
+                cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=4096, **kw),
+                                     Frontend.SERVER)
+            except ConfigError:  # a quantized cache the heads' sizes refuse
+                break
+            C._CACHE.clear()
+            C._BY_CONTENT.clear()
+            got = C.compute_buffers(spec, cp, backend, details=d)
+            assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx, n_ubatch)
+            if (n_ctx, n_ubatch) == UB_SWEEP[-1]:
+                assert len(traced) == before + 1, kw  # one graph for every n_tokens of 256s, n_ctx and unit alike
+                ran += 1
+    assert ran
+
+
 def test_qwen35moe_full_size_reuses_one_graph_for_every_n_ctx_past_the_ubatch(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.synth.shapes import build_shape
 
@@ -113,21 +149,45 @@ def test_the_quants_of_one_model_share_a_graph(backend: str, monkeypatch: pytest
     assert len(traced) == 1
 
 
+def _k(*linear: int, **products: int) -> tuple[int, ...]:
+    """Coefficients over fitter.ggml.symbolic.MONOMIALS: the variables', then products named like x0x2=..."""
+    k = list(linear) + [0] * (N_MONO - len(linear))
+    for name, a in products.items():
+        k[MONOMIALS.index((int(name[1]), int(name[3])))] = a
+    return tuple(k)
+
+
 def test_sym_keeps_affine_forms_and_guards_everything_else() -> None:
     with trace() as guards:
         s = Sym.var(0, 4096)
         x = (s * 2 + 64) // 2 - 1  # affine: no guard
-        assert (x.k, x.c, int.__int__(x)) == ((1, 0), 31, 4127)
+        assert (x.k, x.c, int.__int__(x)) == (_k(1), 31, 4127)
         assert not guards
         assert (s // 3, s % 256) == (1365, 0)  # not exact in s: guarded
         assert s > 512
-    assert ((1, 0), 0, operator.floordiv, 3, 1365) in guards
-    assert holds(list(guards), (4096, 0)) and holds(list(guards), (4096, 123))  # the SWA cells are not used
-    assert not holds(list(guards), (4097, 0)) and not holds(list(guards), (4352, 0))  # % 256, // 3
-    assert not holds(list(guards), (512, 0))
+    assert (_k(1), 0, operator.floordiv, 3, 1365) in guards
+    assert holds(list(guards), (4096, 0, 0)) and holds(list(guards), (4096, 123, 7))  # the other variables unused
+    assert not holds(list(guards), (4097, 0, 0)) and not holds(list(guards), (4352, 0, 0))  # % 256, // 3
+    assert not holds(list(guards), (512, 0, 0))
     with trace() as pinned:
         assert [0] * 2 + [int(s)] == [0, 0, 4096] and f"{s}" == "4096"
-    assert holds(list(pinned), (4096, 0)) and not holds(list(pinned), (4352, 0))
+    assert holds(list(pinned), (4096, 0, 0)) and not holds(list(pinned), (4352, 0, 0))
+
+
+def test_sym_keeps_products_of_cells_and_tokens() -> None:
+    """A stride over cells x tokens (the scores of attention) keeps its form; the tokens in their unit keep
+    GGML_PAD and the chunkings exact; a product of degree three is pinned."""
+    with trace() as guards:
+        cells, tokens = Sym.var(0, 4096), Sym.var(2, 512, 256)  # 512 tokens: 2 units of 256
+        nb = cells * 4 * (tokens + 1)
+        assert (nb.k, nb.c, int.__int__(nb)) == (_k(4, 0, 0, x0x2=1024), 0, 4096 * 4 * 513)
+        pad = (tokens + 63) // 64 * 64  # GGML_PAD(n_tokens, 64)
+        chunks = (tokens + 63) // 64
+        assert (pad.k, chunks.k, int.__int__(chunks)) == (_k(0, 0, 256), _k(0, 0, 4), 8)
+        assert not guards
+        assert int.__int__(nb * tokens) == 4096 * 4 * 513 * 512  # degree three: both pinned
+    assert holds(list(guards), (4096, 0, 2)) and not holds(list(guards), (4096, 0, 4))
+    assert sum(a * x for a, x in zip(form(nb), (*monomials((8192, 0, 16)), 1))) == 8192 * 4 * (16 * 256 + 1)
 
 
 @pytest.mark.parametrize("arch", ["qwen35moe", "gpt-oss", "gemma3"])
