@@ -44,7 +44,7 @@ from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
-from fitter.ggml.symbolic import Sym, form, holds, monomials, trace
+from fitter.ggml.symbolic import MONOMIALS, Sym, form, holds, monomials, trace
 from fitter.ggml.tensor import _NB_SLOT, HOST, Context, Tensor, header_types_read
 from fitter.ggml.types import F16
 from fitter.gguf.constants import GGMLQuantizationType
@@ -394,12 +394,17 @@ def _simulate_mtp(c: GraphContext, ga: Gallocr, pl: Placement | None = None,
 class _Traced:
     """A graph built, placed and split once with its cache sizes and tokens symbolic (fitter.ggml.symbolic), for
     every context that differs from it only in those and keeps its guards: each tensor whose shape (or preset size:
-    the scheduler's copies) follows from them gets it evaluated, every tensor its allocator state reset."""
+    the scheduler's copies) follows from them gets it evaluated, every tensor its allocator state reset.
 
-    __slots__ = ("spec", "details", "guards", "run", "shapes", "forms", "ts", "sizes", "bes", "types_read", "fresh")
+    What only the tokens reach (most activations) is evaluated again only when the tokens change, and kept with
+    their alloc sizes (Tensor.memo) per tokens value: a sweep of n_ctx at one ubatch, or a few ubatches in turn, pays
+    for the tensors the cells reach."""
+
+    __slots__ = ("spec", "details", "guards", "run", "ts", "sizes", "bes", "types_read", "cell_shapes", "token_shapes",
+                 "token_tensors", "token_sizes", "forms", "cell_forms", "v", "fresh_cells", "fresh_tokens", "tokens_at", "at_tokens")
 
     def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
-                 segs: list[Segment], types_read: bool) -> None:
+                 segs: list[Segment], types_read: bool, values: tuple[int, int, int]) -> None:
         self.spec = c.spec
         self.details = details
         self.guards = list(guards)
@@ -426,16 +431,24 @@ class _Traced:
         self.ts: list[Tensor] = []
         self.sizes: list[int] = []
         self.bes: list[int] = []
-        # where the variables reach: (tensor, its index in ts or -1, ne, nb, preset size or -1), each an index in forms
-        self.shapes: list[tuple] = []
-        self.forms: list[tuple[tuple[int, int], ...]] = []  # the distinct forms, sparse: ((monomial or -1, coef), ...)
+        # where the variables reach: (tensor, its index in ts or -1, ne, nb, preset size or -1), each an index in the
+        # distinct forms, kept sparse ((monomial, coefficient), ..., (-1, constant)); where a cell count reaches, and
+        # where the tokens alone do
+        self.cell_shapes: list[tuple] = []
+        self.token_shapes: list[tuple] = []
+        self.forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+        self.cell_forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
         index: dict[tuple[int, ...], int] = {}
+        cells = {j for j, mono in enumerate(MONOMIALS) if 0 in mono or 1 in mono}  # the monomials with a cell count
 
         def at(f: tuple[int, ...]) -> int:
             i = index.get(f)
             if i is None:
-                i = index[f] = len(self.forms)
-                self.forms.append(tuple((j, a) for j, a in enumerate(f[:-1]) if a) + ((-1, f[-1]),))
+                i = index[f] = len(index)
+                sparse = (i, tuple((j, a) for j, a in enumerate(f[:-1]) if a) + ((-1, f[-1]),))
+                self.forms.append(sparse)
+                if any(f[j] for j in cells):
+                    self.cell_forms.append(sparse)
             return i
 
         ts, sizes, bes = self.ts, self.sizes, self.bes
@@ -443,8 +456,13 @@ class _Traced:
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                self.shapes.append((t, k, [at(form(x)) for x in t.ne], [at(form(x)) for x in nb],
-                                    at(form(size)) if type(size) is Sym else -1))
+                fs = (t.ne, nb, (size,)) if type(size) is Sym else (t.ne, nb)
+                e = (t, k, [at(form(x)) for x in t.ne], [at(form(x)) for x in nb],
+                     at(form(size)) if type(size) is Sym else -1)
+                if any(type(x) is Sym and any(x.k[j] for j in cells) for xs in fs for x in xs):
+                    self.cell_shapes.append(e)
+                else:
+                    self.token_shapes.append(e)
                 t.ne = [int.__int__(x) for x in t.ne]
                 _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
                 t.size = size = int.__int__(size)
@@ -452,10 +470,27 @@ class _Traced:
                 ts.append(t)
                 sizes.append(size)
                 bes.append(t.be)
-        # the tensors whose alloc size the cache sizes reach: their own shapes or their sources' (FLASH_ATTN_EXT's
-        # K and V, MUL_MAT_ID's ids): computed again at each reuse, the others' kept (Tensor.memo)
-        dep = {id(e[0]) for e in self.shapes}
-        self.fresh = [t for i, t in seen.items() if i in dep or (t.src and not dep.isdisjoint(map(id, t.src)))]
+        m = (*monomials(values), 1)
+        self.v = [sum([m[j] * a for j, a in f]) for _, f in self.forms]  # the forms' values at the values applied
+        # the tensors whose alloc size the variables reach: their own shapes or their sources' (FLASH_ATTN_EXT's
+        # K and V, MUL_MAT_ID's ids): computed again at each reuse (those the tokens alone reach: when they change,
+        # or as they were at those tokens), the others' kept (Tensor.memo)
+        dep_cells = {id(e[0]) for e in self.cell_shapes}
+        dep = dep_cells | {id(e[0]) for e in self.token_shapes}
+        self.fresh_cells: list[Tensor] = []
+        self.fresh_tokens: list[Tensor] = []
+        for i, t in seen.items():
+            if i in dep_cells or (t.src and not dep_cells.isdisjoint(map(id, t.src))):
+                self.fresh_cells.append(t)
+            elif i in dep or (t.src and not dep.isdisjoint(map(id, t.src))):
+                self.fresh_tokens.append(t)
+        # what moves with the tokens alone: fresh_tokens, and the token_shapes' tensors in fresh_cells (a source's)
+        in_fresh = {id(t) for t in self.fresh_tokens}
+        self.token_tensors = self.fresh_tokens + [e[0] for e in self.token_shapes if id(e[0]) not in in_fresh]
+        self.token_sizes = [(i, size) for _, i, _, _, size in self.token_shapes if size >= 0 and i >= 0]
+        self.tokens_at = values[2]  # the tokens the graph's shapes and alloc sizes are at
+        # tokens -> the token_tensors' (tensor, ne, nb, alloc size) there (fresh_cells' alloc sizes reset after)
+        self.at_tokens: dict[int, list[tuple]] = {}
 
     @staticmethod
     def values(c: GraphContext) -> tuple[int, int, int]:
@@ -464,14 +499,19 @@ class _Traced:
 
     def apply(self, values: tuple[int, int, int]) -> None:
         m = (*monomials(values), 1)  # the constant's monomial last (index -1)
-        v = [sum([m[j] * a for j, a in f]) for f in self.forms]
+        moved = values[2] != self.tokens_at
+        v = self.v
+        for i, f in self.forms if moved else self.cell_forms:
+            v[i] = sum([m[j] * a for j, a in f])
         sizes = self.sizes
-        for t, i, ne, nb, size in self.shapes:
+        if moved:
+            self._move(values[2])
+        for t, i, ne, nb, size in self.cell_shapes:
             t.ne = [v[x] for x in ne]
             _NB_SLOT.__set__(t, [v[x] for x in nb])
             if size >= 0 and i >= 0:
                 sizes[i] = v[size]
-        for t in self.fresh:
+        for t in self.fresh_cells:
             t.memo = None
         for t, size, be in zip(self.ts, sizes, self.bes):
             t.own = False
@@ -480,7 +520,32 @@ class _Traced:
             t.size = size
             t.be = be
 
+    def _move(self, tokens: int) -> None:
+        """The tensors the tokens alone reach, to these tokens: as they were left there, or evaluated (self.v)."""
+        kept = self.at_tokens
+        if self.tokens_at not in kept:  # as the first allocation at those tokens left them (every later one alike)
+            kept[self.tokens_at] = [(t, t.ne, _NB_SLOT.__get__(t, Tensor), t.memo) for t in self.token_tensors]
+            if len(kept) > _AT_TOKENS_MAX:
+                kept.pop(next(iter(kept)))
+        self.tokens_at = tokens
+        v, sizes = self.v, self.sizes
+        back = kept.get(tokens)
+        if back is None:
+            for t, _, ne, nb, _ in self.token_shapes:
+                t.ne = [v[x] for x in ne]
+                _NB_SLOT.__set__(t, [v[x] for x in nb])
+            for t in self.fresh_tokens:
+                t.memo = None
+        else:
+            for t, ne, nb, mt in back:
+                t.ne = ne
+                _NB_SLOT.__set__(t, nb)
+                t.memo = mt
+        for i, size in self.token_sizes:
+            sizes[i] = v[size]
 
+
+_AT_TOKENS_MAX = 8  # tokens values a traced graph keeps its tensors at: `fit` asks 5 ubatches, a study a few
 _TRACED: dict[tuple, _Traced] = {}
 _TRACED_BY_CONTENT: dict[tuple, _Traced] = {}  # those that read no weight's type, by content (_allocated)
 # dropped at exit, before the interpreter's last collection walks them (~10 ms off a `fit`)
@@ -520,6 +585,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
         return prepare(c, pl, copy_size)[0](ga)
     read_before = header_types_read[0]
     header_types_read[0] = False
+    values = _Traced.values(c)
     c.symbolic = True
     plain = c.n_tokens, c.n_outputs
     try:
@@ -529,7 +595,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
     finally:
         c.symbolic = False
         c.n_tokens, c.n_outputs = plain
-    traced = _Traced(c, details, guards, run, segs, header_types_read[0])
+    traced = _Traced(c, details, guards, run, segs, header_types_read[0], values)
     if len(_TRACED) >= _TRACED_MAX:
         _TRACED.pop(next(iter(_TRACED)))
     _TRACED[key] = traced
