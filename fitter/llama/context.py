@@ -439,7 +439,8 @@ class _Traced:
         self.forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
         self.cell_forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
         index: dict[tuple[int, ...], int] = {}
-        cells = {j for j, mono in enumerate(MONOMIALS) if 0 in mono or 1 in mono}  # the monomials with a cell count
+        cells = [j for j, mono in enumerate(MONOMIALS) if 0 in mono or 1 in mono]  # the monomials with a cell count
+        of_cells: set[int] = set()  # the forms with one
 
         def at(f: tuple[int, ...]) -> int:
             i = index.get(f)
@@ -449,6 +450,7 @@ class _Traced:
                 self.forms.append(sparse)
                 if any(f[j] for j in cells):
                     self.cell_forms.append(sparse)
+                    of_cells.add(i)
             return i
 
         ts, sizes, bes = self.ts, self.sizes, self.bes
@@ -456,10 +458,9 @@ class _Traced:
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                fs = (t.ne, nb, (size,)) if type(size) is Sym else (t.ne, nb)
                 e = (t, k, [at(form(x)) for x in t.ne], [at(form(x)) for x in nb],
                      at(form(size)) if type(size) is Sym else -1)
-                if any(type(x) is Sym and any(x.k[j] for j in cells) for xs in fs for x in xs):
+                if not of_cells.isdisjoint(e[2]) or not of_cells.isdisjoint(e[3]) or e[4] in of_cells:
                     self.cell_shapes.append(e)
                 else:
                     self.token_shapes.append(e)

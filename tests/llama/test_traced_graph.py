@@ -95,7 +95,8 @@ UB_OTHER = ((8192, 384), (4096, 100), (3072, 1001))
 def test_a_graph_reused_for_another_ubatch_equals_one_built_from_scratch(arch: str, backend: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The tokens traced as a variable too (GraphContext.trace_tokens): one graph serves every ubatch of a unit."""
-    header, spec = load_model_spec(str(build(arch)))
+    mtp = arch in ("qwen35", "qwen35moe", "glm4moe", "deepseek2")
+    header, spec = load_model_spec(str(build(arch, **({"n_nextn": 1} if mtp else {}))))
     d = graph_details(header)
     traced = _count_traces(monkeypatch)
     ran = 0
@@ -112,8 +113,11 @@ def test_a_graph_reused_for_another_ubatch_equals_one_built_from_scratch(arch: s
             C._BY_CONTENT.clear()
             got = C.compute_buffers(spec, cp, backend, details=d)
             assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx, n_ubatch)
-            if (n_ctx, n_ubatch) == UB_SWEEP[-1]:
-                assert len(traced) == before + 1, kw  # one graph for every n_tokens of 256s, n_ctx and unit alike
+            if mtp:  # the MTP draft context's graph (its own trace)
+                got = C.compute_buffers(spec, cp, backend, details=d, mtp=True)
+                assert got == _scratch(spec, cp, backend, -1, d, True, monkeypatch), (kw, n_ctx, n_ubatch, "mtp")
+            if (n_ctx, n_ubatch) == UB_SWEEP[-1]:  # one graph (and MTP's) for every n_tokens of 256s, n_ctx and unit alike
+                assert len(traced) == before + 1 + mtp, kw
                 ran += 1
     assert ran
 
@@ -206,8 +210,8 @@ def test_placements_reuse_a_graph_exactly(arch: str, flags: dict, monkeypatch: p
     kw = {k: v for k, v in flags.items() if k != "n_gpus"}
     C._TRACED.clear()
     traced = _count_traces(monkeypatch)
-    for n_ctx in SWEEP:
-        cfg = RunConfig(n_ctx=n_ctx, **kw)
+    for i, n_ctx in enumerate(SWEEP):
+        cfg = RunConfig(n_ctx=n_ctx, **({"n_ubatch": (512, 2048, 256)[i % 3]} | kw))  # and the ubatch, unless set
         cp = resolve_context(spec, cfg, Frontend.SERVER)
         wp = placement_of(spec, cfg, Backend.CUDA, flags.get("n_gpus", 1))
         opts = dict(placement=wp, kv_host=cfg.no_kv_offload, op_offload=not cfg.no_op_offload)
@@ -229,10 +233,11 @@ def test_older_builds_reuse_a_graph_exactly(release: str, arch: str, backend: st
     header, spec = load_model_spec(str(build(arch)))
     d = graph_details(header)
     C._TRACED.clear()
-    for kw in (dict(n_ubatch=512), dict(n_ubatch=256, flash_attn="off", n_parallel=2, kv_unified=False)):
-        for n_ctx in SWEEP:
-            cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, **kw), Frontend.SERVER, build=build_)
+    for kw in (dict(), dict(flash_attn="off", n_parallel=2, kv_unified=False)):
+        for i, n_ctx in enumerate(SWEEP):
+            n_ubatch = (512, 256, 2048, 1024)[i % 4]  # the ubatch too: 0.3.16 pads the mask's rows to 64
+            cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER, build=build_)
             C._CACHE.clear()
             C._BY_CONTENT.clear()
             got = C.compute_buffers(spec, cp, backend, details=d)
-            assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx)
+            assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx, n_ubatch)
