@@ -89,8 +89,8 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
         return (1, t(1)) if k_max == 1 else (0, 0)
     if t(k_max) <= available:
         return k_max, t(k_max)
-    # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits. The
-    # smallest context is another graph (llama.cpp reserves min(n_ctx, n_ubatch) tokens), one more trace.
+    # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits (a
+    # prediction saved: a larger k that fits is a lower end already)
     lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not
     k = k_max // 8
     while k > 1 and not lo:

@@ -143,7 +143,7 @@ class GraphContext:
         self.n_embd = spec.n_embd
         self.mtp = False  # the MTP draft context's graph (graph_mtp)
         self.ctx0 = Context()  # ggml_context of the graph being built (and the simulator's state)
-        self.symbolic = False  # cache sizes as fitter.ggml.symbolic.Sym (a graph traced to serve every n_ctx)
+        self.symbolic = False  # cache sizes as fitter.ggml.symbolic.Sym (a graph traced to serve every n_ctx; trace_tokens)
         if details.lora_graph:
             self.ctx0.lora = self.lora_pairs
 

@@ -84,7 +84,7 @@ def test_a_bending_total_takes_a_handful_of_predictions():
 
 
 def test_the_smallest_context_is_asked_only_where_nothing_larger_fits():
-    """k = 1 is another graph (llama.cpp reserves min(n_ctx, n_ubatch) tokens): asked last, only if needed."""
+    """k = 1 is asked last, only where no larger lower end fits (one prediction saved)."""
     def total(k: int) -> int:
         return 20_000 * 2**20 + k * 4 * 2**20
 
