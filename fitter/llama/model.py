@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from fitter.errors import GGUFError, UnsupportedModelError
-from fitter.gguf.constants import Keys, LlamaFileType
+from fitter.gguf.constants import GGMLQuantizationType, Keys, LlamaFileType
 from fitter.gguf.reader import GGUFHeader, SkippedArray, read_header
 from fitter.llama.hparams import (
     GENERIC_RULES,
@@ -127,13 +127,13 @@ def _mla(m: Meta) -> tuple[bool, int, int]:
 
 def _by_type(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes and parameters per ggml type, largest first."""
-    bytes_by_type: dict[str, int] = defaultdict(int)
-    params_by_type: dict[str, int] = defaultdict(int)
-    for t in header.tensors:
-        bytes_by_type[t.ggml_type.name] += t.nbytes
-        params_by_type[t.ggml_type.name] += t.n_elements
-    return (dict(sorted(bytes_by_type.items(), key=lambda kv: -kv[1])),
-            dict(sorted(params_by_type.items(), key=lambda kv: -kv[1])))
+    bytes_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
+    params_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
+    for t in header.tensors:  # by the enum member: its .name is a property, looked up once per type below
+        bytes_by_type[t.ggml_type] += t.nbytes
+        params_by_type[t.ggml_type] += t.n_elements
+    return ({k.name: v for k, v in sorted(bytes_by_type.items(), key=lambda kv: -kv[1])},
+            {k.name: v for k, v in sorted(params_by_type.items(), key=lambda kv: -kv[1])})
 
 
 def _arch_rules(header: GGUFHeader, src: str | None, allow_unknown: bool) -> tuple[str, ArchRules]:
