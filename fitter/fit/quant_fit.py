@@ -18,7 +18,7 @@ from fitter.build import PINNED, LlamaBuild
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
-from fitter.fit.solver import largest_context
+from fitter.fit.solver import CTX_STEP, largest_context, next_hint
 from fitter.ggml.types import pad
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
@@ -124,15 +124,19 @@ def evaluate(
             entries.append((name, value, read_header(value), False, True, None))
 
     out = []
+    hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)
     for name, source, h, needs_im, exact, note in entries:
         s = model_spec_from_header(h)
         if s.architecture != spec.architecture or s.n_layer != spec.n_layer:
             raise ConfigError(f"--candidate {name}: a {s.architecture} with {s.n_layer} layers, not the same model")
         pred = predict(h, s, cfg, backend, frontend, draft, build=build)
         total = pred.total_device_bytes
+        asked: dict[int, int] = {}
         big = largest_context(h, s, cfg, backend, frontend, available, n_ubatch=pred.context.n_ubatch,
                               type_k=pred.context.type_k, type_v=pred.context.type_v, with_draft=draft is not None,
-                              draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build)
+                              draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build, hint=hint,
+                              asked=asked)
+        hint = next_hint(asked, big.n_ctx // CTX_STEP, hint)
         out.append(Candidate(
             name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
             headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,

@@ -63,7 +63,11 @@ def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: b
     return base.model_copy(update=update)
 
 
-def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> tuple[int, int]:
+Hint = tuple[int, int]  # (k, bytes per step): where a search like this one ended, and how steeply its total grew
+
+
+def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, hint: Hint | None = None,
+                    asked: dict[int, int] | None = None) -> tuple[int, int]:
     """The largest k in 1..k_max with total(k) <= available, and total(k); (0, 0) when not even k = 1 fits.
 
     `total` is monotone in k and piecewise linear (KV cells and masks grow linearly; compute buffers in
@@ -75,8 +79,13 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
     Illinois rule of regula falsi), and a third step in a row that does not halve the bracket is a
     bisection, so it takes at most about four times bisection's steps. Same answer as a binary
     search.
+
+    `hint` (from `next_hint`: the last search of the same model, at another ubatch or quant) starts the search at
+    that search's answer, corrected once by its bytes per step: the answer and its neighbour then settle it in
+    about three predictions, without asking k_max. The bracket is checked all the same, so a wrong hint costs
+    predictions, never a different answer. `asked` (a dict of the caller's) keeps every k asked and its total.
     """
-    memo: dict[int, int] = {}
+    memo: dict[int, int] = {} if asked is None else asked
 
     def t(k: int) -> int:
         if k not in memo:
@@ -87,12 +96,28 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
         if t(1) > available:  # asked even for k_max = 0: it raises what llama.cpp refuses
             return 0, 0
         return (1, t(1)) if k_max == 1 else (0, 0)
-    if t(k_max) <= available:
+    lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not (once hi is asked)
+    if hint is not None and 1 <= (k0 := min(hint[0], k_max)) < k_max and hint[1] > 0:
+        # the hint's answer, then that corrected by the bytes per step: a bracket, usually one step wide
+        x = t(k0) - available
+        if x > 0:
+            hi, k1 = k0, max(1, k0 - -(-x // hint[1]))
+        else:
+            lo, k1 = k0, min(k_max, k0 + max(1, -x // hint[1]))
+        if lo < k1 < hi:
+            if t(k1) <= available:
+                lo = k1
+            else:
+                hi = k1
+        if hi == 1:
+            return 0, 0  # not even k = 1 fits
+        if lo and hi == k_max and k1 < k_max and lo + 1 < k_max and t(lo + 1) > available:
+            return lo, t(lo)  # the neighbour above is over: lo is the answer, and k_max need not be asked
+    if hi == k_max and t(k_max) <= available:
         return k_max, t(k_max)
     # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits (a
     # prediction saved: a larger k that fits is a lower end already)
-    lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not
-    k = k_max // 8
+    k = hi // 8
     while k > 1 and not lo:
         if t(k) <= available:
             lo = k
@@ -134,6 +159,18 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int) -> 
     return lo, t(lo)
 
 
+def next_hint(asked: dict[int, int], k: int, prev: Hint | None = None) -> Hint | None:
+    """The hint for the next search of the same model (largest_fitting's `hint`): this search's answer k, and the
+    bytes per step between the farthest two k it asked (`prev`'s where it asked one k only)."""
+    step = 0
+    if len(asked) > 1:
+        a, b = min(asked), max(asked)
+        step = (asked[b] - asked[a]) // (b - a)
+    if step <= 0 and prev is not None:
+        step = prev[1]
+    return (max(k, 1), step) if step > 0 else None
+
+
 def largest_context(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -149,7 +186,10 @@ def largest_context(
     draft: tuple[GGUFHeader, ModelSpec] | None,
     ctx_max: int,
     build: LlamaBuild = PINNED,
+    hint: Hint | None = None,
+    asked: dict[int, int] | None = None,
 ) -> Solution:
+    """The largest context that fits (a Solution); `hint` and `asked` as largest_fitting's, in CTX_STEP steps."""
     totals: dict[int, int] = {}
 
     def over(steps: int) -> int:  # monotone in the context on every device
@@ -158,7 +198,7 @@ def largest_context(
         totals[steps] = p.total_device_bytes
         return excess(p, available)
 
-    steps, worst = largest_fitting(over, 0, ctx_max // CTX_STEP)
+    steps, worst = largest_fitting(over, 0, ctx_max // CTX_STEP, hint=hint, asked=asked)
     n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
@@ -195,16 +235,18 @@ def solve(
         for tk, tv in kv_pairs:
             if base.flash_attn == "off" and tv not in ("f16", "f32", "bf16"):
                 continue  # quantized V needs flash attention
+            hint = None  # each ubatch's search starts where the last one's ended (largest_fitting)
             for ub in ubatches:
+                asked: dict[int, int] = {}
                 try:
-                    out.append(
-                        largest_context(
-                            header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
-                            with_draft=with_draft, draft=draft, ctx_max=ctx_max, build=build,
-                        )
+                    sol = largest_context(
+                        header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
+                        with_draft=with_draft, draft=draft, ctx_max=ctx_max, build=build, hint=hint, asked=asked,
                     )
                 except ConfigError:
                     continue  # a pair llama.cpp refuses for this model (block size, MLA K != V)
+                out.append(sol)
+                hint = next_hint(asked, sol.n_ctx // CTX_STEP, hint)
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitter.fit.solver import largest_fitting
+from fitter.fit.solver import largest_fitting, next_hint
 
 
 def _binary(total, available: int, k_max: int) -> int:
@@ -45,6 +45,37 @@ def test_same_answer_as_a_binary_search(case):
     k, t = largest_fitting(total, available, k_max)
     assert k == _binary(total, available, k_max)
     assert t == (total(k) if k else 0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_monotone(), st.integers(-10, 5000), st.integers(-10, 10**9))
+def test_any_hint_gives_a_binary_search_s_answer(case, k0, step):
+    """A hint only moves where the search starts: a wrong one (any k, any bytes per step) costs predictions, never
+    a different answer."""
+    k_max, available, total = case
+    k, t = largest_fitting(total, available, k_max, hint=(k0, step))
+    assert k == _binary(total, available, k_max)
+    assert t == (total(k) if k else 0)
+
+
+def test_the_last_search_s_hint_settles_the_next_in_three_predictions():
+    """`fit`'s table: a larger ubatch moves the total up by a little; the last ubatch's answer and slope (next_hint)
+    then bracket the new answer without k_max or k_max / 8 being asked."""
+    def total(k: int, extra: int) -> int:
+        return 20_000 * 2**20 + extra + k * 4 * 2**20 + (k // 4) * 2**19
+
+    available = 22_222 * 2**20
+    asked: dict[int, int] = {}
+    k, _ = largest_fitting(lambda k: total(k, 0), available, 1024, asked=asked)
+    hint = next_hint(asked, k)
+    assert hint is not None and hint[0] == k
+    for extra in (0, 3 * 2**20, 40 * 2**20, -40 * 2**20, 2_000 * 2**20):
+        calls: list[int] = []
+        got, _ = largest_fitting(lambda k: calls.append(k) or total(k, extra), available, 1024, hint=hint)  # noqa: B023
+        assert got == _binary(lambda k: total(k, extra), available, 1024)  # noqa: B023 - runs now
+        assert len(set(calls)) <= 3 and 1024 not in calls, (extra, calls)
+    assert next_hint({1024: 5}, 1024) is None  # one k asked: no slope
+    assert next_hint({1024: 5}, 1024, (7, 3)) == (1024, 3)  # the last slope kept
 
 
 def test_a_near_linear_total_takes_a_handful_of_predictions():
