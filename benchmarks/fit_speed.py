@@ -5,10 +5,11 @@ written as a sparse header-only GGUF with a Q4_K_M type mix (no tensor data on d
 (wall and CPU) for `fit -c`, `fit` without `-c` (the table and the recommendation), `quants`, `inspect`, the
 interpreter floor (`python -c pass`), and an in-process `predict()` of a new config on an already-read
 header; each process figure also as a ratio to llama.cpp's dry run, measured in the same run. Children run
-with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's machine, after one warm-up; each
-command twice, with ggfit's header cache warm (the file was read before: the usual case) and cold (every run
-parses the header and stores it), both in a temporary GGFIT_CACHE (never the user's). The machine may be
-shared: compare CPU medians, and read the load average printed at the end.
+`python -m cli`, as the `ggfit` script imports it (a script run as `python cli.py` is compiled from source every
+time: ~8 ms that no user pays), with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's
+machine, after one warm-up; each command twice, with ggfit's header cache warm (the file was read before: the
+usual case) and cold (every run parses the header and stores it), both in a temporary GGFIT_CACHE (never the
+user's). The machine may be shared: compare CPU medians, and read the load average printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs 3]
     python benchmarks/fit_speed.py --baseline DIR [--runs 7]   # A/B against another checkout, runs interleaved
@@ -134,10 +135,10 @@ def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) ->
         for name, argv in cases.items():
             got: dict[str, list[float]] = {t: [] for t in trees}
             for t in trees:
-                cpu(t, ["cli.py", *argv])  # warm-up: byte code, header cache
+                cpu(t, ["-m", "cli", *argv])  # warm-up: byte code, header cache
             for _ in range(runs):
                 for t in trees:
-                    got[t].append(cpu(t, ["cli.py", *argv]))
+                    got[t].append(cpu(t, ["-m", "cli", *argv]))
             print(f"{name:<40}" + "".join(f"{statistics.median(got[t]):>11.3f}s" for t in trees))
         pm: dict[str, list[float]] = {t: [] for t in trees}
         for _ in range(max(3, runs // 2)):
@@ -173,8 +174,8 @@ def main() -> int:
     print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
     print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'dry run /':>10}{'wall median':>12}{'CPU median':>12}")
     for name, argv in cases.items():
-        warm = time_process([sys.executable, "cli.py", *argv], args.runs, cache="warm")
-        cold = time_process([sys.executable, "cli.py", *argv], args.runs, cache="cold")
+        warm = time_process([sys.executable, "-m", "cli", *argv], args.runs, cache="warm")
+        cold = time_process([sys.executable, "-m", "cli", *argv], args.runs, cache="cold")
         med = statistics.median(warm[0])
         print(f"{name:<40}{med:>11.3f}s{statistics.median(warm[1]):>11.3f}s{dry / med:>9.1f}x"
               f"{statistics.median(cold[0]):>11.3f}s{statistics.median(cold[1]):>11.3f}s")
