@@ -98,21 +98,34 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
         return (1, t(1)) if k_max == 1 else (0, 0)
     lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not (once hi is asked)
     if hint is not None and 1 <= (k0 := min(hint[0], k_max)) < k_max and hint[1] > 0:
-        # the hint's answer, then that corrected by the bytes per step: a bracket, usually one step wide
-        x = t(k0) - available
-        if x > 0:
-            hi, k1 = k0, max(1, k0 - -(-x // hint[1]))
-        else:
-            lo, k1 = k0, min(k_max, k0 + max(1, -x // hint[1]))
-        if lo < k1 < hi:
-            if t(k1) <= available:
-                lo = k1
-            else:
-                hi = k1
+        step = hint[1]
+
+        def toward(k: int, past: bool) -> int:
+            """Where the line through (k, t(k)) at the hint's bytes per step meets the budget: the nearest step, or
+            (past) the first step beyond it."""
+            d = available - t(k)
+            if d >= 0:
+                return k + max(1, d // step + 1 if past else (d + step // 2) // step)
+            return max(1, k - max(1, (-d + (step - 1 if past else step // 2)) // step))
+
+        def ask(k: int) -> None:
+            nonlocal lo, hi
+            if lo < k < hi:
+                if t(k) <= available:
+                    lo = k
+                else:
+                    hi = k
+
+        # the hint's answer, that corrected to the nearest step, and where one end is still missing, a second
+        # correction past the budget: a bracket whose interpolation (below) lands on the answer or next to it
+        ask(k0)
+        ask(toward(k0, past=False))
+        if not lo:
+            ask(toward(hi, past=True))
+        elif hi == k_max:
+            ask(toward(lo, past=True))
         if hi == 1:
             return 0, 0  # not even k = 1 fits
-        if lo and hi == k_max and k1 < k_max and lo + 1 < k_max and t(lo + 1) > available:
-            return lo, t(lo)  # the neighbour above is over: lo is the answer, and k_max need not be asked
     if hi == k_max and t(k_max) <= available:
         return k_max, t(k_max)
     # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits (a

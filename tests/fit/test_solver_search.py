@@ -53,9 +53,11 @@ def test_any_hint_gives_a_binary_search_s_answer(case, k0, step):
     """A hint only moves where the search starts: a wrong one (any k, any bytes per step) costs predictions, never
     a different answer."""
     k_max, available, total = case
-    k, t = largest_fitting(total, available, k_max, hint=(k0, step))
+    asked: set[int] = set()
+    k, t = largest_fitting(lambda k: asked.add(k) or total(k), available, k_max, hint=(k0, step))
     assert k == _binary(total, available, k_max)
     assert t == (total(k) if k else 0)
+    assert len(asked) <= 8 * max(1, k_max).bit_length() + 4 + 3  # a hint asks three more at most
 
 
 def test_the_last_search_s_hint_settles_the_next_in_three_predictions():
