@@ -98,33 +98,8 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
             return 0, 0
         return (1, t(1)) if k_max == 1 else (0, 0)
     lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not (once hi is asked)
-    if hint is not None and 1 <= (k0 := min(hint[0], k_max)) < k_max and hint[1] > 0:
-        step = hint[1]
-
-        def toward(k: int, past: bool) -> int:
-            """Where the line through (k, t(k)) at the hint's bytes per step meets the budget: the nearest step, or
-            (past) the first step beyond it."""
-            d = available - t(k)
-            if d >= 0:
-                return k + max(1, d // step + 1 if past else (d + step // 2) // step)
-            return max(1, k - max(1, (-d + (step - 1 if past else step // 2)) // step))
-
-        def ask(k: int) -> None:
-            nonlocal lo, hi
-            if lo < k < hi:
-                if t(k) <= available:
-                    lo = k
-                else:
-                    hi = k
-
-        # the hint's answer, that corrected to the nearest step, and where one end is still missing, a second
-        # correction past the budget: a bracket whose interpolation (below) lands on the answer or next to it
-        ask(k0)
-        ask(toward(k0, past=False))
-        if not lo:
-            ask(toward(hi, past=True))
-        elif hi == k_max:
-            ask(toward(lo, past=True))
+    if hint is not None and 1 <= min(hint[0], k_max) < k_max and hint[1] > 0:
+        lo, hi = _hinted_bracket(t, available, k_max, hint)
         if hi == 1:
             return 0, 0  # not even k = 1 fits
     if hi == k_max and t(k_max) <= available:
@@ -171,6 +146,39 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
         misses = 0 if hi - lo <= width // 2 else misses + 1
         bisect = misses >= 3 and not bisect
     return lo, t(lo)
+
+
+def _hinted_bracket(t: Callable[[int], int], available: int, k_max: int, hint: Hint) -> tuple[int, int]:
+    """largest_fitting's bracket from a hint: (lo, hi) with t(lo) <= available (lo 0: none asked fits) and
+    t(hi) > available (hi k_max: not asked yet). It asks the hint's answer, that corrected to the nearest step by
+    the hint's bytes per step, and, where one end is still missing, a second correction past the budget: a bracket
+    whose interpolation lands on the answer or next to it."""
+    k0, step = min(hint[0], k_max), hint[1]
+    lo, hi = 0, k_max
+
+    def toward(k: int, past: bool) -> int:
+        """Where the line through (k, t(k)) at `step` bytes per step meets the budget: the nearest step, or (past)
+        the first step beyond it."""
+        d = available - t(k)
+        if d >= 0:
+            return k + max(1, d // step + 1 if past else (d + step // 2) // step)
+        return max(1, k - max(1, (-d + (step - 1 if past else step // 2)) // step))
+
+    def ask(k: int) -> None:
+        nonlocal lo, hi
+        if lo < k < hi:
+            if t(k) <= available:
+                lo = k
+            else:
+                hi = k
+
+    ask(k0)
+    ask(toward(k0, past=False))
+    if not lo:
+        ask(toward(hi, past=True))
+    elif hi == k_max:
+        ask(toward(lo, past=True))
+    return lo, hi
 
 
 def next_hint(asked: dict[int, int], k: int, prev: Hint | None = None) -> Hint | None:
