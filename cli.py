@@ -3,6 +3,7 @@
 No `from __future__ import annotations` here: typer reads every command's annotations when it builds the app, and
 strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
+import contextlib
 import gc
 import json
 import re
@@ -284,11 +285,13 @@ def fit(
     r = FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
                 available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None,
                 host=host, n_gpus=len(buds), per_device=per_device)
-    r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
-    r.solve_placement()
-    if not build.is_pinned:
-        r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
-                                                 n_gpus=r.n_gpus)
+    # -c given: one config, each of its graphs (and each placement's, where it does not fit) predicted once
+    with contextlib.nullcontext() if n_ctx is None else fitter.predict_once():
+        r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+        r.solve_placement()
+        if not build.is_pinned:
+            r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
+                                                     n_gpus=r.n_gpus)
     warn_ctx_train(r.pred.context, spec)
     if check and fit_params is not None:
         ccfg = fitter.fit_params_check_config(r.pred, r.pred_config)

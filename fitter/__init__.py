@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "served_config": "fitter.llama.cparams",
     # the prediction, solver, budget, quants
     "predict": "fitter.fit.memory",
+    "predict_once": "fitter.llama.context",
     "build_differences": "fitter.fit.memory",
     "solve": "fitter.fit.solver",
     "recommend": "fitter.fit.solver",
@@ -128,7 +129,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
     "calibrate", "calibration", "check_model_path", "compare_log", "log_summary", "read_user_log", "record_log", "child_env", "child_event", "child_events", "child_preexec", "config_error",
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
-    "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "prediction_for",
+    "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "predict_once", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
     "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
@@ -188,6 +189,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.ggml.types import GGML_TYPES
     from fitter.gguf.reader import read_header
+    from fitter.llama.context import predict_once
     from fitter.llama.cparams import (
         KV_CACHE_TYPES,
         SERVER_FLAGS,

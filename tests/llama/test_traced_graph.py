@@ -136,6 +136,31 @@ def test_qwen35moe_full_size_reuses_one_graph_for_every_n_ctx_past_the_ubatch(mo
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+def test_predict_once_traces_nothing_and_reuses_what_is_kept(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """predict_once (`ggfit fit -c`): the graph built for its one prediction is not traced, and gives what one built
+    from scratch gives; a graph traced before it is still reused inside it; tracing is back on after it."""
+    header, spec = load_model_spec(str(build("qwen35moe")))
+    d = graph_details(header)
+    for memo in (C._TRACED, C._TRACED_BY_CONTENT, C._CACHE, C._BY_CONTENT):
+        memo.clear()
+    traced = _count_traces(monkeypatch)
+
+    def cp(n_ctx: int, **kw):
+        return resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=512, **kw), Frontend.SERVER)
+
+    with C.predict_once():
+        once = C.compute_buffers(spec, cp(4096), backend, details=d)
+    assert traced == [] and not C._TRACED
+    assert once == _scratch(spec, cp(4096), backend, -1, d, False, monkeypatch)
+    C.compute_buffers(spec, cp(8192, type_k="q8_0", type_v="q8_0"), backend, details=d)  # traced: on again
+    assert len(traced) == 1
+    with C.predict_once():
+        reused = C.compute_buffers(spec, cp(33024, type_k="q8_0", type_v="q8_0"), backend, details=d)
+    assert len(traced) == 1
+    assert reused == _scratch(spec, cp(33024, type_k="q8_0", type_v="q8_0"), backend, -1, d, False, monkeypatch)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
 def test_the_quants_of_one_model_share_a_graph(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another quant of the model (another spec and header, other weight types) reuses the traced graph by content
     where the graph read no weight's type, and gives what a graph built from scratch gives."""
