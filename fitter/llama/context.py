@@ -18,7 +18,7 @@ cannot raise the high-water mark and is skipped: ~1-3 ms per call for real model
 memoized on (spec, context, backend). The built, placed and split graph is traced with the KV caches' cell
 counts and the ubatch's tokens symbolic (fitter.ggml.symbolic) and reused for another n_ctx or n_ubatch of the same
 model and context where the trace's guards hold (`_Traced`): only the shapes they reach are evaluated again before
-the allocator runs.
+the allocator runs. A caller that asks each graph once (`predict_once`: `ggfit fit -c`) skips the trace.
 
 Checked against llama.cpp (tests/test_compute.py, benchmarks/compute_error.py): byte-exact on the
 CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small variants, n_ctx 256 to
