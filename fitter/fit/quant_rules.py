@@ -190,7 +190,8 @@ class QuantState:
 
     def __init__(self, model: ModelFacts, names: Iterable[str], has_imatrix: bool, opts: QuantOptions):
         self.model = model
-        self.has_imatrix = has_imatrix
+        self._has_imatrix = has_imatrix
+        self.imatrix_read = False  # whether a rule asked has_imatrix: if none did, with or without one is one path
         self.output_tensor_type = parse_ggml_type(opts.output_tensor_type) if opts.output_tensor_type else None
         self.token_embedding_type = parse_ggml_type(opts.token_embedding_type) if opts.token_embedding_type else None
         # quantize.cpp lowercases the pattern; std::regex_search (ECMAScript) ~ re.search
@@ -198,13 +199,23 @@ class QuantState:
             self.patterns = [(re.compile(p.lower()), parse_ggml_type(t)) for p, t in opts.tensor_types]
         except re.error as e:
             raise QuantError(f"bad --tensor-type pattern: {e}") from None
-        cats = [_category(n) for n in names]
         # init_quantize_state_counters
-        self.n_attention_wv = sum(1 for c in cats if _is_attn_v(c))
-        self.has_tied_embeddings = OUTPUT not in cats
+        self.n_attention_wv, self.has_tied_embeddings = _name_counters(tuple(names))
         self.n_ffn_down = self.n_ffn_gate = self.n_ffn_up = model.n_layer_all
         self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
         self.n_fallback = 0
+
+    @property
+    def has_imatrix(self) -> bool:
+        self.imatrix_read = True
+        return self._has_imatrix
+
+
+@functools.lru_cache(maxsize=8)  # the same names for every ftype of a header
+def _name_counters(names: tuple[str, ...]) -> tuple[int, bool]:
+    """init_quantize_state_counters' counts: the attn_v tensors, and whether there is no output tensor."""
+    cats = [_category(n) for n in names]
+    return sum(1 for c in cats if _is_attn_v(c)), OUTPUT not in cats
 
 
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:

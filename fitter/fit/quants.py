@@ -171,7 +171,8 @@ def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,
 
 
 def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: bool,
-             imatrix_file: ImatrixFile | None, opts: QuantOptions) -> QuantPrediction:
+             imatrix_file: ImatrixFile | None, opts: QuantOptions) -> tuple[QuantPrediction, bool]:
+    """The prediction, and whether any rule asked has_imatrix (QuantState.imatrix_read)."""
     only_copy = ftype == COPY
     if only_copy:
         ft = None
@@ -227,7 +228,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
     if isinstance(align, int) and align != GGUF_DEFAULT_ALIGNMENT:
         notes.append(f"the input's general.alignment {align} is copied, but llama-quantize writes with alignment "
                      f"{GGUF_DEFAULT_ALIGNMENT}")
-    return QuantPrediction(
+    pred = QuantPrediction(
         ftype=ftype,
         ftype_id=ftype_id,
         default_type=type_name(default) if default is not None else "input",
@@ -242,6 +243,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         needs_requantize=needs_requantize,
         notes=tuple(notes),
     )
+    return pred, qs.imatrix_read
 
 
 def _guess_file_type(header: GGUFHeader) -> int:
@@ -267,14 +269,15 @@ def predict_quant(header: GGUFHeader, ftype: str | int, *, imatrix: bool | Imatr
     opts = options or QuantOptions()
     imatrix_file = imatrix if isinstance(imatrix, ImatrixFile) else None
     if imatrix is None:
-        pred = _predict(header, name, model, False, None, opts)
+        pred, asked = _predict(header, name, model, False, None, opts)
         if pred.needs_imatrix:
-            with_im = _predict(header, name, model, True, None, opts)
+            # a pass whose rules never asked has_imatrix takes the same path with one (the IQ1 / IQ2 ftypes)
+            with_im = _predict(header, name, model, True, None, opts)[0] if asked else replace(pred, imatrix=True)
             note = ("llama-quantize refuses this ftype without an importance matrix (--imatrix); "
                     "the prediction assumes one")
             pred = replace(with_im, needs_imatrix=True, notes=(note, *with_im.notes))
         return pred
-    pred = _predict(header, name, model, bool(imatrix), imatrix_file, opts)
+    pred = _predict(header, name, model, bool(imatrix), imatrix_file, opts)[0]
     if pred.needs_imatrix and not imatrix:
         note = "llama-quantize refuses this ftype without an importance matrix (--imatrix)"
         pred = replace(pred, notes=(note, *pred.notes))

@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.quants_matrix import quantize_reference, write_split
 from fitter.errors import GGFitError
+from fitter.fit.quant_rules import model_facts
 from fitter.fit.quants import (
     FTYPES,
     QUANT_FTYPES,
@@ -24,6 +25,7 @@ from fitter.fit.quants import (
     QuantOptions,
     QuantRefused,
     _output_kv_bytes,
+    _predict,
     predict_all,
     predict_quant,
     resolve_ftype,
@@ -296,6 +298,28 @@ def test_predict_all_and_copy() -> None:
     assert all(t.ggml_type == 0 for p in preds if p.ok for t in p.tensors if t.name.endswith("norm.weight"))
     copy = predict_quant(header, "COPY")
     assert copy.file_bytes == header.file_size and all(not t.quantizable for t in copy.tensors)
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_a_pass_that_never_asks_for_the_imatrix_is_not_run_again(key: str) -> None:
+    """predict_quant without imatrix=: an ftype that needs an importance matrix is predicted with one; where no rule
+    asked has_imatrix on the way (QuantState.imatrix_read), that is the pass already made. Every ftype: the same as
+    running the pass with one."""
+    header = read_header(model(key))
+    facts, opts = model_facts(header), QuantOptions()
+    needs = skipped = 0
+    for ftype in QUANT_FTYPES:
+        try:
+            pred = predict_quant(header, ftype)
+        except QuantRefused:
+            continue
+        if not pred.needs_imatrix:
+            continue
+        with_im, _ = _predict(header, ftype, facts, True, None, opts)
+        assert pred.tensors == with_im.tensors and pred.file_bytes == with_im.file_bytes and pred.imatrix
+        needs += 1
+        skipped += not _predict(header, ftype, facts, False, None, opts)[1]
+    assert skipped or not needs  # the IQ1 / IQ2 ftypes ask nothing of the imatrix
 
 
 def test_imatrix_keys_in_header() -> None:
