@@ -411,7 +411,7 @@ class _Traced:
         self.guards = list(guards)
         self.run = run
         self.types_read = types_read
-        seen: dict[int, Tensor] = {}
+        seen: dict[Tensor, None] = {}  # (tensors hash by identity)
         stack: list = []
         for seg in segs:
             stack += seg.nodes
@@ -421,9 +421,9 @@ class _Traced:
         pop = stack.pop
         while stack:
             t = pop()
-            if t is None or id(t) in seen:
+            if t is None or t in seen:
                 continue
-            seen[id(t)] = t
+            seen[t] = None
             stack += t.src
             if t.vs is not None:
                 stack.append(t.vs)
@@ -454,13 +454,27 @@ class _Traced:
                     of_cells.add(i)
             return i
 
+        # the index of a value's form, by the value: most shapes share their Syms (the tokens) and small ints
+        of_sym: dict[int, tuple[int, Sym]] = {}  # by the Sym's identity (the Sym kept alive here)
+        of_int: dict[int, int] = {}
+
+        def ix(x: int) -> int:
+            if type(x) is Sym:
+                hit = of_sym.get(id(x))
+                if hit is None:
+                    hit = of_sym[id(x)] = (at(form(x)), x)
+                return hit[0]
+            i = of_int.get(x)
+            if i is None:
+                i = of_int[x] = at(form(x))
+            return i
+
         ts, sizes, bes = self.ts, self.sizes, self.bes
-        for t in seen.values():
+        for t in seen:
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                e = (t, k, [at(form(x)) for x in t.ne], [at(form(x)) for x in nb],
-                     at(form(size)) if type(size) is Sym else -1)
+                e = (t, k, [ix(x) for x in t.ne], [ix(x) for x in nb], ix(size) if type(size) is Sym else -1)
                 if not of_cells.isdisjoint(e[2]) or not of_cells.isdisjoint(e[3]) or e[4] in of_cells:
                     self.cell_shapes.append(e)
                 else:
@@ -477,18 +491,18 @@ class _Traced:
         # the tensors whose alloc size the variables reach: their own shapes or their sources' (FLASH_ATTN_EXT's
         # K and V, MUL_MAT_ID's ids): computed again at each reuse (those the tokens alone reach: when they change,
         # or as they were at those tokens), the others' kept (Tensor.memo)
-        dep_cells = {id(e[0]) for e in self.cell_shapes}
-        dep = dep_cells | {id(e[0]) for e in self.token_shapes}
+        dep_cells = {e[0] for e in self.cell_shapes}
+        dep = dep_cells | {e[0] for e in self.token_shapes}
         self.fresh_cells: list[Tensor] = []
         self.fresh_tokens: list[Tensor] = []
-        for i, t in seen.items():
-            if i in dep_cells or (t.src and not dep_cells.isdisjoint(map(id, t.src))):
+        for t in seen:
+            if t in dep_cells or (t.src and not dep_cells.isdisjoint(t.src)):
                 self.fresh_cells.append(t)
-            elif i in dep or (t.src and not dep.isdisjoint(map(id, t.src))):
+            elif t in dep or (t.src and not dep.isdisjoint(t.src)):
                 self.fresh_tokens.append(t)
         # what moves with the tokens alone: fresh_tokens, and the token_shapes' tensors in fresh_cells (a source's)
-        in_fresh = {id(t) for t in self.fresh_tokens}
-        self.token_tensors = self.fresh_tokens + [e[0] for e in self.token_shapes if id(e[0]) not in in_fresh]
+        in_fresh = set(self.fresh_tokens)
+        self.token_tensors = self.fresh_tokens + [e[0] for e in self.token_shapes if e[0] not in in_fresh]
         self.token_sizes = [(i, size) for _, i, _, _, size in self.token_shapes if size >= 0 and i >= 0]
         self.tokens_at = values[2]  # the tokens the graph's shapes and alloc sizes are at
         # tokens -> the token_tensors' (tensor, ne, nb, alloc size) there (fresh_cells' alloc sizes reset after)
