@@ -271,7 +271,8 @@ def predict_quant(header: GGUFHeader, ftype: str | int, *, imatrix: bool | Imatr
     if imatrix is None:
         pred, asked = _predict(header, name, model, False, None, opts)
         if pred.needs_imatrix:
-            # a pass whose rules never asked has_imatrix takes the same path with one (the IQ1 / IQ2 ftypes)
+            # a pass whose rules never asked has_imatrix takes the same path with one (they ask it only for IQ3_XXS,
+            # IQ4_NL / IQ4_XS and Q4_0 / Q5_0)
             with_im = _predict(header, name, model, True, None, opts)[0] if asked else replace(pred, imatrix=True)
             note = ("llama-quantize refuses this ftype without an importance matrix (--imatrix); "
                     "the prediction assumes one")

@@ -319,7 +319,7 @@ def test_a_pass_that_never_asks_for_the_imatrix_is_not_run_again(key: str) -> No
         assert pred.tensors == with_im.tensors and pred.file_bytes == with_im.file_bytes and pred.imatrix
         needs += 1
         skipped += not _predict(header, ftype, facts, False, None, opts)[1]
-    assert skipped or not needs  # the IQ1 / IQ2 ftypes ask nothing of the imatrix
+    assert skipped or not needs  # the IQ1 / IQ2 ftypes, Q2_K_S and IQ3_XS ask nothing of it
 
 
 def test_imatrix_keys_in_header() -> None:
