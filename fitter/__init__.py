@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "served_config": "fitter.llama.cparams",
     # the prediction, solver, budget, quants
     "predict": "fitter.fit.memory",
-    "predict_once": "fitter.llama.context",
+    "predict_once": "fitter.llama.traced_graph",
     "build_differences": "fitter.fit.memory",
     "solve": "fitter.fit.solver",
     "recommend": "fitter.fit.solver",
@@ -189,7 +189,6 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.ggml.types import GGML_TYPES
     from fitter.gguf.reader import read_header
-    from fitter.llama.context import predict_once
     from fitter.llama.cparams import (
         KV_CACHE_TYPES,
         SERVER_FLAGS,
@@ -204,6 +203,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
+    from fitter.llama.traced_graph import predict_once
     from fitter.mlx import mlx_label, require_mlx_lm
     from fitter.mlx.cache import CacheSettings as MlxCacheSettings
     from fitter.mlx.config import load_mlx_model

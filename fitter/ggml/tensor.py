@@ -57,7 +57,7 @@ class Tensor:
         self.n_expert = 0
         self.uop = ""  # UNARY: which (named only where a fusion reads it: MoE gating "sigmoid", "softplus"; SSM_CONV's "silu")
         self.sid = -1  # the scheduler split the node belongs to (GPU backends)
-        # (buffer, alloc size) from an earlier allocation of this graph (fitter.llama.context._Traced reuses graphs
+        # (buffer, alloc size) from an earlier allocation of this graph (fitter.llama.traced_graph._Traced reuses graphs
         # and clears it where the cache sizes reach)
         self.memo: tuple[int, int] | None = None
 

@@ -1,4 +1,4 @@
-"""One graph per model and context less its cache sizes and ubatch (fitter.llama.context._TRACED,
+"""One graph per model and context less its cache sizes and ubatch (fitter.llama.traced_graph._TRACED,
 fitter.ggml.symbolic).
 
 A graph is traced once with its KV caches' cell counts and its tokens symbolic; a context that differs only in n_ctx
@@ -18,6 +18,7 @@ from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
 from fitter.llama.model import load_model_spec
+from fitter.llama.traced_graph import predict_once
 from tests.synth import build
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3", "mistral3", "gemma2", "gemma3", "gemma4", "qwen3moe", "qwen35",
@@ -148,13 +149,13 @@ def test_predict_once_traces_nothing_and_reuses_what_is_kept(backend: str, monke
     def cp(n_ctx: int, **kw):
         return resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=512, **kw), Frontend.SERVER)
 
-    with C.predict_once():
+    with predict_once():
         once = C.compute_buffers(spec, cp(4096), backend, details=d)
     assert traced == [] and not C._TRACED
     assert once == _scratch(spec, cp(4096), backend, -1, d, False, monkeypatch)
     C.compute_buffers(spec, cp(8192, type_k="q8_0", type_v="q8_0"), backend, details=d)  # traced: on again
     assert len(traced) == 1
-    with C.predict_once():
+    with predict_once():
         reused = C.compute_buffers(spec, cp(33024, type_k="q8_0", type_v="q8_0"), backend, details=d)
     assert len(traced) == 1
     assert reused == _scratch(spec, cp(33024, type_k="q8_0", type_v="q8_0"), backend, -1, d, False, monkeypatch)
