@@ -9,6 +9,7 @@ allocator over a graph cut into segments, skipping whole periods of repeated lay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Iterable
 
 from fitter.errors import GGFitError
@@ -148,6 +149,7 @@ class Gallocr:
         self.live: dict[Tensor, Tensor] = {}  # keyed by the tensor itself (identity), in allocation order
         self.peaks = [0] * len(aligns)
         self.peak_lives: list[list[tuple[str, int]]] = [[] for _ in aligns]
+        self._rec: _Run | None = None  # where process_program records its events (ProgramMemo)
 
     def _allocate(self, t: Tensor) -> None:  # ggml_gallocr_allocate_node
         if t.own or t.ext or t.vs is not None:
@@ -157,27 +159,44 @@ class Gallocr:
     def _place(self, t: Tensor) -> None:
         """_allocate for a tensor known to be neither allocated, external nor a view."""
         t.own = True
+        rec = self._rec
         if t.inpl:
             # try to reuse a parent's buffer. A view parent is never "own" (views are not allocated),
             # so the view branch of ggml_gallocr_allocate_node cannot fire.
             for p in t.src:
                 if p is None or not p.own or p.flags & FLAG_OUTPUT:
                     continue
-                if p.nc == 1 and p.nv == 0 and p.type == t.type and p.ne == t.ne and p.nb == t.nb:  # same_layout
-                    t.addr = p.addr
-                    t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
-                    if not t.size:
-                        self._size(t, be)
-                    p.own = False
-                    if self.trace and self.live.pop(p, None) is not None:  # _handover
-                        self.live[t] = t
-                    # ggml_gallocr_free_extra_space
-                    a = self.aligns[be]
-                    ps = (p.size + a - 1) // a * a
-                    ns = (t.size + a - 1) // a * a
-                    if ps > ns:
-                        self.tallocs[be].free(p.addr + ns, ps - ns)
-                    return
+                if p.nc == 1 and p.nv == 0:
+                    same = p.type == t.type and p.ne == t.ne and p.nb == t.nb  # same_layout
+                    if rec is not None:
+                        rec.check(t, p, same)
+                    if same:
+                        if rec is not None:
+                            rec.event(_REUSE, t, p)
+                        self._reuse(t, p)
+                        return
+        if rec is not None:
+            rec.event(_ALLOC, t, t)
+        self._fresh(t)
+
+    def _reuse(self, t: Tensor, p: Tensor) -> None:
+        """ggml_gallocr_allocate_node's in-place branch: t takes over its dying parent p's memory."""
+        t.addr = p.addr
+        t.be = be = p.be  # hn->buffer_id = p_hn->buffer_id
+        if not t.size:
+            self._size(t, be)
+        p.own = False
+        if self.trace and self.live.pop(p, None) is not None:  # _handover
+            self.live[t] = t
+        # ggml_gallocr_free_extra_space
+        a = self.aligns[be]
+        ps = (p.size + a - 1) // a * a
+        ns = (t.size + a - 1) // a * a
+        if ps > ns:
+            self.tallocs[be].free(p.addr + ns, ps - ns)
+
+    def _fresh(self, t: Tensor) -> None:
+        """ggml_gallocr_allocate_node's ggml_dyn_tallocr_alloc: new memory for t in its buffer."""
         be = t.be
         if not t.size:
             m = t.memo
@@ -208,13 +227,6 @@ class Gallocr:
     def _handover(self, old: Tensor, new: Tensor) -> None:
         if self.trace and self.live.pop(old, None) is not None:
             self.live[new] = new
-
-    def _free_extra(self, t: Tensor, parent: Tensor) -> None:  # ggml_gallocr_free_extra_space
-        a = self.aligns[parent.be]
-        ps = (parent.size + a - 1) // a * a
-        ns = (t.size + a - 1) // a * a
-        if ps > ns:
-            self.tallocs[parent.be].free(parent.addr + ns, ps - ns)
 
     def _free(self, t: Tensor) -> None:  # ggml_gallocr_free_node
         if t.flags & FLAG_OUTPUT:
@@ -292,6 +304,7 @@ class Gallocr:
         allocate = self._place  # the program holds no external tensor or view to allocate
         tallocs = self.tallocs
         live = self.live if self.trace else None
+        rec = self._rec
         for node, can, allocs, uses in zip(*prog):
             for p in allocs:
                 if not p.own:
@@ -317,6 +330,131 @@ class Gallocr:
                         p.own = False
                         if live is not None:
                             live.pop(p, None)
+                        if rec is not None:
+                            rec.event(_FREE, p, p)
+
+    def replay(self, run: _Run) -> None:
+        """process_program's run as recorded (ProgramMemo): its allocations, in-place reuses and frees, without the
+        walk over nodes and sources that decided them; then the children / views counts it left."""
+        tallocs = self.tallocs
+        live = self.live if self.trace else None
+        fresh, reuse = self._fresh, self._reuse
+        for op, t, p in zip(*run.ops):
+            if op == _FREE:
+                tallocs[t.be].free(t.addr, t.size)
+                t.own = False
+                if live is not None:
+                    live.pop(t, None)
+            else:
+                t.own = True
+                if op == _ALLOC:
+                    fresh(t)
+                else:
+                    reuse(t, p)
+        for t, dnc, dnv in zip(*run.counts):
+            t.nc += dnc
+            t.nv += dnv
+
+
+_ALLOC, _REUSE, _FREE = 0, 1, 2  # a recorded run's events (_Run.ops)
+_STATE = attrgetter("own", "nc", "nv")
+
+
+class _Run:
+    """One recorded run of a program: the same_layout tests it made (child, parent, answer), in order; its events
+    (_ALLOC t / _REUSE t of parent p / _FREE t, as event, t, p or t); the children / views counts it changed, of the
+    tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects)."""
+
+    __slots__ = ("checks", "ops", "counts")
+
+    def __init__(self) -> None:
+        self.checks: tuple[list[Tensor], list[Tensor], list[bool]] = ([], [], [])
+        self.ops: tuple[list[int], list[Tensor], list[Tensor]] = ([], [], [])
+        self.counts: tuple[list[Tensor], list[int], list[int]] = ([], [], [])
+
+    def check(self, t: Tensor, p: Tensor, same: bool) -> None:
+        ts, ps, answers = self.checks
+        ts.append(t)
+        ps.append(p)
+        answers.append(same)
+
+    def event(self, op: int, t: Tensor, p: Tensor) -> None:
+        events, ts, ps = self.ops
+        events.append(op)
+        ts.append(t)
+        ps.append(p)
+
+
+class ProgramMemo:
+    """A program run again and again (a layer's segment, a chunk of Metal's reordered layers), its runs recorded.
+
+    process_program decides from its tensors' state alone (allocated or not, n_children, n_views, and same_layout where
+    a node may run in place) what to allocate, reuse and free; sizes and addresses only follow those decisions. The
+    caller resets the state of its own tensors before each run (`reset`, a segment's or chunk's, but for the `loose`
+    placeholders it hands the previous output), so the decisions follow from the state of the others (`entry`: the
+    global tensors it reads, the placeholders) and the same_layout answers. A run whose entry state was met before and whose same_layout tests answer as they did
+    then replays the events recorded (Gallocr.replay): the same calls to the dynamic allocators, in the same order.
+    The first run records nothing (a program run once, as by `fit -c`, costs nothing more)."""
+
+    __slots__ = ("prog", "reset", "loose", "kept", "ran", "entry", "watch", "runs")
+
+    def __init__(self, prog: Program, reset: Iterable[Tensor], loose: Iterable[Tensor], kept: Iterable[Tensor]) -> None:
+        # the tensors the caller resets before each run, those of them it then hands a state (placeholders), and the
+        # tensors it reads after a run; iterables read once, at the second run (the first needs none of them)
+        self.prog, self.reset, self.loose, self.kept = prog, reset, loose, kept
+        self.ran = False
+        self.entry: list[Tensor] = []
+        self.watch: list[Tensor] | None = None  # (worked out at the second run)
+        self.runs: dict[tuple, _Run] = {}
+
+    def _tensors(self) -> None:
+        touched: dict[Tensor, None] = {}
+        for node, _, allocs, uses in zip(*self.prog):
+            touched[node] = None
+            touched.update(dict.fromkeys(allocs))
+            for p in uses:
+                touched[p] = None
+                if p.vs is not None:
+                    touched[p.vs] = None
+            if node.inpl:
+                touched.update(dict.fromkeys(p for p in node.src if p is not None))
+        # an external tensor is never allocated (its counts decide nothing), a fixed one is reset before each run
+        fixed = set(self.reset).difference(self.loose)
+        keep = set(self.kept)
+        self.entry = [t for t in touched if not t.ext and t not in fixed]
+        self.watch = [t for t in touched if t not in fixed or t in keep]  # the counts read after a run
+
+    def run(self, ga: Gallocr) -> None:
+        """ga.process_program(self.prog), replayed where its entry state was recorded."""
+        if self.watch is None:
+            if not self.ran:
+                self.ran = True
+                ga.process_program(self.prog)
+                return
+            self._tensors()
+        key = tuple(map(_STATE, self.entry))
+        run = self.runs.get(key)
+        if run is not None:
+            for t, p, same in zip(*run.checks):
+                if (p.type == t.type and p.ne == t.ne and p.nb == t.nb) is not same:
+                    break
+            else:
+                ga.replay(run)
+                return
+        before = [(t, t.nc, t.nv) for t in self.watch or ()]
+        ga._rec = run = _Run()
+        try:
+            ga.process_program(self.prog)
+        finally:
+            ga._rec = None
+        changed = [(t, t.nc - nc, t.nv - nv) for t, nc, nv in before if t.nc != nc or t.nv != nv]
+        run.counts = ([t for t, _, _ in changed], [a for _, a, _ in changed], [b for _, _, b in changed])
+        if len(self.runs) >= _RUNS_MAX:
+            self.runs.pop(next(iter(self.runs)))
+        self.runs[key] = run
+
+
+_RUNS_MAX = 64  # entry states a program keeps runs for (one per place it runs in a graph, at most a few dozen)
 
 
 @dataclass
@@ -427,8 +565,10 @@ def _prologue_uses(n: int, pro: Segment, seg0: Segment, epi: Segment,
 
 
 def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor, int, int]],
-         carried: Tensor | None) -> None:
-    """Allocate one segment: its local tensors reset, the previous output handed to its placeholder."""
+         carried: Tensor | None, memos: dict[tuple, ProgramMemo]) -> None:
+    """Allocate one segment: its local tensors reset, the previous output handed to its placeholder; its program
+    replayed where it ran from the same state before (ProgramMemo, one per segment, variant and placeholder use)."""
+    loose: tuple[Tensor, ...] = ()
     if carried is not None:
         own, addr, size, be = carried.own, carried.addr, carried.size, carried.be
     for t in seg.locals:
@@ -440,10 +580,15 @@ def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor,
         assert p is not None  # a segment handed the previous output has a placeholder for it
         p.own, p.addr, p.size, p.be = own, addr, size, be
         ga._handover(carried, p)
+        loose = (p,)
     for t, a, b in counts:
         t.nc = a
         t.nv = b
-    ga.process_program(variant)
+    mkey = (id(seg), id(variant), carried is None)
+    memo = memos.get(mkey)
+    if memo is None:
+        memo = memos[mkey] = ProgramMemo(variant, seg.locals, loose, () if seg.out is None else (seg.out,))
+    memo.run(ga)
 
 
 def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
@@ -476,7 +621,7 @@ class SegmentPlan:
     """What replay_segments needs that follows from the segments alone (not from sizes): which layers run which
     variant, the prologue tensors' total uses, the layers' signatures for the period test, the leafs."""
 
-    __slots__ = ("n", "pro", "seg0", "templates", "keys", "epi", "first", "totals", "sigs", "leafs")
+    __slots__ = ("n", "pro", "seg0", "templates", "keys", "epi", "first", "totals", "sigs", "leafs", "memos")
 
     def __init__(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
                  epi: Segment) -> None:
@@ -490,6 +635,7 @@ class SegmentPlan:
             leafs += t.leafs
         leafs += epi.leafs
         self.leafs = leafs
+        self.memos: dict[tuple, ProgramMemo] = {}  # _run's, kept with the plan (a traced graph's)
 
     def glob_of(self, il: int) -> list[tuple[Tensor, int, int]]:
         t = self.templates[self.keys[il]]
@@ -508,8 +654,9 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
         t.nc = a
         t.nv = b
 
-    _run(ga, pro, pro.prog_first, pro.first_counts, None)
-    _run(ga, seg0, seg0.prog_first, seg0.first_counts, None)
+    memos = plan.memos
+    _run(ga, pro, pro.prog_first, pro.first_counts, None, memos)
+    _run(ga, seg0, seg0.prog_first, seg0.first_counts, None, memos)
     carried = seg0.out
     simulated = 1
     hist: dict[tuple, list[int]] = {}
@@ -531,13 +678,13 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
             prev.append(il)
         seg = templates[keys[il]]
         if first[il]:
-            _run(ga, seg, seg.prog_first, seg.first_counts, carried)
+            _run(ga, seg, seg.prog_first, seg.first_counts, carried, memos)
         else:
-            _run(ga, seg, seg.prog_steady, seg.steady_counts, carried)
+            _run(ga, seg, seg.prog_steady, seg.steady_counts, carried, memos)
         carried = seg.out
         simulated += 1
         il += 1
-    _run(ga, epi, epi.prog_first, epi.first_counts, carried)
+    _run(ga, epi, epi.prog_first, epi.first_counts, carried, memos)
     return AllocResult(ga.sizes(), ga.peak_lives, simulated)
 
 
@@ -548,7 +695,7 @@ class Chunk:
     this stretch frees it: ggml-alloc's own count has those later readers in it). A global tensor (the prologue's,
     emitted in some stretch) is the same object everywhere; every other one is the stretch's own."""
 
-    __slots__ = ("nodes", "prog", "counts", "glob", "inps", "outs")
+    __slots__ = ("nodes", "prog", "counts", "glob", "inps", "outs", "memo")
 
     def __init__(self, nodes: list[Tensor], inps: list[Tensor], outs: list[Tensor]) -> None:
         self.nodes, self.inps, self.outs = nodes, inps, outs
@@ -565,6 +712,8 @@ class Chunk:
                 counts[id(t)] = (t, 0, 0)
         self.counts = list(counts.values())
         self.prog = program(nodes)
+        # its runs (replay_chunks resets its own tensors but the placeholders before each)
+        self.memo = ProgramMemo(self.prog, (t for t, _, _ in self.counts), inps, outs)
 
 
 class ChunkPlan:
@@ -620,7 +769,7 @@ def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
             ph.own, ph.addr, ph.size, ph.be = own, addr, size, be
             ph.nv += nv  # the views made before that still hold it
             ga._handover(old, ph)
-        ga.process_program(ch.prog)
+        ch.memo.run(ga)
         carried = ch.outs
         simulated += 1
         pos += 1
