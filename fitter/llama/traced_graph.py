@@ -103,7 +103,7 @@ class _Traced:
                 else:
                     self.token_shapes.append(e)
                 t.ne = [int.__int__(x) for x in t.ne]
-                _NB_SLOT.__set__(t, [int.__int__(x) for x in nb])
+                t.nb = [int.__int__(x) for x in nb]  # (a plain store: only reading a weight's nb marks types read)
                 t.size = size = int.__int__(size)
             if k >= 0:
                 ts.append(t)
@@ -143,7 +143,7 @@ class _Traced:
             self._move(values[2])
         for t, i, ne, nb, size in self.cell_shapes:
             t.ne = [v[x] for x in ne]
-            _NB_SLOT.__set__(t, [v[x] for x in nb])
+            t.nb = [v[x] for x in nb]
             if size >= 0 and i >= 0:
                 sizes[i] = v[size]
         for t in self.fresh_cells:
@@ -168,13 +168,13 @@ class _Traced:
         if back is None:
             for t, _, ne, nb, _ in self.token_shapes:
                 t.ne = [v[x] for x in ne]
-                _NB_SLOT.__set__(t, [v[x] for x in nb])
+                t.nb = [v[x] for x in nb]
             for t in self.fresh_tokens:
                 t.memo = None
         else:
             for t, ne, nb, mt in back:
                 t.ne = ne
-                _NB_SLOT.__set__(t, nb)
+                t.nb = nb
                 t.memo = mt
         for i, size in self.token_sizes:
             sizes[i] = v[size]
