@@ -18,6 +18,12 @@ With --baseline (a checkout of another commit, e.g. `git worktree add /tmp/base 
 in-process predict() run alternately from this tree and that one, and only the CPU medians of the two are printed:
 on a machine whose speed drifts, only figures taken side by side compare.
 
+    python benchmarks/fit_speed.py --instructions [--baseline DIR]
+
+counts instructions instead (valgrind's callgrind; each command once, after a warm-up, PYTHONHASHSEED=0): the same
+on every run, so a change of a few percent shows where this machine's clock would hide it. predict() is given per
+call: (110 calls - 10 calls) / 100, ubatch cycling as above.
+
 Issue 14's targets: fit -c < 0.25 s, fit < 0.4 s, quants < 0.6 s, each >= 4x faster than the dry run;
 predict() < 2 ms. This script prints the figures; it asserts nothing.
 """
@@ -150,11 +156,47 @@ def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) ->
                                                                      for t in trees))
 
 
+_PREDICT_N = """
+import sys
+sys.path.insert(0, ".")
+from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
+header, spec = load_model_spec(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    predict(header, spec, RunConfig(n_ctx=4096 + 256 * i, n_ubatch=(512, 1024, 2048)[i % 3]), Backend.METAL,
+            Frontend.SERVER)
+"""
+
+
+def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> None:
+    """Each command's instruction count (callgrind), from each tree, after a warm-up; predict() per call."""
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (callgrind) on the PATH")
+        return
+    env = child_env()
+    env["PYTHONHASHSEED"] = "0"
+
+    def count(tree: str, argv: list[str]) -> int:
+        subprocess.run([sys.executable, *argv], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv],
+                             cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True).stderr
+        refs = [line for line in out.splitlines() if "Collected" in line or "I   refs" in line]
+        return int(refs[-1].split()[-1].replace(",", ""))
+
+    with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
+        env["GGFIT_CACHE"] = tmp
+        print(f"{'':<40}" + "".join(f"{t[-24:]:>26}" for t in trees) + "  (instructions, callgrind)")
+        for name, argv in cases.items():
+            print(f"{name:<40}" + "".join(f"{count(t, ['-m', 'cli', *argv]) / 1e6:>25,.1f}M" for t in trees))
+        per = [(count(t, ["-c", _PREDICT_N, path, "110"]) - count(t, ["-c", _PREDICT_N, path, "10"])) / 100 for t in trees]
+        print(f"{'predict() of a new config, a call':<40}" + "".join(f"{n / 1e6:>25,.2f}M" for n in per))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--dry-runs", type=int, default=3)
     ap.add_argument("--baseline", help="another checkout to compare with, side by side")
+    ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind) instead of timing")
     args = ap.parse_args()
 
     path = model_path()
@@ -166,6 +208,9 @@ def main() -> int:
         "quants (every ftype, largest context)": ["quants", path, *common],
         "inspect": ["inspect", path],
     }
+    if args.instructions:
+        instructions(cases, [str(ROOT)] + ([os.path.abspath(args.baseline)] if args.baseline else []), path)
+        return 0
     if args.baseline:
         compare(cases, args.baseline, path, args.runs)
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
