@@ -3,7 +3,9 @@
 DynAllocator is ggml_dyn_tallocr (best fit over free blocks, chunks for a maximum buffer size);
 Gallocr is ggml_gallocr (ggml_gallocr_allocate_node / free_node and the passes of
 ggml_gallocr_alloc_graph_impl, one dynamic allocator per buffer type). replay_segments runs the
-allocator over a graph cut into segments, skipping whole periods of repeated layers.
+allocator over a graph cut into segments, skipping whole periods of repeated layers; a segment that
+runs again from the same state replays the allocations, reuses and frees it decided before
+(ProgramMemo), without walking its nodes again.
 """
 
 from __future__ import annotations
