@@ -310,6 +310,8 @@ class Gallocr:
         for node, can, allocs, uses in zip(*prog):
             for p in allocs:
                 if not p.own:
+                    if rec is not None and p.inpl:
+                        rec.outside = True
                     allocate(p)
             if can and not node.own:
                 allocate(node)
@@ -365,11 +367,14 @@ _STATE = attrgetter("own", "nc", "nv")
 class _Run:
     """One recorded run of a program: the same_layout tests it made (child, parent, answer), in order; its events
     (_ALLOC t / _REUSE t of parent p / _FREE t, as event, t, p or t); the children / views counts it changed, of the
-    tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects)."""
+    tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
+    `outside`: it placed a source that may take a parent's memory, deciding from that parent's state (a tensor the
+    program may not reach, so not in its key)."""
 
-    __slots__ = ("checks", "ops", "counts")
+    __slots__ = ("checks", "ops", "counts", "outside")
 
     def __init__(self) -> None:
+        self.outside = False
         self.checks: tuple[list[Tensor], list[Tensor], list[bool]] = ([], [], [])
         self.ops: tuple[list[int], list[Tensor], list[Tensor]] = ([], [], [])
         self.counts: tuple[list[Tensor], list[int], list[int]] = ([], [], [])
@@ -396,15 +401,18 @@ class ProgramMemo:
     placeholders it hands the previous output), so the decisions follow from the state of the others (`entry`: the
     global tensors it reads, the placeholders) and the same_layout answers. A run whose entry state was met before and whose same_layout tests answer as they did
     then replays the events recorded (Gallocr.replay): the same calls to the dynamic allocators, in the same order.
-    The first run records nothing (a program run once, as by `fit -c`, costs nothing more)."""
+    The first run records nothing (a program run once, as by `fit -c`, costs nothing more). A recorded run that placed
+    one of its sources in place of a parent (_Run.outside) decided from a tensor the key may not hold: the program is
+    walked from then on."""
 
-    __slots__ = ("prog", "reset", "loose", "kept", "ran", "entry", "watch", "runs")
+    __slots__ = ("prog", "reset", "loose", "kept", "ran", "walks", "entry", "watch", "runs")
 
     def __init__(self, prog: Program, reset: Iterable[Tensor], loose: Iterable[Tensor], kept: Iterable[Tensor]) -> None:
         # the tensors the caller resets before each run, those of them it then hands a state (placeholders), and the
         # tensors it reads after a run; iterables read once, at the second run (the first needs none of them)
         self.prog, self.reset, self.loose, self.kept = prog, reset, loose, kept
         self.ran = False
+        self.walks = False  # a run was decided by a tensor outside the key (_Run.outside): every run is walked
         self.entry: list[Tensor] = []
         self.watch: list[Tensor] | None = None  # (worked out at the second run)
         self.runs: dict[tuple, _Run] = {}
@@ -428,11 +436,11 @@ class ProgramMemo:
 
     def run(self, ga: Gallocr) -> None:
         """ga.process_program(self.prog), replayed where its entry state was recorded."""
+        if self.walks or not self.ran:
+            self.ran = True
+            ga.process_program(self.prog)
+            return
         if self.watch is None:
-            if not self.ran:
-                self.ran = True
-                ga.process_program(self.prog)
-                return
             self._tensors()
         key = tuple(map(_STATE, self.entry))
         run = self.runs.get(key)
@@ -449,6 +457,10 @@ class ProgramMemo:
             ga.process_program(self.prog)
         finally:
             ga._rec = None
+        if run.outside:
+            self.walks = True
+            self.runs.clear()
+            return
         changed = [(t, t.nc - nc, t.nv - nv) for t, nc, nv in before if t.nc != nc or t.nv != nv]
         run.counts = ([t for t, _, _ in changed], [a for _, a, _ in changed], [b for _, _, b in changed])
         if len(self.runs) >= _RUNS_MAX:

@@ -87,6 +87,34 @@ def test_a_replayed_run_equals_the_walk_and_a_changed_layout_is_walked_again(mon
     assert len(replays) == 4  # (24, 24), (32, 32), (40, 20) and (56, 56): the run recorded before them answers
 
 
+def test_a_run_that_places_a_source_in_place_is_walked_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source the program places itself, of an op that may take its dying parent's memory: that parent is outside
+    the program (not in the key), so its state must not be taken from a recorded run."""
+    w = _t("NONE", [64, 64, 1, 1], (), "w", ext=True)
+    y = _t("NONE", [64, 8, 1, 1], (), "y")  # outside the program
+    x = _t("SCALE", [64, 8, 1, 1], (y,), "x")  # placed by the program, in y's memory where y is dying
+    a = _t("MUL_MAT", [64, 8, 1, 1], (w, x), "a")
+    prog = program([a])
+    memo = ProgramMemo(prog, [x, a], (), [a])
+    replays = _count_replays(monkeypatch)
+
+    def once(run, y_alive: bool) -> tuple:
+        for t in (y, x, a):
+            t.own, t.nc, t.nv, t.size, t.memo = False, 0, 0, 0, None
+        x.nc = 1
+        ga = Gallocr(32, trace=True)
+        if y_alive:
+            ga._allocate(y)
+            y.nc = 1
+        run(ga)
+        return _state(ga, [y, x, a], a)
+
+    for y_alive in (True, True, False, True, False, False):
+        walked = once(lambda ga: ga.process_program(prog), y_alive)
+        assert once(memo.run, y_alive) == walked, y_alive
+    assert memo.walks and not memo.runs and not replays
+
+
 ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe", "qwen35moe", "gpt-oss", "deepseek2")
 SWEEP = ((4096, 512), (8192, 512), (4352, 1024), (33024, 512), (1024, 256), (8192, 1024), (65536, 512))
 
