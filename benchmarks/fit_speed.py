@@ -187,7 +187,8 @@ def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> No
         print(f"{'':<40}" + "".join(f"{t[-24:]:>26}" for t in trees) + "  (instructions, callgrind)")
         for name, argv in cases.items():
             print(f"{name:<40}" + "".join(f"{count(t, ['-m', 'cli', *argv]) / 1e6:>25,.1f}M" for t in trees))
-        per = [(count(t, ["-c", _PREDICT_N, path, "110"]) - count(t, ["-c", _PREDICT_N, path, "10"])) / 100 for t in trees]
+        per = [(count(t, ["-c", _PREDICT_N, path, "110"]) - count(t, ["-c", _PREDICT_N, path, "10"])) / 100
+               for t in trees]
         print(f"{'predict() of a new config, a call':<40}" + "".join(f"{n / 1e6:>25,.2f}M" for n in per))
 
 

@@ -399,11 +399,11 @@ class ProgramMemo:
     a node may run in place) what to allocate, reuse and free; sizes and addresses only follow those decisions. The
     caller resets the state of its own tensors before each run (`reset`, a segment's or chunk's, but for the `loose`
     placeholders it hands the previous output), so the decisions follow from the state of the others (`entry`: the
-    global tensors it reads, the placeholders) and the same_layout answers. A run whose entry state was met before and whose same_layout tests answer as they did
-    then replays the events recorded (Gallocr.replay): the same calls to the dynamic allocators, in the same order.
-    The first run records nothing (a program run once, as by `fit -c`, costs nothing more). A recorded run that placed
-    one of its sources in place of a parent (_Run.outside) decided from a tensor the key may not hold: the program is
-    walked from then on."""
+    global tensors it reads, the placeholders) and the same_layout answers. A run whose entry state was met before,
+    and whose same_layout tests answer as they did then, replays the events recorded (Gallocr.replay): the same calls
+    to the dynamic allocators, in the same order. The first run records nothing (a program run once, as by `fit -c`,
+    costs nothing more). A recorded run that placed one of its sources in place of a parent (_Run.outside) decided
+    from a tensor the key may not hold: the program is walked from then on."""
 
     __slots__ = ("prog", "reset", "loose", "kept", "ran", "walks", "entry", "watch", "runs")
 

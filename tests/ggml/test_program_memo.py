@@ -147,7 +147,8 @@ def _replays_equal_the_walk(path: str, backend: str, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_predictions_with_replayed_runs_equal_the_walk(arch: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_predictions_with_replayed_runs_equal_the_walk(arch: str, backend: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # (Metal allocates these small synthetic graphs whole, the layers not cut into programs: nothing to replay)
     replays = _replays_equal_the_walk(str(build(arch)), backend, monkeypatch)
     assert replays or backend == "metal"
