@@ -169,7 +169,7 @@ class Gallocr:
                 if p is None or not p.own or p.flags & FLAG_OUTPUT:
                     continue
                 if p.nc == 1 and p.nv == 0:
-                    same = p.type == t.type and p.ne == t.ne and p.nb == t.nb  # same_layout
+                    same = p.type == t.type and p.ne == t.ne and p.nb == t.nb  # same_layout, inlined
                     if rec is not None:
                         rec.check(t, p, same)
                     if same:
@@ -446,7 +446,7 @@ class ProgramMemo:
         run = self.runs.get(key)
         if run is not None:
             for t, p, same in zip(*run.checks):
-                if (p.type == t.type and p.ne == t.ne and p.nb == t.nb) is not same:
+                if same_layout(p, t) is not same:
                     break
             else:
                 ga.replay(run)
