@@ -522,7 +522,6 @@ class AllocResult:
         return self.peaks[0]
 
 
-
 def state_key(ga: Gallocr, carried: Tensor) -> tuple:
     # The high-water marks are left out: with a single chunk they never steer a decision (the last
     # free block always fits), and a replayed period cannot raise them. Chunked allocators keep them.
@@ -605,16 +604,55 @@ def _run(ga: Gallocr, seg: Segment, variant: Program, counts: list[tuple[Tensor,
     memo.run(ga)
 
 
-def _period(sigs: list[tuple], prev: list[int], il: int, n: int) -> int:
-    """How many layers from il on repeat, in whole periods, a boundary j < il with the same state."""
-    best = 0
-    for j in prev:  # any earlier boundary with this state: the period is il - j
+class _BoundaryState:
+    """The state entering a boundary of replay_plan or replay_chunks, where a jump over part of a period lands: the
+    buffers' free blocks and chunk marks, the fields of the tensors handed on (those the state key reads), the
+    tensors alive (peaks).
+
+    Restored where the layers (chunks) after boundary j, met again at il in the same state, repeat past il's whole
+    periods for r more: those r ran from that state before, after j, and entered j + r in the state kept here.
+    Free blocks and what is handed on are taken as they were; a mark only rises (one buffer chunk: the part allocates
+    where it did, under the marks of later boundaries; several: the marks are in the key, equal at j and il)."""
+
+    __slots__ = ("blocks", "maxes", "fields", "live")
+
+    def __init__(self, ga: Gallocr, carried: list[Tensor]) -> None:
+        self.blocks = [[[b[0], b[1]] for b in blocks] for t in ga.tallocs for blocks in t.chunks]
+        self.maxes = [list(t.maxes) for t in ga.tallocs]
+        self.fields = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
+        self.live = dict(ga.live) if ga.trace else None
+
+    def restore(self, ga: Gallocr, carried: list[Tensor]) -> None:
+        blocks = iter(self.blocks)
+        for talloc, maxes in zip(ga.tallocs, self.maxes):
+            talloc.chunks = [[list(b) for b in next(blocks)] for _ in maxes]
+            now = talloc.maxes + [0] * (len(maxes) - len(talloc.maxes))
+            talloc.maxes = [max(a, b) for a, b in zip(maxes, now)]
+            talloc.max_size = sum(talloc.maxes)
+        for t, (own, addr, size, be, nv) in zip(carried, self.fields):
+            t.own, t.addr, t.size, t.be, t.nv = own, addr, size, be, nv
+        if self.live is not None:
+            ga.live.clear()
+            ga.live.update(self.live)
+
+
+def _jump(sigs: list[tuple], prev: list[int], il: int, n: int, states: dict[int, _BoundaryState]) -> tuple[int, int]:
+    """How many layers (chunks) from il on repeat those after a boundary j < il with the same state, and where that
+    leaves the state: (0, 0) for none; (whole periods, 0), the state unchanged; past whole periods, r more of the next
+    period, (length, j + r), the state entering j + r (kept in `states`: only where it was)."""
+    best = land = 0
+    for j in prev:
         p = il - j
         t = il
         while t < n and sigs[t] == sigs[t - p]:
             t += 1
-        best = max(best, (t - il) // p * p)
-    return best
+        whole = (t - il) // p * p
+        r = t - il - whole
+        if r and j + r in states and whole + r > best:
+            best, land = whole + r, j + r
+        elif whole > best:
+            best, land = whole, 0
+    return best, land
 
 
 def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
@@ -674,22 +712,28 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
     carried = seg0.out
     simulated = 1
     hist: dict[tuple, list[int]] = {}
+    states: dict[int, _BoundaryState] = {}  # boundary -> the state entering it, where a jump may land
     il = 1
     while il < n:
         if not first[il]:
             assert carried is not None  # a layer segment's output
             prev = hist.setdefault(state_key(ga, carried), [])
-            best = _period(sigs, prev, il, n)
+            best, land = _jump(sigs, prev, il, n, states)
             if best:
                 for l2 in range(il, il + best):  # the skipped layers still use the prologue tensors
                     for g, a, b in glob_of(l2):
                         g.nc -= a
                         g.nv -= b
                 il += best  # the history stays valid: skipped boundaries replay recorded states
+                if land:  # past the whole periods, part of one: the state it left where it ran before
+                    carried = templates[keys[land - 1]].out
+                    assert carried is not None
+                    states[land].restore(ga, [carried])
                 if il >= n:
                     break
                 continue
             prev.append(il)
+            states[il] = _BoundaryState(ga, [carried])
         seg = templates[keys[il]]
         if first[il]:
             _run(ga, seg, seg.prog_first, seg.first_counts, carried, memos)
@@ -759,20 +803,26 @@ def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
     m = len(seq)
     carried: list[Tensor] = []
     hist: dict[tuple, list[int]] = {}
+    states: dict[int, _BoundaryState] = {}  # boundary -> the state entering it, where a jump may land
     simulated = 0
     pos = 0
     while pos < m:
         if pos:
-            prev = hist.setdefault(_carried_key(ga, carried), [])
-            best = _period(sigs, prev, pos, m)
+            key = _carried_key(ga, carried)
+            prev = hist.setdefault(key, [])
+            best, land = _jump(sigs, prev, pos, m, states)
             if best:
                 for p2 in range(pos, pos + best):  # the skipped chunks still use the global tensors
                     for g, a, b in chunks[seq[p2]].glob:
                         g.nc -= a
                         g.nv -= b
                 pos += best
+                if land:  # past the whole periods, part of one: the state it left where it ran before
+                    carried = chunks[seq[land - 1]].outs
+                    states[land].restore(ga, carried)
                 continue
             prev.append(pos)
+            states[pos] = _BoundaryState(ga, carried)
         ch = chunks[seq[pos]]
         saved = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
         for t, a, b in ch.counts:  # its own tensors reset

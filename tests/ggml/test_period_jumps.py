@@ -1,0 +1,71 @@
+"""Jumps over part of a period (fitter.ggml.alloc._jump, _BoundaryState) against running those layers or chunks.
+
+replay_plan and replay_chunks jump over whole periods of layers (chunks) that repeat from a state met before; past the
+whole periods, the part of one more that repeats lands on the state kept where that part ran before. The reference is
+the same sweep with the part run instead (only whole periods jumped, as before); ggml-alloc.c against llama.cpp is
+what the dry-run tests check.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fitter.bundled import resolve_model
+from fitter.ggml import alloc
+from fitter.llama import context as C
+from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
+from fitter.llama.graph_details import graph_details
+from fitter.llama.model import load_model_spec
+
+SWEEP = ((4096, 512), (8192, 512), (4352, 1024), (33024, 512), (1024, 256), (8192, 2048), (131072, 512))
+
+
+def _sweep(path: str, backend: str) -> list:
+    header, spec = load_model_spec(path)
+    d = graph_details(header)
+    for memo in (C._CACHE, C._BY_CONTENT, C._TRACED):
+        memo.clear()
+    out = []
+    for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on")):
+        for n_ctx, n_ubatch in SWEEP:
+            try:
+                cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER)
+            except ConfigError:
+                continue
+            out.append(C.compute_buffers(spec, cp, backend, details=d))
+    return out
+
+
+def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The sweep's compute buffers (peaks and terms included) with parts of periods jumped and with them run; returns
+    how many parts were jumped."""
+    landed = []
+    restore = alloc._BoundaryState.restore
+
+    def counted(state: alloc._BoundaryState, ga: alloc.Gallocr, carried: list) -> None:
+        landed.append(1)
+        restore(state, ga, carried)
+
+    monkeypatch.setattr(alloc._BoundaryState, "restore", counted)
+    got = _sweep(path, backend)
+    jump = alloc._jump
+    monkeypatch.setattr(alloc, "_jump", lambda sigs, prev, il, n, states: jump(sigs, prev, il, n, {}))
+    n = len(landed)
+    assert got == _sweep(path, backend)
+    assert len(landed) == n  # none without the states
+    return n
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+def test_full_size_predictions_with_parts_of_periods_jumped_equal_the_run(backend: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3.6-35B-A3B's shape: 40 layers, a period of 4 (three linear-attention layers, one full), layers (CPU, CUDA)
+    or Metal's reordered chunks: two layers of a period past the whole ones."""
+    from tests.synth.shapes import build_shape
+
+    assert _parts_equal_the_run(str(build_shape("qwen36-35b-a3b")), backend, monkeypatch)
+
+
+def test_gemma3_270m_metal_chunks_with_parts_of_periods_jumped_equal_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundled Gemma 3 270M on Metal: 18 layers, five sliding-window layers to one global."""
+    assert _parts_equal_the_run(resolve_model("gemma3-270m"), "metal", monkeypatch)
