@@ -2,7 +2,7 @@
 
 Mirrors ggml/src/ggml.c ggml_build_forward_expand / ggml_visit_parents. A Segment is ggfit's own:
 the nodes one layer (or the prologue / epilogue) adds to the graph, so that a layer repeated N
-times is built once and replayed (fitter.ggml.alloc.replay_segments).
+times is built once and replayed (fitter.ggml.replay.replay_segments).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small vari
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
 uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) and Metal's graph_optimize
 (fitter.ggml.backends.metal_common), whose reorder crosses layers: the distinct layers' segments are reordered as the
-whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal_segments, alloc.replay_chunks);
+whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal_segments, replay.replay_chunks);
 where the layers are not one Metal split, every layer is built and the graph is allocated whole (`_flatten`).
 """
 
@@ -39,9 +39,10 @@ from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, SegmentPlan, flat_graph, replay_chunks, replay_plan
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, flat_graph
 from fitter.ggml.backends.base import Backend, BackendImpl
 from fitter.ggml.graph import Graph, Segment
+from fitter.ggml.replay import SegmentPlan, replay_chunks, replay_plan
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
 from fitter.ggml.symbolic import holds, trace
 from fitter.ggml.tensor import HOST, Context, Tensor, header_types_read
@@ -185,7 +186,7 @@ def _prepare(c: GraphContext, pl: Placement | None = None, copy_size: Callable[[
              distinct: frozenset[int] = frozenset(),
              whole: bool = False) -> tuple[Callable[[Gallocr], AllocResult], list[Segment]]:
     """Build one segment per distinct layer, place and split them (GPU backends); the allocation then runs layer
-    after layer, jumping over repeats (fitter.ggml.alloc.replay_segments says why that equals `Gallocr.run` over the
+    after layer, jumping over repeats (fitter.ggml.replay.replay_segments says why that equals `Gallocr.run` over the
     full graph). `distinct`: layers that get a segment of their own (see _misplaced_input_copies). A backend whose
     graph_optimize reorders across layers (Metal) reorders the segments where that stands for the whole graph's
     reorder (Placement.optimize_segments); elsewhere, or `whole`, every layer is built and allocated whole."""

@@ -1,4 +1,4 @@
-"""Jumps over part of a period (fitter.ggml.alloc._jump, _BoundaryState) against running those layers or chunks.
+"""Jumps over part of a period (fitter.ggml.replay._jump, _BoundaryState) against running those layers or chunks.
 
 replay_plan and replay_chunks jump over whole periods of layers (chunks) that repeat from a state met before; past the
 whole periods, the part of one more that repeats lands on the state kept where that part ran before. The reference is
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from fitter.bundled import resolve_model
-from fitter.ggml import alloc
+from fitter.ggml import replay
 from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
@@ -40,16 +40,16 @@ def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatc
     """The sweep's compute buffers (peaks and terms included) with parts of periods jumped and with them run; returns
     how many parts were jumped."""
     landed = []
-    restore = alloc._BoundaryState.restore
+    restore = replay._BoundaryState.restore
 
-    def counted(state: alloc._BoundaryState, ga: alloc.Gallocr, carried: list) -> None:
+    def counted(state: replay._BoundaryState, ga: replay.Gallocr, carried: list) -> None:
         landed.append(1)
         restore(state, ga, carried)
 
-    monkeypatch.setattr(alloc._BoundaryState, "restore", counted)
+    monkeypatch.setattr(replay._BoundaryState, "restore", counted)
     got = _sweep(path, backend)
-    jump = alloc._jump
-    monkeypatch.setattr(alloc, "_jump", lambda sigs, prev, il, n, states: jump(sigs, prev, il, n, {}))
+    jump = replay._jump
+    monkeypatch.setattr(replay, "_jump", lambda sigs, prev, il, n, states: jump(sigs, prev, il, n, {}))
     n = len(landed)
     assert got == _sweep(path, backend)
     assert len(landed) == n  # none without the states

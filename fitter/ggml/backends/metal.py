@@ -53,7 +53,6 @@ from __future__ import annotations
 from typing import Any
 
 from fitter.build import PINNED, LlamaBuild
-from fitter.ggml.alloc import ChunkPlan
 from fitter.ggml.backends.base import (
     SIZE_MAX,
     Backend,
@@ -67,6 +66,7 @@ from fitter.ggml.backends.base import (
 from fitter.ggml.backends.metal_common import graph_optimize as metal_graph_optimize
 from fitter.ggml.backends.metal_segments import optimize_segments
 from fitter.ggml.graph import Segment
+from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
 

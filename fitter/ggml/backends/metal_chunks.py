@@ -1,7 +1,7 @@
 """Metal's reordered layers as chunks for ggml-alloc (ggfit's own): the second half of metal_segments' plan.
 
 fitter.ggml.backends.metal_segments works out each instance's packs and the reorder's work over them. What the reorder
-emitted while at one instance becomes a chunk (fitter.ggml.alloc.Chunk) here: copies of the nodes, the alloc deps after
+emitted while at one instance becomes a chunk (fitter.ggml.replay.Chunk) here: copies of the nodes, the alloc deps after
 their `until`, stand-ins for the tensors earlier chunks hand it. Instances whose work is the same and that are handed
 the same tensors share one chunk (`ChunkPlanning._chunks`).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.alloc import Chunk, ChunkPlan
 from fitter.ggml.backends.metal_common import optimize_splits
 from fitter.ggml.graph import Segment
+from fitter.ggml.replay import Chunk, ChunkPlan
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, CacheTensor, Tensor
 
@@ -39,7 +39,7 @@ class ChunkPlanning:
     _uses_at: Callable[[int], dict[int, int]]
 
     def _chunks(self, work: list[tuple], n_copy: int, pro_tail: int, epi_head: int) -> tuple[ChunkPlan, list[Segment]]:
-        """The reordered graph as chunks (fitter.ggml.alloc.Chunk), one per instance: the nodes emitted while the
+        """The reordered graph as chunks (fitter.ggml.replay.Chunk), one per instance: the nodes emitted while the
         reorder walked that instance's packs (some of them the next instances'), the alloc deps after their `until`.
         Instances whose work is the same object, and that hand on the same tensors (relative to them), share one chunk:
         its nodes are copies of the segments' (the global tensors themselves), its inputs stand for what it reads from

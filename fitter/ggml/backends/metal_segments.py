@@ -14,9 +14,9 @@ Reordering the whole graph means building every layer (context._flatten); here e
   already moved up), relative to that instance, with the kinds its look-ahead can reach, decides what it emits there:
   the first answer for such a state is kept and reused, as the allocator's replay reuses a layer's.
 - Chunks (fitter.ggml.backends.metal_chunks). What the reorder emitted while at one instance is a chunk
-  (fitter.ggml.alloc.Chunk): copies of the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier
+  (fitter.ggml.replay.Chunk): copies of the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier
   chunks hand it. Chunks of the same nodes read the same way that are handed the same tensors are one; ggml-alloc then
-  runs chunk after chunk and jumps over whole periods (fitter.ggml.alloc.replay_chunks), which is `Gallocr.run` over
+  runs chunk after chunk and jumps over whole periods (fitter.ggml.replay.replay_chunks), which is `Gallocr.run` over
   the reordered whole graph.
 
 Where the layers are not one Metal split (an op or a weight on the CPU), a pack spans more than one boundary, or an
@@ -29,7 +29,6 @@ from itertools import islice
 from typing import Callable, Iterator
 
 from fitter.build import LlamaBuild
-from fitter.ggml.alloc import ChunkPlan
 from fitter.ggml.backends.metal_chunks import ChunkPlanning, Unsupported
 from fitter.ggml.backends.metal_common import (
     EMPTY_OPS,
@@ -42,6 +41,7 @@ from fitter.ggml.backends.metal_common import (
 )
 from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Segment
+from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.sched import graph_uses
 from fitter.ggml.tensor import VIEW_OPS, CacheTensor, Tensor
 
@@ -84,7 +84,7 @@ def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple
                       epi: Segment, build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,
                       gpu: int) -> tuple[ChunkPlan, list[Segment]] | None:
     """ggml_backend_metal_graph_optimize over the graph these segments stand for (fitter.llama.context's _prepare),
-    as chunks for fitter.ggml.alloc.replay_chunks and the segments that hold their tensors; None where only the whole
+    as chunks for fitter.ggml.replay.replay_chunks and the segments that hold their tensors; None where only the whole
     graph can be reordered."""
     try:
         return _Plan(n, pro, seg0, templates, keys, epi, build, alloc_size, alignment, gpu).run()
