@@ -20,6 +20,7 @@ from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 SIZE_MAX = (1 << 64) - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
 _MAX_TENSOR = 1 << 56
+_OFFSET = (1 << 56) - 1  # an address's offset in its chunk (the chunk is in bits 56-63)
 
 
 class DynAllocator:
@@ -50,20 +51,36 @@ class DynAllocator:
         a = self.align
         size = (size + a - 1) // a * a
         chunks = self.chunks
-        best_c = best_b = -1
-        if len(chunks) == 1:  # the usual case (no maximum buffer size), the loops below for one chunk
+        if len(chunks) == 1:  # the usual case (no maximum buffer size): the loops below for one chunk
             blocks = chunks[0]
-            n = len(blocks)
+            best_b = -1
             best_fit = SIZE_MAX
-            for i in range(n - 1):
+            last = len(blocks) - 1
+            for i in range(last):  # best fit among all blocks but the last
                 bs = blocks[i][1]
                 if size <= bs <= best_fit:
                     best_b, best_fit = i, bs
-            if best_b == -1 and n and blocks[-1][1] >= size:
-                best_b = n - 1
+            if best_b == -1 and last >= 0 and blocks[last][1] >= size:
+                best_b = last
             if best_b != -1:
-                best_c = 0
-        for c, blocks in enumerate(chunks if best_c == -1 else ()):  # best fit among all blocks but each chunk's last
+                b = blocks[best_b]
+                off = b[0]
+                b[0] = off + size
+                b[1] -= size
+                if not b[1]:
+                    del blocks[best_b]
+                end = off + size
+                if end > self.maxes[0]:
+                    self.max_size += end - self.maxes[0]
+                    self.maxes[0] = end
+                return off
+        return self._alloc_chunks(size)
+
+    def _alloc_chunks(self, size: int) -> int:
+        """alloc past its one-chunk case: best fit over every chunk's blocks, then each chunk's last, then a new one."""
+        chunks = self.chunks
+        best_c = best_b = -1
+        for c, blocks in enumerate(chunks):  # best fit among all blocks but each chunk's last
             best_fit = SIZE_MAX
             for i in range(len(blocks) - 1):
                 bs = blocks[i][1]
@@ -71,7 +88,7 @@ class DynAllocator:
                     best_c, best_b, best_fit = c, i, bs
         if best_b == -1:  # the last block of some chunk: least growth, or the tightest fit
             best_reuse = None
-            for c, blocks in enumerate(chunks):  # (one chunk: the tests above already failed, so a new one)
+            for c, blocks in enumerate(chunks):
                 if not blocks:
                     continue
                 last = blocks[-1]
@@ -99,28 +116,31 @@ class DynAllocator:
     def free(self, addr: int, size: int) -> None:  # ggml_dyn_tallocr_free_bytes
         a = self.align
         size = (size + a - 1) // a * a
-        blocks = self.chunks[addr >> 56]
-        off = addr & ((1 << 56) - 1)
-        n = len(blocks)
-        for i in range(n):
-            b = blocks[i]
-            if b[0] + b[1] == off:
+        c = addr >> 56
+        blocks = self.chunks[c]
+        off = addr & _OFFSET if c else addr
+        end = off + size
+        # the blocks are sorted and never touch the freed range: the first block it touches (one that ends at off,
+        # else one that starts at end) is the one ggml's loop merges it into; a block past end touches none after
+        for i, b in enumerate(blocks):
+            b0 = b[0]
+            if b0 + b[1] == off:
                 b[1] += size
-                if i < n - 1 and b[0] + b[1] == blocks[i + 1][0]:
+                if i + 1 < len(blocks) and blocks[i + 1][0] == end:
                     b[1] += blocks[i + 1][1]
                     del blocks[i + 1]
                 return
-            if off + size == b[0]:
+            if b0 == end:
                 b[0] = off
                 b[1] += size
-                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == b[0]:
+                if i and blocks[i - 1][0] + blocks[i - 1][1] == off:
                     blocks[i - 1][1] += b[1]
                     del blocks[i]
                 return
-        j = 0
-        while j < n and blocks[j][0] < off:
-            j += 1
-        blocks.insert(j, [off, size])
+            if b0 > end:  # the new block goes before it (every earlier block starts before off)
+                blocks.insert(i, [off, size])
+                return
+        blocks.append([off, size])
 
     def state(self) -> tuple:
         return tuple(tuple(map(tuple, blocks)) for blocks in self.chunks)
