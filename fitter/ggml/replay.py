@@ -16,15 +16,15 @@ from fitter.ggml.graph import Program, Segment, program
 from fitter.ggml.tensor import Tensor
 
 
-def state_key(ga: Gallocr, carried: Tensor) -> tuple:
-    # The high-water marks are left out: with a single chunk they never steer a decision (the last
-    # free block always fits), and a replayed period cannot raise them. Chunked allocators keep them.
-    return (carried.addr, carried.size, carried.own, carried.be, *_talloc_states(ga))
+def state_key(carried: Tensor, tallocs: list[tuple]) -> tuple:
+    """The state at a layer boundary: the tensor handed on, the buffers' state (_talloc_states)."""
+    return (carried.addr, carried.size, carried.own, carried.be, *tallocs)
 
 
-def _talloc_states(ga: Gallocr) -> list[object]:
-    """Each buffer's free blocks, and its chunks' high-water marks where it has a maximum buffer size."""
-    key: list[object] = []
+def _talloc_states(ga: Gallocr) -> list[tuple]:
+    """Each buffer's free blocks, and its chunks' high-water marks where it has a maximum buffer size (with a single
+    chunk they never steer a decision: the last free block always fits; and a replayed period cannot raise them)."""
+    key: list[tuple] = []
     for t in ga.tallocs:
         key.append(t.state())
         if t.max_chunk < SIZE_MAX // 2:
@@ -105,24 +105,24 @@ class _BoundaryState:
 
     Restored where the layers (chunks) after boundary j, met again at il in the same state, repeat past il's whole
     periods for r more: those r ran from that state before, after j, and entered j + r in the state kept here.
-    Free blocks and what is handed on are taken as they were; a mark only rises (one buffer chunk: the part allocates
-    where it did, under the marks of later boundaries; several: the marks are in the key, equal at j and il)."""
+    Free blocks and what is handed on are taken as they were. A buffer of one chunk keeps its high-water mark: the
+    part allocates where it did, under the marks of later boundaries. Where a buffer has several, the marks are in
+    the state (equal at j and il) and are taken as they were at j + r."""
 
-    __slots__ = ("blocks", "maxes", "fields", "live")
+    __slots__ = ("tallocs", "fields", "live")
 
-    def __init__(self, ga: Gallocr, carried: list[Tensor]) -> None:
-        self.blocks = [[[b[0], b[1]] for b in blocks] for t in ga.tallocs for blocks in t.chunks]
-        self.maxes = [list(t.maxes) for t in ga.tallocs]
+    def __init__(self, ga: Gallocr, carried: list[Tensor], tallocs: list[tuple]) -> None:
+        self.tallocs = tallocs  # _talloc_states(ga), as the state key holds them
         self.fields = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
         self.live = dict(ga.live) if ga.trace else None
 
     def restore(self, ga: Gallocr, carried: list[Tensor]) -> None:
-        blocks = iter(self.blocks)
-        for talloc, maxes in zip(ga.tallocs, self.maxes):
-            talloc.chunks = [[list(b) for b in next(blocks)] for _ in maxes]
-            now = talloc.maxes + [0] * (len(maxes) - len(talloc.maxes))
-            talloc.maxes = [max(a, b) for a, b in zip(maxes, now)]
-            talloc.max_size = sum(talloc.maxes)
+        state = iter(self.tallocs)
+        for talloc in ga.tallocs:
+            talloc.chunks = [[list(b) for b in blocks] for blocks in next(state)]
+            if talloc.max_chunk < SIZE_MAX // 2:
+                talloc.maxes = list(next(state))
+                talloc.max_size = sum(talloc.maxes)
         for t, (own, addr, size, be, nv) in zip(carried, self.fields):
             t.own, t.addr, t.size, t.be, t.nv = own, addr, size, be, nv
         if self.live is not None:
@@ -211,7 +211,8 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
     while il < n:
         if not first[il]:
             assert carried is not None  # a layer segment's output
-            prev = hist.setdefault(state_key(ga, carried), [])
+            held = _talloc_states(ga)
+            prev = hist.setdefault(state_key(carried, held), [])
             best, land = _jump(sigs, prev, il, n, states)
             if best:
                 for l2 in range(il, il + best):  # the skipped layers still use the prologue tensors
@@ -227,7 +228,7 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
                     break
                 continue
             prev.append(il)
-            states[il] = _BoundaryState(ga, [carried])
+            states[il] = _BoundaryState(ga, [carried], held)
         seg = templates[keys[il]]
         if first[il]:
             _run(ga, seg, seg.prog_first, seg.first_counts, carried, memos)
@@ -280,9 +281,9 @@ class ChunkPlan:
         self.sigs = [(k, frozenset(finals.get(pos, ()))) for pos, k in enumerate(seq)]
 
 
-def _carried_key(ga: Gallocr, carried: list[Tensor]) -> tuple:
+def _carried_key(carried: list[Tensor], tallocs: list[tuple]) -> tuple:
     """state_key with every tensor handed on (and the view holds on it, which decide when it is freed)."""
-    return (*((t.addr, t.size, t.own, t.be, t.nv) for t in carried), *_talloc_states(ga))
+    return (*((t.addr, t.size, t.own, t.be, t.nv) for t in carried), *tallocs)
 
 
 def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
@@ -302,8 +303,8 @@ def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
     pos = 0
     while pos < m:
         if pos:
-            key = _carried_key(ga, carried)
-            prev = hist.setdefault(key, [])
+            held = _talloc_states(ga)
+            prev = hist.setdefault(_carried_key(carried, held), [])
             best, land = _jump(sigs, prev, pos, m, states)
             if best:
                 for p2 in range(pos, pos + best):  # the skipped chunks still use the global tensors
@@ -316,7 +317,7 @@ def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
                     states[land].restore(ga, carried)
                 continue
             prev.append(pos)
-            states[pos] = _BoundaryState(ga, carried)
+            states[pos] = _BoundaryState(ga, carried, held)
         ch = chunks[seq[pos]]
         saved = [(t.own, t.addr, t.size, t.be, t.nv) for t in carried]
         for t, a, b in ch.counts:  # its own tensors reset
