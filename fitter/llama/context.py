@@ -667,7 +667,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     def dev_size(t: Tensor) -> int:
         if t.op == "NONE":  # a split input copy
             return impl.copy_size(t)
-        return impl.alloc_size(t)
+        return impl.compute_size(t)
 
     override = None
     if wp.overrides:

@@ -247,3 +247,36 @@ def test_dispatcher_on_compute_tensors():
     del mmid.n_expert
     with pytest.raises(ValueError):
         backends.get("metal").alloc_size(mmid)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
+def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> None:
+    """BackendImpl.compute_size (the allocator's, ggml_nbytes outside `sized_ops`) equals alloc_size on every tensor
+    the allocator placed in graphs of several architectures, f16 and quantized caches, FA on and off."""
+    from fitter.llama import context as C
+    from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
+    from fitter.llama.graph_details import graph_details
+    from fitter.llama.model import load_model_spec
+    from fitter.llama.traced_graph import _TRACED
+    from tests.synth import build
+
+    impl = backends.get(backend)
+    checked = sized = 0
+    for arch in ("llama", "gemma3", "qwen3moe", "qwen35moe", "gpt-oss", "deepseek2"):
+        header, spec = load_model_spec(str(build(arch)))
+        d = graph_details(header)
+        for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on"), dict(flash_attn="off")):
+            for memo in (C._CACHE, C._BY_CONTENT, _TRACED):
+                memo.clear()
+            try:
+                cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=512, **kw), Frontend.SERVER)
+            except ConfigError:
+                continue
+            C.compute_buffers(spec, cp, backend, details=d)
+            for traced in _TRACED.values():
+                for t in traced.ts:
+                    if t.op != "NONE":
+                        assert impl.compute_size(t) == impl.alloc_size(t), (arch, kw, t.name, t.op)
+                        checked += 1
+                        sized += t.op in impl.sized_ops
+    assert checked > 1000 and (sized or backend == "cpu")

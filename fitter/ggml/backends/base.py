@@ -180,6 +180,14 @@ class BackendImpl:
         """
         return _nbytes_of(t)
 
+    # the ops whose alloc_size may differ from ggml_nbytes in this buffer type (its get_alloc_size's cases)
+    sized_ops: frozenset[str] = frozenset()
+
+    def compute_size(self, t: Tensor) -> int:
+        """alloc_size of a compute tensor of fitter.ggml (op names as ggml's, shapes known): ggml_nbytes unless its op
+        is one of `sized_ops`; the allocator asks it of every tensor it places whose size it has not kept."""
+        return self.alloc_size(t) if t.op in self.sized_ops else t.nbytes()
+
     def tensor_alloc_size(self, t: Any, ne: tuple[int, ...], size: int | None = None) -> int:
         """A weight's or cache's get_alloc_size (unaligned): ggml_nbytes (`size` when known)."""
         return nbytes(t, ne) if size is None else size

@@ -42,7 +42,7 @@ from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
-from fitter.ggml.types import is_quantized, nbytes, pad, row_size, type_name, type_size
+from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
 
 # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alignment
@@ -255,6 +255,12 @@ class CUDABackend(BackendImpl):
         if _op(t) == "FLASH_ATTN_EXT":
             size = cuda_fa_alloc_size(flash_attn_shape_of(t), cc, vec_pairs, self.build)
         return size + cuda_quant_row_padding(t.type, _ne4(t)[0])
+
+    sized_ops = frozenset({"FLASH_ATTN_EXT"})
+
+    def compute_size(self, t: Tensor) -> int:
+        # alloc_size's cases: FLASH_ATTN_EXT, and any quantized tensor (its last row padded)
+        return self.alloc_size(t) if t.op in self.sized_ops or BLCK[t.type] > 1 else t.nbytes()
 
     def tensor_alloc_size(self, t: Any, ne: tuple[int, ...], size: int | None = None) -> int:
         return cuda_tensor_alloc_size(t, ne, size)

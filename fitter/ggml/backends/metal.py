@@ -246,6 +246,8 @@ class MetalBackend(BackendImpl):
         known only on the Mac; without it SIZE_MAX (ggml-alloc then never splits a buffer into chunks)."""
         return metal_max_buffer_length or SIZE_MAX
 
+    sized_ops = frozenset({"MUL_MAT_ID", "FLASH_ATTN_EXT", "CUMSUM", "ARGSORT", "TOP_K"})  # alloc_size's cases
+
     def alloc_size(self, t: Any) -> int:
         """ggml_backend_metal_buffer_type_get_alloc_size."""
         op = _op(t)
