@@ -483,22 +483,23 @@ class _Plan(ChunkPlanning):
         m = len(kinds)
         qual: dict[tuple[int, int], tuple] = {}
 
-        def packed(q: int, k: int) -> tuple:
-            e = qual.get((q, k))
+        def packed(p: tuple[int, int]) -> tuple:
+            e = qual.get(p)
             if e is None:
+                q, k = p
                 kind = kinds[q]
-                e = qual[(q, k)] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
+                e = qual[p] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
             return e
 
         # a state: [identities read, identities written, buffer ranges touched (buffer -> {(p0, p1, written)})]
         def concurrent(st: list, p: tuple[int, int]) -> bool:  # h_check
             s, d, iv = st
-            si, siv, di, div = packed(*p)
+            si, siv, di, div = packed(p)
             return (not (d & (si | di)) and not (s & di)
                     and (not iv or (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True))))
 
         def add(st: list, p: tuple[int, int]) -> None:  # h_add
-            si, siv, di, div = packed(*p)
+            si, siv, di, div = packed(p)
             st[0] |= si
             st[1] |= di
             iv = st[2]
