@@ -24,7 +24,7 @@ from fitter.gguf.constants import GGMLQuantizationType
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
-from fitter.llama.model import model_spec_from_header
+from fitter.llama.model import model_spec_from_header, requantized_spec
 
 
 class Candidate(BaseModel):
@@ -104,7 +104,8 @@ def evaluate(
 ) -> list[Candidate]:
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size."""
     available = budget_bytes - margin_bytes
-    entries: list[tuple[str, str, GGUFHeader, bool, bool, str | None]] = []
+    # (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
+    entries: list[tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]] = []
     for q in predict_all(header):
         if q.refused or (q.needs_imatrix and not include_imatrix):
             continue
@@ -113,20 +114,21 @@ def evaluate(
             qh = quantized_header(header, q)
         except ValueError:
             continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
-        entries.append((q.ftype, "predicted from the header", qh, q.needs_imatrix, True, note))
+        qs = requantized_spec(spec, qh) if spec.known else None  # (an unknown one: model_spec_from_header refuses it)
+        entries.append((q.ftype, "predicted from the header", qh, qs, q.needs_imatrix, True, note))
     for text in candidates:
         name, value = parse_candidate(text)
         if _SIZE.match(value):
             size = parse_size(value, what=f"--candidate {name}")
-            entries.append((name, "size from a listing", _scaled_header(header, size), False, False,
+            entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
                             "weights scaled from the header's tensors; compute buffers as for this model"))
         else:
-            entries.append((name, value, read_header(value), False, True, None))
+            entries.append((name, value, read_header(value), None, False, True, None))
 
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)
-    for name, source, h, needs_im, exact, note in entries:
-        s = model_spec_from_header(h)
+    for name, source, h, known, needs_im, exact, note in entries:
+        s = known or model_spec_from_header(h)
         if s.architecture != spec.architecture or s.n_layer != spec.n_layer:
             raise ConfigError(f"--candidate {name}: a {s.architecture} with {s.n_layer} layers, not the same model")
         pred = predict(h, s, cfg, backend, frontend, draft, build=build)

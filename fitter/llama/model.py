@@ -10,6 +10,7 @@ with UnsupportedModelError unless the caller asks for a best-effort description
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from fitter.errors import GGUFError, UnsupportedModelError
 from fitter.gguf.constants import GGMLQuantizationType, Keys, LlamaFileType
@@ -193,23 +194,12 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
     else:
         n_vocab = m.uint(Keys.LLM.VOCAB_SIZE, 0)
 
-    bytes_by_type, params_by_type = _by_type(header)
-    ft, ft_name = _file_type(header)
-
     name = header.metadata.get(Keys.General.NAME)
     return ModelSpec(
         architecture=arch,
         known=arch in MODELS,
         name=name if isinstance(name, str) else None,
-        file_type=ft,
-        file_type_name=ft_name,
-        file_size=header.file_size,
-        header_size=header.header_size,
-        tensor_bytes=header.tensor_bytes,
-        n_tensors=len(header.tensors),
-        n_params=sum(params_by_type.values()),
-        bytes_by_type=bytes_by_type,
-        params_by_type=params_by_type,
+        **_tensor_facts(header),
         n_vocab=n_vocab,
         n_ctx_train=n_ctx_train,
         n_embd=n_embd,
@@ -229,6 +219,23 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
         ssm=ssm,
         supports_rs_rollback=rules.rs_rollback,
     )
+
+
+def _tensor_facts(header: GGUFHeader) -> dict[str, Any]:
+    """The ModelSpec fields that follow from the header's tensors and file (their types and sizes), not its metadata:
+    file_type_name too, where llama.cpp guesses it from the tensors' types."""
+    bytes_by_type, params_by_type = _by_type(header)
+    ft, ft_name = _file_type(header)
+    return {"file_type": ft, "file_type_name": ft_name, "file_size": header.file_size, "header_size": header.header_size,
+            "tensor_bytes": header.tensor_bytes, "n_tensors": len(header.tensors),
+            "n_params": sum(params_by_type.values()), "bytes_by_type": bytes_by_type, "params_by_type": params_by_type}
+
+
+def requantized_spec(spec: ModelSpec, header: GGUFHeader) -> ModelSpec:
+    """model_spec_from_header(header) for a header with the metadata, tensor names and shapes of the one `spec` was
+    read from and other tensor types (fitter.fit.quant_fit.quantized_header: llama-quantize's output): `spec` with
+    its tensor facts replaced, without reading the hparams and validating the layers again."""
+    return spec.model_copy(update=_tensor_facts(header))
 
 
 def load_model_spec(location: str, *, allow_unknown: bool = False) -> tuple[GGUFHeader, ModelSpec]:

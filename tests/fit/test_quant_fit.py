@@ -83,3 +83,29 @@ def test_bad_candidate_is_one_line() -> None:
     out = subprocess.run([sys.executable, "cli.py", "quants", "gemma3-270m", "--budget", "8GiB", "--candidate", "oops"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and "--candidate" in out.stderr
+
+
+@pytest.mark.parametrize("model", ["qwen36", "gemma3-270m", "deepseek2", "gpt-oss", "gemma3", "qwen35moe"])
+def test_requantized_spec_is_the_spec_read_from_the_quantized_header(model: str, qwen36: str) -> None:
+    """evaluate's spec of each predicted quant (requantized_spec: the model's spec, its tensor facts replaced) is the one
+    model_spec_from_header reads from that quant's header, field for field."""
+    from fitter.bundled import resolve_model
+    from fitter.fit.quant_fit import quantized_header
+    from fitter.fit.quants import predict_all
+    from fitter.llama.model import model_spec_from_header, requantized_spec
+    from tests.synth import build
+
+    path = {"qwen36": qwen36, "gemma3-270m": resolve_model("gemma3-270m")}.get(model) or str(build(model))
+    header, spec = load_model_spec(path)
+    n = 0
+    for q in predict_all(header):
+        if q.refused:
+            continue
+        try:
+            qh = quantized_header(header, q)
+        except ValueError:  # a type the gguf package does not know
+            continue
+        derived, read = requantized_spec(spec, qh), model_spec_from_header(qh)
+        assert derived == read and derived.model_dump() == read.model_dump(), q.ftype
+        n += 1
+    assert n > 20
