@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+from operator import itemgetter
 from typing import Callable, Iterator
 
 from fitter.ggml.alloc import AllocResult, Gallocr
@@ -55,9 +56,9 @@ class _Traced:
         self.ts: list[Tensor] = []
         self.sizes: list[int] = []
         self.bes: list[int] = []
-        # where the variables reach: (tensor, its index in ts or -1, ne, nb, preset size or -1), each an index in the
-        # distinct forms, kept sparse ((monomial, coefficient), ..., (-1, constant)); where a cell count reaches, and
-        # where the tokens alone do
+        # where the variables reach: (tensor, its index in ts or -1, ne, nb, preset size or -1): ne and nb as getters of
+        # their forms' values (_take), the size an index in the distinct forms, kept sparse ((monomial, coefficient),
+        # ..., (-1, constant)); where a cell count reaches, and where the tokens alone do
         self.cell_shapes: list[tuple] = []
         self.token_shapes: list[tuple] = []
         self.forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
@@ -97,8 +98,9 @@ class _Traced:
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                e = (t, k, [ix(x) for x in t.ne], [ix(x) for x in nb], ix(size) if type(size) is Sym else -1)
-                if not of_cells.isdisjoint(e[2]) or not of_cells.isdisjoint(e[3]) or e[4] in of_cells:
+                ne_at, nb_at, size_at = [ix(x) for x in t.ne], [ix(x) for x in nb], ix(size) if type(size) is Sym else -1
+                e = (t, k, _take(ne_at), _take(nb_at), size_at)
+                if not of_cells.isdisjoint(ne_at) or not of_cells.isdisjoint(nb_at) or size_at in of_cells:
                     self.cell_shapes.append(e)
                 else:
                     self.token_shapes.append(e)
@@ -142,8 +144,8 @@ class _Traced:
         if moved:
             self._move(values[2])
         for t, i, ne, nb, size in self.cell_shapes:
-            t.ne = [v[x] for x in ne]
-            t.nb = [v[x] for x in nb]
+            t.ne = list(ne(v))
+            t.nb = list(nb(v))
             if size >= 0 and i >= 0:
                 sizes[i] = v[size]
         for t in self.fresh_cells:
@@ -167,8 +169,8 @@ class _Traced:
         back = kept.get(tokens)
         if back is None:
             for t, _, ne, nb, _ in self.token_shapes:
-                t.ne = [v[x] for x in ne]
-                t.nb = [v[x] for x in nb]
+                t.ne = list(ne(v))
+                t.nb = list(nb(v))
             for t in self.fresh_tokens:
                 t.memo = None
         else:
@@ -178,6 +180,14 @@ class _Traced:
                 t.memo = mt
         for i, size in self.token_sizes:
             sizes[i] = v[size]
+
+
+def _take(at: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
+    """The values (_Traced.v) of a shape's forms, in one C call (a tuple, whatever the number of dimensions)."""
+    if len(at) == 1:
+        i = at[0]
+        return lambda v: (v[i],)
+    return itemgetter(*at) if at else (lambda v: ())
 
 
 _AT_TOKENS_MAX = 8  # tokens values a traced graph keeps its tensors at: `fit` asks 5 ubatches, a study a few
