@@ -12,28 +12,9 @@ import pytest
 
 from fitter.bundled import resolve_model
 from fitter.ggml import replay
-from fitter.llama import context as C
-from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
-from fitter.llama.graph_details import graph_details
-from fitter.llama.model import load_model_spec
+from tests.ggml.sweep import compute_sweep
 
 SWEEP = ((4096, 512), (8192, 512), (4352, 1024), (33024, 512), (1024, 256), (8192, 2048), (131072, 512))
-
-
-def _sweep(path: str, backend: str) -> list:
-    header, spec = load_model_spec(path)
-    d = graph_details(header)
-    for memo in (C._CACHE, C._BY_CONTENT, C._TRACED):
-        memo.clear()
-    out = []
-    for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on")):
-        for n_ctx, n_ubatch in SWEEP:
-            try:
-                cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER)
-            except ConfigError:
-                continue
-            out.append(C.compute_buffers(spec, cp, backend, details=d))
-    return out
 
 
 def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -47,11 +28,11 @@ def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatc
         restore(state, ga, carried)
 
     monkeypatch.setattr(replay._BoundaryState, "restore", counted)
-    got = _sweep(path, backend)
+    got = compute_sweep(path, backend, SWEEP)
     jump = replay._jump
     monkeypatch.setattr(replay, "_jump", lambda sigs, prev, il, n, states: jump(sigs, prev, il, n, {}))
     n = len(landed)
-    assert got == _sweep(path, backend)
+    assert got == compute_sweep(path, backend, SWEEP)
     assert len(landed) == n  # none without the states
     return n
 

@@ -14,10 +14,7 @@ from fitter.ggml.alloc import Gallocr, ProgramMemo
 from fitter.ggml.graph import Segment, program
 from fitter.ggml.tensor import FLAG_OUTPUT, Tensor, contig_nb
 from fitter.ggml.types import F32
-from fitter.llama import context as C
-from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
-from fitter.llama.graph_details import graph_details
-from fitter.llama.model import load_model_spec
+from tests.ggml.sweep import compute_sweep
 from tests.synth import build
 
 
@@ -122,26 +119,10 @@ SWEEP = ((4096, 512), (8192, 512), (4352, 1024), (33024, 512), (1024, 256), (819
 def _replays_equal_the_walk(path: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> int:
     """A sweep of contexts on traced graphs (their programs run again and again), with the runs replayed and with
     the walk forced: the compute buffers, peaks included, are equal. Returns how many runs were replays."""
-    header, spec = load_model_spec(path)
-    d = graph_details(header)
     replays = _count_replays(monkeypatch)
-
-    def sweep() -> list:
-        for memo in (C._CACHE, C._BY_CONTENT, C._TRACED):
-            memo.clear()
-        out = []
-        for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on")):
-            for n_ctx, n_ubatch in SWEEP:
-                try:
-                    cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER)
-                except ConfigError:  # a quantized cache the synthetic heads refuse
-                    continue
-                out.append(C.compute_buffers(spec, cp, backend, details=d))
-        return out
-
-    got = sweep()
+    got = compute_sweep(path, backend, SWEEP)
     monkeypatch.setattr(alloc.ProgramMemo, "run", lambda memo, ga: ga.process_program(memo.prog))
-    assert got == sweep()
+    assert got == compute_sweep(path, backend, SWEEP)
     return len(replays)
 
 
