@@ -158,7 +158,8 @@ def replay_segments(n: int, ga: Gallocr, pro: Segment, seg0: Segment, templates:
     still to come. When the state at the start of layer i equals the state at the start of layer
     j < i and the layers after i repeat those after j (same sub-graph, and no prologue tensor used
     for the last time), the allocator replays the same offsets: the high-water mark cannot move, so
-    the replay jumps ahead by whole periods.
+    the replay jumps ahead by whole periods; and past them over the part of one more period that
+    repeats, to the state that part left after j (_BoundaryState).
     """
     return replay_plan(SegmentPlan(n, pro, seg0, templates, keys, epi), ga)
 
@@ -287,8 +288,8 @@ def _carried_key(carried: list[Tensor], tallocs: list[tuple]) -> tuple:
 
 
 def replay_chunks(plan: ChunkPlan, ga: Gallocr) -> AllocResult:
-    """Gallocr.run over the chunks in sequence, jumping over whole periods of repeated chunks where the allocator's
-    state (and that of the tensors handed on) repeats, as replay_plan does for layers."""
+    """Gallocr.run over the chunks in sequence, jumping over periods of repeated chunks (whole ones, then part of one)
+    where the allocator's state (and that of the tensors handed on) repeats, as replay_plan does for layers."""
     for t in plan.first:  # leafs, then the graph inputs, as Gallocr.run meets them
         ga._allocate(t)
     for t, a, b in plan.totals:

@@ -16,7 +16,7 @@ Reordering the whole graph means building every layer (context._flatten); here e
 - Chunks (fitter.ggml.backends.metal_chunks). What the reorder emitted while at one instance is a chunk
   (fitter.ggml.replay.Chunk): copies of the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier
   chunks hand it. Chunks of the same nodes read the same way that are handed the same tensors are one; ggml-alloc then
-  runs chunk after chunk and jumps over whole periods (fitter.ggml.replay.replay_chunks), which is `Gallocr.run` over
+  runs chunk after chunk and jumps over repeated periods (fitter.ggml.replay.replay_chunks), which is `Gallocr.run` over
   the reordered whole graph.
 
 Where the layers are not one Metal split (an op or a weight on the CPU), a pack spans more than one boundary, or an
