@@ -120,8 +120,10 @@ class DynAllocator:
         blocks = self.chunks[c]
         off = addr & _OFFSET if c else addr
         end = off + size
-        # the blocks are sorted and never touch the freed range: the first block it touches (one that ends at off,
-        # else one that starts at end) is the one ggml's loop merges it into; a block past end touches none after
+        # ggml's loop in full: a zero-size tensor's free inserts a zero-size block, so the blocks need not be disjoint
+        # (one may sit inside another, two tensors share an address) and the first block in order that ends at off or
+        # starts at end takes the range, however far down the list
+        j = -1  # where a new block goes: the first that starts at or past off
         for i, b in enumerate(blocks):
             b0 = b[0]
             if b0 + b[1] == off:
@@ -137,10 +139,9 @@ class DynAllocator:
                     blocks[i - 1][1] += b[1]
                     del blocks[i]
                 return
-            if b0 > end:  # the new block goes before it (every earlier block starts before off)
-                blocks.insert(i, [off, size])
-                return
-        blocks.append([off, size])
+            if j < 0 and b0 >= off:
+                j = i
+        blocks.insert(j if j >= 0 else len(blocks), [off, size])
 
     def state(self) -> tuple:
         return tuple(tuple(map(tuple, blocks)) for blocks in self.chunks)
