@@ -10,9 +10,10 @@ from fitter.llama.graph_details import graph_details
 from fitter.llama.model import load_model_spec
 
 
-def compute_sweep(path: str, backend: str, points: tuple[tuple[int, int], ...]) -> list:
+def compute_sweep(path: str, backend: str, points: tuple[tuple[int, int], ...], *,
+                  metal_max_buffer_length: int | None = None) -> list:
     """The compute buffers (peaks and terms included) at each (n_ctx, n_ubatch), f16 and q8_0 caches, from empty
-    caches: every graph built and traced anew."""
+    caches: every graph built and traced anew. `metal_max_buffer_length`: as compute_buffers' (buffers in chunks)."""
     header, spec = load_model_spec(path)
     d = graph_details(header)
     for memo in (C._CACHE, C._BY_CONTENT, C._TRACED):
@@ -24,5 +25,5 @@ def compute_sweep(path: str, backend: str, points: tuple[tuple[int, int], ...]) 
                 cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER)
             except ConfigError:  # a quantized cache the synthetic heads refuse
                 continue
-            out.append(C.compute_buffers(spec, cp, backend, details=d))
+            out.append(C.compute_buffers(spec, cp, backend, details=d, metal_max_buffer_length=metal_max_buffer_length))
     return out

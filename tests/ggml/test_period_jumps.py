@@ -17,7 +17,7 @@ from tests.ggml.sweep import compute_sweep
 SWEEP = ((4096, 512), (8192, 512), (4352, 1024), (33024, 512), (1024, 256), (8192, 2048), (131072, 512))
 
 
-def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> int:
+def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatch, **kw: int) -> int:
     """The sweep's compute buffers (peaks and terms included) with parts of periods jumped and with them run; returns
     how many parts were jumped."""
     landed = []
@@ -28,11 +28,11 @@ def _parts_equal_the_run(path: str, backend: str, monkeypatch: pytest.MonkeyPatc
         restore(state, ga, carried)
 
     monkeypatch.setattr(replay._BoundaryState, "restore", counted)
-    got = compute_sweep(path, backend, SWEEP)
+    got = compute_sweep(path, backend, SWEEP, **kw)
     jump = replay._jump
     monkeypatch.setattr(replay, "_jump", lambda sigs, prev, il, n, states: jump(sigs, prev, il, n, {}))
     n = len(landed)
-    assert got == compute_sweep(path, backend, SWEEP)
+    assert got == compute_sweep(path, backend, SWEEP, **kw)
     assert len(landed) == n  # none without the states
     return n
 
@@ -50,3 +50,14 @@ def test_full_size_predictions_with_parts_of_periods_jumped_equal_the_run(backen
 def test_gemma3_270m_metal_chunks_with_parts_of_periods_jumped_equal_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bundled Gemma 3 270M on Metal: 18 layers, five sliding-window layers to one global."""
     assert _parts_equal_the_run(resolve_model("gemma3-270m"), "metal", monkeypatch)
+
+
+@pytest.mark.parametrize("mib", [16, 256])
+def test_metal_buffers_in_chunks_with_parts_of_periods_jumped_equal_the_run(mib: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mac's maxBufferLength splits the compute buffer into chunks: the marks are then part of the state a jump
+    lands on (the Qwen3.6 shape on Metal, buffers of at most 16 and 256 MiB)."""
+    from tests.synth.shapes import build_shape
+
+    assert _parts_equal_the_run(str(build_shape("qwen36-35b-a3b")), "metal", monkeypatch,
+                                metal_max_buffer_length=mib << 20)
