@@ -259,7 +259,8 @@ class CUDABackend(BackendImpl):
     sized_ops = frozenset({"FLASH_ATTN_EXT"})
 
     def compute_size(self, t: Tensor) -> int:
-        # alloc_size's cases: FLASH_ATTN_EXT, and any quantized tensor (its last row padded)
+        # alloc_size's cases: FLASH_ATTN_EXT, and any quantized tensor (its last row padded; BLCK > 1 is is_quantized
+        # without its conversion of the type to the enum, a call each tensor the allocator sizes)
         return self.alloc_size(t) if t.op in self.sized_ops or BLCK[t.type] > 1 else t.nbytes()
 
     def tensor_alloc_size(self, t: Any, ne: tuple[int, ...], size: int | None = None) -> int:
