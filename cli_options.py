@@ -138,14 +138,8 @@ def frontend_of(name: FrontendName):
 
 
 def run_config(**fields):
-    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line, not a traceback."""
-    from pydantic import ValidationError  # pydantic loads with fitter's RunConfig, not for --help
-
-
-    try:
-        return fitter.RunConfig(**fields)
-    except ValidationError as e:
-        raise fitter.config_error(e) from None
+    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line (a ConfigError), not a traceback."""
+    return fitter.RunConfig(**fields)
 
 
 def llama_build_of(value: str | None, llama_server: str | None = None):

@@ -34,14 +34,14 @@ import platform
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from fitter.errors import GGFitError
 from fitter.fit.margin import default_margin
+from fitter.record import Record
 
 MiB = 1024**2
 GiB = 1024**3
@@ -79,10 +79,9 @@ class BudgetError(GGFitError):
     """A --budget or --margin value ggfit cannot read, or an `auto` it cannot resolve here."""
 
 
-class Budget(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Budget(Record):
     """Bytes the prediction must fit into, and where the number came from."""
-
-    model_config = ConfigDict(frozen=True)
 
     bytes: int
     source: str  # e.g. "--budget 24GiB", "Metal recommendedMaxWorkingSetSize", "nvidia-smi memory.free (GPU 0)"

@@ -24,13 +24,13 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
-
 from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild
 from fitter.errors import GGFitError
+from fitter.record import Record
 
 MIN_POINTS = 3  # dry runs in which llama.cpp reported the buffer, for a line to be stored
 FORMAT = 2  # of calibration.json; format 1 (a flat dict, ggfit before issue 11) could hold fits without data
@@ -40,7 +40,8 @@ class CalibrationError(GGFitError):
     """A calibration that cannot be made or stored (no such backend here, no data)."""
 
 
-class Correction(BaseModel):
+@dataclass(kw_only=True)
+class Correction(Record):
     a: float  # bytes
     b: float
     points: int
@@ -60,7 +61,8 @@ class Correction(BaseModel):
         return self.points >= MIN_POINTS and math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0
 
 
-class LogPoint(BaseModel):
+@dataclass(kw_only=True)
+class LogPoint(Record):
     """One user log's compute buffers: ggfit's prediction for the log's config and what llama.cpp printed."""
 
     log: str  # the log file's name
@@ -70,7 +72,8 @@ class LogPoint(BaseModel):
     printed_host: int | None = None
 
 
-class Calibration(BaseModel):
+@dataclass(kw_only=True)
+class Calibration(Record):
     architecture: str
     backend: str
     llama_cpp: str  # the build's key (build_key): the full commit of the pinned build, else bNNNN, a commit or a date
@@ -78,7 +81,7 @@ class Calibration(BaseModel):
     host: Correction | None = None
     note: str | None = None  # e.g. why the host buffer has no line
     source: Literal["dry-run", "log"] = "dry-run"  # llama.cpp's dry runs here, or users' logs (calibrate --log)
-    logs: list[LogPoint] = Field(default_factory=list)
+    logs: list[LogPoint] = field(default_factory=list)
 
     @property
     def identity(self) -> bool:
@@ -97,14 +100,16 @@ class Calibration(BaseModel):
             for c in (self.device, self.host))
 
 
-class BufferChange(BaseModel):
+@dataclass(kw_only=True)
+class BufferChange(Record):
     owner: str
     device: str
     predicted_bytes: int  # the model's own prediction
     calibrated_bytes: int
 
 
-class Applied(BaseModel):
+@dataclass(kw_only=True)
+class Applied(Record):
     """A stored calibration that a prediction used, and the compute buffers it changed."""
 
     architecture: str
@@ -168,7 +173,7 @@ def _read_store(path: Path) -> tuple[dict[str, Calibration], str | None]:
     for key, raw in data["entries"].items():
         try:
             cal = Calibration.model_validate(raw)
-        except ValidationError:
+        except ValueError:  # pydantic's ValidationError is one
             bad.append(key)
             continue
         if not cal.sound:

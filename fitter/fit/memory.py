@@ -8,9 +8,8 @@ is RAM; on CUDA and Metal only the device's own buffers count (Metal's mapped we
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
@@ -26,13 +25,14 @@ from fitter.llama.hparams import ModelSpec
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
+from fitter.record import Record
 
 Owner = Literal["target", "draft", "mtp", "mmproj"]
 Kind = Literal["model", "lora", "kv", "rs", "output", "compute"]
 
 
-class Buffer(BaseModel):
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Buffer(Record):
 
     owner: Owner
     device: str  # llama.cpp's buffer name: CPU, CPU_Mapped, MTL0, MTL0_Mapped, CUDA0, CUDA_Host...
@@ -43,13 +43,14 @@ class Buffer(BaseModel):
     tensor_bytes: int | None = None  # model rows: the tensors' own bytes, without a mapped range's padding
 
 
-class Prediction(BaseModel):
+@dataclass(kw_only=True)
+class Prediction(Record):
     backend: Backend
     frontend: Frontend
     context: ContextParams
     draft_context: ContextParams | None = None
     buffers: list[Buffer]
-    calibration: list[Applied] = Field(default_factory=list)  # stored calibrations used (`ggfit calibrate`)
+    calibration: list[Applied] = field(default_factory=list)  # stored calibrations used (`ggfit calibrate`)
 
     @property
     def total_device_bytes(self) -> int:
@@ -258,7 +259,8 @@ def _mmproj_rows(config: RunConfig, backend: Backend) -> list[Buffer]:
                    counts=backend == Backend.CPU or r.on_device, detail=r.detail) for r in rows]
 
 
-class BuildDifference(BaseModel):
+@dataclass(kw_only=True)
+class BuildDifference(Record):
     """One rule of the user's llama.cpp build that is not the pinned build's, and what it does to this prediction."""
 
     change: str  # the id in fitter.build.changes

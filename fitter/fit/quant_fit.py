@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from dataclasses import replace as dc_replace
-
-from pydantic import BaseModel
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.budget import parse_size
@@ -25,9 +24,11 @@ from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.model import model_spec_from_header, requantized_spec
+from fitter.record import Record
 
 
-class Candidate(BaseModel):
+@dataclass(kw_only=True)
+class Candidate(Record):
     name: str
     source: str  # "predicted from the header", a path or URL, or "size from a listing"
     file_bytes: int

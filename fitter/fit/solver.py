@@ -8,9 +8,8 @@ inside an exact bracket (`largest_fitting`), in a handful of predictions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
@@ -18,6 +17,7 @@ from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
+from fitter.record import Record
 
 # what the prediction may use: one number (the device total), or per device buffer name (CUDA0, CUDA1, ...: one
 # budget per GPU, each less the margin)
@@ -38,8 +38,8 @@ KV_QUALITY = {"f32": 4, "f16": 3, "bf16": 3, "q8_0": 2, "q5_1": 1, "q5_0": 1, "q
 CTX_STEP = 256
 
 
-class Solution(BaseModel):
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Solution(Record):
 
     n_ubatch: int
     n_batch: int
@@ -294,10 +294,9 @@ def prediction_for(
     return predict(header, spec, cfg, backend, frontend, draft if s.draft else None, build=build)
 
 
-class Alternative(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Alternative(Record):
     """One change that makes an over-budget config fit (what `fit` suggests, one change at a time)."""
-
-    model_config = ConfigDict(frozen=True)
 
     flags: list[str]  # the llama-server flags to change, one item per flag ([]: drop the draft / nothing fits)
     reason: str  # e.g. "fits at -c 32768", "largest context that fits", "no context fits with these settings"
@@ -347,11 +346,10 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
     return out
 
 
-class PlacementChoice(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class PlacementChoice(Record):
     """Where the weights go when the model does not fit the device as given: MoE experts of the first N layers on
     the CPU (--n-cpu-moe N, every layer still on the GPU), or fewer layers on the GPU (-ngl N) for a dense model."""
-
-    model_config = ConfigDict(frozen=True)
 
     lever: Literal["n_cpu_moe", "n_gpu_layers"]
     value: int
@@ -360,7 +358,7 @@ class PlacementChoice(BaseModel):
     host_bytes: int  # what lands in system RAM (Prediction.host_bytes)
     headroom_bytes: int  # device budget - margin - total
     host_headroom_bytes: int | None  # host budget - host bytes (None: no host budget)
-    table: list[tuple[int, int]] = []  # (value of the lever, the largest context that fits the device with it)
+    table: list[tuple[int, int]] = field(default_factory=list)  # (value of the lever, the largest context that fits the device with it)
     n_cpu_moe: int = 0  # with -ngl as the lever: the experts already all on the CPU when the model is MoE
 
     @property

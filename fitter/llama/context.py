@@ -33,9 +33,8 @@ where the layers are not one Metal split, every layer is built and the graph is 
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass, field
 from typing import Callable
-
-from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
@@ -56,6 +55,7 @@ from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
 from fitter.llama.traced_graph import _TRACED, _TRACED_BY_CONTENT, _TRACED_MAX, _TRACING, _Traced
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_placement
+from fitter.record import Record
 
 # the ops that read a norm or bias weight (named after the op: fitter.ggml.tensor.add / mul) -> the weight's GGUF
 # name, for the tensor overrides (-ot attn_.*=CPU moves attention norms and biases too)
@@ -455,15 +455,14 @@ def _default_weight_type(spec: ModelSpec) -> int:
     return F16
 
 
-class ComputeBuffer(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class ComputeBuffer(Record):
     """One `sched_reserve: <buffer> compute buffer size = X MiB` line of llama.cpp."""
-
-    model_config = ConfigDict(frozen=True)
 
     device: str  # llama.cpp's buffer type name: CPU, CUDA0, CUDA_Host, MTL0 ...
     bytes: int  # the buffer size llama.cpp reserves (the graph allocator's high-water mark)
     terms: dict[str, int]  # what was alive when the high-water mark was set, by kind, + "fragmentation"
-    peak_tensors: list[tuple[str, int]] = []  # the largest tensors alive at that moment (name, bytes)
+    peak_tensors: list[tuple[str, int]] = field(default_factory=list)  # the largest tensors alive at that moment (name, bytes)
 
 
 # what each tensor name (as llama.cpp's graph callback names them, more or less) is, for the terms
@@ -536,8 +535,8 @@ def _content_key(obj: ModelSpec | GraphDetails) -> str:
     hit = _CONTENT_KEYS.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
-    if isinstance(obj, ModelSpec):  # no sets in it: pydantic's own JSON is a faithful key, and fast
-        key = obj.model_dump_json(exclude=_NOT_GRAPH_SPEC)
+    if isinstance(obj, ModelSpec):  # no sets in it: the fields' repr is a faithful key
+        key = repr([(f, getattr(obj, f)) for f in type(obj).model_fields if f not in _NOT_GRAPH_SPEC])
     else:
         key = repr([(f, _frozen(getattr(obj, f))) for f in type(obj).model_fields if f not in ("layer_types", "global_types")])
     if len(_CONTENT_KEYS) >= _CACHE_MAX:

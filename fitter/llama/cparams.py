@@ -10,10 +10,9 @@ library's (`llama_context_default_params`). The two differ in ways that move hun
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, NamedTuple, Sequence
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import Any, Callable, Literal, NamedTuple, Sequence, get_args
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.build.changes import ARCHS_ADDED
@@ -21,6 +20,7 @@ from fitter.errors import GGFitError, UnsupportedModelError
 from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
 from fitter.ggml.types import BLCK, GGML_TYPES, pad
 from fitter.llama.hparams import ModelSpec
+from fitter.record import Record
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -58,122 +58,51 @@ class Frontend(str, Enum):
     LIBRARY = "library"  # llama_context_default_params(): what llama-cpp-python and raw API users get
 
 
-
-
+FlashAttn = Literal["on", "off", "auto"]
 SpecType = Literal["none", "draft-simple", "draft-mtp"]
 SplitMode = Literal["none", "layer", "row", "tensor"]
 
 
-
-
-class RunConfig(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Record):
     """llama-server flags that change memory. None = the front end's default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    n_ctx: int | None = Field(None, description="-c; 0 = the model's training context")
-    n_batch: int | None = Field(None, description="-b")
-    n_ubatch: int | None = Field(None, description="-ub")
-    type_k: str = Field("f16", description="-ctk")
-    type_v: str = Field("f16", description="-ctv")
-    flash_attn: Literal["on", "off", "auto"] = Field("auto", description="-fa")
-    n_parallel: int | None = Field(None, description="-np; -1 = auto (server: 4 slots, unified KV)")
-    kv_unified: bool | None = Field(None, description="--kv-unified / --no-kv-unified")
-    swa_full: bool | None = Field(None, description="--swa-full")
-    n_gpu_layers: int = Field(-1, description="-ngl; -1 = all")
-    no_mmap: bool = Field(False, description="--no-mmap")
-    no_repack: bool = Field(True, description="--no-repack (llama_model_params.use_extra_bufts = false)")
-    embeddings: bool = Field(False, description="--embeddings")
+    n_ctx: int | None = None  # -c; 0 = the model's training context
+    n_batch: int | None = None  # -b
+    n_ubatch: int | None = None  # -ub
+    type_k: str = "f16"  # -ctk
+    type_v: str = "f16"  # -ctv
+    flash_attn: FlashAttn = "auto"  # -fa
+    n_parallel: int | None = None  # -np; -1 = auto (server: 4 slots, unified KV)
+    kv_unified: bool | None = None  # --kv-unified / --no-kv-unified
+    swa_full: bool | None = None  # --swa-full
+    n_gpu_layers: int = -1  # -ngl; -1 = all
+    no_mmap: bool = False  # --no-mmap
+    no_repack: bool = True  # --no-repack (llama_model_params.use_extra_bufts = false)
+    embeddings: bool = False  # --embeddings
     # speculative decoding
-    spec_type: SpecType = Field("none", description="--spec-type")
-    draft_model: str | None = Field(None, description="--model-draft")
-    draft_type_k: str = Field("f16", description="--spec-draft-type-k")
-    draft_type_v: str = Field("f16", description="--spec-draft-type-v")
-    draft_n_max: int = Field(3, description="--spec-draft-n-max")
+    spec_type: SpecType = "none"  # --spec-type
+    draft_model: str | None = None  # --model-draft
+    draft_type_k: str = "f16"  # --spec-draft-type-k
+    draft_type_v: str = "f16"  # --spec-draft-type-v
+    draft_n_max: int = 3  # --spec-draft-n-max
     # placement (llama_model_params): where weights, KV and ops go
-    n_cpu_moe: int = Field(0, description="--n-cpu-moe: the expert weights of the first N layers stay on the CPU")
-    cpu_moe: bool = Field(False, description="--cpu-moe: every expert weight stays on the CPU")
-    override_tensor: tuple[str, ...] = Field((), description="-ot PATTERN=BUFT, in order (first match wins)")
-    no_kv_offload: bool = Field(False, description="-nkvo: the KV cache in host memory")
-    no_op_offload: bool = Field(False, description="--no-op-offload")
-    split_mode: SplitMode = Field("layer", description="-sm")
-    main_gpu: int = Field(0, description="-mg")
-    tensor_split: tuple[float, ...] | None = Field(None, description="-ts: a proportion per GPU")
+    n_cpu_moe: int = 0  # --n-cpu-moe: the expert weights of the first N layers stay on the CPU
+    cpu_moe: bool = False  # --cpu-moe: every expert weight stays on the CPU
+    override_tensor: tuple[str, ...] = ()  # -ot PATTERN=BUFT, in order (first match wins)
+    no_kv_offload: bool = False  # -nkvo: the KV cache in host memory
+    no_op_offload: bool = False  # --no-op-offload
+    split_mode: SplitMode = "layer"  # -sm
+    main_gpu: int = 0  # -mg
+    tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per GPU
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
-    lora: tuple[tuple[str, float], ...] = Field((), description="--lora FILE / --lora-scaled FILE:SCALE")
+    lora: tuple[tuple[str, float], ...] = ()  # --lora FILE / --lora-scaled FILE:SCALE
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
-    mmproj: str | None = Field(None, description="--mmproj FILE")
-    no_mmproj_offload: bool = Field(False, description="--no-mmproj-offload: the projector on the CPU")
+    mmproj: str | None = None  # --mmproj FILE
+    no_mmproj_offload: bool = False  # --no-mmproj-offload: the projector on the CPU
 
-    @field_validator("n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_gpu_layers", "draft_n_max", "n_cpu_moe", "main_gpu")
-    @classmethod
-    def _int32(cls, v: int | None, info) -> int | None:
-        # llama-server reads these with std::stoi (common/arg.cpp): a value beyond int32 is refused
-        if v is not None and not -INT32_MAX - 1 <= v <= INT32_MAX:
-            raise ValueError(f"llama-server reads it as a 32-bit integer (at most {INT32_MAX})")
-        return v
-
-    @field_validator("n_ctx")
-    @classmethod
-    def _n_ctx(cls, v: int | None) -> int | None:
-        if v is not None and v < 0:  # llama_context_params.n_ctx is unsigned; 0 = the training context
-            raise ValueError("use a number of tokens, or 0 for the model's training context")
-        return v
-
-    @field_validator("n_batch", "n_ubatch")
-    @classmethod
-    def _batch(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:  # llama_init_from_model: a zero n_batch/n_ubatch leaves no batch to decode
-            raise ValueError("must be at least 1")
-        return v
-
-    @field_validator("n_parallel")
-    @classmethod
-    def _n_parallel(cls, v: int | None) -> int | None:
-        # common/arg.cpp (llama-server -np): 0 is "invalid value for n_parallel", negative is auto;
-        # llama_context::llama_context: n_seq_max must be <= LLAMA_MAX_SEQ. ggfit takes -1 as the one auto spelling.
-        if v is not None and (v == 0 or v < -1 or v > LLAMA_MAX_SEQ):
-            raise ValueError(f"use -1 (auto: 4 slots) or a number of slots from 1 to {LLAMA_MAX_SEQ}")
-        return v
-
-    @field_validator("draft_n_max")
-    @classmethod
-    def _draft_n_max(cls, v: int) -> int:
-        if v < 0:  # common/arg.cpp --spec-draft-n-max: "invalid value" below 0
-            raise ValueError("must be 0 or more")
-        return v
-
-    @field_validator("n_cpu_moe", "main_gpu")
-    @classmethod
-    def _non_negative(cls, v: int) -> int:
-        if v < 0:  # common/arg.cpp --n-cpu-moe: "invalid value" below 0; -mg indexes a device
-            raise ValueError("must be 0 or more")
-        return v
-
-    @field_validator("override_tensor")
-    @classmethod
-    def _overrides(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        # common/arg.cpp parse_tensor_buffer_overrides: comma-separated PATTERN=BUFT (the buffer type is checked
-        # against the devices at prediction time)
-        out: list[str] = []
-        for item in v:
-            for one in item.split(","):
-                pattern, eq, buft = one.partition("=")
-                if not eq or not buft:
-                    raise ValueError(f"invalid value {one!r}: use <tensor name pattern>=<buffer type>, e.g. exps=CPU")
-                try:
-                    re.compile(pattern)
-                except re.error as e:
-                    raise ValueError(f"invalid pattern {pattern!r}: {e}") from None
-                out.append(one)
-        return tuple(out)
-
-    @field_validator("tensor_split")
-    @classmethod
-    def _split(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if v is not None and (any(x < 0 for x in v) or not any(x > 0 for x in v)):
-            raise ValueError("use non-negative proportions, at least one above 0 (e.g. 3,1)")
-        return v
+    def __post_init__(self) -> None:
+        _check_config(self)
 
     def tensor_overrides(self) -> list[tuple[str, str]]:
         """llama_model_params.tensor_buft_overrides as (pattern, buffer type name), first match wins: -ot, then
@@ -184,14 +113,6 @@ class RunConfig(BaseModel):
             out.append((LLM_FFN_EXPS_REGEX, "CPU"))
         out += [(llm_ffn_block_regex(il), "CPU") for il in range(self.n_cpu_moe)]
         return out
-
-    @field_validator("type_k", "type_v", "draft_type_k", "draft_type_v")
-    @classmethod
-    def _kv_type(cls, v: str) -> str:
-        v = v.lower()
-        if v not in KV_CACHE_TYPES:
-            raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
-        return v
 
     def to_server_args(self, model: str | None = None, *, draft_model: str | None = None,
                        extra: Sequence[Sequence[str]] = ()) -> list[list[str]]:
@@ -401,10 +322,7 @@ def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"--spec-draft-n-min {opts['draft_n_min']}: use 0 or more")
     if opts.get("draft_p_min") is not None and not 0 <= opts["draft_p_min"] <= 1:
         raise ConfigError(f"--spec-draft-p-min {opts['draft_p_min']}: use a probability from 0 to 1")
-    try:
-        config = RunConfig(**fields)
-    except ValidationError as e:
-        raise config_error(e) from None
+    config = RunConfig(**fields)
     # a probe runs these flags without a ggfit prediction: refuse an -b llama.cpp aborts on here already
     # (resolve_context applies the same rule, with the model's own defaults, to every prediction)
     if config.n_batch is not None:
@@ -413,26 +331,144 @@ def _checked(fields: dict[str, Any], opts: dict[str, Any]) -> RunConfig:
     return config
 
 
-def config_error(e: ValidationError) -> ConfigError:
-    """One line naming the flag as the user typed it (not the pydantic field) for a RunConfig that failed."""
-    err = e.errors()[0]
-    loc = err.get("loc") or ()
-    field = str(loc[0]) if loc else ""
+def _refusal(field: str, value: Any, why: str) -> ConfigError:
+    """One line naming the flag as the user typed it (not the RunConfig field), with the value refused."""
     flag = FLAG_OF.get(field, field)
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ").replace("Input should be ", "use ")
-    if err.get("type") == "extra_forbidden":
-        return ConfigError(f"{flag}: not a llama-server option ggfit knows")
-    if "input" in err and err["type"] not in ("missing",):
-        val = err["input"]
-        val = ("on" if val else "off") if isinstance(val, bool) else ",".join(map(str, val)) if isinstance(val, (tuple, list)) else val
-        return ConfigError(f"{flag} {val}: {msg}")
-    return ConfigError(f"{flag}: {msg}")
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    elif isinstance(value, (tuple, list)):
+        value = ",".join(map(str, value))
+    return ConfigError(f"{flag} {value}: {why}")
 
 
-class ContextParams(BaseModel):
+# --- RunConfig's checks, run by its __post_init__ in its field order: the first refusal is the one reported ---------
+
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError("use a valid integer")
+    # llama-server reads these with std::stoi (common/arg.cpp): a value beyond int32 is refused
+    if not -INT32_MAX - 1 <= v <= INT32_MAX:
+        raise ValueError(f"llama-server reads it as a 32-bit integer (at most {INT32_MAX})")
+    return v
+
+
+def _at_least(n: int, why: str) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if _int(v) < n:
+            raise ValueError(why)
+        return v
+    return check
+
+
+def _n_parallel(v: Any) -> int:
+    # common/arg.cpp (llama-server -np): 0 is "invalid value for n_parallel", negative is auto;
+    # llama_context::llama_context: n_seq_max must be <= LLAMA_MAX_SEQ. ggfit takes -1 as the one auto spelling.
+    if _int(v) == 0 or v < -1 or v > LLAMA_MAX_SEQ:
+        raise ValueError(f"use -1 (auto: 4 slots) or a number of slots from 1 to {LLAMA_MAX_SEQ}")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("use a valid boolean")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("use a valid string")
+    return v
+
+
+def _kv_type(v: Any) -> str:
+    v = _str(v).lower()
+    if v not in KV_CACHE_TYPES:
+        raise ValueError(f"unsupported cache type '{v}' (llama.cpp accepts {', '.join(KV_CACHE_TYPES)})")
+    return v
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError(f"use {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}")
+        return v
+    return check
+
+
+def _overrides(v: Any) -> tuple[str, ...]:
+    # common/arg.cpp parse_tensor_buffer_overrides: comma-separated PATTERN=BUFT (the buffer type is checked
+    # against the devices at prediction time)
+    out: list[str] = []
+    for item in v:
+        for one in _str(item).split(","):
+            pattern, eq, buft = one.partition("=")
+            if not eq or not buft:
+                raise ValueError(f"invalid value {one!r}: use <tensor name pattern>=<buffer type>, e.g. exps=CPU")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"invalid pattern {pattern!r}: {e}") from None
+            out.append(one)
+    return tuple(out)
+
+
+def _number(v: Any) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError("use a valid number")
+    return float(v)
+
+
+def _split(v: Any) -> tuple[float, ...]:
+    v = tuple(_number(x) for x in v)
+    if any(x < 0 for x in v) or not any(x > 0 for x in v):
+        raise ValueError("use non-negative proportions, at least one above 0 (e.g. 3,1)")
+    return v
+
+
+def _loras(v: Any) -> tuple[tuple[str, float], ...]:
+    return tuple((_str(path), _number(scale)) for path, scale in v)
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else check(v)
+
+
+# llama_context_params.n_ctx is unsigned (0 = the training context); llama_init_from_model: a zero n_batch/n_ubatch
+# leaves no batch to decode; common/arg.cpp --spec-draft-n-max, --n-cpu-moe: "invalid value" below 0; -mg indexes a
+# device
+_N_CTX = _at_least(0, "use a number of tokens, or 0 for the model's training context")
+_BATCH = _at_least(1, "must be at least 1")
+_COUNT = _at_least(0, "must be 0 or more")
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "n_ctx": _optional(_N_CTX), "n_batch": _optional(_BATCH), "n_ubatch": _optional(_BATCH),
+    "type_k": _kv_type, "type_v": _kv_type, "flash_attn": _one_of(*get_args(FlashAttn)),
+    "n_parallel": _optional(_n_parallel), "kv_unified": _optional(_bool), "swa_full": _optional(_bool),
+    "n_gpu_layers": _int, "no_mmap": _bool, "no_repack": _bool, "embeddings": _bool,
+    "spec_type": _one_of(*get_args(SpecType)), "draft_model": _optional(_str), "draft_type_k": _kv_type,
+    "draft_type_v": _kv_type, "draft_n_max": _COUNT, "n_cpu_moe": _COUNT, "cpu_moe": _bool,
+    "override_tensor": _overrides, "no_kv_offload": _bool, "no_op_offload": _bool,
+    "split_mode": _one_of(*get_args(SplitMode)), "main_gpu": _COUNT, "tensor_split": _optional(_split),
+    "lora": _loras, "mmproj": _optional(_str), "no_mmproj_offload": _bool,
+}
+
+
+def _check_config(config: RunConfig) -> None:
+    """RunConfig's fields checked and normalised (cache types lowercased, -ot split at commas, sequences made
+    tuples): a value llama.cpp would refuse is one ConfigError naming the flag."""
+    for field, check in _CHECKS.items():
+        v = getattr(config, field)
+        try:
+            checked = check(v)
+        except (ValueError, TypeError) as e:
+            raise _refusal(field, v, str(e) if isinstance(e, ValueError) else "invalid value") from None
+        if checked is not v:
+            object.__setattr__(config, field, checked)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextParams(Record):
     """llama_cparams as llama_context's constructor derives them (src/llama-context.cpp)."""
-
-    model_config = ConfigDict(frozen=True)
 
     frontend: Frontend
     n_ctx: int  # padded to 256

@@ -8,12 +8,14 @@ shared experts ...), from a GGUF header, or the usual values of an architecture 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from fitter.record import Record
 
 
-class GraphDetails(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class GraphDetails(Record):
     """Hparams and tensor presence that change llama.cpp's graph but are not in ModelSpec.
 
     `graph_details(header)` reads them from a GGUF header; without one, `compute_buffers` uses
@@ -22,9 +24,7 @@ class GraphDetails(BaseModel):
     default moves the prediction by well under a MiB in practice.
     """
 
-    model_config = ConfigDict(frozen=True)
-
-    layer_tensors: dict[str, frozenset[int]] = {}  # "attn_q.bias" -> layers that have blk.N.attn_q.bias.*
+    layer_tensors: dict[str, frozenset[int]] = field(default_factory=dict)  # "attn_q.bias" -> layers that have blk.N.attn_q.bias.*
     global_tensors: frozenset[str] = frozenset()  # "output.bias", "rope_freqs.weight", ...
     final_logit_softcapping: float = 0.0
     attn_temperature_scale: float = 0.0  # f_attn_temp_scale (mistral3, deepseek2): adds inp_attn_scale
@@ -37,11 +37,11 @@ class GraphDetails(BaseModel):
     n_rot: int = 0
     mrope: bool = False  # rope.dimension_sections present (glm4moe: ggml_rope_multi, 4 positions per token)
     n_embd_per_layer: int = 0  # gemma4 per-layer embeddings (embedding_length_per_layer_input)
-    layer_types: dict[str, dict[int, int]] = {}  # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
-    global_types: dict[str, int] = {}  # "output" -> ggml type
+    layer_types: dict[str, dict[int, int]] = field(default_factory=dict)  # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
+    global_types: dict[str, int] = field(default_factory=dict)  # "output" -> ggml type
     # LoRA adapters the context applies (fitter.llama.lora.lora_details): base tensor name -> one (rank, lora_a
     # type, lora_b type) per adapter, in build_lora_mm's order
-    lora_graph: dict[str, tuple[tuple[int, int, int], ...]] = {}
+    lora_graph: dict[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
 
     def has(self, suffix: str, il: int | None = None) -> bool:
         layers = self.layer_tensors.get(suffix)
@@ -100,8 +100,7 @@ def _read_details(header) -> GraphDetails:
         else:
             glob.add(name)
             global_types[suffix] = int(t.ggml_type)
-    # every field built here with its type: model_construct skips pydantic's validation of ~1000 entries
-    return GraphDetails.model_construct(
+    return GraphDetails(
         layer_tensors={k: frozenset(v) for k, v in layer_tensors.items()},
         global_tensors=frozenset(glob),
         final_logit_softcapping=float(key("final_logit_softcapping", 0.0) or 0.0),

@@ -11,14 +11,14 @@ a header into a ModelSpec.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
-
-from pydantic import BaseModel, ConfigDict
 
 from fitter.errors import GGUFError
 from fitter.gguf.constants import Keys
 from fitter.gguf.reader import GGUFHeader, SkippedArray
+from fitter.record import Record
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"  # LLM_KV_ATTENTION_RECURRENT_LAYERS (not in gguf 0.19 Keys)
@@ -30,9 +30,8 @@ class LayerKind(str, Enum):
     RECURRENT = "recurrent"  # linear attention / SSM: fixed-size recurrent state, no KV
 
 
-class LayerSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec(Record):
     index: int
     kind: LayerKind
     has_kv: bool  # llama_hparams::has_kv (False for layers that reuse another layer's KV)
@@ -54,10 +53,9 @@ class LayerSpec(BaseModel):
         return self.n_embd_head_v * self.n_head_kv
 
 
-class SSMSpec(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class SSMSpec(Record):
     """Linear-attention / SSM parameters of recurrent layers (gated delta net, Mamba)."""
-
-    model_config = ConfigDict(frozen=True)
 
     d_conv: int
     d_inner: int
@@ -74,9 +72,8 @@ class SSMSpec(BaseModel):
         return self.d_state * self.d_inner
 
 
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(Record):
     architecture: str
     known: bool = True  # False: an architecture ggfit does not model; the rules below are generic guesses
     name: str | None = None
@@ -219,10 +216,10 @@ def _kv_from_start_all(m: Meta, n_layer_all: int) -> int:
     return -1
 
 
-class ArchRules(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class ArchRules(Record):
     """What one architecture decides beyond the common hparams (its load_arch_hparams, load_tensors, create_memory)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     # load_arch_hparams
     swa: Callable[[Meta, int, int], tuple[int, list[bool]]] = _no_swa  # (n_swa, is_swa per layer)
     recurrent: Callable[[Meta, int, int], list[bool]] = _no_recurrent  # is_recurrent per layer

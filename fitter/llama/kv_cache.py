@@ -8,9 +8,8 @@ Mirrors `llama_model::create_memory` (src/llama-model.cpp), the constructors of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from fitter.ggml import backends
 from fitter.ggml.types import F32, pad, row_size, type_of
@@ -18,15 +17,15 @@ from fitter.llama.cparams import Backend, ContextParams
 from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
 from fitter.llama.models import rules_of
+from fitter.record import Record
 
 # TENSOR_ALIGNMENT of the CPU buffer type: what llama.cpp's KV / RS buffer sizes pad each tensor to here
 BUFFER_ALIGNMENT = backends.get(Backend.CPU).alignment
 
 
-class CacheBuffer(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class CacheBuffer(Record):
     """One memory module's tensors (one llama.cpp "KV buffer" / "RS buffer" line per device)."""
-
-    model_config = ConfigDict(frozen=True)
 
     kind: Literal["kv", "rs"]
     name: str  # "kv", "kv_swa" or "rs"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from fitter.errors import GGFitError
 from fitter.fit.memory import Buffer
@@ -68,7 +69,7 @@ def _model_rows(owner, model: MlxModel, run: MlxRun, *, n_extra: int = 0) -> lis
                    detail=f"{w.n_tensors} arrays{q}", tensor_bytes=w.resident)]
     gen = run.n_generated + n_extra
     for c in layer_caches(spec, run.cache, run.n_prompt, gen):
-        kind = "rs" if c.cls == "ArraysCache" else "kv"
+        kind: Literal["rs", "kv"] = "rs" if c.cls == "ArraysCache" else "kv"
         what = f"{c.cls}: {c.n_layers} layers" + (f", {c.capacity} slots" if c.capacity else "")
         rows.append(Buffer(owner=owner, device=DEVICE, kind=kind, bytes=c.bytes, counts=True, detail=what))
     if w.dropped:

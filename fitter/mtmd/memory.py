@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, Gallocr
@@ -33,7 +34,7 @@ from fitter.mtmd.models import BUILDERS
 @dataclass(frozen=True)
 class MmprojBuffer:
     device: str  # llama.cpp's buffer type name: CPU, CUDA0, MTL0
-    kind: str  # "model" or "compute"
+    kind: Literal["model", "compute"]
     bytes: int
     on_device: bool  # in the GPU's own memory (else host memory)
     detail: str

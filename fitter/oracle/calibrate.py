@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,7 +30,7 @@ from fitter.fit.calibration import (
 )
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
-from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.llama.cparams import Backend, FlashAttn, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
 from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
@@ -38,7 +38,7 @@ from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
 from fitter.oracle.user_log import UserLog
 from fitter.progress import Progress
 
-GRID = [  # (n_ctx, n_ubatch, flash_attn)
+GRID: list[tuple[int, int, Literal["on", "off"]]] = [  # (n_ctx, n_ubatch, flash_attn)
     (4096, 512, "on"), (16384, 512, "on"), (16384, 2048, "on"), (65536, 1024, "on"),
     (4096, 512, "off"), (16384, 1024, "off"),
 ]
@@ -348,7 +348,8 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
             assumed["frontend"] = "llama-server (the log does not say which tool wrote it)"
     # llama.cpp's extra CPU buffer types (use_extra_bufts) show as a CPU_REPACK model buffer
     repack = any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers)
-    cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=fa,
+    cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                    flash_attn=cast(FlashAttn, fa),  # RunConfig's own check refuses another value
                     n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
                     no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd), no_repack=not repack)
     return cfg, frontend, assumed

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fitter import RunConfig
+from fitter import ConfigError, RunConfig
 from search.space import Candidate, SpaceDef, StudyError
 from search.workload import Workload
 
@@ -115,7 +115,10 @@ class StudyDef(BaseModel):
                 raise ValueError(f"unknown RunConfig field {k!r} (known: {', '.join(RunConfig.model_fields)})")
             if k in searched:
                 raise ValueError(f"{k!r} belongs in [space] (one value = fixed), not [fixed]")
-        RunConfig(**v)
+        try:
+            RunConfig(**v)
+        except ConfigError as e:  # one line naming the flag: `fixed: -ngl x: use a valid integer`
+            raise ValueError(str(e)) from None
         return v
 
     @model_validator(mode="after")

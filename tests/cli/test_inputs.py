@@ -66,14 +66,31 @@ def test_tiny_context_names_c(gemma_spec):
     ("draft_n_max", -1, "--spec-draft-n-max -1"), ("type_k", "q9", "-ctk q9"), ("flash_attn", "maybe", "-fa maybe"),
 ])
 def test_run_config_errors_name_the_flag(field, value, flag):
-    from pydantic import ValidationError
-
-    from fitter.llama.cparams import config_error
-
-    with pytest.raises(ValidationError) as e:
+    with pytest.raises(ConfigError) as e:
         RunConfig(**{field: value})
-    msg = str(config_error(e.value))
-    assert msg.startswith(flag) and "\n" not in msg and "pydantic" not in msg and field not in msg
+    msg = str(e.value)
+    assert msg.startswith(flag) and "\n" not in msg and field not in msg
+
+
+def test_run_config_checks_every_field():
+    """RunConfig.__post_init__ checks each field (fitter.llama.cparams._CHECKS), in the fields' order."""
+    from fitter.llama.cparams import _CHECKS
+
+    assert list(_CHECKS) == list(RunConfig.model_fields)
+
+
+def test_run_config_normalises_what_llama_server_reads():
+    cfg = RunConfig(type_k="Q8_0", override_tensor=["exps=CPU,blk.0=CPU"], tensor_split=[3, 1],
+                    lora=[["a.gguf", 1]])
+    assert (cfg.type_k, cfg.override_tensor, cfg.tensor_split, cfg.lora) == \
+        ("q8_0", ("exps=CPU", "blk.0=CPU"), (3.0, 1.0), (("a.gguf", 1.0),))
+    assert hash(cfg) == hash(RunConfig(type_k="q8_0", override_tensor=("exps=CPU", "blk.0=CPU"),
+                                       tensor_split=(3.0, 1.0), lora=(("a.gguf", 1.0),)))
+    for kw, line in [({"n_ctx": "4096"}, "-c 4096: use a valid integer"), ({"n_ctx": True}, "-c on: use a valid integer"),
+                     ({"no_mmap": 1}, "--no-mmap 1: use a valid boolean"),
+                     ({"split_mode": "rows"}, "-sm rows: use 'none', 'layer', 'row' or 'tensor'")]:
+        with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
+            RunConfig(**kw)
 
 
 def test_int32_limit_is_llama_servers():
