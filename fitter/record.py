@@ -1,4 +1,4 @@
-"""Records: fitter's data types are frozen dataclasses with the few pydantic model methods ggfit uses.
+"""Records: fitter's data types are dataclasses with the few pydantic model methods ggfit uses.
 
 ModelSpec, RunConfig, Prediction and the rest are built by ggfit's own code from values it has already read and
 checked (the GGUF reader, the CLI's typed flags, RunConfig's own checks), so nothing validates them again at
@@ -8,9 +8,14 @@ program: `--json`, the calibration store, a study file, a stored probe result. I
 import anyway (typer >= 0.28 coerces every parameter through a pydantic TypeAdapter); it still saves the
 schemas, about 50M of `ggfit fit -c` (issue 14).
 
-A `Record` subclass is a `@dataclass(frozen=True, kw_only=True)` (Prediction: not frozen). The methods keep
-pydantic's names and behaviour, so search, the CLI and scripts that called them on pydantic models are unchanged:
-`model_copy(update=...)` sets fields without checking them, as pydantic's does; `model_dump`,
+A subclass of `Record` is a dataclass, keyword-only and frozen unless declared `class X(Record, frozen=False)`.
+It is made with `dataclasses.dataclass(init=False, repr=False, eq=False)` (its fields, `dataclasses.fields`,
+`replace`, pydantic's support of dataclasses), and takes `__init__`, `__repr__`, `__eq__` and `__hash__` from
+Record, written once here. The decorator would compile those four (and the frozen `__setattr__` and
+`__delattr__`) again for every class: about 5M instructions a class, 100M of every command's imports.
+
+The methods keep pydantic's names and behaviour, so search, the CLI and scripts that called them on pydantic models
+are unchanged: `model_copy(update=...)` sets fields without checking them, as pydantic's does; `model_dump`,
 `model_dump_json` and `model_validate` go through a `pydantic.TypeAdapter` of the dataclass, which dumps and
 validates a dataclass as it does a model with the same fields (a pydantic model can hold a Record as a field).
 """
@@ -18,10 +23,10 @@ validates a dataclass as it does a model with the same fields (a pydantic model 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from operator import itemgetter
+from typing import Any, Callable, ClassVar, TypeVar, cast, dataclass_transform
 
 R = TypeVar("R", bound="Record")
-
 
 _ADAPTERS: dict[type, Any] = {}
 
@@ -42,19 +47,82 @@ class _Fields:
         return {f.name: f for f in dataclasses.fields(owner)}
 
 
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
 class Record:
     __slots__ = ()
     model_fields = _Fields()
+    # per class, from its fields (__init_subclass__)
+    _names: ClassVar[tuple[str, ...]]
+    _defaults: ClassVar[dict[str, Any]]  # name -> default (fields with a default value)
+    _factories: ClassVar[tuple[tuple[str, Callable[[], Any]], ...]]  # (name, default_factory)
+    _required: ClassVar[frozenset[str]]
+    _values: ClassVar[Callable[[dict[str, Any]], Any]]  # a __dict__ -> its fields' values, in field order
+    _post_init: ClassVar[Callable[[Any], None] | None]
+
+    def __init_subclass__(cls, *, frozen: bool = True, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
+        fields = dataclasses.fields(cast(Any, cls))
+        cls._names = tuple(f.name for f in fields)
+        cls._defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+        cls._factories = tuple((f.name, f.default_factory) for f in fields
+                               if f.default_factory is not dataclasses.MISSING)
+        cls._required = frozenset(cls._names) - cls._defaults.keys() - {n for n, _ in cls._factories}
+        cls._values = itemgetter(*cls._names) if len(cls._names) > 1 else (lambda d: (d[cls._names[0]],))
+        cls._post_init = getattr(cls, "__post_init__", None)
+        if frozen:
+            cls.__setattr__ = _frozen_setattr  # type: ignore[method-assign]
+            cls.__delattr__ = _frozen_delattr  # type: ignore[method-assign]
+            cls.__hash__ = Record._hash  # type: ignore[method-assign, assignment]
+        else:
+            cls.__hash__ = None  # type: ignore[method-assign, assignment]  # as a dataclass with eq and not frozen
+
+    def __init__(self, **kw: Any) -> None:
+        cls = type(self)
+        d = cls._defaults.copy()
+        d.update(kw)
+        for name, factory in cls._factories:
+            if name not in kw:
+                d[name] = factory()
+        if len(d) != len(cls._names) or not cls._required <= kw.keys():
+            unknown = kw.keys() - set(cls._names)
+            missing = cls._required - kw.keys()
+            raise TypeError(f"{cls.__qualname__}: " + (f"no field {', '.join(sorted(unknown))}" if unknown else
+                                                       f"missing {', '.join(sorted(missing))}"))
+        object.__setattr__(self, "__dict__", d)
+        if cls._post_init is not None:
+            cls._post_init(self)
+
+    def __repr__(self) -> str:
+        d = self.__dict__
+        return f"{type(self).__qualname__}({', '.join(f'{n}={d[n]!r}' for n in self._names)})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def _hash(self) -> int:
+        return hash(type(self)._values(self.__dict__))
 
     def model_copy(self: R, *, update: dict[str, Any] | None = None) -> R:
         """A copy with `update`'s fields set as given (pydantic's model_copy: not validated)."""
         new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
+        d = self.__dict__.copy()
         if update:
-            unknown = update.keys() - self.__dict__.keys()
+            unknown = update.keys() - d.keys()
             if unknown:
                 raise TypeError(f"{type(self).__name__} has no field {', '.join(sorted(unknown))}")
-            new.__dict__.update(update)
+            d.update(update)
+        object.__setattr__(new, "__dict__", d)
         return new
 
     def model_dump(self, **kw: Any) -> Any:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import metadata
 
 from fitter.build.changes import ANCHORS, CHANGES, RELEASES, Change, Release
 from fitter.errors import GGFitError
+from fitter.record import Record
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of llama-cpp-python 0.3.36
@@ -30,8 +31,7 @@ class BuildError(GGFitError):
     """A --llama-build value ggfit cannot place."""
 
 
-@dataclass(frozen=True)
-class LlamaBuild:
+class LlamaBuild(Record):
     """One llama.cpp build: its date (exact, or estimated from its build number between two known builds),
     and its number and commit where known. `how` says how it was identified, for the output."""
 

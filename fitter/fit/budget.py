@@ -34,7 +34,6 @@ import platform
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable, Literal
@@ -79,7 +78,6 @@ class BudgetError(GGFitError):
     """A --budget or --margin value ggfit cannot read, or an `auto` it cannot resolve here."""
 
 
-@dataclass(frozen=True, kw_only=True)
 class Budget(Record):
     """Bytes the prediction must fit into, and where the number came from."""
 

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
@@ -40,8 +40,7 @@ class CalibrationError(GGFitError):
     """A calibration that cannot be made or stored (no such backend here, no data)."""
 
 
-@dataclass(kw_only=True)
-class Correction(Record):
+class Correction(Record, frozen=False):
     a: float  # bytes
     b: float
     points: int
@@ -61,8 +60,7 @@ class Correction(Record):
         return self.points >= MIN_POINTS and math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0
 
 
-@dataclass(kw_only=True)
-class LogPoint(Record):
+class LogPoint(Record, frozen=False):
     """One user log's compute buffers: ggfit's prediction for the log's config and what llama.cpp printed."""
 
     log: str  # the log file's name
@@ -72,8 +70,7 @@ class LogPoint(Record):
     printed_host: int | None = None
 
 
-@dataclass(kw_only=True)
-class Calibration(Record):
+class Calibration(Record, frozen=False):
     architecture: str
     backend: str
     llama_cpp: str  # the build's key (build_key): the full commit of the pinned build, else bNNNN, a commit or a date
@@ -100,16 +97,14 @@ class Calibration(Record):
             for c in (self.device, self.host))
 
 
-@dataclass(kw_only=True)
-class BufferChange(Record):
+class BufferChange(Record, frozen=False):
     owner: str
     device: str
     predicted_bytes: int  # the model's own prediction
     calibrated_bytes: int
 
 
-@dataclass(kw_only=True)
-class Applied(Record):
+class Applied(Record, frozen=False):
     """A stored calibration that a prediction used, and the compute buffers it changed."""
 
     architecture: str

@@ -8,7 +8,7 @@ is RAM; on CUDA and Metal only the device's own buffers count (Metal's mapped we
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from fitter.build import PINNED, LlamaBuild
@@ -31,7 +31,6 @@ Owner = Literal["target", "draft", "mtp", "mmproj"]
 Kind = Literal["model", "lora", "kv", "rs", "output", "compute"]
 
 
-@dataclass(frozen=True, kw_only=True)
 class Buffer(Record):
 
     owner: Owner
@@ -43,8 +42,7 @@ class Buffer(Record):
     tensor_bytes: int | None = None  # model rows: the tensors' own bytes, without a mapped range's padding
 
 
-@dataclass(kw_only=True)
-class Prediction(Record):
+class Prediction(Record, frozen=False):
     backend: Backend
     frontend: Frontend
     context: ContextParams
@@ -259,8 +257,7 @@ def _mmproj_rows(config: RunConfig, backend: Backend) -> list[Buffer]:
                    counts=backend == Backend.CPU or r.on_device, detail=r.detail) for r in rows]
 
 
-@dataclass(kw_only=True)
-class BuildDifference(Record):
+class BuildDifference(Record, frozen=False):
     """One rule of the user's llama.cpp build that is not the pinned build's, and what it does to this prediction."""
 
     change: str  # the id in fitter.build.changes

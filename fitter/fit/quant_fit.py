@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 
 from fitter.build import PINNED, LlamaBuild
@@ -27,8 +26,7 @@ from fitter.llama.model import model_spec_from_header, requantized_spec
 from fitter.record import Record
 
 
-@dataclass(kw_only=True)
-class Candidate(Record):
+class Candidate(Record, frozen=False):
     name: str
     source: str  # "predicted from the header", a path or URL, or "size from a listing"
     file_bytes: int

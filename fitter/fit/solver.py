@@ -8,7 +8,7 @@ inside an exact bracket (`largest_fitting`), in a handful of predictions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from fitter.build import PINNED, LlamaBuild
@@ -38,7 +38,6 @@ KV_QUALITY = {"f32": 4, "f16": 3, "bf16": 3, "q8_0": 2, "q5_1": 1, "q5_0": 1, "q
 CTX_STEP = 256
 
 
-@dataclass(frozen=True, kw_only=True)
 class Solution(Record):
 
     n_ubatch: int
@@ -294,7 +293,6 @@ def prediction_for(
     return predict(header, spec, cfg, backend, frontend, draft if s.draft else None, build=build)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Alternative(Record):
     """One change that makes an over-budget config fit (what `fit` suggests, one change at a time)."""
 
@@ -346,7 +344,6 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
 class PlacementChoice(Record):
     """Where the weights go when the model does not fit the device as given: MoE experts of the first N layers on
     the CPU (--n-cpu-moe N, every layer still on the GPU), or fewer layers on the GPU (-ngl N) for a dense model."""

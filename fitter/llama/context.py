@@ -33,7 +33,7 @@ where the layers are not one Metal split, every layer is built and the graph is 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable
 
 from fitter.errors import UnsupportedModelError
@@ -455,7 +455,6 @@ def _default_weight_type(spec: ModelSpec) -> int:
     return F16
 
 
-@dataclass(frozen=True, kw_only=True)
 class ComputeBuffer(Record):
     """One `sched_reserve: <buffer> compute buffer size = X MiB` line of llama.cpp."""
 

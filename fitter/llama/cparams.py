@@ -10,7 +10,6 @@ library's (`llama_context_default_params`). The two differ in ways that move hun
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple, Sequence, get_args
 
@@ -63,7 +62,6 @@ SpecType = Literal["none", "draft-simple", "draft-mtp"]
 SplitMode = Literal["none", "layer", "row", "tensor"]
 
 
-@dataclass(frozen=True, kw_only=True)
 class RunConfig(Record):
     """llama-server flags that change memory. None = the front end's default."""
 
@@ -466,7 +464,6 @@ def _check_config(config: RunConfig) -> None:
             object.__setattr__(config, field, checked)
 
 
-@dataclass(frozen=True, kw_only=True)
 class ContextParams(Record):
     """llama_cparams as llama_context's constructor derives them (src/llama-context.cpp)."""
 

@@ -8,13 +8,12 @@ shared experts ...), from a GGUF header, or the usual values of an architecture 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from fitter.record import Record
 
 
-@dataclass(frozen=True, kw_only=True)
 class GraphDetails(Record):
     """Hparams and tensor presence that change llama.cpp's graph but are not in ModelSpec.
 

@@ -11,7 +11,6 @@ a header into a ModelSpec.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
@@ -30,7 +29,6 @@ class LayerKind(str, Enum):
     RECURRENT = "recurrent"  # linear attention / SSM: fixed-size recurrent state, no KV
 
 
-@dataclass(frozen=True, kw_only=True)
 class LayerSpec(Record):
     index: int
     kind: LayerKind
@@ -53,7 +51,6 @@ class LayerSpec(Record):
         return self.n_embd_head_v * self.n_head_kv
 
 
-@dataclass(frozen=True, kw_only=True)
 class SSMSpec(Record):
     """Linear-attention / SSM parameters of recurrent layers (gated delta net, Mamba)."""
 
@@ -72,7 +69,6 @@ class SSMSpec(Record):
         return self.d_state * self.d_inner
 
 
-@dataclass(frozen=True, kw_only=True)
 class ModelSpec(Record):
     architecture: str
     known: bool = True  # False: an architecture ggfit does not model; the rules below are generic guesses
@@ -216,7 +212,6 @@ def _kv_from_start_all(m: Meta, n_layer_all: int) -> int:
     return -1
 
 
-@dataclass(frozen=True, kw_only=True)
 class ArchRules(Record):
     """What one architecture decides beyond the common hparams (its load_arch_hparams, load_tensors, create_memory)."""
 

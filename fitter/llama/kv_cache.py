@@ -8,7 +8,6 @@ Mirrors `llama_model::create_memory` (src/llama-model.cpp), the constructors of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from fitter.ggml import backends
@@ -23,7 +22,6 @@ from fitter.record import Record
 BUFFER_ALIGNMENT = backends.get(Backend.CPU).alignment
 
 
-@dataclass(frozen=True, kw_only=True)
 class CacheBuffer(Record):
     """One memory module's tensors (one llama.cpp "KV buffer" / "RS buffer" line per device)."""
 

@@ -24,14 +24,14 @@ from fitter.llama.cparams import Backend
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, tensor_instances
+from fitter.record import Record
 
 
 class LoraError(GGFitError):
     """An adapter file llama.cpp refuses (llama_adapter_lora_init_impl's reasons, in its words)."""
 
 
-@dataclass(frozen=True)
-class LoraAdapter:
+class LoraAdapter(Record):
     """One adapter file as llama_adapter_lora_init_impl reads it."""
 
     path: str

@@ -14,7 +14,6 @@ differ most between backends; the alloc-size tables of each backend are in its m
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -22,6 +21,7 @@ from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
+from fitter.record import Record
 
 SIZE_MAX = 2**64 - 1
 HOST_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's, and CUDA_Host's
@@ -39,8 +39,7 @@ class BackendError(GGFitError):
     """A backend name or a combination the chosen backend cannot run (the message says which)."""
 
 
-@dataclass(frozen=True)
-class FlashAttnShape:
+class FlashAttnShape(Record):
     """The shapes of one GGML_OP_FLASH_ATTN_EXT node as llm_graph_context::build_attn_mha builds it.
 
     Q [d_k, n_q, n_head, n_stream] f32 (n_q: tokens per stream), K [d_k, n_kv, n_head_kv, n_stream]
