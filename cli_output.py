@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Optional
 
 import typer
@@ -68,8 +68,7 @@ def print_breakdown(pred, available: int, per_device: dict[str, int] | None = No
         print(f"host memory outside the budget: {mib(pred.total_host_bytes)}")
 
 
-@dataclass
-class FitRun:
+class FitRun(fitter.Record, frozen=False):
     """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
 
     path: str

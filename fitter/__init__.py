@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "build_of_binary": "fitter.build.identify",
     "resolve_model": "fitter.bundled",
     "Progress": "fitter.progress",
+    "Record": "fitter.record",
     # GGUF and the model
     "read_header": "fitter.gguf.reader",
     "load_model_spec": "fitter.llama.model",
@@ -124,7 +125,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
     "solve_placement", "excess", "SPLIT_MODES", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
-    "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "RunConfig",
+    "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "Record", "RunConfig",
     "SERVER_FLAGS", "ServerArgs", "apply_fields", "available_bytes", "best_fit", "build_differences", "build_from_text", "build_info", "build_label", "build_of_binary",
     "calibrate", "calibration", "check_model_path", "compare_log", "log_summary", "read_user_log", "record_log", "child_env", "child_event", "child_events", "child_preexec",
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
@@ -244,3 +245,4 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.oracle.user_log import log_summary, read_user_log
     from fitter.progress import Progress
+    from fitter.record import Record

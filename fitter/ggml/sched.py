@@ -9,18 +9,17 @@ the copies of their inputs). It runs over the segments of fitter.ggml.graph, eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from fitter.ggml.graph import Segment
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
+from fitter.record import Record
 
 GGML_SCHED_MAX_COPIES = 4  # ggml-backend.h: copies of the inputs with pipeline parallelism
 GPU = 0  # backend index of the first GPU (the highest-priority backend); more GPUs are 2, 3, ... (HOST stays 1)
 
 
-@dataclass
-class Placement:
+class Placement(Record, frozen=False):
     """Which backend runs each op: a port of ggml_backend_sched_split_graph for a GPU plus the CPU.
 
     Backend 0 is the GPU, 1 the CPU (the lowest-priority backend, whose buffer type is the host one).

@@ -680,8 +680,8 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     # cache offloaded and no tensor overrides (ggml_backend_sched_new(..., parallel) -> GGML_SCHED_MAX_COPIES copies)
     n_layer_all_on_gpu = n_gpu_layers < 0 or n_gpu_layers > n_all
     pipeline = len(wp.devices) > 1 and n_layer_all_on_gpu and not kv_host and not wp.overrides
-    pl = Placement(layer_dev[:n_all], layer_dev[0] if n_all else 0, layer_dev[n_all], impl.supports_op,
-                   impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
+    pl = Placement(layer_dev=layer_dev[:n_all], dev_in=layer_dev[0] if n_all else 0, dev_out=layer_dev[n_all],
+                   supports=impl.supports_op, offload=impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
                    weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
                    every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph,
                    optimize_segments=getattr(impl, "optimize_segments", None))

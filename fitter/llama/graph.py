@@ -8,7 +8,7 @@ GraphContext in fitter.llama.models; the context owns the ggml_context (`ctx0`) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Generator
 
 from fitter.ggml.graph import Graph
@@ -65,6 +65,7 @@ from fitter.llama.cparams import ContextParams
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
+from fitter.record import Record
 
 # what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
 WEIGHT_OF = {
@@ -93,8 +94,7 @@ _PLAIN_ANY = frozenset(("attn_v_b",))
 # pairs and (None, last output) for the epilogue (see fitter.llama.context)
 GraphGen = Generator[Tensor, tuple[int | None, Tensor], None]
 
-@dataclass
-class KVCacheView:
+class KVCacheView(Record, frozen=False):
     """A llama_kv_cache as the reserve graph sees it (llama_kv_cache_context built by init_full)."""
 
     size: int  # cells per stream; n_kv = size in the reserve (llama_kv_cache_context: n_kv = get_size())
@@ -233,7 +233,8 @@ class GraphContext:
             rot_k = n // 2
         if head_v_all > 0 and BLCK[tv] > 1 and full_v % 64 == 0 and not self.v_less:
             rot_v = 64
-        return KVCacheView(size, self.n_stream, tk, tv, not self.fa, rot_k, rot_v, list(layers))
+        return KVCacheView(size=size, n_stream=self.n_stream, type_k=tk, type_v=tv, v_trans=not self.fa, rot_k=rot_k,
+                           rot_v=rot_v, layers=list(layers))
 
     def kv_tensors(self, kv: KVCacheView, il: int) -> tuple[Tensor, Tensor | None]:
         """The layer's K and V cache tensors (llama_kv_cache::layers[map_layer_ids[il]])."""

@@ -19,6 +19,7 @@ from fitter.gguf.reader import GGUFHeader, TensorInfo
 from fitter.llama.cparams import Backend, ConfigError
 from fitter.llama.hparams import GENERIC_RULES, LayerKind, ModelSpec
 from fitter.llama.models import rules_of
+from fitter.record import Record
 
 # LLM_TENSOR_INFOS entries of kind LLM_TENSOR_LAYER_INPUT (src/llama-arch.cpp)
 INPUT_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd")
@@ -52,8 +53,7 @@ def device_buffer_name(impl: backends.BackendImpl, i: int) -> str:
     return re.sub(r"\d+$", str(i), impl.name)
 
 
-@dataclass(frozen=True)
-class WeightPlacement:
+class WeightPlacement(Record):
     """Where llama_model::load_tensors puts each tensor: the device of each layer (the output layer last;
     llama-model.cpp get_layer_buft_list), then the tensor overrides (llama_model_loader::create_tensor:
     the first pattern std::regex_search finds in the name wins). A device is a GPU index or CPU_DEV."""
@@ -105,7 +105,7 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
                       main_gpu: int) -> WeightPlacement:
     impl = backends.get(backend)
     if not impl.is_gpu:
-        return WeightPlacement((CPU_DEV,) * (n_layer_all + 1), _overrides(overrides, impl, []))
+        return WeightPlacement(layer_dev=(CPU_DEV,) * (n_layer_all + 1), overrides=_overrides(overrides, impl, []))
     if split_mode in ("row", "tensor"):
         # make_gpu_buft_list: the pinned build's CUDA backend registers no split buffer type
         raise ConfigError(f"-sm {split_mode}: llama.cpp fails the load here (\"device {impl.name} does not support "
@@ -139,7 +139,7 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         k = next((i for i, p in enumerate(points) if _f32(p) > x), len(points) - 1)
         layer_dev.append(devices[min(k, len(devices) - 1)])
     names = [device_buffer_name(impl, i) for i in range(n_gpus)]
-    return WeightPlacement(tuple(layer_dev), _overrides(overrides, impl, names), tuple(devices))
+    return WeightPlacement(layer_dev=tuple(layer_dev), overrides=_overrides(overrides, impl, names), devices=tuple(devices))
 
 
 def _f32(x: float) -> float:
