@@ -32,7 +32,6 @@ Kind = Literal["model", "lora", "kv", "rs", "output", "compute"]
 
 
 class Buffer(Record):
-
     owner: Owner
     device: str  # llama.cpp's buffer name: CPU, CPU_Mapped, MTL0, MTL0_Mapped, CUDA0, CUDA_Host...
     kind: Kind

@@ -39,7 +39,6 @@ CTX_STEP = 256
 
 
 class Solution(Record):
-
     n_ubatch: int
     n_batch: int
     type_k: str
@@ -355,7 +354,8 @@ class PlacementChoice(Record):
     host_bytes: int  # what lands in system RAM (Prediction.host_bytes)
     headroom_bytes: int  # device budget - margin - total
     host_headroom_bytes: int | None  # host budget - host bytes (None: no host budget)
-    table: list[tuple[int, int]] = field(default_factory=list)  # (value of the lever, the largest context that fits the device with it)
+    # (value of the lever, the largest context that fits the device with it)
+    table: list[tuple[int, int]] = field(default_factory=list)
     n_cpu_moe: int = 0  # with -ngl as the lever: the experts already all on the CPU when the model is MoE
 
     @property

@@ -461,7 +461,7 @@ class ComputeBuffer(Record):
     device: str  # llama.cpp's buffer type name: CPU, CUDA0, CUDA_Host, MTL0 ...
     bytes: int  # the buffer size llama.cpp reserves (the graph allocator's high-water mark)
     terms: dict[str, int]  # what was alive when the high-water mark was set, by kind, + "fragmentation"
-    peak_tensors: list[tuple[str, int]] = field(default_factory=list)  # the largest tensors alive at that moment (name, bytes)
+    peak_tensors: list[tuple[str, int]] = field(default_factory=list)  # the largest tensors alive then (name, bytes)
 
 
 # what each tensor name (as llama.cpp's graph callback names them, more or less) is, for the terms
@@ -681,8 +681,9 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     n_layer_all_on_gpu = n_gpu_layers < 0 or n_gpu_layers > n_all
     pipeline = len(wp.devices) > 1 and n_layer_all_on_gpu and not kv_host and not wp.overrides
     pl = Placement(layer_dev=layer_dev[:n_all], dev_in=layer_dev[0] if n_all else 0, dev_out=layer_dev[n_all],
-                   supports=impl.supports_op, offload=impl.offload_op, graph_optimize=impl.graph_optimize, op_offload=op_offload, kv_host=kv_host,
-                   weight_override=override, n_gpus=len(gpus), n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
+                   supports=impl.supports_op, offload=impl.offload_op, graph_optimize=impl.graph_optimize,
+                   op_offload=op_offload, kv_host=kv_host, weight_override=override, n_gpus=len(gpus),
+                   n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
                    every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph,
                    optimize_segments=getattr(impl, "optimize_segments", None))
     n_extra = len(gpus) - 1

@@ -63,7 +63,8 @@ SplitMode = Literal["none", "layer", "row", "tensor"]
 
 
 class RunConfig(Record):
-    """llama-server flags that change memory. None = the front end's default."""
+    """llama-server flags that change memory. None = the front end's default. Made, it checks and normalises its
+    fields (_check_config): a value llama-server would refuse is a ConfigError naming the flag."""
 
     n_ctx: int | None = None  # -c; 0 = the model's training context
     n_batch: int | None = None  # -b
@@ -94,7 +95,7 @@ class RunConfig(Record):
     main_gpu: int = 0  # -mg
     tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per GPU
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
-    lora: tuple[tuple[str, float], ...] = ()  # --lora FILE / --lora-scaled FILE:SCALE
+    lora: tuple[tuple[str, float], ...] = ()
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
     mmproj: str | None = None  # --mmproj FILE
     no_mmproj_offload: bool = False  # --no-mmproj-offload: the projector on the CPU

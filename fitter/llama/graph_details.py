@@ -23,7 +23,8 @@ class GraphDetails(Record):
     default moves the prediction by well under a MiB in practice.
     """
 
-    layer_tensors: dict[str, frozenset[int]] = field(default_factory=dict)  # "attn_q.bias" -> layers that have blk.N.attn_q.bias.*
+    # "attn_q.bias" -> layers that have blk.N.attn_q.bias.*
+    layer_tensors: dict[str, frozenset[int]] = field(default_factory=dict)
     global_tensors: frozenset[str] = frozenset()  # "output.bias", "rope_freqs.weight", ...
     final_logit_softcapping: float = 0.0
     attn_temperature_scale: float = 0.0  # f_attn_temp_scale (mistral3, deepseek2): adds inp_attn_scale
@@ -36,7 +37,8 @@ class GraphDetails(Record):
     n_rot: int = 0
     mrope: bool = False  # rope.dimension_sections present (glm4moe: ggml_rope_multi, 4 positions per token)
     n_embd_per_layer: int = 0  # gemma4 per-layer embeddings (embedding_length_per_layer_input)
-    layer_types: dict[str, dict[int, int]] = field(default_factory=dict)  # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
+    # "ffn_down" -> {layer: ggml type} (GPU op offload copies)
+    layer_types: dict[str, dict[int, int]] = field(default_factory=dict)
     global_types: dict[str, int] = field(default_factory=dict)  # "output" -> ggml type
     # LoRA adapters the context applies (fitter.llama.lora.lora_details): base tensor name -> one (rank, lora_a
     # type, lora_b type) per adapter, in build_lora_mm's order

@@ -139,7 +139,8 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         k = next((i for i, p in enumerate(points) if _f32(p) > x), len(points) - 1)
         layer_dev.append(devices[min(k, len(devices) - 1)])
     names = [device_buffer_name(impl, i) for i in range(n_gpus)]
-    return WeightPlacement(layer_dev=tuple(layer_dev), overrides=_overrides(overrides, impl, names), devices=tuple(devices))
+    return WeightPlacement(layer_dev=tuple(layer_dev), overrides=_overrides(overrides, impl, names),
+                           devices=tuple(devices))
 
 
 def _f32(x: float) -> float:

@@ -126,8 +126,8 @@ def _gpu_reserve(hp: ClipHparams, impl: BackendImpl, flash_attn: bool, size: int
     c = warmup_graph(hp, flash_attn, size)
     created = list(c.ctx.track or ())
     seg = Segment(c.g.nodes, c.g.leafs, created, None, None, 0)
-    pl = Placement(layer_dev=[0], dev_in=0, dev_out=0, supports=impl.supports_op, offload=impl.offload_op, graph_optimize=impl.graph_optimize,
-                   every_input=impl.build.has("sched_copies_every_input"))
+    pl = Placement(layer_dev=[0], dev_in=0, dev_out=0, supports=impl.supports_op, offload=impl.offload_op,
+                   graph_optimize=impl.graph_optimize, every_input=impl.build.has("sched_copies_every_input"))
 
     def dev_size(t: Tensor) -> int:
         return impl.copy_size(t) if t.op == "NONE" else impl.alloc_size(t)

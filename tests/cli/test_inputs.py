@@ -86,7 +86,8 @@ def test_run_config_normalises_what_llama_server_reads():
         ("q8_0", ("exps=CPU", "blk.0=CPU"), (3.0, 1.0), (("a.gguf", 1.0),))
     assert hash(cfg) == hash(RunConfig(type_k="q8_0", override_tensor=("exps=CPU", "blk.0=CPU"),
                                        tensor_split=(3.0, 1.0), lora=(("a.gguf", 1.0),)))
-    for kw, line in [({"n_ctx": "4096"}, "-c 4096: use a valid integer"), ({"n_ctx": True}, "-c on: use a valid integer"),
+    for kw, line in [({"n_ctx": "4096"}, "-c 4096: use a valid integer"),
+                     ({"n_ctx": True}, "-c on: use a valid integer"),
                      ({"no_mmap": 1}, "--no-mmap 1: use a valid boolean"),
                      ({"split_mode": "rows"}, "-sm rows: use 'none', 'layer', 'row' or 'tensor'")]:
         with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
