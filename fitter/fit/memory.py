@@ -100,6 +100,7 @@ def _context_buffers(
     calibration: Calibration | None = None,
     details=None,
     changed: list[BufferChange] | None = None,
+    terms: bool = True,
 ) -> list[Buffer]:
     cpu = backend == Backend.CPU
     impl = backends.get(backend)
@@ -128,7 +129,7 @@ def _context_buffers(
             out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=cpu or d != CPU_DEV,
                               detail=what))
     for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp,
-                              placement=wp, kv_host=kv_host, op_offload=op_offload):
+                              placement=wp, kv_host=kv_host, op_offload=op_offload, terms=terms):
         on_device = cpu or impl.is_device_buffer(cb.device) or cb.device in {device_buffer_name(impl, g) for g in wp.gpus}
         size = cb.bytes
         detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
@@ -186,12 +187,15 @@ def predict(
     calibrated: bool = True,
     build: LlamaBuild = PINNED,
     n_gpus: int = 1,
+    terms: bool = True,
 ) -> Prediction:
     """Predict every buffer of a llama.cpp run (target, then draft or MTP context).
 
     With `calibrated`, compute buffers use the corrections `ggfit calibrate` stored for this
     architecture, backend and llama.cpp build, if any. `n_gpus`: how many GPUs llama.cpp sees (-sm, -ts, -mg
-    spread the layers over them)."""
+    spread the layers over them). Without `terms` the compute buffers' details (what was alive at the high-water
+    mark) stay empty: the same bytes, for a caller that reads totals only (the solver's searches), without the
+    allocator's bookkeeping of the live tensors (an eighth of a prediction)."""
     cal = _calibration(spec.architecture, backend, build) if calibrated else None
     config, fa_note = _resolve_fa_auto(spec, config, backend)
     cp = resolve_context(spec, config, frontend, build=build)
@@ -199,7 +203,7 @@ def predict(
         cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
     use_mtp = config.spec_type == "draft-mtp"
     wp = placement_of(spec, config, backend, n_gpus)
-    ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
+    ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
     buffers = _weight_rows("target", header, spec, backend, config, use_mtp, wp)
     details = graph_details(header)
     adapters = [read_lora(path, scale) for path, scale in config.lora]
@@ -234,7 +238,7 @@ def predict(
             d_changed = []
         buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
                                     details=graph_details(d_header), changed=d_changed, placement=d_wp,
-                                    kv_host=config.no_kv_offload, op_offload=not config.no_op_offload)
+                                    kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
     if config.mmproj:
         buffers += _mmproj_rows(config, backend)
     applied = [_applied(cal, changed)] if cal else []
@@ -282,7 +286,8 @@ def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, ba
     for c in build.differences():
         if c.backend != "all" and c.backend.lower() != backend.value:
             continue
-        alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id), n_gpus=n_gpus)
+        alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id), n_gpus=n_gpus,
+                      terms=False)
         rule = c.before if not build.has(c.id) else (c.after or c.id)
         out.append(BuildDifference(change=c.id, prs=list(c.until_prs if build.has(c.id) and c.after else c.prs),
                                    rule=rule, device_bytes=pred.total_device_bytes - alt.total_device_bytes,

@@ -130,7 +130,7 @@ def evaluate(
         s = known or model_spec_from_header(h)
         if s.architecture != spec.architecture or s.n_layer != spec.n_layer:
             raise ConfigError(f"--candidate {name}: a {s.architecture} with {s.n_layer} layers, not the same model")
-        pred = predict(h, s, cfg, backend, frontend, draft, build=build)
+        pred = predict(h, s, cfg, backend, frontend, draft, build=build, terms=False)
         total = pred.total_device_bytes
         asked: dict[int, int] = {}
         big = largest_context(h, s, cfg, backend, frontend, available, n_ubatch=pred.context.n_ubatch,

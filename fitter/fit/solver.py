@@ -214,7 +214,7 @@ def largest_context(
 
     def over(steps: int) -> int:  # monotone in the context on every device
         cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
-        p = predict(header, spec, cfg, backend, frontend, draft if with_draft else None, build=build)
+        p = predict(header, spec, cfg, backend, frontend, draft if with_draft else None, build=build, terms=False)
         totals[steps] = p.total_device_bytes
         return excess(p, available)
 
@@ -399,8 +399,8 @@ def solve_placement(
                       "in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
     n_layer = spec.n_layer
 
-    def pred(cfg: RunConfig) -> Prediction:
-        return predict(header, spec, cfg, backend, frontend, draft, build=build)
+    def pred(cfg: RunConfig) -> Prediction:  # totals and host bytes only
+        return predict(header, spec, cfg, backend, frontend, draft, build=build, terms=False)
 
     def fits(p: Prediction) -> bool:
         return excess(p, available) <= 0

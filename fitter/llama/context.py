@@ -576,6 +576,7 @@ def compute_buffers(
     placement: WeightPlacement | None = None,
     kv_host: bool = False,
     op_offload: bool = True,
+    terms: bool = True,
 ) -> list[ComputeBuffer]:
     """The compute buffers llama.cpp reserves for this model and context (llama_context::sched_reserve).
 
@@ -585,7 +586,8 @@ def compute_buffers(
     without it the architecture's usual tensors are assumed (`default_details`). `mtp=True`: the
     draft context of native MTP speculative decoding (its graph is the NextN block alone). `placement`: where
     llama_model::load_tensors put the weights (-ngl, tensor overrides, one GPU), `kv_host` (-nkvo) the caches in
-    host memory, `op_offload` False (--no-op-offload) keeps ops on host weights on the CPU.
+    host memory, `op_offload` False (--no-op-offload) keeps ops on host weights on the CPU. `terms` False: the same
+    bytes without the terms and peak tensors (the allocator does not track the live tensors).
     """
     if model_of(spec.architecture) is None:
         raise UnsupportedModelError(f"compute buffers: architecture '{spec.architecture}' has no graph model")
@@ -593,7 +595,7 @@ def compute_buffers(
         raise UnsupportedModelError(f"compute buffers: {spec.architecture} has no MTP draft graph")
     impl = backends.get(backend).for_build(cp.build)  # the backend's alloc sizes as cp.build's ggml has them
     key = (id(spec), id(details), _cp_key(cp), impl.kind, n_gpu_layers, metal_max_buffer_length, mtp, placement,
-           kv_host, op_offload)
+           kv_host, op_offload, terms)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is spec and hit[1] is details:
         return hit[2]
@@ -608,7 +610,7 @@ def compute_buffers(
         gc.disable()
         try:
             out = _compute(spec, cp, d, details, key, ckey, impl, n_gpu_layers, metal_max_buffer_length, mtp,
-                           placement, kv_host, op_offload)
+                           placement, kv_host, op_offload, terms)
         finally:
             if gc_was:
                 gc.enable()
@@ -620,7 +622,7 @@ def compute_buffers(
 
 def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: GraphDetails | None, key: tuple,
              ckey: tuple, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None, mtp: bool,
-             placement: WeightPlacement | None, kv_host: bool, op_offload: bool) -> list[ComputeBuffer]:
+             placement: WeightPlacement | None, kv_host: bool, op_offload: bool, terms: bool) -> list[ComputeBuffer]:
     """compute_buffers past its caches: build (or reuse) the graph, allocate it, keep the answer by content."""
     header_types_read[0] = False
     c = GraphContext(spec, cp, d)
@@ -628,19 +630,18 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
     # the traced graph's key: this one's but the cache sizes (n_ctx, n_ctx_seq), n_batch, which no graph builder
     # reads (llama_context::graph_reserve takes n_ubatch), and the ubatch where the tokens are traced (then their
     # unit instead: GraphContext.trace_tokens; else n_tokens and n_outputs, which follow from n_ctx too); the same
-    # spec and details objects (the graph reads them)
+    # spec and details objects (the graph reads them); with terms or without (key[-1]), the graph is the same
     free = ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch") if c.tokens_unit else ("n_ctx", "n_ctx_seq", "n_batch")
     tokens = ("tokens", c.tokens_unit) if c.tokens_unit else (c.n_tokens, c.n_outputs)
-    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in free), tokens, *key[3:])
+    tkey = (id(spec), id(details), tuple((k, v) for k, v in key[2] if k not in free), tokens, *key[3:-1])
     ctkey = (ckey[0], ckey[1], tkey[2:], ckey[3])  # and by content: the quants of one model share it
     if impl.is_gpu:
         out = _gpu_buffers(c, impl, n_gpu_layers, metal_max_buffer_length, placement, kv_host, op_offload,
-                           details=details, tkey=tkey, ctkey=ctkey)
+                           details=details, tkey=tkey, ctkey=ctkey, terms=terms)
     else:
-        ga = Gallocr(impl.alignment, trace=True)
+        ga = Gallocr(impl.alignment, trace=terms)
         r = _allocated(c, ga, details, tkey, content_key=ctkey)
-        terms, top = _terms(r.peaks[0], r.sizes[0], impl.alignment)
-        out = [ComputeBuffer(device=impl.name, bytes=r.sizes[0], terms=terms, peak_tensors=top)]
+        out = [_compute_buffer(impl.name, r.sizes[0], r.peaks[0], impl.alignment, terms)]
     if not header_types_read[0]:
         if len(_BY_CONTENT) >= _CACHE_MAX:
             _BY_CONTENT.pop(next(iter(_BY_CONTENT)))
@@ -651,7 +652,7 @@ def _compute(spec: ModelSpec, cp: ContextParams, d: GraphDetails, details: Graph
 def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_max_buffer_length: int | None,
                  placement: WeightPlacement | None = None, kv_host: bool = False,
                  op_offload: bool = True, *, details: GraphDetails | None = None,
-                 tkey: tuple | None = None, ctkey: tuple | None = None) -> list[ComputeBuffer]:
+                 tkey: tuple | None = None, ctkey: tuple | None = None, terms: bool = True) -> list[ComputeBuffer]:
     """The device's compute buffer and the host one next to it: the graph placed and split by the scheduler."""
     sp = c.spec
     n_all = len(sp.layers)
@@ -691,7 +692,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     if not c.build.has("gallocr_chunked_vbuffer"):
         max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
     ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
-                 [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=True,
+                 [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=terms,
                  max_buffer_size=[max_size, SIZE_MAX] + [max_size] * n_extra)
     r = _allocated(c, ga, details, tkey, pl, dev_size, content_key=ctkey)
     names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
@@ -700,6 +701,12 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     for i in (0, *range(2, len(names)), 1):  # the GPUs, then the host
         name, align = names[i]
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
-            terms, top = _terms(r.peaks[i], r.sizes[i], align)
-            out.append(ComputeBuffer(device=name, bytes=r.sizes[i], terms=terms, peak_tensors=top))
+            out.append(_compute_buffer(name, r.sizes[i], r.peaks[i], align, terms))
     return out
+
+
+def _compute_buffer(device: str, size: int, peak: list[tuple[str, int]], align: int, terms: bool) -> ComputeBuffer:
+    if not terms:  # the allocator did not track what was alive
+        return ComputeBuffer(device=device, bytes=size, terms={})
+    named, top = _terms(peak, size, align)
+    return ComputeBuffer(device=device, bytes=size, terms=named, peak_tensors=top)

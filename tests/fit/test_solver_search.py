@@ -7,10 +7,15 @@ search itself is checked against a plain binary search on monotone functions of 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fitter.bundled import resolve_model
+from fitter.fit.memory import predict
 from fitter.fit.solver import largest_fitting, next_hint
+from fitter.llama.cparams import Backend, RunConfig
+from fitter.llama.model import load_model_spec
 
 
 def _binary(total, available: int, k_max: int) -> int:
@@ -131,3 +136,21 @@ def test_the_smallest_context_is_asked_only_where_nothing_larger_fits():
     calls = []
     assert largest_fitting(lambda k: calls.append(k) or total(k), 10 * 2**20, 1024) == (0, 0)
     assert calls[-1] == 1  # nothing fits: k = 1 settles it
+
+
+@pytest.mark.parametrize("backend", [Backend.CPU, Backend.CUDA, Backend.METAL])
+def test_predictions_without_terms_have_the_same_bytes(backend: Backend):
+    """predict(terms=False), as the solver's searches ask: every buffer's bytes as with terms, the compute buffers'
+    details empty; a prediction with terms asked after one without (same config) still has them."""
+    from tests.synth.shapes import build_shape
+
+    for path in (resolve_model("gemma3-270m"), str(build_shape("qwen36-35b-a3b"))):
+        header, spec = load_model_spec(path)
+        for n_ctx, n_ubatch, kv in ((4096, 512, "f16"), (33024, 1024, "q8_0"), (131072, 2048, "q4_0")):
+            cfg = RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=kv, type_v=kv)
+            bare = predict(header, spec, cfg, backend, terms=False)
+            full = predict(header, spec, cfg, backend)
+            assert [(b.device, b.kind, b.bytes) for b in bare.buffers] == [(b.device, b.kind, b.bytes) for b in full.buffers]
+            compute = [b for b in full.buffers if b.kind == "compute"]
+            assert compute and all(b.detail for b in compute)
+            assert all(not b.detail for b in bare.buffers if b.kind == "compute")
