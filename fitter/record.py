@@ -71,6 +71,8 @@ class Record:
         super().__init_subclass__(**kw)
         dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
         fields = dataclasses.fields(cast(Any, cls))
+        if any(not (f.init and f.repr and f.compare) or f.hash is not None for f in fields):
+            raise TypeError(f"{cls.__qualname__}: Record's __init__, __repr__, __eq__ and __hash__ take every field")
         cls._names = tuple(f.name for f in fields)
         cls._defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
         cls._factories = tuple((f.name, f.default_factory) for f in fields

@@ -76,3 +76,10 @@ def test_fitter_does_not_import_pydantic():
     code = ("import sys, fitter.fit.solver, fitter.fit.quant_fit, fitter.llama.model; "
             "sys.exit('pydantic' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_field_options_record_does_not_honour_are_refused():
+    with pytest.raises(TypeError, match="takes? every field"):
+        class Bad(Record):
+            a: int
+            b: int = dataclasses.field(default=0, compare=False)
