@@ -110,7 +110,8 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self.__dict__ == other.__dict__
+        values = type(self)._values  # the fields' values in order, as a dataclass compares them
+        return values(self.__dict__) == values(other.__dict__)
 
     def _hash(self) -> int:
         return hash(type(self)._values(self.__dict__))
