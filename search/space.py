@@ -37,7 +37,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fitter import KV_CACHE_TYPES, GGFitError, RunConfig
+from fitter import KV_CACHE_TYPES, ConfigError, GGFitError, RunConfig
 
 CTX_STEP = 256
 
@@ -391,8 +391,8 @@ class SearchSpace:
                 fields.update(spec_type="draft-simple", draft_model=self._drafts[draft])
         try:
             config = RunConfig(**fields)
-        except ValueError as e:
-            raise StudyError(f"[fixed] or space gives an invalid config: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}") from None
+        except ConfigError as e:  # one line naming the flag
+            raise StudyError(f"[fixed] or space gives an invalid config: {e}") from None
         threads = p.get("threads")
         return Candidate(model_path=self._model_by_label[p["quant"]], config=config,
                          threads=int(threads) if threads is not None else None, draft_p_min=p_min,

@@ -181,6 +181,12 @@ def test_prompt_length_distribution(tmp_path):
     assert e.share(95) == pytest.approx(0.95)
 
 
+def test_space_refuses_an_invalid_config_in_one_line(gemma):
+    sp = SearchSpace(load_study("prefill").space, models=[gemma], n_ctx_train=32768, ctx_need=2056)
+    with pytest.raises(StudyError, match=r"^\[fixed\] or space gives an invalid config: -ctk q9: unsupported"):
+        sp.candidate({**sp.grid()[0], "kv_type": "q9"})
+
+
 def test_space_keeps_batch_over_ubatch_and_is_deterministic(gemma):
     d = load_study("prefill")
     sp = SearchSpace(d.space, models=[gemma], n_ctx_train=32768, ctx_need=2056)
