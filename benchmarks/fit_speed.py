@@ -7,9 +7,11 @@ interpreter floor (`python -c pass`), and an in-process `predict()` of a new con
 header; each process figure also as a ratio to llama.cpp's dry run, measured in the same run. Children run
 `python -m cli`, as the `ggfit` script imports it (a script run as `python cli.py` is compiled from source every
 time: ~8 ms that no user pays), with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's
-machine, after one warm-up; each command twice, with ggfit's header cache warm (the file was read before: the
-usual case) and cold (every run parses the header and stores it), both in a temporary GGFIT_CACHE (never the
-user's). The machine may be shared: compare CPU medians, and read the load average printed at the end.
+machine; each command twice, with ggfit's header cache warm (the file was read before: the usual case) and cold
+(every run parses the header and stores it), both in a temporary GGFIT_CACHE (never the user's). After one warm-up of
+each, the runs go in rounds (every command once a round, the dry runs spread among them), so that a drift in the
+machine's speed slows every figure alike. The machine may be shared: compare CPU medians, and read the load average
+printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs 3]
     python benchmarks/fit_speed.py --baseline DIR [--runs 7]   # A/B against another checkout, runs interleaved
@@ -57,71 +59,100 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def time_process(argv: list[str], runs: int, cache: str | None = None) -> tuple[list[float], list[float]]:
-    """Wall and CPU (user + system) seconds of each run, after one warm-up run.
+class Timer:
+    """Whole-process wall and CPU (user + system) seconds of commands, each with its own header cache.
 
     cache: the header cache (fitter.gguf.header_cache) as it is for every run: "warm" (filled by the
     warm-up), "cold" (emptied before each run: each parses the header and stores it), None (the children's own).
     The rest of GGFIT_CACHE (gguf-py's constants, fitter.gguf.constants) is kept: it depends on the install only."""
-    env = child_env()
-    with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
-        def run(i: int) -> None:
-            if cache is not None:
-                env["GGFIT_CACHE"] = os.path.join(tmp, cache)
-                if cache == "cold":
-                    shutil.rmtree(os.path.join(tmp, cache, "headers"), ignore_errors=True)
-            subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-        run(-1)
-        walls, cpus = [], []
-        for i in range(runs):
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t = time.perf_counter()
-            run(i)
-            walls.append(time.perf_counter() - t)
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-    return walls, cpus
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.env = child_env()
 
-
-def predict_ms(path: str, n: int = 200) -> list[float]:
-    """In-process predict() of n new configs (n_ctx and n_ubatch vary) on one already-read header."""
-    from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
-
-    header, spec = load_model_spec(path)
-    out = []
-    for i in range(n):
-        cfg = RunConfig(n_ctx=4096 + 256 * i, n_ubatch=(512, 1024, 2048)[i % 3])
+    def run(self, argv: list[str], cache: str | None = None) -> tuple[float, float]:
+        if cache is not None:
+            self.env["GGFIT_CACHE"] = os.path.join(self.tmp, cache)
+            if cache == "cold":
+                shutil.rmtree(os.path.join(self.tmp, cache, "headers"), ignore_errors=True)
+        else:
+            self.env.pop("GGFIT_CACHE", None)
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        predict(header, spec, cfg, Backend.METAL, Frontend.SERVER)
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
+        subprocess.run(argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall = time.perf_counter() - t
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
 
-def dry_run_s(path: str, runs: int) -> float:
-    from fitter.oracle.llama_run import LlamaParams, measure
-
-    walls = []
-    for _ in range(runs):
-        run = measure(path, LlamaParams(n_ctx=131072, n_ubatch=2048, type_k="q8_0", type_v="q8_0", flash_attn="on",
-                                        n_seq_max=4, kv_unified=True, swa_full=False), mode="dry", log_level="info")
-        walls.append(run.wall_s)
-    return statistics.median(walls)
-
-
-_PREDICT_CHILD = """
+# predict() of new configs (n_ctx and n_ubatch vary) on one already-read header, in a child run from a tree:
+# `PATH N time` prints the median milliseconds of a call, `PATH N` only runs them (for the instruction counts)
+_PREDICT = """
 import statistics, sys, time
 sys.path.insert(0, ".")
 from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
 header, spec = load_model_spec(sys.argv[1])
 ms = []
-for i in range(200):
+for i in range(int(sys.argv[2])):
     cfg = RunConfig(n_ctx=4096 + 256 * i, n_ubatch=(512, 1024, 2048)[i % 3])
     t = time.perf_counter()
     predict(header, spec, cfg, Backend.METAL, Frontend.SERVER)
     ms.append((time.perf_counter() - t) * 1e3)
-print(statistics.median(ms))
+if sys.argv[3:] == ["time"]:
+    print(statistics.median(ms), min(ms))
 """
+
+
+def predict_ms(tree: str, path: str, env: dict[str, str]) -> tuple[float, float]:
+    """The median and the fastest in-process predict() of 200 new configs, in a child run from `tree`."""
+    out = subprocess.run([sys.executable, "-c", _PREDICT, path, "200", "time"], cwd=tree, env=env,
+                         capture_output=True, text=True, check=True)
+    med, fastest = out.stdout.split()[-2:]
+    return float(med), float(fastest)
+
+
+def dry_run_s(path: str) -> float:
+    from fitter.oracle.llama_run import LlamaParams, measure
+
+    run = measure(path, LlamaParams(n_ctx=131072, n_ubatch=2048, type_k="q8_0", type_v="q8_0", flash_attn="on",
+                                    n_seq_max=4, kv_unified=True, swa_full=False), mode="dry", log_level="info")
+    return run.wall_s
+
+
+def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) -> None:
+    """Every command with the header cache warm and cold, the interpreter floor and llama.cpp's dry run, in rounds
+    (each round runs each once, the dry runs spread over the rounds), after a warm-up of each: a machine whose speed
+    drifts slows them all alike, where timing one command's runs after another's would charge the drift to one."""
+    jobs: dict[tuple[str, str | None], list[str]] = {(name, cache): [sys.executable, "-m", "cli", *argv] for name, argv in cases.items()
+            for cache in ("warm", "cold")}
+    jobs[("python -c pass", None)] = [sys.executable, "-c", "pass"]
+    got: dict[tuple[str, str | None], list[tuple[float, float]]] = {job: [] for job in jobs}
+    dry: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
+        timer = Timer(tmp)
+        for (_, cache), argv in jobs.items():
+            timer.run(argv, cache)
+        for r in range(runs):
+            for job, argv in jobs.items():
+                got[job].append(timer.run(argv, job[1]))
+            if len(dry) < dry_runs and r * dry_runs // runs == len(dry):
+                dry.append(dry_run_s(path))
+    dry_s = statistics.median(dry)
+
+    def med(job: tuple[str, str | None], i: int) -> float:
+        return statistics.median(x[i] for x in got[job])
+
+    print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
+    print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'dry run /':>10}{'wall median':>12}{'CPU median':>12}")
+    for name in cases:
+        w, c = (name, "warm"), (name, "cold")
+        print(f"{name:<40}{med(w, 0):>11.3f}s{med(w, 1):>11.3f}s{dry_s / med(w, 0):>9.1f}x"
+              f"{med(c, 0):>11.3f}s{med(c, 1):>11.3f}s")
+    floor = ("python -c pass", None)
+    print(f"{'python -c pass (interpreter floor)':<40}{med(floor, 0):>11.3f}s{med(floor, 1):>11.3f}s")
+    ms, fastest = predict_ms(str(ROOT), path, child_env())
+    print(f"{'predict() of a new config, in-process':<40}{ms:>10.2f}ms{'':>12}{fastest:>8.2f}ms")
+    print(f"{'llama.cpp dry run, same file (CPU)':<40}{dry_s:>11.3f}s  ({len(dry)} runs among the rounds)")
 
 
 def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) -> None:
@@ -149,22 +180,9 @@ def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) ->
         pm: dict[str, list[float]] = {t: [] for t in trees}
         for _ in range(max(3, runs // 2)):
             for t in trees:
-                out = subprocess.run([sys.executable, "-c", _PREDICT_CHILD, path], cwd=t, env=env, capture_output=True,
-                                     text=True)
-                pm[t].append(float(out.stdout.split()[-1]))
+                pm[t].append(predict_ms(t, path, env)[0])
         print(f"{'predict() of a new config, in-process':<40}" + "".join(f"{statistics.median(pm[t]):>10.2f}ms"
                                                                      for t in trees))
-
-
-_PREDICT_N = """
-import sys
-sys.path.insert(0, ".")
-from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
-header, spec = load_model_spec(sys.argv[1])
-for i in range(int(sys.argv[2])):
-    predict(header, spec, RunConfig(n_ctx=4096 + 256 * i, n_ubatch=(512, 1024, 2048)[i % 3]), Backend.METAL,
-            Frontend.SERVER)
-"""
 
 
 def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> None:
@@ -187,7 +205,7 @@ def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> No
         print(f"{'':<40}" + "".join(f"{t[-24:]:>26}" for t in trees) + "  (instructions, callgrind)")
         for name, argv in cases.items():
             print(f"{name:<40}" + "".join(f"{count(t, ['-m', 'cli', *argv]) / 1e6:>25,.1f}M" for t in trees))
-        per = [(count(t, ["-c", _PREDICT_N, path, "110"]) - count(t, ["-c", _PREDICT_N, path, "10"])) / 100
+        per = [(count(t, ["-c", _PREDICT, path, "110"]) - count(t, ["-c", _PREDICT, path, "10"])) / 100
                for t in trees]
         print(f"{'predict() of a new config, a call':<40}" + "".join(f"{n / 1e6:>25,.2f}M" for n in per))
 
@@ -216,21 +234,7 @@ def main() -> int:
         compare(cases, args.baseline, path, args.runs)
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         return 0
-    dry = dry_run_s(path, args.dry_runs)
-    print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
-    print(f"{'':<40}{'wall median':>12}{'CPU median':>12}{'dry run /':>10}{'wall median':>12}{'CPU median':>12}")
-    for name, argv in cases.items():
-        warm = time_process([sys.executable, "-m", "cli", *argv], args.runs, cache="warm")
-        cold = time_process([sys.executable, "-m", "cli", *argv], args.runs, cache="cold")
-        med = statistics.median(warm[0])
-        print(f"{name:<40}{med:>11.3f}s{statistics.median(warm[1]):>11.3f}s{dry / med:>9.1f}x"
-              f"{statistics.median(cold[0]):>11.3f}s{statistics.median(cold[1]):>11.3f}s")
-    walls, cpus = time_process([sys.executable, "-c", "pass"], args.runs)
-    print(f"{'python -c pass (interpreter floor)':<40}{statistics.median(walls):>11.3f}s{statistics.median(cpus):>11.3f}s")
-    ms = predict_ms(path)
-    print(f"{'predict() of a new config, in-process':<40}{statistics.median(ms):>10.2f}ms"
-          f"{'':>12}{min(ms):>8.2f}ms")
-    print(f"{'llama.cpp dry run, same file (CPU)':<40}{dry:>11.3f}s")
+    timings(cases, path, args.runs, args.dry_runs)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
