@@ -13,7 +13,7 @@ each, the runs go in rounds (every command once a round, the dry runs spread amo
 machine's speed slows every figure alike. The machine may be shared: compare CPU medians, and read the load average
 printed at the end.
 
-    python benchmarks/fit_speed.py [--runs 7] [--dry-runs 3]
+    python benchmarks/fit_speed.py [--runs 7] [--dry-runs N]   # N: --runs by default
     python benchmarks/fit_speed.py --baseline DIR [--runs 7]   # A/B against another checkout, runs interleaved
 
 With --baseline (a checkout of another commit, e.g. `git worktree add /tmp/base <rev>`), each command and the
@@ -121,17 +121,20 @@ def dry_run_s(path: str) -> float:
 
 def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) -> None:
     """Every command with the header cache warm and cold, the interpreter floor and llama.cpp's dry run, in rounds
-    (each round runs each once, the dry runs spread over the rounds), after a warm-up of each: a machine whose speed
+    (each round runs each once, the dry runs spread over the rounds), after a warm-up of each (the dry run's too): a machine whose speed
     drifts slows them all alike, where timing one command's runs after another's would charge the drift to one."""
-    jobs: dict[tuple[str, str | None], list[str]] = {(name, cache): [sys.executable, "-m", "cli", *argv] for name, argv in cases.items()
-            for cache in ("warm", "cold")}
+    Job = tuple[str, str | None]  # (command, header cache)
+    jobs: dict[Job, list[str]] = {(name, cache): [sys.executable, "-m", "cli", *argv]
+                                  for name, argv in cases.items() for cache in ("warm", "cold")}
     jobs[("python -c pass", None)] = [sys.executable, "-c", "pass"]
-    got: dict[tuple[str, str | None], list[tuple[float, float]]] = {job: [] for job in jobs}
+    got: dict[Job, list[tuple[float, float]]] = {job: [] for job in jobs}
     dry: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
         timer = Timer(tmp)
         for (_, cache), argv in jobs.items():
             timer.run(argv, cache)
+        if dry_runs:
+            dry_run_s(path)  # its warm-up (the shared libraries read once)
         for r in range(runs):
             for job, argv in jobs.items():
                 got[job].append(timer.run(argv, job[1]))
@@ -139,7 +142,7 @@ def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) ->
                 dry.append(dry_run_s(path))
     dry_s = statistics.median(dry)
 
-    def med(job: tuple[str, str | None], i: int) -> float:
+    def med(job: Job, i: int) -> float:
         return statistics.median(x[i] for x in got[job])
 
     print(f"{'':<40}{'header cache warm':^34}{'cold':^24}")
@@ -213,7 +216,8 @@ def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--dry-runs", type=int, default=3)
+    ap.add_argument("--dry-runs", type=int, default=None,
+                    help="llama.cpp dry runs among the rounds (default: one a round; its own time varies as much as ours)")
     ap.add_argument("--baseline", help="another checkout to compare with, side by side")
     ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind) instead of timing")
     args = ap.parse_args()
@@ -234,7 +238,7 @@ def main() -> int:
         compare(cases, args.baseline, path, args.runs)
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         return 0
-    timings(cases, path, args.runs, args.dry_runs)
+    timings(cases, path, args.runs, args.runs if args.dry_runs is None else args.dry_runs)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
