@@ -2,16 +2,16 @@
 
 The model is a full-size Qwen3.6-35B-A3B shape (qwen35moe, 40 layers, 256 experts, 248,320-token vocab)
 written as a sparse header-only GGUF with a Q4_K_M type mix (no tensor data on disk). Whole-process medians
-(wall and CPU) for `fit -c`, `fit` without `-c` (the table and the recommendation), `quants`, `inspect`, the
-interpreter floor (`python -c pass`), and an in-process `predict()` of a new config on an already-read
-header; each process figure also as a ratio to llama.cpp's dry run, measured in the same run. Children run
-`python -m cli`, as the `ggfit` script imports it (a script run as `python cli.py` is compiled from source every
-time: ~8 ms that no user pays), with byte-code caching on (PYTHONDONTWRITEBYTECODE removed), as on a user's
-machine; each command twice, with ggfit's header cache warm (the file was read before: the usual case) and cold
-(every run parses the header and stores it), both in a temporary GGFIT_CACHE (never the user's). After one warm-up of
-each, the runs go in rounds (every command once a round, the dry runs spread among them), so that a drift in the
-machine's speed slows every figure alike. The machine may be shared: compare CPU medians, and read the load average
-printed at the end.
+(wall and CPU) for `fit -c`, `fit` without `-c` (the table and the recommendation), `quants`, `inspect`, `fit -c` on a
+missing file (the CLI's floor: everything a command does before it reads a model), the interpreter floor (`python -c
+pass`), and an in-process `predict()` of a new config on an already-read header; each process figure also as a ratio
+to llama.cpp's dry run, measured in the same run. Children run `python -m cli`, as the `ggfit` script imports it (a
+script run as `python cli.py` is compiled from source every time: ~8 ms that no user pays), with byte-code caching on
+(PYTHONDONTWRITEBYTECODE removed), as on a user's machine; each command twice, with ggfit's header cache warm (the
+file was read before: the usual case) and cold (every run parses the header and stores it), both in a temporary
+GGFIT_CACHE (never the user's). After one warm-up of each, the runs go in rounds (every command once a round, the dry
+runs spread among them), so that a drift in the machine's speed slows every figure alike. The machine may be shared:
+compare CPU medians, and read the load average printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs N]   # N: --runs by default
     python benchmarks/fit_speed.py --baseline DIR [--runs 7]   # A/B against another checkout, runs interleaved
@@ -230,6 +230,11 @@ def main() -> int:
         "fit (no -c: table + recommendation)": ["fit", path, *common],
         "quants (every ftype, largest context)": ["quants", path, *common],
         "inspect": ["inspect", path],
+        # what every command pays before it reads a model: the interpreter, typer, the pydantic it coerces each
+        # parameter with, ggfit's argument checks; then one error line (exit 2)
+        "fit on a missing file (the CLI's floor)": ["fit", os.path.join(os.path.dirname(path), "missing.gguf"),
+                                                    *common, "-c", "131072", "-ctk", "q8_0", "-ctv", "q8_0",
+                                                    "-ub", "2048"],
     }
     if args.instructions:
         instructions(cases, [str(ROOT)] + ([os.path.abspath(args.baseline)] if args.baseline else []), path)
