@@ -121,8 +121,9 @@ def dry_run_s(path: str) -> float:
 
 def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) -> None:
     """Every command with the header cache warm and cold, the interpreter floor and llama.cpp's dry run, in rounds
-    (each round runs each once, the dry runs spread over the rounds), after a warm-up of each (the dry run's too): a machine whose speed
-    drifts slows them all alike, where timing one command's runs after another's would charge the drift to one."""
+    (each round runs each once, the dry runs spread over the rounds), after a warm-up of each (the dry run's too): a
+    machine whose speed drifts slows them all alike, where timing one command's runs after another's would charge the
+    drift to one. No dry runs (--dry-runs 0): no ratios."""
     Job = tuple[str, str | None]  # (command, header cache)
     jobs: dict[Job, list[str]] = {(name, cache): [sys.executable, "-m", "cli", *argv]
                                   for name, argv in cases.items() for cache in ("warm", "cold")}
@@ -140,7 +141,7 @@ def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) ->
                 got[job].append(timer.run(argv, job[1]))
             if len(dry) < dry_runs and r * dry_runs // runs == len(dry):
                 dry.append(dry_run_s(path))
-    dry_s = statistics.median(dry)
+    dry_s = statistics.median(dry) if dry else float("nan")
 
     def med(job: Job, i: int) -> float:
         return statistics.median(x[i] for x in got[job])
@@ -217,7 +218,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--dry-runs", type=int, default=None,
-                    help="llama.cpp dry runs among the rounds (default: one a round; its own time varies as much as ours)")
+                    help="llama.cpp dry runs among the rounds (default: one a round, as its time varies)")
     ap.add_argument("--baseline", help="another checkout to compare with, side by side")
     ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind) instead of timing")
     args = ap.parse_args()
