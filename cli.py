@@ -713,11 +713,11 @@ def probe(
 def _usage_line(e) -> str:
     """click's usage error (unknown option, missing argument, a value that is not a number) as one line."""
     msg = " ".join(e.format_message().split())
-    # typer's int/float parsing speaks pydantic ("Input should be a valid integer, unable to parse ...")
-    msg = msg.replace("Input should be a valid integer, unable to parse string as an integer", "not a whole number")
-    msg = msg.replace("Input should be a valid number, unable to parse string as a number", "not a number")
+    # click's int/float parsing ("'abc' is not a valid int.") in the house's words
+    msg = re.sub(r"(\S+) is not a valid int\.", r"\1 is not a whole number", msg)
+    msg = re.sub(r"(\S+) is not a valid float\.", r"\1 is not a number", msg)
     # an Enum option's refusal, in the house's words: the flag, the value, the allowed values
-    m = re.fullmatch(r"Invalid value for '([^']+)'(?: / '[^']+')*: (?:Value error, )?'(.*)' is not one of (.+)\.", msg)
+    m = re.fullmatch(r"Invalid value for '([^']+)'(?: / '[^']+')*: '(.*)' is not one of (.+)\.", msg)
     if m:
         allowed = re.findall(r"'([^']*)'", m.group(3))
         msg = f"{m.group(1)} {m.group(2)}: use {', '.join(allowed[:-1])} or {allowed[-1]}"
@@ -741,8 +741,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         _run(argv)
     finally:
         if one_shot and argv is None:
-            # and the interpreter's last collection at exit walks every object left (typer's, pydantic's, ggfit's
-            # modules: ~25 ms); frozen, they are left to the process's end (their files are closed by then, by the
+            # and the interpreter's last collection at exit walks every object left (typer's and ggfit's modules:
+            # ~25 ms); frozen, they are left to the process's end (their files are closed by then, by the
             # `with` blocks that opened them)
             gc.freeze()
 

@@ -231,8 +231,8 @@ def main() -> int:
         "fit (no -c: table + recommendation)": ["fit", path, *common],
         "quants (every ftype, largest context)": ["quants", path, *common],
         "inspect": ["inspect", path],
-        # what every command pays before it reads a model: the interpreter, typer, the pydantic it coerces each
-        # parameter with, ggfit's argument checks; then one error line (exit 2)
+        # what every command pays before it reads a model: the interpreter, typer, ggfit's argument checks; then one
+        # error line (exit 2)
         "fit on a missing file (the CLI's floor)": ["fit", os.path.join(os.path.dirname(path), "missing.gguf"),
                                                     *common, "-c", "131072", "-ctk", "q8_0", "-ctv", "q8_0",
                                                     "-ub", "2048"],
