@@ -22,7 +22,8 @@ Both runners read ``RunConfig`` as llama-server flags: a field left at None take
 swa_full off, load mode auto, threads = ``threads`` or os.cpu_count()); the python runner resolves those
 defaults itself and passes the result explicitly, so both runners allocate the same buffers. The one deviation
 from llama.cpp's defaults is ``use_extra_bufts`` (weight repacking, ``--repack``), off unless asked for
-(``use_extra_bufts=True`` or ``RunConfig.no_repack=False``): on AMX CPUs it kills decodes with SIGILL.
+(``use_extra_bufts=True`` or ``RunConfig.no_repack=False``): on AMX CPUs it kills decodes with SIGILL
+(SIGSEGV on some).
 
 Isolation: probes on one host take turns (``host_probe_lock``: an flock on /tmp/ggfit-probe.lock held from before
 the child starts until it is dead; a waiting probe says so and its wait is not part of ``timeout``). The child dies

@@ -202,6 +202,14 @@ def _classify_death(res: ProbeResult, log: str, errors: list[str] | None = None)
         res.evidence = aborts or [ln for ln in log.strip().splitlines()[-3:]]
         if res.signal == "SIGILL" and not aborts:
             res.message += " (an instruction this CPU refused: on AMX CPUs, repacked weights; use --no-repack)"
+        elif res.signal == "SIGSEGV" and not aborts and _repacked(res):
+            res.message += " (with repacked weights: on some AMX CPUs they die this way; use --no-repack)"
+
+
+def _repacked(res: ProbeResult) -> bool:
+    """Whether the probe ran with llama.cpp's extra CPU buffer types (weight repacking): the python runner's
+    use_extra_bufts, llama-server's --repack."""
+    return bool(res.params.get("model", {}).get("use_extra_bufts")) or "--repack" in (res.command or [])
 
 
 def _prompt_label(i: int, warmup: int) -> str:

@@ -28,7 +28,7 @@ load_mode auto. The CLI tools (llama-server, llama-cli: common/common.h `common_
 (= the model's n_ctx_train) or 4096 depending on the tool, swa_full FALSE, n_parallel 1 (server: auto, 4
 slots with kv_unified), n_ubatch 512, n_batch 2048. The one ggfit-wide exception is `use_extra_bufts`,
 False by default here (the library says True): on an AMX CPU the CPU repack buffer types kill real decodes
-of quantized weights with SIGILL and abort deepseek2 contexts.
+of quantized weights with SIGILL (SIGSEGV on some) and abort deepseek2 contexts.
 """
 
 from __future__ import annotations
