@@ -29,4 +29,3 @@ def test_one_shot_commands_do_not_import_pydantic(gemma, args):
     r = subprocess.run([sys.executable, "-c", _CODE, args[0], gemma, *args[1:]], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
-
