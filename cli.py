@@ -714,8 +714,8 @@ def _usage_line(e) -> str:
     """click's usage error (unknown option, missing argument, a value that is not a number) as one line."""
     msg = " ".join(e.format_message().split())
     # click's int/float parsing ("'abc' is not a valid int.") in the house's words
-    msg = re.sub(r"(\S+) is not a valid int\.", r"\1 is not a whole number", msg)
-    msg = re.sub(r"(\S+) is not a valid float\.", r"\1 is not a number", msg)
+    msg = msg.replace(" is not a valid int.", " is not a whole number")
+    msg = msg.replace(" is not a valid float.", " is not a number")
     # an Enum option's refusal, in the house's words: the flag, the value, the allowed values
     m = re.fullmatch(r"Invalid value for '([^']+)'(?: / '[^']+')*: '(.*)' is not one of (.+)\.", msg)
     if m:
