@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from fitter.build import CHANGES, PINNED, RELEASES, BuildError, resolve_build
+from fitter.build import (
+    CHANGES,
+    PINNED,
+    RELEASES,
+    BuildError,
+    _dist_info_version,
+    installed_llama_cpp_python,
+    resolve_build,
+)
 from fitter.build.identify import build_from_text, build_in_text, build_of_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +120,19 @@ def test_a_binary_that_is_not_one(tmp_path):
     os.chmod(f, 0o755)
     b = build_of_binary(f)
     assert (b.number, b.date) == (9625, dt.date(2026, 6, 13))
+
+
+def test_installed_version_is_importlib_metadatas(monkeypatch, tmp_path):
+    assert installed_llama_cpp_python() == metadata.version("llama-cpp-python")
+    # the first dist-info on sys.path wins, as importlib.metadata's path finder has it; an egg's defers to it
+    first = tmp_path / "first"
+    (first / "llama_cpp_python-9.9.9.dist-info").mkdir(parents=True)
+    (first / "llama_cpp_python-9.9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: 9.9.9\n\nVersion: 1.0\n")
+    (first / "llama_cpp_python_extra-1.0.dist-info").mkdir()
+    monkeypatch.syspath_prepend(str(first))
+    assert _dist_info_version("llama_cpp_python") == "9.9.9" == metadata.version("llama-cpp-python")
+    egg = tmp_path / "egg"
+    (egg / "llama_cpp_python.egg-info").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(egg))
+    assert _dist_info_version("llama_cpp_python") is None
