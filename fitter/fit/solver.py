@@ -80,8 +80,8 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
 
     `hint` (from `next_hint`: the last search of the same model, at another ubatch or quant) starts the search at
     that search's answer, then where its bytes per step put the budget: three or four predictions, without k_max
-    or its eighths (fit's table on a 35B MoE: 4 + 3 + 4 + 4 + 4 for the five f16 ubatches, where 4 + 4 + 5 + 5 + 5
-    without). The bracket is checked all the same, so a wrong hint costs predictions (three at most), never a
+    or its eighths (fit's table on a 35B MoE: 4 + 3 + 3 + 3 + 4 for the five f16 ubatches with solve's slopes carried
+    along the ubatches (_extrapolated), 4 + 3 + 4 + 4 + 4 with the last search's slope, 4 + 4 + 5 + 5 + 5 without). The bracket is checked all the same, so a wrong hint costs predictions (three at most), never a
     different answer. `asked` (a dict of the caller's) keeps every k asked and its total.
     """
     memo: dict[int, int] = {} if asked is None else asked
@@ -191,6 +191,18 @@ def next_hint(asked: dict[int, int], k: int, prev: Hint | None = None) -> Hint |
     return (max(k, 1), step) if step > 0 else None
 
 
+def _extrapolated(hint: Hint | None, slopes: list[tuple[int, int]], ub: int) -> Hint | None:
+    """The hint for the search at ubatch `ub`, its bytes per step carried along the line through the last two
+    searches' (ubatch, bytes per step): the attention scratch and mask grow with cells x tokens, so each step of
+    context costs more at a larger ubatch, by the same amount per token."""
+    if hint is None or len(slopes) < 2:
+        return hint
+    (u0, s0), (u1, s1) = slopes[-2], slopes[-1]
+    if u1 == u0:
+        return hint
+    return hint[0], max(1, s1 + (s1 - s0) * (ub - u1) // (u1 - u0))
+
+
 def largest_context(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -256,17 +268,21 @@ def solve(
             if base.flash_attn == "off" and tv not in ("f16", "f32", "bf16"):
                 continue  # quantized V needs flash attention
             hint = None  # each ubatch's search starts where the last one's ended (largest_fitting)
+            slopes: list[tuple[int, int]] = []  # (ubatch, bytes per step) of the searches that measured one
             for ub in ubatches:
                 asked: dict[int, int] = {}
                 try:
                     sol = largest_context(
                         header, spec, base, backend, frontend, available, n_ubatch=ub, type_k=tk, type_v=tv,
-                        with_draft=with_draft, draft=draft, ctx_max=ctx_max, build=build, hint=hint, asked=asked,
+                        with_draft=with_draft, draft=draft, ctx_max=ctx_max, build=build,
+                        hint=_extrapolated(hint, slopes, ub), asked=asked,
                     )
                 except ConfigError:
                     continue  # a pair llama.cpp refuses for this model (block size, MLA K != V)
                 out.append(sol)
                 hint = next_hint(asked, sol.n_ctx // CTX_STEP, hint)
+                if hint is not None and len(asked) > 1:
+                    slopes.append((ub, hint[1]))
     return out
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fitter.bundled import resolve_model
 from fitter.fit.memory import predict
-from fitter.fit.solver import largest_fitting, next_hint
+from fitter.fit.solver import _extrapolated, largest_fitting, next_hint
 from fitter.llama.cparams import Backend, RunConfig
 from fitter.llama.model import load_model_spec
 
@@ -83,6 +83,32 @@ def test_the_last_search_s_hint_settles_the_next_in_three_predictions():
         assert len(set(calls)) <= 3 and 1024 not in calls, (extra, calls)
     assert next_hint({1024: 5}, 1024) is None  # one k asked: no slope
     assert next_hint({1024: 5}, 1024, (7, 3)) == (1024, 3)  # the last slope kept
+
+
+def test_slopes_carried_along_the_ubatches_settle_each_search_in_three_predictions():
+    """`fit`'s table along one K/V row: each step of context costs more at a larger ubatch (cells x tokens), by the
+    same amount per token; the hint's slope carried along the last two searches' (_extrapolated) lands the first
+    correction on the answer, where the last search's slope alone falls short by more than a step."""
+    def total(k: int, ub: int) -> int:
+        return 20_000 * 2**20 + ub * 2**18 + k * (4 * 2**20 + ub * 1024)
+
+    available = 24_000 * 2**20
+    counts = {}
+    for carry in (False, True):
+        hint, slopes, n = None, [], []
+        for ub in (256, 512, 1024, 2048, 4096):
+            asked: dict[int, int] = {}
+            h = _extrapolated(hint, slopes, ub) if carry else hint
+            k, _ = largest_fitting(lambda k: total(k, ub), available, 1024, hint=h, asked=asked)  # noqa: B023
+            assert k == _binary(lambda k: total(k, ub), available, 1024)  # noqa: B023 - runs now
+            n.append(len(asked))
+            hint = next_hint(asked, k, hint)
+            if hint is not None and len(asked) > 1:
+                slopes.append((ub, hint[1]))
+        counts[carry] = n
+    assert counts[True][2:] == [3, 3, 3] and sum(counts[True]) < sum(counts[False]), counts
+    assert _extrapolated((500, 7), [(256, 5)], 512) == (500, 7)  # one slope: the hint as it is
+    assert _extrapolated((500, 7), [(256, 5), (512, 7)], 1024) == (500, 11)
 
 
 def test_a_near_linear_total_takes_a_handful_of_predictions():
