@@ -530,14 +530,29 @@ def _frozen(v: object) -> object:
     return v
 
 
+_KEYED_FIELDS: dict[type, list[str]] = {}  # the fields a content key is made of, per class
+_LAST_KEYED: dict[type, tuple[tuple, str]] = {}  # per class: the last key made, and its fields' values (kept alive)
+
+
 def _content_key(obj: ModelSpec | GraphDetails) -> str:
     hit = _CONTENT_KEYS.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
-    if isinstance(obj, ModelSpec):  # no sets in it: the fields' repr is a faithful key
-        key = repr([(f, getattr(obj, f)) for f in type(obj).model_fields if f not in _NOT_GRAPH_SPEC])
+    cls = type(obj)
+    names = _KEYED_FIELDS.get(cls)
+    if names is None:
+        skip = _NOT_GRAPH_SPEC if isinstance(obj, ModelSpec) else {"layer_types", "global_types"}
+        names = _KEYED_FIELDS[cls] = [f for f in cls.model_fields if f not in skip]
+    values = tuple([getattr(obj, f) for f in names])
+    last = _LAST_KEYED.get(cls)
+    if last is not None and all(a is b for a, b in zip(last[0], values)):
+        key = last[1]  # the very objects of the last one keyed (requantized_spec's copy, graph_details' share)
     else:
-        key = repr([(f, _frozen(getattr(obj, f))) for f in type(obj).model_fields if f not in ("layer_types", "global_types")])
+        if isinstance(obj, ModelSpec):  # no sets in it: the fields' repr is a faithful key
+            key = repr(list(zip(names, values)))
+        else:
+            key = repr([(f, _frozen(v)) for f, v in zip(names, values)])
+        _LAST_KEYED[cls] = (values, key)
     if len(_CONTENT_KEYS) >= _CACHE_MAX:
         _CONTENT_KEYS.clear()
     _CONTENT_KEYS[id(obj)] = (obj, key)

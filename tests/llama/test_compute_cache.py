@@ -12,7 +12,7 @@ from fitter.fit.quants import predict_quant
 from fitter.llama import context as C
 from fitter.llama.cparams import Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
-from fitter.llama.model import load_model_spec, model_spec_from_header
+from fitter.llama.model import load_model_spec, model_spec_from_header, requantized_spec
 from tests.synth import build
 
 FTYPES = ("Q4_K_M", "Q8_0", "Q2_K", "Q6_K", "BF16")
@@ -81,3 +81,31 @@ def test_the_fields_left_out_of_the_key_do_not_reach_the_graph(arch: str, backen
     })
     assert set(C._NOT_GRAPH_SPEC) == {k for k in type(spec).model_fields if getattr(other, k) != getattr(spec, k)}
     assert _fresh(other, cp, backend, -1, d) == _fresh(spec, cp, backend, -1, d)
+
+
+def test_a_quant_s_content_key_is_its_model_s_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """requantized_spec's copy and graph_details' share hold the model's very objects in every keyed field: their
+    content key is the model's, without a repr made again; any keyed field that differs makes its own key."""
+    def fresh_key(obj) -> str:
+        C._CONTENT_KEYS.clear()
+        C._LAST_KEYED.clear()
+        return C._content_key(obj)
+
+    header, spec = load_model_spec(str(build("qwen35moe")))
+    d = graph_details(header)
+    qh = quantized_header(header, predict_quant(header, "Q4_K_M"))
+    qs, qd = requantized_spec(spec, qh), graph_details(qh)
+    assert qd.layer_types != d.layer_types and qd.layer_tensors is d.layer_tensors
+    reprs: list[int] = []
+    for base, quant in ((spec, qs), (d, qd)):
+        want = fresh_key(quant)
+        assert fresh_key(base) == want
+        monkeypatch.setattr(C, "repr", lambda v: reprs.append(1) or repr(v), raising=False)
+        assert C._content_key(quant) == want and not reprs  # (base keyed last)
+        monkeypatch.undo()
+    other = graph_details(load_model_spec(str(build("qwen3")))[0])
+    C._content_key(d)
+    assert C._content_key(other) == fresh_key(other) != fresh_key(d)
+    wider = spec.model_copy(update={"n_embd": spec.n_embd * 2})
+    C._content_key(spec)
+    assert C._content_key(wider) == fresh_key(wider) != fresh_key(spec)
