@@ -288,16 +288,11 @@ def test_probe_unknown_flag_is_named_once(capfd):
     assert err.startswith("ggfit: error: --no-such-flag 3: not a llama-server flag the python runner takes")
 
 
-def test_probe_server_unknown_flag_is_named_once(capfd):
-    """llama-server refuses a flag it lacks ("error: invalid argument: --no-such-flag"): ggfit says so once, exit 2.
-    Uses a cached llama-server only (it fails at argument parsing, before any model is read)."""
-    from search.build_server import _usable, server_binary
-
-    exe = os.environ.get("GGFIT_LLAMA_SERVER") or (str(server_binary()) if _usable(server_binary()) else None)
-    if not exe:
-        pytest.skip("no cached llama-server (python -m search.build_server)")
+def test_probe_server_unknown_flag_is_named_once(capfd, llama_server):
+    """llama-server refuses a flag it lacks ("error: invalid argument: --no-such-flag"): ggfit says so once, exit 2
+    (it fails at argument parsing, before any model is read)."""
     with pytest.raises(SystemExit) as e:
-        cli.main(["probe", M, "--runner", "server", "--llama-server", exe, "--no-such-flag", "3"])
+        cli.main(["probe", M, "--runner", "server", "--llama-server", llama_server, "--no-such-flag", "3"])
     out, err = capfd.readouterr()
     _check(e.value.code, out, err, "--no-such-flag: llama-server has no such option")
     assert err.count("error") == 1, err
