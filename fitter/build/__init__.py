@@ -194,32 +194,36 @@ def installed_llama_cpp_python() -> str | None:
 
 
 def _dist_info_version(name: str) -> str | None:
-    """The Version of the first `<name>-*.dist-info` (a wheel's install, `name` normalized with underscores) on
-    sys.path, in its order, as importlib.metadata's path finder searches; None where none is found, an egg's
-    metadata comes first or the METADATA cannot be read (the caller then asks importlib.metadata)."""
-    prefix = name.lower()
+    """The Version of the first dist-info of `name` (a wheel's install) on sys.path, in its order, with names
+    normalized as importlib.metadata's path finder has them; None where none is found, an egg's metadata comes first
+    or the METADATA cannot be read (the caller then asks importlib.metadata)."""
+    want = _normalized(name)
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
         except OSError:
             continue
         for d in names:
-            if not d.lower().startswith(prefix):
+            stem, _, ext = d.rpartition(".")
+            if ext not in ("dist-info", "egg-info") or _normalized(stem.partition("-")[0]) != want:
                 continue
-            if d.endswith(".egg-info"):
+            if ext == "egg-info":
                 return None  # an egg's (develop install) metadata: importlib.metadata reads it
-            if d.endswith(".dist-info") and d[len(prefix)] == "-":
-                try:
-                    with open(os.path.join(entry or ".", d, "METADATA"), encoding="utf-8") as f:
-                        for line in f:
-                            if line.startswith("Version:"):
-                                return line[len("Version:"):].strip()
-                            if line in ("\n", "\r\n"):
-                                break  # the headers end at the first blank line
-                except OSError:
-                    pass
-                return None
+            try:
+                with open(os.path.join(entry or ".", d, "METADATA"), encoding="utf-8") as f:
+                    for line in f:
+                        if line.startswith("Version:"):
+                            return line[len("Version:"):].strip()
+                        if line in ("\n", "\r\n"):
+                            break  # the headers end at the first blank line
+            except OSError:
+                pass
+            return None
     return None
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def build_label() -> str:
