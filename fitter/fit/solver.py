@@ -80,10 +80,9 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
 
     `hint` (from `next_hint`: the last search of the same model, at another ubatch or quant) starts the search at
     that search's answer, then where its bytes per step put the budget: three or four predictions, without k_max
-    or its eighths (fit's table on a 35B MoE: 4 + 3 + 3 + 3 + 4 for the five f16 ubatches with solve's slopes carried
-    along the ubatches (_extrapolated), 4 + 3 + 4 + 4 + 4 with the last search's slope, 4 + 4 + 5 + 5 + 5 without).
-    The bracket is checked all the same, so a wrong hint costs predictions (three at most), never a different answer.
-    `asked` (a dict of the caller's) keeps every k asked and its total.
+    or its eighths (fit's table on a 35B MoE, five f16 ubatches: 4 + 3 + 3 + 3 + 4 with solve's slopes carried along
+    (_extrapolated), 4 + 4 + 5 + 5 + 5 without a hint). The bracket is checked all the same, so a wrong hint costs
+    predictions (three at most), never a different answer. `asked` (a dict of the caller's) keeps every k asked.
     """
     memo: dict[int, int] = {} if asked is None else asked
 
