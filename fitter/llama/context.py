@@ -50,7 +50,7 @@ from fitter.gguf.constants import GGMLQuantizationType
 from fitter.llama.cparams import ContextParams
 from fitter.llama.graph import WEIGHT_OF as _WEIGHT_OF
 from fitter.llama.graph import GraphContext
-from fitter.llama.graph_details import GraphDetails
+from fitter.llama.graph_details import TYPE_FIELDS, GraphDetails
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.models import default_details, has_mtp_graph, model_of
 from fitter.llama.traced_graph import _TRACED, _TRACED_BY_CONTENT, _TRACED_MAX, _TRACING, _Traced
@@ -541,7 +541,7 @@ def _content_key(obj: ModelSpec | GraphDetails) -> str:
     cls = type(obj)
     names = _KEYED_FIELDS.get(cls)
     if names is None:
-        skip = _NOT_GRAPH_SPEC if isinstance(obj, ModelSpec) else {"layer_types", "global_types"}
+        skip = _NOT_GRAPH_SPEC if isinstance(obj, ModelSpec) else TYPE_FIELDS
         names = _KEYED_FIELDS[cls] = [f for f in cls.model_fields if f not in skip]
     values = tuple([getattr(obj, f) for f in names])
     last = _LAST_KEYED.get(cls)

@@ -53,8 +53,9 @@ class GraphDetails(Record):
 
 _DETAILS: dict[int, tuple[Any, GraphDetails]] = {}  # id(header) -> (header, details): read once per header
 _LAST: list[GraphDetails | None] = [None]  # the details graph_details read last
-# the fields but the weights' types (each one's values made by _read_details alike, so == is sameness)
-_SHARED = [f for f in GraphDetails.model_fields if f not in ("layer_types", "global_types")]
+TYPE_FIELDS = frozenset({"layer_types", "global_types"})  # the weights' types; the other fields shape the graph alone
+# the other fields (each one's values made by _read_details alike, so == is sameness)
+_SHARED = [f for f in GraphDetails.model_fields if f not in TYPE_FIELDS]
 
 
 def graph_details(header) -> GraphDetails:
