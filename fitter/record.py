@@ -8,7 +8,8 @@ program: `--json`, the calibration store, a study file, a stored probe result. I
 import anyway (typer >= 0.28 coerces every parameter through a pydantic TypeAdapter); it still saves the
 schemas, about 50M of `ggfit fit -c` (issue 14).
 
-A subclass of `Record` is a dataclass, keyword-only and frozen unless declared `class X(Record, frozen=False)`.
+A subclass of `Record` is a dataclass, keyword-only and frozen unless declared `class X(Record, frozen=False)`;
+`kw_only=False` lets its fields be given in order too, as the decorator's dataclass takes them.
 It is made with `dataclasses.dataclass(init=False, repr=False, eq=False)` (its fields, `dataclasses.fields`,
 `replace`, pydantic's support of dataclasses), and takes `__init__`, `__repr__`, `__eq__` and `__hash__` from
 Record, written once here. The decorator would compile those four (and the frozen `__setattr__` and
@@ -66,9 +67,11 @@ class Record:
     _required: ClassVar[frozenset[str]]
     _values: ClassVar[Callable[[dict[str, Any]], Any]]  # a __dict__ -> its fields' values, in field order
     _post_init: ClassVar[Callable[[Any], None] | None]
+    _kw_only: ClassVar[bool]
 
-    def __init_subclass__(cls, *, frozen: bool = True, **kw: Any) -> None:
+    def __init_subclass__(cls, *, frozen: bool = True, kw_only: bool = True, **kw: Any) -> None:
         super().__init_subclass__(**kw)
+        cls._kw_only = kw_only
         dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
         fields = dataclasses.fields(cast(Any, cls))
         if any(not (f.init and f.repr and f.compare) or f.hash is not None for f in fields):
@@ -87,8 +90,17 @@ class Record:
         else:
             cls.__hash__ = None  # type: ignore[method-assign, assignment]  # as a dataclass with eq and not frozen
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, *args: Any, **kw: Any) -> None:
         cls = type(self)
+        if args:  # the fields in order (kw_only=False), then by name
+            if cls._kw_only or len(args) > len(cls._names):
+                raise TypeError(f"{cls.__qualname__}: takes " + ("keyword arguments only" if cls._kw_only else
+                                                                 f"at most {len(cls._names)} positional arguments"))
+            given = dict(zip(cls._names, args))
+            twice = given.keys() & kw.keys()
+            if twice:
+                raise TypeError(f"{cls.__qualname__}: {', '.join(sorted(twice))} given twice")
+            kw = given | kw
         d = cls._defaults.copy()
         d.update(kw)
         for name, factory in cls._factories:

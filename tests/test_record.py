@@ -45,6 +45,25 @@ def test_behaves_as_the_dataclass_decorator_would():
         _Frozen(name="x", nope=1)  # type: ignore[call-arg]
 
 
+class _InOrder(Record, kw_only=False):
+    name: str
+    n: int = 0
+    items: list[int] = dataclasses.field(default_factory=list)
+
+
+def test_kw_only_false_takes_the_fields_in_order_as_the_decorator_would():
+    assert _InOrder("x", 2) == _InOrder("x", n=2) == _InOrder(name="x", n=2)
+    assert _InOrder("x").items == [] and _InOrder("x", 1, [3]).items == [3]
+    with pytest.raises(TypeError, match="n given twice"):
+        _InOrder("x", 2, n=3)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="at most 3 positional"):
+        _InOrder("x", 1, [], 4)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing name"):
+        _InOrder(n=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        _Frozen("x")  # type: ignore[misc]
+
+
 def test_hash_is_the_fields_in_order():
     f = _Frozen.model_fields
     assert list(f) == ["name", "n", "items"] and f["n"].default == 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from fitter.errors import GGFitError
 from fitter.ggml.types import BLCK, TSIZE, TYPE_TRAITS
+from fitter.record import Record
 
 GGUF_DEFAULT_ALIGNMENT = 32  # ggml/include/gguf.h; llama-quant.cpp writes with it whatever the input says
 
@@ -68,8 +69,7 @@ def gguf_pad(n: int, align: int = GGUF_DEFAULT_ALIGNMENT) -> int:
 # file types: tools/quantize/quantize.cpp QUANT_OPTIONS (name -> llama_ftype id), in its order
 
 
-@dataclass(frozen=True)
-class FType:
+class FType(Record, kw_only=False):
     name: str  # as llama-quantize prints it
     id: int  # llama_ftype
     default_type: int  # llama_ftype_get_default_type
@@ -169,8 +169,7 @@ class TensorQuant:
         return type_name(self.input_type)
 
 
-@dataclass(frozen=True)
-class ImatrixFile:
+class ImatrixFile(Record, kw_only=False):
     """What `llama-quantize --imatrix FILE` adds to the header (quantize.cpp kv_overrides)."""
 
     file: str  # path as given on the command line (first 127 bytes are stored)
@@ -179,8 +178,7 @@ class ImatrixFile:
     chunks: int = 0  # quantize.imatrix.chunks_count (written when > 0)
 
 
-@dataclass(frozen=True)
-class QuantOptions:
+class QuantOptions(Record, kw_only=False):
     """llama-quantize's options that change tensor types (llama_model_quantize_params)."""
 
     pure: bool = False  # --pure: every quantized tensor gets the default type (fallbacks still apply)
@@ -198,8 +196,7 @@ def parse_ggml_type(name: str) -> int:
     return tid
 
 
-@dataclass(frozen=True)
-class QuantPrediction:
+class QuantPrediction(Record, kw_only=False):
     ftype: str
     ftype_id: int
     default_type: str

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from fitter.fit.quant_ftypes import (
@@ -51,13 +50,13 @@ from fitter.fit.quant_ftypes import (
 )
 from fitter.ggml.types import BLCK
 from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString
+from fitter.record import Record
 
 # ---------------------------------------------------------------------------------------------
 # model facts llama-quant.cpp reads (llama_model_base::load_hparams and load_arch_hparams)
 
 
-@dataclass(frozen=True)
-class ModelFacts:
+class ModelFacts(Record, kw_only=False):
     arch: str
     n_layer_all: int  # hparams.n_layer_all (block_count, NextN layers included)
     n_expert: int  # hparams.n_expert

@@ -9,13 +9,13 @@ reuses and frees it decided before (ProgramMemo), without walking its nodes agai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable, Iterable
 
 from fitter.errors import GGFitError
 from fitter.ggml.graph import Program, program
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
+from fitter.record import Record
 
 SIZE_MAX = (1 << 64) - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
@@ -491,8 +491,7 @@ class ProgramMemo:
 _RUNS_MAX = 64  # entry states a program keeps runs for (one per place it runs in a graph, at most a few dozen)
 
 
-@dataclass
-class FlatGraph:
+class FlatGraph(Record, frozen=False, kw_only=False):
     """A whole graph as Gallocr.run walks it, worked out once: the tensors allocated before the first node (the
     leafs, then the graph inputs in the order `run` meets them), every tensor's n_children / n_views, the nodes'
     program (fitter.ggml.graph.program)."""
@@ -527,8 +526,7 @@ def flat_graph(nodes: list[Tensor], leafs: list[Tensor]) -> FlatGraph:
     return FlatGraph(first, [(t, nc, nv) for t, nc, nv in counts.values()], program(nodes))
 
 
-@dataclass
-class AllocResult:
+class AllocResult(Record, frozen=False, kw_only=False):
     sizes: list[int]  # high-water mark per buffer (0: device or the only CPU buffer, 1: host)
     peaks: list[list[tuple[str, int]]]  # per buffer: (tensor name, bytes) alive when its mark was last raised
     layers_simulated: int

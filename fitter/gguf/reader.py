@@ -20,6 +20,7 @@ from fitter.errors import GGUFError, SourceError, UnsupportedModelError
 from fitter.gguf import header_cache
 from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 from fitter.gguf.source import ByteSource, FileSource, open_source
+from fitter.record import Record
 
 GGML_MAX_DIMS = 4  # ggml.h
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses names of this length or longer
@@ -75,8 +76,7 @@ _VALUE_TYPES = {int(t) for t in GGUFValueType}
 _VALUE_TYPE_BY_ID = {int(t): t for t in GGUFValueType}
 _GGML_TYPE_BY_ID = {int(t): t for t in GGMLQuantizationType}
 
-@dataclass(frozen=True, slots=True)
-class SkippedArray:
+class SkippedArray(Record, kw_only=False):
     """An array the reader walked but did not keep (tokenizer tables and the like)."""
 
     type: GGUFValueType
@@ -86,8 +86,7 @@ class SkippedArray:
         return self.length
 
 
-@dataclass(frozen=True, slots=True)
-class SkippedString:
+class SkippedString(Record, kw_only=False):
     """A string value longer than the reader keeps; only its length is known."""
 
     length: int
@@ -114,8 +113,7 @@ class TensorInfo:
         return n
 
 
-@dataclass(slots=True)
-class ShardInfo:
+class ShardInfo(Record, frozen=False, kw_only=False):
     location: str
     file_size: int
     version: int
@@ -126,8 +124,7 @@ class ShardInfo:
     byte_order: str  # "<" little endian, ">" big endian
 
 
-@dataclass(slots=True)
-class GGUFHeader:
+class GGUFHeader(Record, frozen=False, kw_only=False):
     """A model's header: metadata and tensor infos of all its shards."""
 
     metadata: dict[str, Any]

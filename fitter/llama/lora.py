@@ -12,7 +12,6 @@ modifies (one buffer per buffer type, `ggml_backend_alloc_ctx_tensors_from_buft`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Sequence
 
 from fitter.errors import GGFitError, GGUFError, SourceError
@@ -116,8 +115,7 @@ def check_lora(adapter: LoraAdapter, header: GGUFHeader, spec: ModelSpec) -> Non
             raise LoraError(f"{where}: tensor '{name}' has incorrect shape (hint: maybe wrong base model?)")
 
 
-@dataclass(frozen=True, slots=True)
-class LoraBuffer:
+class LoraBuffer(Record):
     """One `<buf> LoRA buffer size = X MiB` line."""
 
     buffer: str

@@ -27,8 +27,7 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 
-@dataclass(frozen=True, slots=True)
-class WeightBuffer:  # a dataclass, not a pydantic model: built per placement asked, and no import-time schema
+class WeightBuffer(Record):
     """One "model buffer size" line of llama.cpp's load log."""
 
     buffer: str  # llama.cpp's buffer name: CPU_Mapped, CPU, CUDA0, MTL0_Mapped, ...
