@@ -4,6 +4,7 @@ No `from __future__ import annotations` here: typer reads every command's annota
 strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
 import contextlib
+import copy
 import gc
 import json
 import re
@@ -747,12 +748,25 @@ def main(argv: Optional[list[str]] = None) -> None:
             gc.freeze()
 
 
+def app_for(args: list[str]) -> typer.Typer:
+    """The app that runs `args`: where they start with a command's name, `app` holding that command alone, else `app`
+    (the root's help, a mistyped command and click's suggestions). typer builds the parameters of every command it
+    holds on each run: 47M instructions for the eight, a run uses one."""
+    for info in app.registered_commands:
+        name = info.name or (typer.main.get_command_name(info.callback.__name__) if info.callback else None)
+        if args[:1] == [name]:
+            one = copy.copy(app)
+            one.registered_commands = [info]
+            return one
+    return app
+
+
 def _run(argv: Optional[list[str]]) -> None:
     from fitter.gguf import header_cache  # the standard library only
 
     try:
         with header_cache.enabled():  # a command reads a local header's parse from disk when the file is unchanged
-            rc = app(args=argv, prog_name="ggfit", standalone_mode=False)
+            rc = app_for(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="ggfit", standalone_mode=False)
     except _NoArgsIsHelp as e:  # `ggfit` / `ggfit fit` alone: the help, as click prints it
         print(e.ctx.get_help(), file=sys.stderr)
         sys.exit(2)
