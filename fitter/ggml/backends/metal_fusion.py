@@ -22,12 +22,12 @@ ne1 = n_tokens*n_seqs + K*S_v*n_seqs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 from fitter.ggml.graph import can_fuse_subgraph
 from fitter.ggml.tensor import FLAG_OUTPUT, Tensor, is_contiguous
 from fitter.ggml.types import BLCK, F16, F32, GGML_TYPES, I32, TSIZE
+from fitter.record import Record
 
 FUSION_MAX = 16  # GGML_METAL_FUSION_MAX (ggml-metal-fusion.h)
 _TOPK_MOE_MAX_EXPERTS = 1024  # GGML_METAL_TOPK_MOE_MAX_EXPERTS
@@ -39,8 +39,7 @@ _BF16 = GGML_TYPES["bf16"]
 _Check = Callable[["_Fusion", list[Tensor], list[Tensor], list[int], int, dict[int, int]], bool]
 
 
-@dataclass(frozen=True)
-class _Fusion:
+class _Fusion(Record, kw_only=False):
     """struct ggml_metal_fusion: ops is derived from ops_all (ggml_metal_fusion_filter_ops)."""
 
     id: str
@@ -48,7 +47,7 @@ class _Fusion:
     outs: tuple[int, ...]
     unsafe: bool
     check: _Check
-    ops: tuple[str, ...] = field(init=False)
+    ops: tuple[str, ...] = ()  # (set from ops_all by __post_init__)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(op for op in self.ops_all if op not in _EMPTY_OPS))
