@@ -147,27 +147,33 @@ def _check_header(header: GGUFHeader) -> None:
         raise QuantError("big-endian GGUF: llama.cpp refuses to load it, so llama-quantize cannot quantize it")
 
 
-_ROWS: dict[tuple, tuple[GGUFHeader, list[tuple[TensorInfo, tuple[int, ...], int, bool]], int]] = {}
+# a row: the tensor, its shape, input type, whether llama.cpp quantizes it, and its number of rows (ggml_nrows)
+_Row = tuple[TensorInfo, tuple[int, ...], int, bool, int]
+_ROWS: dict[tuple, tuple[GGUFHeader, list[_Row], int, tuple[str, ...]]] = {}
 
 
 def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,
-                 quantize_output_tensor: bool) -> tuple[list[tuple[TensorInfo, tuple[int, ...], int, bool]], int]:
-    """What every ftype of one header shares: the tensors in ml.weights_map order, each with its shape, input
-    type and whether llama.cpp quantizes it (tensor_allows_quantization), and the bytes of their tensor infos."""
+                 quantize_output_tensor: bool) -> tuple[list[_Row], int, tuple[str, ...]]:
+    """What every ftype of one header shares: the tensors in ml.weights_map order (_Row), the bytes of their tensor
+    infos, and their names."""
     key = (id(header), arch, only_copy, quantize_output_tensor)
     hit = _ROWS.get(key)
     if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     rows = []
     for t in sorted(header.tensors, key=lambda t: weights_order(t.name)):  # ml.weights_map order
         shape = tuple(int(d) for d in t.shape)
+        n_rows = 1
+        for d in shape[1:]:
+            n_rows *= d
         rows.append((t, shape, int(t.ggml_type), allows_quantization(
-            t.name, shape, arch, only_copy=only_copy, quantize_output_tensor=quantize_output_tensor)))
-    infos = sum(_tensor_info_bytes(t.name, n_dims(shape)) for t, shape, _, _ in rows)
+            t.name, shape, arch, only_copy=only_copy, quantize_output_tensor=quantize_output_tensor), n_rows))
+    infos = sum(_tensor_info_bytes(t.name, n_dims(shape)) for t, shape, _, _, _ in rows)
+    names = tuple(t.name for t, _, _, _, _ in rows)
     if len(_ROWS) > 32:
         _ROWS.clear()
-    _ROWS[key] = (header, rows, infos)
-    return rows, infos
+    _ROWS[key] = (header, rows, infos, names)
+    return rows, infos, names
 
 
 def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: bool,
@@ -183,13 +189,14 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         default = ft.default_type
         ftype_id = ft.id
 
-    rows, infos = _tensor_rows(header, model.arch, only_copy, not opts.leave_output_tensor)
-    qs = QuantState(model, (t.name for t, _, _, _ in rows), has_imatrix, opts)
+    rows, infos, names = _tensor_rows(header, model.arch, only_copy, not opts.leave_output_tensor)
+    qs = QuantState(model, names, has_imatrix, opts)
     out: list[TensorQuant] = []
     notes: list[str] = []
     imatrix_tensors: list[str] = []
     needs_requantize = False
-    for t, shape, in_type, quantizable in rows:
+    data_bytes = 0  # each tensor's data padded to the alignment (gguf_pad)
+    for t, shape, in_type, quantizable, n_rows in rows:
         wanted: int | None = None
         if not quantizable:
             new = in_type  # copied as it is
@@ -209,14 +216,14 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
             elif in_type not in (F32, F16, BF16):
                 raise QuantRefused(f"llama-quantize fails: cannot dequantize/convert tensor {t.name} of type "
                                    f"{type_name(in_type)}")
-            nbytes = tensor_bytes(new, shape)
+            nbytes = row_bytes(new, shape[0]) * n_rows  # tensor_bytes
         else:
             nbytes = t.nbytes
+        data_bytes += nbytes + (-nbytes) % GGUF_DEFAULT_ALIGNMENT
         out.append(TensorQuant(t.name, shape, in_type, new, nbytes, quantizable, wanted, req))
 
     kv = _output_kv_bytes(header, imatrix_file)
     header_bytes = gguf_pad(24 + kv + infos)
-    data_bytes = sum(gguf_pad(t.nbytes) for t in out)
 
     if needs_requantize:
         notes.append("the input is already quantized: llama-quantize needs --allow-requantize; the types and sizes "
