@@ -130,9 +130,13 @@ def _by_type(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes and parameters per ggml type, largest first."""
     bytes_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
     params_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
+    n_of: dict[tuple[int, ...], int] = {}  # elements by shape: the layers repeat a few shapes (quants: 34 headers)
     for t in header.tensors:  # by the enum member: its .name is a property, looked up once per type below
         bytes_by_type[t.ggml_type] += t.nbytes
-        params_by_type[t.ggml_type] += t.n_elements
+        n = n_of.get(t.shape)
+        if n is None:
+            n = n_of[t.shape] = t.n_elements
+        params_by_type[t.ggml_type] += n
     return ({k.name: v for k, v in sorted(bytes_by_type.items(), key=lambda kv: -kv[1])},
             {k.name: v for k, v in sorted(params_by_type.items(), key=lambda kv: -kv[1])})
 
