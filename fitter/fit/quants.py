@@ -216,7 +216,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
             elif in_type not in (F32, F16, BF16):
                 raise QuantRefused(f"llama-quantize fails: cannot dequantize/convert tensor {t.name} of type "
                                    f"{type_name(in_type)}")
-            nbytes = row_bytes(new, shape[0]) * n_rows  # tensor_bytes
+            nbytes = row_bytes(new, shape[0]) * n_rows  # tensor_bytes(new, shape)
         else:
             nbytes = t.nbytes
         data_bytes += nbytes + (-nbytes) % GGUF_DEFAULT_ALIGNMENT

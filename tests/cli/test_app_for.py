@@ -1,6 +1,6 @@
 """cli.app_for: a run that names a command gets an app holding that command alone (typer builds every command's
 parameters on each run), and that command is the one the whole app would have run: the same parameters, help and
-errors. Anything else (no command, the root's options, a mistyped name) gets the whole app."""
+usage. Anything else (no command, the root's options, a mistyped name) gets the whole app."""
 
 from __future__ import annotations
 
