@@ -54,8 +54,9 @@ def quantized_header(base: GGUFHeader, q: QuantPrediction) -> GGUFHeader:
         gtype = _GGML_TYPES.get(tq.ggml_type)
         if gtype is None:
             raise ValueError(f"{tq.ggml_type} is not a GGMLQuantizationType")  # as the enum's own call says
-        tensors.append(TensorInfo(tq.name, src.shape, gtype, offset, tq.nbytes, 0))
-        offset += pad(tq.nbytes, align)
+        n = tq.nbytes
+        tensors.append(TensorInfo(tq.name, src.shape, gtype, offset, n, 0))
+        offset += (n + align - 1) // align * align  # pad(n, align)
     s0 = base.shards[0]
     shard = dc_replace(s0, location=f"{s0.location} as {q.ftype}", file_size=q.file_bytes,
                        data_offset=q.header_bytes, header_bytes=q.header_bytes, bytes_fetched=0)
