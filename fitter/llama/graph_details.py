@@ -89,6 +89,24 @@ def _parse_name(name: str) -> tuple[int | None, str, str, bool]:
     return None, "", name.rsplit(".", 1)[0], False
 
 
+@functools.lru_cache(maxsize=4)  # the quants of one model: the same names in the same order
+def _by_names(names: tuple[str, ...]) -> tuple[dict[str, frozenset[int]], frozenset[str], list[tuple[Any, ...]]]:
+    """What the tensors' names alone say: layer_tensors, global_tensors, and per tensor where its type goes (layer,
+    suffix: a layer's weight; None, name: a global; None: neither)."""
+    layer_tensors: dict[str, set[int]] = {}
+    glob: set[str] = set()
+    slots: list[tuple[Any, ...]] = []
+    for name in names:
+        il, full, suffix, weight = _parse_name(name)
+        if il is not None:
+            layer_tensors.setdefault(full, set()).add(il)
+            slots.append((il, suffix) if weight else (None,))
+        else:
+            glob.add(name)
+            slots.append((None, suffix))
+    return {k: frozenset(v) for k, v in layer_tensors.items()}, frozenset(glob), slots
+
+
 def _read_details(header) -> GraphDetails:
     md = header.metadata
     arch = md.get("general.architecture", "")
@@ -97,23 +115,19 @@ def _read_details(header) -> GraphDetails:
         v = md.get(f"{arch}.{k}", default)
         return default if v is None or isinstance(v, (list, dict)) else v
 
-    layer_tensors: dict[str, set[int]] = {}
+    layer_tensors, glob, slots = _by_names(tuple(t.name for t in header.tensors))
     layer_types: dict[str, dict[int, int]] = {}
     global_types: dict[str, int] = {}
-    glob: set[str] = set()
-    for t in header.tensors:
-        name = t.name
-        il, full, suffix, weight = _parse_name(name)
-        if il is not None:
-            layer_tensors.setdefault(full, set()).add(il)
-            if weight:
+    for slot, t in zip(slots, header.tensors):
+        if len(slot) == 2:
+            il, suffix = slot
+            if il is None:
+                global_types[suffix] = int(t.ggml_type)
+            else:
                 layer_types.setdefault(suffix, {})[il] = int(t.ggml_type)
-        else:
-            glob.add(name)
-            global_types[suffix] = int(t.ggml_type)
     return GraphDetails(
-        layer_tensors={k: frozenset(v) for k, v in layer_tensors.items()},
-        global_tensors=frozenset(glob),
+        layer_tensors=layer_tensors,
+        global_tensors=glob,
         final_logit_softcapping=float(key("final_logit_softcapping", 0.0) or 0.0),
         attn_temperature_scale=float(key("attention.temperature_scale", 0.0) or 0.0),
         expert_gating_func=int(key("expert_gating_func", 0) or 0),
