@@ -91,8 +91,8 @@ def _parse_name(name: str) -> tuple[int | None, str, str, bool]:
 
 @functools.lru_cache(maxsize=4)  # the quants of one model: the same names in the same order
 def _by_names(names: tuple[str, ...]) -> tuple[dict[str, frozenset[int]], frozenset[str], list[tuple[Any, ...]]]:
-    """What the tensors' names alone say: layer_tensors, global_tensors, and per tensor where its type goes (layer,
-    suffix: a layer's weight; None, name: a global; None: neither)."""
+    """What the tensors' names alone say: layer_tensors, global_tensors, and per tensor where its type goes ((layer,
+    suffix): a layer's weight, in layer_types; (None, base name): a global, in global_types; (None,): neither)."""
     layer_tensors: dict[str, set[int]] = {}
     glob: set[str] = set()
     slots: list[tuple[Any, ...]] = []
