@@ -98,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "short_abort": "fitter.oracle.llama_run",
     "signal_name": "fitter.oracle.llama_run",
     "sigterm_cleanup": "fitter.oracle.llama_run",
+    "signals_held": "fitter.oracle.llama_run",
     "watchdog_for": "fitter.oracle.llama_run",
     # the child's helpers (standard library and llama_cpp only), shared with search's probe child
     "GGML_LOG_DEBUG": "fitter.oracle._llama_child",
@@ -131,7 +132,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
     "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "predict_once", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
-    "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
+    "signals_held", "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
     "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
 ]
 
@@ -240,6 +241,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         child_preexec,
         short_abort,
         signal_name,
+        signals_held,
         sigterm_cleanup,
         watchdog_for,
     )

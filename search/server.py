@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fitter import GGFitError, RunConfig, child_preexec, watchdog_for
+from fitter import GGFitError, RunConfig, child_preexec, signals_held, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to
@@ -94,15 +94,16 @@ class Proc:
         self.t0 = time.perf_counter()
         self.started_at = time.time()
         self.ended_at: float | None = None
-        self.popen = subprocess.Popen(
-            cmd, env=env, cwd=cwd,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-            start_new_session=True,  # its own process group: kill() takes everything it started
-            preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
-        )
-        self.pid = self.popen.pid
-        self._watchdog = watchdog_for(self.pid)  # None on Linux (the parent-death signal does it)
+        with signals_held():  # a Ctrl-C during the fork is raised here, not lost
+            self.popen = subprocess.Popen(
+                cmd, env=env, cwd=cwd,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                start_new_session=True,  # its own process group: kill() takes everything it started
+                preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
+            )
+            self.pid = self.popen.pid
+            self._watchdog = watchdog_for(self.pid)  # None on Linux (the parent-death signal does it)
         self.out = bytearray()
         self.err = bytearray()
         self.lines: list[str] = []  # stdout split into lines as they come (merged log for the server)

@@ -389,6 +389,33 @@ def watchdog_for(pgid: int) -> Watchdog | None:
     return None if _pdeathsig() is not None else Watchdog(pgid)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C (and `sigterm_cleanup`'s SIGTERM) held while the block starts a child, raised when it leaves.
+
+    subprocess.Popen with a `preexec_fn` runs CPython's after-fork hooks in the parent (logging's lock), and a
+    KeyboardInterrupt raised inside one is printed as "Exception ignored" and lost: a study went on after a Ctrl-C
+    that landed there. Held, the signal reaches its handler once the child is started (and watched). In the main
+    thread, for handlers written in Python; a signal ignored or left to the system is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: dict[int, Callable[[int, Any], Any]] = {}
+    got: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        prev = signal.getsignal(sig)
+        if callable(prev):
+            held[sig] = prev
+            signal.signal(sig, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for held_sig, handler in held.items():
+            signal.signal(held_sig, handler)
+        for signum in got:  # as they came, now outside the hooks
+            held[signum](signum, None)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that the same cleanup runs (see `sigterm_cleanup`)."""
 
@@ -511,17 +538,18 @@ def measure(
     cmd = [python or sys.executable, "-m", "fitter.oracle._llama_child"]
     with sigterm_cleanup():  # SIGTERM: the child's group is killed as on Ctrl-C; SIGKILL: the child dies with us
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=child_env(env),
-            cwd=REPO_ROOT,
-            start_new_session=True,  # its own process group: a timeout kills everything it started
-            preexec_fn=child_preexec(),
-        )
-        watchdog = watchdog_for(proc.pid)
+        with signals_held():
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=child_env(env),
+                cwd=REPO_ROOT,
+                start_new_session=True,  # its own process group: a timeout kills everything it started
+                preexec_fn=child_preexec(),
+            )
+            watchdog = watchdog_for(proc.pid)
         timed_out = False
         try:
             out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)

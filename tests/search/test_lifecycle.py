@@ -7,6 +7,7 @@
 - Two probes started together run one after the other (the host-wide probe lock); one that waits says so and its
   wait does not count against its --timeout.
 - A probe reports its stages (load, prefill, decode) while its child runs, not after.
+- A Ctrl-C or SIGTERM that lands while a child is being started is raised once it is started, not lost.
 
 The server-runner cases need the pinned llama-server (the `llama_server` fixture of tests/conftest.py builds it, or
 skips under GGFIT_NO_SERVER_BUILD=1 when it is not cached).
@@ -248,3 +249,37 @@ def test_server_probe_reports_its_stages_live(moe, llama_server, tmp_path, monke
     res = run_probe(moe, RunConfig(n_ctx=512, n_parallel=1), ONE, runner="server", llama_server=llama_server,
                     threads=1, progress=Progress("probe", stream=stream, mode="lines"))
     _check_live(res, stream, ["starting llama-server", "loading the model", "prompt 1: prefill 16 + decode 4 tokens"])
+
+
+# A Ctrl-C (or sigterm_cleanup's SIGTERM) that lands while a child is being started: subprocess.Popen with a
+# preexec_fn runs CPython's after-fork hooks in the parent, and a KeyboardInterrupt raised inside one is printed as
+# "Exception ignored" and lost (a study once went on to its end after one). Here an after-fork hook sends the signal.
+_FORK_SIGNAL = """import os, signal, sys
+sys.path.insert(0, {repo!r})
+from fitter import sigterm_cleanup
+from search.server import Proc
+sent = []
+def hook():
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.{sig})
+os.register_at_fork(after_in_parent=hook)
+try:
+    with sigterm_cleanup():
+        p = Proc([sys.executable, "-c", "pass"], as_limit=1 << 40)
+        p.wait(60)
+    print("lost")
+except KeyboardInterrupt as e:
+    print("raised", type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_childs_start_is_raised_not_lost(sig):
+    r = subprocess.run([sys.executable, "-c", _FORK_SIGNAL.format(repo=str(REPO), sig=sig)], capture_output=True,
+                       text=True, timeout=120)
+    if sig == "SIGINT":
+        assert r.stdout.split() == ["raised", "KeyboardInterrupt"], (r.stdout, r.stderr)
+    else:  # sigterm_cleanup's Terminated, then the process ends of SIGTERM as it would have without the handler
+        assert r.returncode == -signal.SIGTERM and "lost" not in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert "Exception ignored" not in r.stderr, r.stderr
