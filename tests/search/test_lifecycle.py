@@ -266,7 +266,7 @@ def hook():
 os.register_at_fork(after_in_parent=hook)
 try:
     with sigterm_cleanup():
-        p = Proc([sys.executable, "-c", "pass"], as_limit=1 << 40)
+        p = Proc([sys.executable, "-c", "pass"], as_limit=1 << 40)  # a preexec_fn on any OS: Popen then runs the hooks
         p.wait(60)
     print("lost")
 except KeyboardInterrupt as e:
