@@ -8,12 +8,15 @@ program: `--json`, the calibration store, a study file, a stored probe result. I
 import anyway (typer >= 0.28 coerces every parameter through a pydantic TypeAdapter); it still saves the
 schemas, about 50M of `ggfit fit -c` (issue 14).
 
-A subclass of `Record` is a dataclass, keyword-only and frozen unless declared `class X(Record, frozen=False)`;
+A subclass of `Record` behaves as a dataclass, keyword-only and frozen unless declared `class X(Record, frozen=False)`;
 `kw_only=False` lets its fields be given in order too, as the decorator's dataclass takes them.
-It is made with `dataclasses.dataclass(init=False, repr=False, eq=False)` (its fields, `dataclasses.fields`,
-`replace`, pydantic's support of dataclasses), and takes `__init__`, `__repr__`, `__eq__` and `__hash__` from
-Record, written once here. The decorator would compile those four (and the frozen `__setattr__` and
-`__delattr__`) again for every class: about 5M instructions a class, 100M of every command's imports.
+Record reads a subclass's fields from its annotations and class attributes, as the decorator does, and takes
+`__init__`, `__repr__`, `__eq__` and `__hash__` from Record, written once here. The decorator would compile those four
+(and the frozen `__setattr__` and `__delattr__`) again for every class: about 5M instructions a class, 100M of every
+command's imports. The class is made a dataclass (`dataclasses.dataclass(init=False, repr=False, eq=False)`, for
+`dataclasses.fields`, `replace`, `is_dataclass` and pydantic's support of dataclasses) the first time one of those
+asks (`_Lazy`): on the commands' paths none is, and making each one at import cost about 1% of a command (14M
+instructions of `ggfit fit`'s, 37 classes; 18M of `ggfit quants`', 43).
 
 The methods keep pydantic's names and behaviour, so search, the CLI and scripts that called them on pydantic models
 are unchanged: `model_copy(update=...)` sets fields without checking them, as pydantic's does; `model_dump`,
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from operator import itemgetter
-from typing import Any, Callable, ClassVar, TypeVar, cast, dataclass_transform
+from typing import Any, Callable, ClassVar, TypeVar, dataclass_transform
 
 R = TypeVar("R", bound="Record")
 
@@ -45,7 +48,60 @@ class _Fields:
     """`Record.model_fields`: field name -> dataclasses.Field (`.default` as pydantic's FieldInfo has it)."""
 
     def __get__(self, obj: object, owner: type) -> dict[str, dataclasses.Field]:
-        return {f.name: f for f in dataclasses.fields(owner)}
+        out = {}
+        for name, (default, factory) in owner._specs.items():  # type: ignore[attr-defined]
+            f = out[name] = dataclasses.field(default=default, default_factory=factory)
+            f.name = name
+        return out
+
+
+class _Lazy:
+    """A Record subclass's `__dataclass_fields__` and `__dataclass_params__` until it is made a dataclass: the first
+    read (dataclasses.fields, replace, is_dataclass, pydantic) makes it one, which replaces both in the class. Record
+    itself is not a dataclass (AttributeError, as dataclasses expects of a class that is not)."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: object, owner: type) -> Any:
+        if owner is Record or self.attr not in owner.__dict__ or owner.__dict__[self.attr] is not self:
+            raise AttributeError(self.attr)
+        dataclasses.dataclass(init=False, repr=False, eq=False)(owner)
+        return owner.__dict__[self.attr]
+
+
+_LAZY_FIELDS = _Lazy("__dataclass_fields__")
+_LAZY_PARAMS = _Lazy("__dataclass_params__")
+
+
+def _is_classvar(ann: Any) -> bool:
+    """dataclasses' test for a ClassVar pseudo-field, of an annotation as a string (`from __future__ import
+    annotations`) or as the object."""
+    if isinstance(ann, str):
+        return ann.startswith(("ClassVar", "typing.ClassVar"))
+    return ann is ClassVar or getattr(ann, "__origin__", None) is ClassVar
+
+
+def _specs(cls: type) -> dict[str, tuple[Any, Any]]:
+    """The fields as dataclasses._process_class collects them: name -> (default, default_factory), the bases' first
+    (in reverse MRO order; a field declared again keeps its place), then the class's own annotations, their defaults
+    from the class attributes (a `dataclasses.field(...)`'s default and default_factory)."""
+    specs: dict[str, tuple[Any, Any]] = {}
+    for b in cls.__mro__[-1:0:-1]:
+        specs.update(b.__dict__.get("_specs", {}))
+    for name, ann in cls.__dict__.get("__annotations__", {}).items():
+        if _is_classvar(ann):
+            continue
+        if isinstance(ann, str) and ann.startswith(("InitVar", "dataclasses.InitVar", "KW_ONLY", "dataclasses.KW_ONLY")):
+            raise TypeError(f"{cls.__qualname__}.{name}: a Record takes no InitVar or KW_ONLY")
+        v = getattr(cls, name, dataclasses.MISSING)
+        if isinstance(v, dataclasses.Field):
+            if not (v.init and v.repr and v.compare) or v.hash is not None:
+                raise TypeError(f"{cls.__qualname__}: Record's __init__, __repr__, __eq__ and __hash__ take every field")
+            specs[name] = (v.default, v.default_factory)
+        else:
+            specs[name] = (v, dataclasses.MISSING)
+    return specs
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
@@ -68,18 +124,17 @@ class Record:
     _values: ClassVar[Callable[[dict[str, Any]], Any]]  # a __dict__ -> its fields' values, in field order
     _post_init: ClassVar[Callable[[Any], None] | None]
     _kw_only: ClassVar[bool]
+    _specs: ClassVar[dict[str, tuple[Any, Any]]]  # name -> (default, default_factory), as dataclasses reads them
 
     def __init_subclass__(cls, *, frozen: bool = True, kw_only: bool = True, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         cls._kw_only = kw_only
-        dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
-        fields = dataclasses.fields(cast(Any, cls))
-        if any(not (f.init and f.repr and f.compare) or f.hash is not None for f in fields):
-            raise TypeError(f"{cls.__qualname__}: Record's __init__, __repr__, __eq__ and __hash__ take every field")
-        cls._names = tuple(f.name for f in fields)
-        cls._defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-        cls._factories = tuple((f.name, f.default_factory) for f in fields
-                               if f.default_factory is not dataclasses.MISSING)
+        cls._specs = specs = _specs(cls)
+        cls.__dataclass_fields__ = _LAZY_FIELDS  # type: ignore[attr-defined]  # a dataclass when first asked (_Lazy)
+        cls.__dataclass_params__ = _LAZY_PARAMS  # type: ignore[attr-defined]
+        cls._names = tuple(specs)
+        cls._defaults = {n: d for n, (d, _) in specs.items() if d is not dataclasses.MISSING}
+        cls._factories = tuple((n, f) for n, (_, f) in specs.items() if f is not dataclasses.MISSING)
         cls._required = frozenset(cls._names) - cls._defaults.keys() - {n for n, _ in cls._factories}
         cls._values = itemgetter(*cls._names) if len(cls._names) > 1 else (lambda d: (d[cls._names[0]],))
         cls._post_init = getattr(cls, "__post_init__", None)

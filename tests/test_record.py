@@ -103,3 +103,59 @@ def test_field_options_record_does_not_honour_are_refused():
         class Bad(Record):
             a: int
             b: int = dataclasses.field(default=0, compare=False)
+
+
+def _every_record() -> list[type]:
+    """Every Record subclass in fitter, search and the CLI (their modules imported)."""
+    import importlib
+    import pkgutil
+
+    import fitter
+    import search
+
+    for pkg in (fitter, search):
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if not m.name.rsplit(".", 1)[-1].startswith("_"):
+                importlib.import_module(m.name)
+    importlib.import_module("cli")
+    out, todo = [], list(Record.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.split(".")[0] in ("fitter", "search", "cli"):  # not the tests' own (some refused)
+            out.append(cls)
+        todo += cls.__subclasses__()
+    return out
+
+
+def test_fields_are_the_ones_the_dataclass_decorator_finds():
+    # Record reads each class's fields itself and makes it a dataclass only when asked (fitter.record._Lazy): for
+    # every Record, what it read is what dataclasses then finds
+    records = _every_record()
+    assert len(records) > 40
+    for cls in records:
+        names, defaults, factories = cls._names, dict(cls._defaults), dict(cls._factories)
+        assert "__dataclass_fields__" in cls.__dict__
+        fields = dataclasses.fields(cls)  # made a dataclass here
+        assert names == tuple(f.name for f in fields), cls
+        assert defaults == {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}, cls
+        assert factories == {f.name: f.default_factory for f in fields if f.default_factory is not dataclasses.MISSING}
+        assert list(cls.model_fields) == list(names)
+
+
+def test_a_record_becomes_a_dataclass_when_first_asked():
+    class Base(Record):
+        a: int
+        b: list[int] = dataclasses.field(default_factory=list)
+
+    class Sub(Base):
+        c: int = 3
+        a: int = 1  # declared again: keeps its place, takes the default
+
+    assert not dataclasses.is_dataclass(Record)
+    assert type(Sub.__dict__["__dataclass_fields__"]).__name__ == "_Lazy"
+    assert Sub._names == ("a", "b", "c") and Sub._defaults == {"a": 1, "c": 3}
+    assert Sub() == Sub(a=1, b=[], c=3) and Sub(a=2).b == []
+    assert dataclasses.is_dataclass(Sub) and [f.name for f in dataclasses.fields(Sub)] == ["a", "b", "c"]
+    assert isinstance(Base.__dict__["__dataclass_fields__"], dict)  # the base made one on the way
+    assert dataclasses.replace(Sub(a=5), c=4) == Sub(a=5, c=4)
+    assert Base(a=1).model_dump() == {"a": 1, "b": []}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace as dc_replace
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.budget import parse_size
@@ -58,8 +57,8 @@ def quantized_header(base: GGUFHeader, q: QuantPrediction) -> GGUFHeader:
         tensors.append(TensorInfo(tq.name, src.shape, gtype, offset, n, 0))
         offset += (n + align - 1) // align * align  # pad(n, align)
     s0 = base.shards[0]
-    shard = dc_replace(s0, location=f"{s0.location} as {q.ftype}", file_size=q.file_bytes,
-                       data_offset=q.header_bytes, header_bytes=q.header_bytes, bytes_fetched=0)
+    shard = s0.model_copy(update={"location": f"{s0.location} as {q.ftype}", "file_size": q.file_bytes,
+                                  "data_offset": q.header_bytes, "header_bytes": q.header_bytes, "bytes_fetched": 0})
     return GGUFHeader(dict(base.metadata), tensors, [shard])
 
 
@@ -73,7 +72,7 @@ def _scaled_header(base: GGUFHeader, file_bytes: int) -> GGUFHeader:
         tensors.append(TensorInfo(t.name, t.shape, t.ggml_type, offset, n, 0))
         offset += pad(n, align)
     s0: ShardInfo = base.shards[0]
-    shard = dc_replace(s0, file_size=file_bytes, bytes_fetched=0)
+    shard = s0.model_copy(update={"file_size": file_bytes, "bytes_fetched": 0})
     return GGUFHeader(dict(base.metadata), tensors, [shard])
 
 

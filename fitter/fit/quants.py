@@ -17,7 +17,6 @@ type, as llama-quantize copies them.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from fitter.fit.quant_ftypes import (
@@ -280,15 +279,16 @@ def predict_quant(header: GGUFHeader, ftype: str | int, *, imatrix: bool | Imatr
         if pred.needs_imatrix:
             # a pass whose rules never asked has_imatrix takes the same path with one (they ask it only for IQ3_XXS,
             # IQ4_NL / IQ4_XS and Q4_0 / Q5_0)
-            with_im = _predict(header, name, model, True, None, opts)[0] if asked else replace(pred, imatrix=True)
+            with_im = (_predict(header, name, model, True, None, opts)[0] if asked
+                       else pred.model_copy(update={"imatrix": True}))
             note = ("llama-quantize refuses this ftype without an importance matrix (--imatrix); "
                     "the prediction assumes one")
-            pred = replace(with_im, needs_imatrix=True, notes=(note, *with_im.notes))
+            pred = with_im.model_copy(update={"needs_imatrix": True, "notes": (note, *with_im.notes)})
         return pred
     pred = _predict(header, name, model, bool(imatrix), imatrix_file, opts)[0]
     if pred.needs_imatrix and not imatrix:
         note = "llama-quantize refuses this ftype without an importance matrix (--imatrix)"
-        pred = replace(pred, notes=(note, *pred.notes))
+        pred = pred.model_copy(update={"notes": (note, *pred.notes)})
     return pred
 
 

@@ -117,8 +117,9 @@ _LAYOUT = {"GGUFHeader": ("metadata", "tensors", "shards", "value_types", "key_o
 def _check_layout() -> None:
     from fitter.gguf.reader import GGUFHeader, TensorInfo
 
-    for cls in (GGUFHeader, TensorInfo):
-        if tuple(f.name for f in dataclasses.fields(cls)) != _LAYOUT[cls.__name__]:
+    for cls, names in ((GGUFHeader, tuple(GGUFHeader.model_fields)),  # (a Record: not made a dataclass to ask)
+                       (TensorInfo, tuple(f.name for f in dataclasses.fields(TensorInfo)))):
+        if names != _LAYOUT[cls.__name__]:
             raise TypeError(f"{cls.__name__} changed: the header cache does not know its fields")
 
 
@@ -138,7 +139,7 @@ def _encode(header: Any) -> tuple:
     return (
         [(k, value(v)) for k, v in header.metadata.items()],
         [(t.name, t.shape, int(t.ggml_type), t.offset, t.nbytes, t.shard) for t in header.tensors],
-        [[getattr(s, f.name) for f in dataclasses.fields(s)] for s in header.shards],
+        [[getattr(s, f) for f in s.model_fields] for s in header.shards],
         [(k, int(v)) for k, v in header.value_types.items()],
         list(header.key_offsets.items()),
     )
