@@ -146,8 +146,9 @@ def _check_header(header: GGUFHeader) -> None:
         raise QuantError("big-endian GGUF: llama.cpp refuses to load it, so llama-quantize cannot quantize it")
 
 
-# a row: the tensor, its shape, input type, whether llama.cpp quantizes it, and its number of rows (ggml_nrows)
-_Row = tuple[TensorInfo, tuple[int, ...], int, bool, int]
+# a row: the tensor, its shape, input type, whether llama.cpp quantizes it, its number of rows (ggml_nrows), and where
+# it does not, the tensor as every ftype writes it (copied as it is) and its padded bytes
+_Row = tuple[TensorInfo, tuple[int, ...], int, bool, int, "TensorQuant | None", int]
 _ROWS: dict[tuple, tuple[GGUFHeader, list[_Row], int, tuple[str, ...]]] = {}
 
 
@@ -165,10 +166,13 @@ def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,
         n_rows = 1
         for d in shape[1:]:
             n_rows *= d
-        rows.append((t, shape, int(t.ggml_type), allows_quantization(
-            t.name, shape, arch, only_copy=only_copy, quantize_output_tensor=quantize_output_tensor), n_rows))
-    infos = sum(_tensor_info_bytes(t.name, n_dims(shape)) for t, shape, _, _, _ in rows)
-    names = tuple(t.name for t, _, _, _, _ in rows)
+        in_type = int(t.ggml_type)
+        quantizable = allows_quantization(t.name, shape, arch, only_copy=only_copy,
+                                          quantize_output_tensor=quantize_output_tensor)
+        copied = None if quantizable else TensorQuant(t.name, shape, in_type, in_type, t.nbytes, False)
+        rows.append((t, shape, in_type, quantizable, n_rows, copied, t.nbytes + (-t.nbytes) % GGUF_DEFAULT_ALIGNMENT))
+    infos = sum(_tensor_info_bytes(r[0].name, n_dims(r[1])) for r in rows)
+    names = tuple(r[0].name for r in rows)
     if len(_ROWS) > 32:
         _ROWS.clear()
     _ROWS[key] = (header, rows, infos, names)
@@ -195,18 +199,18 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
     imatrix_tensors: list[str] = []
     needs_requantize = False
     data_bytes = 0  # each tensor's data padded to the alignment (gguf_pad)
-    for t, shape, in_type, quantizable, n_rows in rows:
-        wanted: int | None = None
-        if not quantizable:
-            new = in_type  # copied as it is
-        else:
-            new, wanted = get_type(qs, opts, t.name, shape, default, ftype)  # type: ignore[arg-type]
-            if new not in NOT_QUANTIZED and shape[0] % BLCK[new] != 0:
-                # gguf_set_tensor_type: GGML_ASSERT "tensor row size not divisible by block size of new type"
-                raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
-                                   f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
-                                   "fallback)")
-        req = quantizable and requires_imatrix(t.name, new, ftype)
+    for t, shape, in_type, _quantizable, n_rows, copied, copied_bytes in rows:
+        if copied is not None:  # not quantized: copied as it is, alike in every ftype
+            data_bytes += copied_bytes
+            out.append(copied)
+            continue
+        new, wanted = get_type(qs, opts, t.name, shape, default, ftype)  # type: ignore[arg-type]
+        if new not in NOT_QUANTIZED and shape[0] % BLCK[new] != 0:
+            # gguf_set_tensor_type: GGML_ASSERT "tensor row size not divisible by block size of new type"
+            raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
+                               f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
+                               "fallback)")
+        req = requires_imatrix(t.name, new, ftype)
         if req:
             imatrix_tensors.append(t.name)
         if new != in_type:
@@ -219,7 +223,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         else:
             nbytes = t.nbytes
         data_bytes += nbytes + (-nbytes) % GGUF_DEFAULT_ALIGNMENT
-        out.append(TensorQuant(t.name, shape, in_type, new, nbytes, quantizable, wanted, req))
+        out.append(TensorQuant(t.name, shape, in_type, new, nbytes, True, wanted, req))
 
     kv = _output_kv_bytes(header, imatrix_file)
     header_bytes = gguf_pad(24 + kv + infos)
