@@ -159,3 +159,31 @@ def test_a_record_becomes_a_dataclass_when_first_asked():
     assert isinstance(Base.__dict__["__dataclass_fields__"], dict)  # the base made one on the way
     assert dataclasses.replace(Sub(a=5), c=4) == Sub(a=5, c=4)
     assert Base(a=1).model_dump() == {"a": 1, "b": []}
+
+
+_NONE_MADE = """
+import contextlib, io, sys
+import cli
+from fitter.record import Record
+for argv in (["fit", sys.argv[1], "--budget", "8GiB", "--backend", "metal"], ["quants", sys.argv[1], "--budget", "8GiB"]):
+    sys.argv = ["ggfit", *argv]
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cli.main()
+        except SystemExit as e:
+            assert not e.code, e.code
+made, todo = [], list(Record.__subclasses__())
+while todo:
+    cls = todo.pop()
+    todo += cls.__subclasses__()
+    if isinstance(cls.__dict__.get("__dataclass_fields__"), dict):
+        made.append(cls.__qualname__)
+print(sorted(made))
+"""
+
+
+def test_the_commands_make_no_record_a_dataclass(moe):
+    # making each Record a dataclass costs about 1% of a command (fitter.record's docstring): `fit` and `quants` ask none
+    out = subprocess.run([sys.executable, "-c", _NONE_MADE, moe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
