@@ -11,6 +11,7 @@ Its whole log (stdout and stderr merged) is collected line by line as it comes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import json
@@ -94,16 +95,21 @@ class Proc:
         self.t0 = time.perf_counter()
         self.started_at = time.time()
         self.ended_at: float | None = None
-        with signals_held():  # a Ctrl-C during the fork is raised here, not lost
-            self.popen = subprocess.Popen(
-                cmd, env=env, cwd=cwd,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                start_new_session=True,  # its own process group: kill() takes everything it started
-                preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
-            )
-            self.pid = self.popen.pid
-            self._watchdog = watchdog_for(self.pid)  # None on Linux (the parent-death signal does it)
+        try:
+            with signals_held():  # a Ctrl-C during the fork is raised as it leaves, not lost
+                self.popen = subprocess.Popen(
+                    cmd, env=env, cwd=cwd,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                    start_new_session=True,  # its own process group: kill() takes everything it started
+                    preexec_fn=child_preexec(as_limit),  # RLIMIT_AS, and (Linux) it dies when ggfit dies, even of SIGKILL
+                )
+                self.pid = self.popen.pid
+                self._watchdog = watchdog_for(self.pid)  # None on Linux (the parent-death signal does it)
+        except BaseException:
+            if hasattr(self, "popen"):  # started, then interrupted: the caller never gets this Proc to stop it
+                self._kill_unwatched()
+            raise
         self.out = bytearray()
         self.err = bytearray()
         self.lines: list[str] = []  # stdout split into lines as they come (merged log for the server)
@@ -126,6 +132,15 @@ class Proc:
                 self.popen.stdin.close()
             except (BrokenPipeError, OSError):
                 pass
+
+    def _kill_unwatched(self) -> None:
+        """SIGKILL the group of a child whose reader and waiter threads never started, and reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.release()
 
     def _read(self, f, buf: bytearray, split: bool) -> None:
         pending = b""

@@ -538,27 +538,30 @@ def measure(
     cmd = [python or sys.executable, "-m", "fitter.oracle._llama_child"]
     with sigterm_cleanup():  # SIGTERM: the child's group is killed as on Ctrl-C; SIGKILL: the child dies with us
         t0 = time.perf_counter()
-        with signals_held():
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=child_env(env),
-                cwd=REPO_ROOT,
-                start_new_session=True,  # its own process group: a timeout kills everything it started
-                preexec_fn=child_preexec(),
-            )
-            watchdog = watchdog_for(proc.pid)
+        proc: subprocess.Popen[bytes] | None = None
+        watchdog = None
         timed_out = False
         try:
-            out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, err = proc.communicate()
+            with signals_held():  # a Ctrl-C or SIGTERM during the start is raised as it leaves: the cleanup below runs
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=child_env(env),
+                    cwd=REPO_ROOT,
+                    start_new_session=True,  # its own process group: a timeout kills everything it started
+                    preexec_fn=child_preexec(),
+                )
+                watchdog = watchdog_for(proc.pid)
+            try:
+                out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                out, err = proc.communicate()
         finally:
-            if proc.poll() is None:  # KeyboardInterrupt or SIGTERM while waiting
+            if proc is not None and proc.poll() is None:  # KeyboardInterrupt or SIGTERM while starting or waiting
                 _kill_group(proc)
                 proc.wait()
             if watchdog is not None:
