@@ -536,6 +536,14 @@ def measure(
         "test_signal": _test_signal,
     }
     cmd = [python or sys.executable, "-m", "fitter.oracle._llama_child"]
+    proc, out, err, timed_out, wall = _run_child(cmd, json.dumps(request).encode(), child_env(env), timeout)
+    return _assemble(proc, out, err, timed_out, wall, path, mode, params, timeout)
+
+
+def _run_child(cmd: list[str], request: bytes, env: dict[str, str], timeout: float,
+               ) -> tuple[subprocess.Popen[bytes], bytes, bytes, bool, float]:
+    """measure's child, given the request on stdin: (the process, stdout, stderr, whether it timed out, wall seconds).
+    A timeout, a Ctrl-C or a SIGTERM kills its process group."""
     with sigterm_cleanup():  # SIGTERM: the child's group is killed as on Ctrl-C; SIGKILL: the child dies with us
         t0 = time.perf_counter()
         proc: subprocess.Popen[bytes] | None = None
@@ -548,14 +556,14 @@ def measure(
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=child_env(env),
+                    env=env,
                     cwd=REPO_ROOT,
                     start_new_session=True,  # its own process group: a timeout kills everything it started
                     preexec_fn=child_preexec(),
                 )
                 watchdog = watchdog_for(proc.pid)
             try:
-                out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
+                out, err = proc.communicate(request, timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc)
@@ -566,8 +574,7 @@ def measure(
                 proc.wait()
             if watchdog is not None:
                 watchdog.release()
-    wall = time.perf_counter() - t0
-    return _assemble(proc, out, err, timed_out, wall, path, mode, params, timeout)
+    return proc, out, err, timed_out, time.perf_counter() - t0
 
 
 def _assemble(
