@@ -146,9 +146,9 @@ def _check_header(header: GGUFHeader) -> None:
         raise QuantError("big-endian GGUF: llama.cpp refuses to load it, so llama-quantize cannot quantize it")
 
 
-# a row: the tensor, its shape, input type, whether llama.cpp quantizes it, its number of rows (ggml_nrows), and where
-# it does not, the tensor as every ftype writes it (copied as it is) and its padded bytes
-_Row = tuple[TensorInfo, tuple[int, ...], int, bool, int, "TensorQuant | None", int]
+# a row: the tensor, its shape, input type, its number of rows (ggml_nrows), the tensor as every ftype writes it where
+# llama.cpp does not quantize it (copied as it is; None where it does), and its padded input bytes
+_Row = tuple[TensorInfo, tuple[int, ...], int, int, "TensorQuant | None", int]
 _ROWS: dict[tuple, tuple[GGUFHeader, list[_Row], int, tuple[str, ...]]] = {}
 
 
@@ -170,7 +170,7 @@ def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,
         quantizable = allows_quantization(t.name, shape, arch, only_copy=only_copy,
                                           quantize_output_tensor=quantize_output_tensor)
         copied = None if quantizable else TensorQuant(t.name, shape, in_type, in_type, t.nbytes, False)
-        rows.append((t, shape, in_type, quantizable, n_rows, copied, t.nbytes + (-t.nbytes) % GGUF_DEFAULT_ALIGNMENT))
+        rows.append((t, shape, in_type, n_rows, copied, t.nbytes + (-t.nbytes) % GGUF_DEFAULT_ALIGNMENT))
     infos = sum(_tensor_info_bytes(r[0].name, n_dims(r[1])) for r in rows)
     names = tuple(r[0].name for r in rows)
     if len(_ROWS) > 32:
@@ -199,7 +199,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
     imatrix_tensors: list[str] = []
     needs_requantize = False
     data_bytes = 0  # each tensor's data padded to the alignment (gguf_pad)
-    for t, shape, in_type, _quantizable, n_rows, copied, copied_bytes in rows:
+    for t, shape, in_type, n_rows, copied, copied_bytes in rows:
         if copied is not None:  # not quantized: copied as it is, alike in every ftype
             data_bytes += copied_bytes
             out.append(copied)
