@@ -1,8 +1,14 @@
 """Solve for the largest context that fits a budget, per ubatch and K/V type pair, and recommend one.
 
-The device total is monotone in n_ctx (KV cells and attention scratch only grow) and piecewise linear,
-so the largest n_ctx (a multiple of 256: llama.cpp pads n_ctx to 256 anyway) is found by interpolation
-inside an exact bracket (`largest_fitting`), in a handful of predictions.
+The device total grows with n_ctx (KV cells and attention scratch grow) and is piecewise linear, so the
+largest n_ctx (a multiple of 256: llama.cpp pads n_ctx to 256 anyway) is found by interpolation inside an
+exact bracket (`largest_fitting`), in a handful of predictions.
+
+It is not strictly monotone. ggml-alloc's placement can leave a compute buffer smaller at a larger context:
+llama.cpp's own dry run of gemma3-270m on the CPU (-ub 2048 -ctk f32 -ctv f32 -fa on --swa-full -np 1) reserves
+95.83 MiB at -c 2816 and 93.08 MiB at -c 3072. Where the KV cache does not count against the device (a partial
+offload), the device total itself can fall from one step to the next. The answer is then a context that fits
+with the next step predicted over the budget, as a binary search's is; a larger context past the dip may fit too.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
                     asked: dict[int, int] | None = None) -> tuple[int, int]:
     """The largest k in 1..k_max with total(k) <= available, and total(k); (0, 0) when not even k = 1 fits.
 
-    `total` is monotone in k and piecewise linear (KV cells and masks grow linearly; compute buffers in
+    `total` grows with k, piecewise linearly (KV cells and masks grow linearly; compute buffers in
     steps), so the answer is bracketed and then found by interpolating the bracket's ends: a guess and its
     neighbour usually settle it, where bisection takes log2(k_max) predictions. Every step keeps the
     bracket exact (total(lo) <= available < total(hi)); a guess's neighbour is asked only when the guess
@@ -76,7 +82,8 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
     the KV cache) keeps one end for several steps: that end then counts for half, a quarter ... (the
     Illinois rule of regula falsi), and a third step in a row that does not halve the bracket is a
     bisection, so it takes at most about four times bisection's steps. Same answer as a binary
-    search.
+    search where `total` is monotone; where it is not (see the module's docstring), a k that fits with k + 1
+    asked and over the budget (or k_max), as a binary search's is.
 
     `hint` (from `next_hint`: the last search of the same model, at another ubatch or quant) starts the search at
     that search's answer, then where its bytes per step put the budget: three or four predictions, without k_max
@@ -224,7 +231,7 @@ def largest_context(
     """The largest context that fits (a Solution); `hint` and `asked` as largest_fitting's, in CTX_STEP steps."""
     totals: dict[int, int] = {}
 
-    def over(steps: int) -> int:  # monotone in the context on every device
+    def over(steps: int) -> int:  # grows with the context on every device (the module's docstring: not strictly)
         cfg = _config_for(base, steps * CTX_STEP, n_ubatch, type_k, type_v, with_draft)
         p = predict(header, spec, cfg, backend, frontend, draft if with_draft else None, build=build, terms=False)
         totals[steps] = p.total_device_bytes
