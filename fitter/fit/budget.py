@@ -34,7 +34,6 @@ import platform
 import re
 import shutil
 import subprocess
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -57,6 +56,7 @@ UNITS: dict[str, int] = {
 ACCEPTED = "a number with a unit (25559MiB, 24GiB, 26800MB, 26.8GB; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$", re.IGNORECASE)
 _MAX_BYTES = 2**63
+_MAX_FRACTION = 100  # digits after the point
 
 # Apple Silicon recommendedMaxWorkingSetSize by RAM, in MiB, as seen in llama.cpp logs
 # (research note anchors-memory.md section 6). Newer macOS reports more than older releases for
@@ -105,15 +105,19 @@ def parse_size(text: str, *, what: str = "--margin") -> int:
     number, unit = m.group(1), m.group(2).lower()
     if unit and unit not in UNITS:
         raise BudgetError(f"{what} {raw!r}: unknown unit '{m.group(2)}'; use {ACCEPTED}")
-    if not unit and Decimal(number) != 0:  # zero is zero in every unit
+    whole, _, frac = number.partition(".")
+    whole = whole.lstrip("0")
+    if not unit and (whole or frac.strip("0")):  # zero is zero in every unit
         also = " or auto" if what == "--budget" else ""
         raise BudgetError(f"{what} {s}: a size needs a unit (did you mean {number}MiB?); use {ACCEPTED}{also}")
     if unit == "b" and "." in number:
         raise BudgetError(f"{what} {raw!r}: bytes must be a whole number; use {ACCEPTED}")
-    try:
-        value = int(Decimal(number) * UNITS[unit or "b"])  # int() rounds toward zero: whole bytes, down
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        raise BudgetError(f"{what} {raw!r}: not a size; use {ACCEPTED}") from None
+    if len(whole) > 20:  # 10**20 bytes and more: past _MAX_BYTES in every unit, however long the number
+        raise BudgetError(f"{what} {raw!r}: too large")
+    if len(frac) > _MAX_FRACTION:
+        raise BudgetError(f"{what} {raw!r}: more than {_MAX_FRACTION} digits after the point; use {ACCEPTED}")
+    # whole bytes, rounded down, in integers: exact for every fraction
+    value = int(whole + frac or "0") * UNITS[unit or "b"] // 10 ** len(frac)
     if value >= _MAX_BYTES:
         raise BudgetError(f"{what} {raw!r}: too large")
     return value

@@ -50,6 +50,8 @@ GiB = 2**30
         ("  25559MiB  ", 25559 * MiB),
         ("0.0000001KiB", 0),  # rounds down to whole bytes
         ("1.0005KB", 1000),
+        ("0.9999999999999999999999999999999GB", 999_999_999),  # exact past 28 digits (Decimal's precision)
+        ("0" * 5000 + "1KB", 1000),
     ],
 )
 def test_parse_size_accepts(text, expected):
@@ -66,6 +68,14 @@ def test_parse_size_refuses(text):
     assert "\n" not in msg
     assert msg.startswith("--budget ")
     assert "MiB" in msg and "GB" in msg  # says what is accepted
+
+
+def test_absurdly_long_numbers_get_one_line():
+    with pytest.raises(BudgetError, match="too large"):
+        parse_size("1" + "0" * 5000 + "GB")
+    with pytest.raises(BudgetError, match="digits after the point"):
+        parse_size("1." + "0" * 100 + "1GB")
+    assert parse_size("1." + "0" * 99 + "1GB") == 10**9
 
 
 def test_errors_are_ggfit_errors():
