@@ -6,9 +6,11 @@ exact bracket (`largest_fitting`), in a handful of predictions.
 
 It is not strictly monotone. ggml-alloc's placement can leave a compute buffer smaller at a larger context:
 llama.cpp's own dry run of gemma3-270m on the CPU (-ub 2048 -ctk f32 -ctv f32 -fa on --swa-full -np 1) reserves
-95.83 MiB at -c 2816 and 93.08 MiB at -c 3072. Where the KV cache does not count against the device (a partial
-offload), the device total itself can fall from one step to the next. The answer is then a context that fits
-with the next step predicted over the budget, as a binary search's is; a larger context past the dip may fit too.
+95.83 MiB at -c 2816 and 93.08 MiB at -c 3072. Where the compute buffer falls by more than the KV cache grows, or
+the KV cache is not on the device (a partial offload), the device total falls too: for gpt-oss-20b on CUDA (-ub
+2048 -ctk f32 -ctv f32 -fa on -np 2 --kv-unified) ggfit predicts 16.5 MiB less compute and 12 MiB more KV at
+-c 11520 than at 11264. The answer is then a context that fits with the next step predicted over the budget, as a
+binary search's is; a larger context past the dip may fit too.
 """
 
 from __future__ import annotations
