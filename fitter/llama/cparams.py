@@ -670,3 +670,20 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
         flash_attn=flash_attn, type_k=config.type_k, type_v=config.type_v, n_rs_seq=n_rs_seq, offload_kqv=True,
         embeddings=config.embeddings, defaults_applied=applied, build=build,
     )
+
+
+def reserve_ubatch(cp: ContextParams) -> tuple[int, int, int, bool]:
+    """The ubatch llama_context::sched_reserve builds the graph for: (n_tokens, n_outputs, n_seqs, whether n_tokens was
+    rounded up to a multiple of n_seqs). Its K/V streams: 1 with kv_unified, else n_seqs."""
+    n_seqs = cp.n_seq_max
+    if not cp.build.has("reserve_n_seqs_unified"):
+        n_seqs = 1 if cp.kv_unified else n_seqs  # llama_context::llama_context (0.3.16): unified reserves 1 seq
+    n_tokens = min(cp.n_ctx, cp.n_ubatch)  # llama_context::sched_reserve
+    n_outputs = min(n_tokens, cp.n_outputs_max)
+    rounded = n_tokens % n_seqs != 0
+    if rounded:  # llama_context::graph_reserve
+        n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
+    if not cp.build.has("logits_whole_ubatch"):
+        # before #23861, llama_context::llama_context: graph_reserve(n_tokens, n_seqs, n_tokens) (0.3.23)
+        n_outputs = n_tokens
+    return n_tokens, n_outputs, n_seqs, rounded

@@ -61,7 +61,7 @@ from fitter.ggml.tensor import (
     weight,
 )
 from fitter.ggml.types import BLCK, F16, F32, I32, I64, row_size, type_of
-from fitter.llama.cparams import ContextParams
+from fitter.llama.cparams import ContextParams, reserve_ubatch
 from fitter.llama.graph_details import GraphDetails
 from fitter.llama.hparams import LayerKind, LayerSpec, ModelSpec
 from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
@@ -118,20 +118,10 @@ class GraphContext:
         self.d = details
         self.arch = spec.architecture
         self.fa = cp.flash_attn
-        n_seqs = cp.n_seq_max
         self.build = cp.build
         # MLA caches only the latent K (V is a view of it) since #19067; before, V had a cache of its own (0.3.16)
         self.v_less = spec.is_mla and self.build.has("mla_v_less_cache")
-        if not self.build.has("reserve_n_seqs_unified"):
-            n_seqs = 1 if cp.kv_unified else n_seqs  # llama_context::llama_context (0.3.16): unified reserves 1 seq
-        n_tokens = min(cp.n_ctx, cp.n_ubatch)  # llama_context::sched_reserve
-        self.n_outputs = min(n_tokens, cp.n_outputs_max)
-        rounded = n_tokens % n_seqs
-        if rounded:  # llama_context::graph_reserve
-            n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
-        if not self.build.has("logits_whole_ubatch"):
-            # before #23861, llama_context::llama_context: graph_reserve(n_tokens, n_seqs, n_tokens) (0.3.23)
-            self.n_outputs = n_tokens
+        n_tokens, self.n_outputs, n_seqs, rounded = reserve_ubatch(cp)
         self.n_tokens = n_tokens
         # the unit n_tokens is traced in (trace_tokens): its largest power-of-two divisor up to 256, so that GGML_PAD
         # and the chunkings of 64 stay exact forms; 0 (n_tokens kept in the trace's key) where it was rounded up
