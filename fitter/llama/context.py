@@ -579,10 +579,10 @@ def _cp_key(cp: ContextParams) -> tuple:
     return tuple((k, v) for k, v in cp.__dict__.items() if k != "defaults_applied")
 
 
-# The K/V types whose compute buffers are the same bytes on Metal (_shared_kv_types): every quantized type Metal's
-# flash attention has a kernel for, the ones ggml_metal_op_flash_attn_ext_use_kv_f16 dequantizes to f16 first
-_METAL_KV_F16 = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
-_METAL_KV_SHARED = "q8_0"  # the type they are all computed as
+# The K/V types whose compute buffers are the same bytes on the CPU and Metal (_shared_kv_types): the quantized types
+# Metal's flash attention has a kernel for, the ones ggml_metal_op_flash_attn_ext_use_kv_f16 dequantizes to f16 first
+_SHARED_KV = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
+_SHARED_KV_AS = "q8_0"  # the type they are all computed as
 
 
 def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gpu_layers: int,
@@ -590,26 +590,28 @@ def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gp
     """`cp`, or `cp` with q8_0 K/V in place of another type whose compute buffers are the same bytes: both then share
     one graph, trace and cache entry (`fit`'s table asks q8_0 and q4_0 at the same contexts).
 
-    On Metal with flash attention, K and V of one type of _METAL_KV_F16, the type reaches the compute graph only
-    through the K and V views of the cache. The graph builders read it for its block size (32 in all five: the
-    Hadamard rotation) and against F32 (the cast before flash attention); the scheduler for FLASH_ATTN_EXT's support
-    (metal_fa_unsupported_reason: all five). The views are never allocated, and the reorder takes every tensor of a KV
-    cache as the same range (metal_common.cache_ranges). FLASH_ATTN_EXT's alloc size reads the views' strides only
-    where ggml_metal_op_flash_attn_ext_use_kv_f16 is false: under 32 queries per stream, and in builds before #27390
-    (metal_fa_kv_f16_extra), which keep their own type. Every layer and the cache on the GPU, no tensor override:
-    the scheduler copies no view."""
-    if impl.kind != Backend.METAL or not cp.flash_attn or not cp.build.has("metal_fa_kv_f16_extra"):
-        return cp
+    With flash attention and K and V of one type of _SHARED_KV, the type reaches the compute graph only through the K
+    and V views of the cache, which are never allocated. The graph builders read it for its block size (32 in all
+    five: the Hadamard rotation) and against F32 (the cast before flash attention). On the CPU nothing else reads it
+    (one buffer, alloc size ggml_nbytes). On Metal the scheduler reads it for FLASH_ATTN_EXT's support
+    (metal_fa_unsupported_reason: all five), the reorder takes every tensor of a KV cache as one range
+    (metal_common.cache_ranges), and FLASH_ATTN_EXT's alloc size reads the views' strides only where
+    ggml_metal_op_flash_attn_ext_use_kv_f16 is false: under 32 queries per stream, and in builds before #27390
+    (metal_fa_kv_f16_extra), which keep their own type. So do a cache or a layer on the CPU and tensor overrides
+    (the scheduler's copies). CUDA keeps its own (its flash attention's scratch depends on the type)."""
     tk = type_name(cp.type_k)
-    if tk == _METAL_KV_SHARED or tk not in _METAL_KV_F16 or type_name(cp.type_v) != tk or kv_host:
+    if not cp.flash_attn or tk == _SHARED_KV_AS or tk not in _SHARED_KV or type_name(cp.type_v) != tk:
+        return cp
+    shared = cp.model_copy(update={"type_k": _SHARED_KV_AS, "type_v": _SHARED_KV_AS})
+    if impl.kind == Backend.CPU:
+        return shared
+    if impl.kind != Backend.METAL or not cp.build.has("metal_fa_kv_f16_extra") or kv_host:
         return cp
     n_tokens, _, n_seqs, _ = reserve_ubatch(cp)
     if n_tokens // (1 if cp.kv_unified else n_seqs) < 32:  # FLASH_ATTN_EXT's queries per stream (Q's ne[1])
         return cp
     wp = placement or weight_placement(len(spec.layers), impl.kind, n_gpu_layers)
-    if wp.overrides or CPU_DEV in wp.layer_dev:
-        return cp
-    return cp.model_copy(update={"type_k": _METAL_KV_SHARED, "type_v": _METAL_KV_SHARED})
+    return cp if wp.overrides or CPU_DEV in wp.layer_dev else shared
 
 
 def compute_buffers(
