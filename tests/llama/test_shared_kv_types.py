@@ -1,4 +1,4 @@
-"""Quantized K/V types that share one compute graph on Metal (fitter.llama.context._shared_kv_types).
+"""Quantized K/V types that share one compute graph on the CPU and Metal (fitter.llama.context._shared_kv_types).
 
 With flash attention, the compute buffers are the same bytes for q4_0, q4_1, q5_0, q5_1 and q8_0 K/V on the CPU, and
 on Metal at 32 queries or more per stream, so those contexts are computed as q8_0's. Each case here is checked
@@ -71,7 +71,8 @@ def test_shared_types_give_their_own_graph_s_bytes(arch: str, backend: str, monk
 
 def test_the_rule_keeps_the_type_where_it_reaches_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under 32 queries per stream FLASH_ATTN_EXT's pad reads the views' own strides: q4_0 and q8_0 differ there, and
-    q4_0 keeps its own graph. So it does on CUDA, with the cache or a layer on the CPU, and with two types."""
+    q4_0 keeps its own graph. So it does on CUDA, with the cache or a layer on the CPU, with a tensor override, with
+    two types and with f16."""
     header, spec = load_model_spec(str(build("qwen3")))
     d = graph_details(header)
 
