@@ -11,7 +11,6 @@ Its whole log (stdout and stderr merged) is collected line by line as it comes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.client
 import json
@@ -29,7 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fitter import GGFitError, RunConfig, child_preexec, signals_held, watchdog_for
+from fitter import GGFitError, RunConfig, child_preexec, kill_group, signals_held, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to
@@ -135,8 +134,7 @@ class Proc:
 
     def _kill_unwatched(self) -> None:
         """SIGKILL the group of a child whose reader and waiter threads never started, and reap it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        kill_group(self.popen)
         self.popen.wait()
         watchdog = getattr(self, "_watchdog", None)
         if watchdog is not None:

@@ -457,7 +457,8 @@ def sigterm_cleanup() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a child started with start_new_session, its whole process group, and the child itself."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -566,11 +567,11 @@ def _run_child(cmd: list[str], request: bytes, env: dict[str, str], timeout: flo
                 out, err = proc.communicate(request, timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                kill_group(proc)
                 out, err = proc.communicate()
         finally:
             if proc is not None and proc.poll() is None:  # KeyboardInterrupt or SIGTERM while starting or waiting
-                _kill_group(proc)
+                kill_group(proc)
                 proc.wait()
             if watchdog is not None:
                 watchdog.release()
