@@ -40,6 +40,7 @@ from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, flat_graph
 from fitter.ggml.backends.base import Backend, BackendImpl
+from fitter.ggml.backends.metal import METAL_FA_KV_F16_TYPES
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.replay import SegmentPlan, replay_chunks, replay_plan
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -581,7 +582,7 @@ def _cp_key(cp: ContextParams) -> tuple:
 
 # The K/V types whose compute buffers are the same bytes on the CPU and Metal (_shared_kv_types): the quantized types
 # Metal's flash attention has a kernel for, the ones ggml_metal_op_flash_attn_ext_use_kv_f16 dequantizes to f16 first
-_SHARED_KV = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
+_SHARED_KV = METAL_FA_KV_F16_TYPES
 _SHARED_KV_AS = "q8_0"  # the type they are all computed as
 
 

@@ -85,11 +85,15 @@ def metal_fa_use_vec(s: FlashAttnShape) -> bool:
     return s.n_q < 20 and s.d_k % 32 == 0
 
 
+# ggml_metal_op_flash_attn_ext_use_kv_f16's types: the quantized K types it dequantizes to f16 first
+METAL_FA_KV_F16_TYPES = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
+
+
 def metal_fa_use_kv_f16(s: FlashAttnShape) -> bool:
     """ggml_metal_op_flash_attn_ext_use_kv_f16: dequantize a quantized K/V to f16 first (>= 32 queries)."""
     if s.n_q < 32:
         return False
-    return type_name(s.type_k) in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+    return type_name(s.type_k) in METAL_FA_KV_F16_TYPES
 
 
 def metal_fa_n_kv_max_sparse(s: FlashAttnShape) -> int:
