@@ -105,7 +105,7 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
             return 0, 0
         return (1, t(1)) if k_max == 1 else (0, 0)
     lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not (once hi is asked)
-    if hint is not None and 1 <= min(hint[0], k_max) < k_max and hint[1] > 0:
+    if hint is not None and hint[0] >= 1 and hint[1] > 0:
         lo, hi = _hinted_bracket(t, available, k_max, hint)
         if hi == 1:
             return 0, 0  # not even k = 1 fits
@@ -157,9 +157,10 @@ def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, 
 
 def _hinted_bracket(t: Callable[[int], int], available: int, k_max: int, hint: Hint) -> tuple[int, int]:
     """largest_fitting's bracket from a hint: (lo, hi) with t(lo) <= available (lo 0: none asked fits) and
-    t(hi) > available (hi k_max: not asked yet). It asks the hint's answer, that corrected to the nearest step by
-    the hint's bytes per step, and, where one end is still missing, a second correction past the budget: a bracket
-    whose interpolation lands on the answer or next to it."""
+    t(hi) > available (hi k_max: maybe not asked yet). It asks the hint's answer, that corrected to the nearest step
+    by the hint's bytes per step, and, where one end is still missing, a second correction past the budget: a bracket
+    whose interpolation lands on the answer or next to it. A hint at k_max or beyond (the last search fitted there:
+    `quants`' smaller quants) keeps its slope: k_max is asked, then corrected the same way, not halved by eighths."""
     k0, step = min(hint[0], k_max), hint[1]
     lo, hi = 0, k_max
 

@@ -117,6 +117,22 @@ def test_the_last_search_s_hint_settles_the_next_in_three_predictions():
     assert next_hint({1024: 5}, 1024, (7, 3)) == (1024, 3)  # the last slope kept
 
 
+def test_a_hint_at_k_max_keeps_its_slope():
+    """`quants`: a quant that fits at k_max hands the next one (k_max, the slope kept from before); where the next
+    does not fit at k_max, the slope corrects k_max straight to the answer: k_max, the answer and its neighbour,
+    without k_max / 8."""
+    def total(k: int) -> int:
+        return 20_000 * 2**20 + k * 4 * 2**20 + (k // 4) * 2**19
+
+    slope = 4 * 2**20 + 2**17
+    for available in (24_000 * 2**20, 23_000 * 2**20, 20_000 * 2**20 + 1024 * slope + 1):
+        calls: list[int] = []
+        got, _ = largest_fitting(lambda k: calls.append(k) or total(k), available, 1024,  # noqa: B023
+                                 hint=(1024, slope))
+        assert got == _binary(total, available, 1024)
+        assert len(set(calls)) <= 3 and 128 not in calls, (available, calls)
+
+
 def test_slopes_carried_along_the_ubatches_settle_each_search_in_three_predictions():
     """`fit`'s table along one K/V row: each step of context costs more at a larger ubatch (cells x tokens), by the
     same amount per token; the hint's slope carried along the last two searches' (_extrapolated) lands the first
