@@ -46,15 +46,13 @@ def quantized_header(base: GGUFHeader, q: QuantPrediction) -> GGUFHeader:
     """The header llama-quantize would write: the same tensors with the predicted types, packed in its
     output order and padded to the alignment, as one file."""
     align = base.shards[0].alignment
-    by_name = {t.name: t for t in base.tensors}
     tensors, offset = [], 0
-    for tq in q.tensors:
-        src = by_name[tq.name]
+    for tq in q.tensors:  # each with its tensor's name and shape (fitter.fit.quants._tensor_rows)
         gtype = _GGML_TYPES.get(tq.ggml_type)
         if gtype is None:
             raise ValueError(f"{tq.ggml_type} is not a GGMLQuantizationType")  # as the enum's own call says
         n = tq.nbytes
-        tensors.append(TensorInfo(tq.name, src.shape, gtype, offset, n, 0))
+        tensors.append(TensorInfo(tq.name, tq.shape, gtype, offset, n, 0))
         offset += (n + align - 1) // align * align  # pad(n, align)
     s0 = base.shards[0]
     shard = s0.model_copy(update={"location": f"{s0.location} as {q.ftype}", "file_size": q.file_bytes,
