@@ -90,21 +90,26 @@ def _parse_name(name: str) -> tuple[int | None, str, str, bool]:
 
 
 @functools.lru_cache(maxsize=4)  # the quants of one model: the same names in the same order
-def _by_names(names: tuple[str, ...]) -> tuple[dict[str, frozenset[int]], frozenset[str], list[tuple[Any, ...]]]:
-    """What the tensors' names alone say: layer_tensors, global_tensors, and per tensor where its type goes ((layer,
-    suffix): a layer's weight, in layer_types; (None, base name): a global, in global_types; (None,): neither)."""
+def _by_names(names: tuple[str, ...]) -> tuple[dict[str, frozenset[int]], frozenset[str],
+                                               list[tuple[str, list[tuple[int, int]]]], list[tuple[str, int]]]:
+    """What the tensors' names alone say: layer_tensors, global_tensors, and where each weight's type goes: per layer
+    suffix (layer_types' key, in the order the names first give it) its (layer, index in the header) pairs, and the
+    globals' (base name, index)."""
     layer_tensors: dict[str, set[int]] = {}
     glob: set[str] = set()
-    slots: list[tuple[Any, ...]] = []
-    for name in names:
+    layer_slots: dict[str, list[tuple[int, int]]] = {}
+    global_slots: list[tuple[str, int]] = []
+    for i, name in enumerate(names):
         il, full, suffix, weight = _parse_name(name)
         if il is not None:
             layer_tensors.setdefault(full, set()).add(il)
-            slots.append((il, suffix) if weight else (None,))
+            if weight:
+                layer_slots.setdefault(suffix, []).append((il, i))
         else:
             glob.add(name)
-            slots.append((None, suffix))
-    return {k: frozenset(v) for k, v in layer_tensors.items()}, frozenset(glob), slots
+            global_slots.append((suffix, i))
+    return ({k: frozenset(v) for k, v in layer_tensors.items()}, frozenset(glob), list(layer_slots.items()),
+            global_slots)
 
 
 def _read_details(header) -> GraphDetails:
@@ -115,16 +120,11 @@ def _read_details(header) -> GraphDetails:
         v = md.get(f"{arch}.{k}", default)
         return default if v is None or isinstance(v, (list, dict)) else v
 
-    layer_tensors, glob, slots = _by_names(tuple(t.name for t in header.tensors))
-    layer_types: dict[str, dict[int, int]] = {}
-    global_types: dict[str, int] = {}
-    for slot, t in zip(slots, header.tensors):
-        if len(slot) == 2:
-            il, suffix = slot
-            if il is None:
-                global_types[suffix] = int(t.ggml_type)
-            else:
-                layer_types.setdefault(suffix, {})[il] = int(t.ggml_type)
+    tensors = header.tensors
+    layer_tensors, glob, layer_slots, global_slots = _by_names(tuple(t.name for t in tensors))
+    # (a name given twice: its last type, at its first place, as assigning in turn would leave it)
+    layer_types = {suffix: {il: int(tensors[i].ggml_type) for il, i in slots} for suffix, slots in layer_slots}
+    global_types = {suffix: int(tensors[i].ggml_type) for suffix, i in global_slots}
     return GraphDetails(
         layer_tensors=layer_tensors,
         global_tensors=glob,
