@@ -204,19 +204,24 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
     return out
 
 
-_CREATED: dict[tuple, list[tuple[int, int]]] = {}
+# (device, shard) -> the header index of each tensor instance llama.cpp creates there, in creation order, and of
+# each tensor once (the last of a name, at its first place: a mapped range counts a tensor made twice once)
+_Groups = dict[tuple[int, int], tuple[list[int], list[int]]]
+_CREATED: dict[tuple, _Groups] = {}
 
 
-def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> list[tuple[int, int]]:
-    """The tensors llama.cpp creates, as (index in the header, device), in creation order; pl None: all on the CPU.
-    By the tensors' names, the layers and the placement: the quants of one model (a header each) share it."""
-    key = (tuple(t.name for t in header.tensors), spec.architecture, spec.n_layer,
+def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> _Groups:
+    """The tensors llama.cpp creates, by device and file (_Groups); pl None: all on the CPU. By the tensors' names and
+    files, the layers and the placement: the quants of one model (a header each) share it."""
+    tensors = header.tensors
+    shards = tuple(t.shard for t in tensors) if len(header.shards) > 1 else None  # one file: every shard 0
+    key = (tuple(t.name for t in tensors), shards, spec.architecture, spec.n_layer,
            tuple(lay.kind for lay in spec.layers[: spec.n_layer]), load_mtp, pl)
     hit = _CREATED.get(key)
     if hit is not None:
         return hit
-    index = {id(t): i for i, t in enumerate(header.tensors)}
-    out: list[tuple[int, int]] = []
+    index = {id(t): i for i, t in enumerate(tensors)}
+    groups: dict[tuple[int, int], list[int]] = {}
     created: set[tuple[int, str]] = set()
     for inst in tensor_instances(header, spec, load_mtp=load_mtp):
         d = pl.device_of(inst.tensor.name, inst.where) if pl is not None else CPU_DEV
@@ -224,7 +229,8 @@ def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlac
         if inst.duplicated and k in created and not inst.created_first:
             continue  # create_tensor found the original in this buffer type's context and reused it
         created.add(k)
-        out.append((index[id(inst.tensor)], d))
+        groups.setdefault((d, inst.tensor.shard), []).append(index[id(inst.tensor)])
+    out = {g: (every, list({tensors[i].name: i for i in every}.values())) for g, every in groups.items()}
     if len(_CREATED) >= 16:
         _CREATED.pop(next(iter(_CREATED)))
     _CREATED[key] = out
@@ -248,11 +254,8 @@ def weight_buffers(
     device = backends.get(backend)
     pl = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
 
-    groups: dict[tuple[int, int], list[TensorInfo]] = {}
     tensors = header.tensors
-    for i, d in _created(header, spec, load_mtp, pl if device.is_gpu else None):
-        t = tensors[i]
-        groups.setdefault((d, t.shard), []).append(t)
+    groups = _created(header, spec, load_mtp, pl if device.is_gpu else None)
 
     out: list[WeightBuffer] = []
     for d in [CPU_DEV] + sorted({g for g, _ in groups if g != CPU_DEV}):
@@ -266,7 +269,7 @@ def weight_buffers(
         if use_mmap and impl.maps_host_memory:
             # one buffer per file, spanning the file range of its tensors (get_mapping_range)
             for s in shards:
-                ts = list({t.name: t for t in groups[(d, s)]}.values())
+                ts = [tensors[i] for i in groups[(d, s)][1]]
                 first = min(t.offset for t in ts)
                 last = max(t.offset + t.nbytes for t in ts)
                 out.append(WeightBuffer(buffer=f"{name}_Mapped", on_device=gpu, bytes=last - first,
@@ -277,7 +280,7 @@ def weight_buffers(
             align = impl.alignment
             if not gpu:
                 name = device.host_buffer_name
-            ts = [t for s in shards for t in groups[(d, s)]]
+            ts = [tensors[i] for s in shards for i in groups[(d, s)][0]]
             size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=name, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
                                     n_tensors=len(ts), shard=shards[0]))
