@@ -52,8 +52,14 @@ def type_of(t: str | int | GGMLQuantizationType) -> GGMLQuantizationType:
         raise GGMLTypeError(f"unknown ggml type '{t}'") from None
 
 
+_NAMES: dict[str | int, str] = {}  # type_name's answers by what it was given (a name, an id or a member: its id)
+
+
 def type_name(t: str | int | GGMLQuantizationType) -> str:
-    return type_of(t).name.lower()
+    name = _NAMES.get(t)
+    if name is None:  # (an enum member's .name is a property: about a microsecond, and a prediction asks ~20)
+        name = _NAMES[t] = type_of(t).name.lower()
+    return name
 
 
 def is_quantized(t: str | int | GGMLQuantizationType) -> bool:
