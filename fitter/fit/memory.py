@@ -303,10 +303,10 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
         return config, None
     if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
-    for layer in spec.layers[: spec.n_layer]:
-        if layer.kind.value == "recurrent" or not layer.has_kv:
-            continue
-        why = metal_fa_unsupported_reason(layer.n_embd_head_k, layer.n_embd_head_v, config.type_k, config.type_v)
+    heads = dict.fromkeys((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
+                          if layer.kind.value != "recurrent" and layer.has_kv)  # each pair once, in layer order
+    for d_k, d_v in heads:
+        why = metal_fa_unsupported_reason(d_k, d_v, config.type_k, config.type_v)
         if why:
             return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on Metal: {why})"
     return config, None
