@@ -136,8 +136,7 @@ def _category(name: str) -> int:
     return OTHER
 
 
-def _is_attn_v(cat: int) -> bool:  # category_is_attn_v
-    return cat in (ATTN_V, ATTN_QKV, ATTN_KV_B)
+_ATTN_V = frozenset({ATTN_V, ATTN_QKV, ATTN_KV_B})  # category_is_attn_v: `cat in _ATTN_V`
 
 
 _NO_QUANT_SUBSTRINGS = (
@@ -214,7 +213,7 @@ class QuantState:
 def _name_counters(names: tuple[str, ...]) -> tuple[int, bool]:
     """init_quantize_state_counters' counts: the attn_v tensors, and whether there is no output tensor."""
     cats = [_category(n) for n in names]
-    return sum(1 for c in cats if _is_attn_v(c)), OUTPUT not in cats
+    return sum(1 for c in cats if c in _ATTN_V), OUTPUT not in cats
 
 
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:
@@ -275,7 +274,7 @@ def _get_type_impl(qs: QuantState, new_type: int, name: str, shape: tuple[int, .
         elif ftype in ("TQ1_0", "TQ2_0", "Q2_0"):
             new_type = Q4_K
     elif ftype in _IQ2_FAMILY:
-        if _is_attn_v(cat):
+        if cat in _ATTN_V:
             if m.n_gqa >= 4 or n_expert >= 4:
                 new_type = Q4_K
             else:
@@ -294,7 +293,7 @@ def _get_type_impl(qs: QuantState, new_type: int, name: str, shape: tuple[int, .
                 new_type = IQ2_XXS
             elif ftype in ("IQ2_S", "IQ2_M"):
                 new_type = IQ3_S
-    elif _is_attn_v(cat):
+    elif cat in _ATTN_V:
         gqa4 = m.n_gqa >= 4
         if ftype == "Q2_K":
             new_type = Q4_K if gqa4 else Q3_K
