@@ -6,6 +6,8 @@ cell and layer counts of each cache. Where ggfit refuses a config, llama.cpp mus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig, resolve_context
@@ -101,3 +103,53 @@ def test_weights_real_load(arch: str, use_mmap: bool) -> None:
     ours = weight_buffers(header, spec, Backend.CPU, use_mmap=use_mmap)
     rows = [r for r in run.breakdown or [] if r.model]
     assert [(r.buffer_type, r.model) for r in rows] == [(w.buffer, w.bytes) for w in ours]
+
+
+def _resplit(src: str, directory: Path, per_shard: int) -> Path:
+    """The model of `src` as convert_hf_to_gguf writes a split one (gguf.GGUFWriter with split_max_tensors): the same
+    keys and tensors, `per_shard` tensors a file. Returns the first file."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    r = GGUFReader(src)
+    w = GGUFWriter(directory / "model.gguf", r.fields["general.architecture"].contents(), split_max_tensors=per_shard)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue  # the writer's own
+        vt = f.types[0]
+        w.add_key_value(f.name, f.contents(), vt, f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=tuple(int(d) for d in reversed(t.shape)), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    first = sorted(directory.glob("model-00001-of-*.gguf"))
+    assert len(first) == 1
+    return first[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "no-mmap"])
+def test_weights_of_a_split_model_real_load(tmp_path: Path, use_mmap: bool) -> None:
+    """A model split over five files: with mmap llama.cpp maps each file's range of tensors (a CPU_Mapped buffer per
+    file, each printed, their sum in the breakdown); without, one allocation. Asked after the same model in one file
+    (the same tensor names), so that nothing of that file's layout is reused."""
+    from fitter.oracle.llama_run import LlamaParams
+
+    whole = str(build("llama"))
+    header, spec = load_model_spec(whole)
+    one = weight_buffers(header, spec, Backend.CPU, use_mmap=use_mmap)
+    path = _resplit(whole, tmp_path, per_shard=5)
+    header, spec = load_model_spec(str(path))
+    assert len(header.shards) == 5
+    ours = weight_buffers(header, spec, Backend.CPU, use_mmap=use_mmap)
+    run = measure(str(path), LlamaParams(n_ctx=256, use_mmap=use_mmap), mode="load", log_level="info")
+    run.raise_for_status()
+    rows = [r for r in run.breakdown or [] if r.model]
+    assert [(r.buffer_type, r.model) for r in rows] == [(ours[0].buffer, sum(w.bytes for w in ours))]
+    printed = run.report.rows("model")
+    assert [(b.buffer, round(b.mib, 2)) for b in printed] == [(w.buffer, round(w.bytes / 2**20, 2)) for w in ours]
+    if use_mmap:
+        assert [w.shard for w in ours] == [0, 1, 2, 3, 4] and len(one) == 1
+    else:
+        assert [(w.buffer, w.bytes) for w in ours] == [(w.buffer, w.bytes) for w in one]
