@@ -59,7 +59,7 @@ def test_parse_size_accepts(text, expected):
 
 
 @pytest.mark.parametrize(
-    "text", ["24GB5", "-1MiB", "lots", "", "24G", "24M", "1.5", "1e9", "25559", "26800000000", "1.5B", "24 GiB extra", "GiB", "1,024MiB", "0x100", "24GiBs", "+5GB"]
+    "text", ["24GB5", "-1MiB", "lots", "", "24G", "24M", "1.5", "1e9", "25559", "26800000000", "1.5B", "24 GiB extra", "GiB", "1,024MiB", "0x100", "24GiBs", "+5GB", "25\u212aiB"]
 )
 def test_parse_size_refuses(text):
     with pytest.raises(BudgetError) as e:
