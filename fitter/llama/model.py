@@ -231,7 +231,7 @@ def _tensor_facts(header: GGUFHeader) -> dict[str, Any]:
     bytes_by_type, params_by_type = _by_type(header)
     ft, ft_name = _file_type(header)
     return {"file_type": ft, "file_type_name": ft_name, "file_size": header.file_size, "header_size": header.header_size,
-            "tensor_bytes": header.tensor_bytes, "n_tensors": len(header.tensors),
+            "tensor_bytes": sum(bytes_by_type.values()), "n_tensors": len(header.tensors),  # (header.tensor_bytes)
             "n_params": sum(params_by_type.values()), "bytes_by_type": bytes_by_type, "params_by_type": params_by_type}
 
 
