@@ -10,7 +10,8 @@ script run as `python cli.py` is compiled from source every time: ~8 ms that no 
 (PYTHONDONTWRITEBYTECODE removed), as on a user's machine; each command twice, with ggfit's header cache warm (the
 file was read before: the usual case) and cold (every run parses the header and stores it), both in a temporary
 GGFIT_CACHE (never the user's). After one warm-up of each, the runs go in rounds (every command once a round, the dry
-runs spread among them), so that a drift in the machine's speed slows every figure alike. The machine may be shared:
+runs spread among them, and a child that times 200 predict() calls: their median and fastest are over every round's),
+so that a drift in the machine's speed slows every figure alike. The machine may be shared:
 compare CPU medians, and read the load average printed at the end.
 
     python benchmarks/fit_speed.py [--runs 7] [--dry-runs N]   # N: --runs by default
@@ -86,7 +87,7 @@ class Timer:
 
 
 # predict() of new configs (n_ctx and n_ubatch vary) on one already-read header, in a child run from a tree:
-# `PATH N time` prints the median milliseconds of a call, `PATH N` only runs them (for the instruction counts)
+# `PATH N time` prints each call's milliseconds, `PATH N` only runs them (for the instruction counts)
 _PREDICT = """
 import statistics, sys, time
 sys.path.insert(0, ".")
@@ -99,16 +100,15 @@ for i in range(int(sys.argv[2])):
     predict(header, spec, cfg, Backend.METAL, Frontend.SERVER)
     ms.append((time.perf_counter() - t) * 1e3)
 if sys.argv[3:] == ["time"]:
-    print(statistics.median(ms), min(ms))
+    print(*ms)
 """
 
 
-def predict_ms(tree: str, path: str, env: dict[str, str]) -> tuple[float, float]:
-    """The median and the fastest in-process predict() of 200 new configs, in a child run from `tree`."""
+def predict_ms(tree: str, path: str, env: dict[str, str]) -> list[float]:
+    """The milliseconds of each in-process predict() of 200 new configs, in a child run from `tree`."""
     out = subprocess.run([sys.executable, "-c", _PREDICT, path, "200", "time"], cwd=tree, env=env,
                          capture_output=True, text=True, check=True)
-    med, fastest = out.stdout.split()[-2:]
-    return float(med), float(fastest)
+    return [float(x) for x in out.stdout.split()]
 
 
 def dry_run_s(path: str) -> float:
@@ -130,6 +130,7 @@ def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) ->
     jobs[("python -c pass", None)] = [sys.executable, "-c", "pass"]
     got: dict[Job, list[tuple[float, float]]] = {job: [] for job in jobs}
     dry: list[float] = []
+    calls: list[float] = []  # predict()'s, 200 a round (one child each): a burst of load slows one round's
     with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
         timer = Timer(tmp)
         for (_, cache), argv in jobs.items():
@@ -139,6 +140,7 @@ def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) ->
         for r in range(runs):
             for job, argv in jobs.items():
                 got[job].append(timer.run(argv, job[1]))
+            calls += predict_ms(str(ROOT), path, child_env())
             if len(dry) < dry_runs and r * dry_runs // runs == len(dry):
                 dry.append(dry_run_s(path))
     dry_s = statistics.median(dry) if dry else float("nan")
@@ -154,8 +156,8 @@ def timings(cases: dict[str, list[str]], path: str, runs: int, dry_runs: int) ->
               f"{med(c, 0):>11.3f}s{med(c, 1):>11.3f}s")
     floor = ("python -c pass", None)
     print(f"{'python -c pass (interpreter floor)':<40}{med(floor, 0):>11.3f}s{med(floor, 1):>11.3f}s")
-    ms, fastest = predict_ms(str(ROOT), path, child_env())
-    print(f"{'predict() of a new config, in-process':<40}{ms:>10.2f}ms{'':>12}{fastest:>8.2f}ms")
+    print(f"{'predict() of a new config, in-process':<40}{statistics.median(calls):>10.2f}ms{'':>12}"
+          f"{min(calls):>8.2f}ms  (median and fastest of {len(calls)} calls, {runs} rounds)")
     print(f"{'llama.cpp dry run, same file (CPU)':<40}{dry_s:>11.3f}s  ({len(dry)} runs among the rounds)")
 
 
@@ -184,7 +186,7 @@ def compare(cases: dict[str, list[str]], baseline: str, path: str, runs: int) ->
         pm: dict[str, list[float]] = {t: [] for t in trees}
         for _ in range(max(3, runs // 2)):
             for t in trees:
-                pm[t].append(predict_ms(t, path, env)[0])
+                pm[t] += predict_ms(t, path, env)
         print(f"{'predict() of a new config, in-process':<40}" + "".join(f"{statistics.median(pm[t]):>10.2f}ms"
                                                                      for t in trees))
 
