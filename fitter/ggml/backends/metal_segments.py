@@ -25,8 +25,7 @@ alloc dep would keep a tensor of an earlier layer, `optimize_segments` says so a
 
 from __future__ import annotations
 
-from itertools import islice
-from typing import Callable, Iterator
+from typing import Callable
 
 from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal_chunks import ChunkPlanning, Unsupported
@@ -494,24 +493,38 @@ class _Plan(ChunkPlanning):
         # a state: [identities read, identities written, buffer ranges touched (buffer -> {(p0, p1, written)})]
         def concurrent(st: list, p: tuple[int, int]) -> bool:  # h_check
             s, d, iv = st
-            si, siv, di, div = packed(p)
+            si, siv, di, div = qual.get(p) or packed(p)
             return (not (d & (si | di)) and not (s & di)
-                    and (not iv or (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True))))
+                    and (not iv or ((not siv or _iv_clear(iv, siv, False)) and (not div or _iv_clear(iv, div, True)))))
 
         def add(st: list, p: tuple[int, int]) -> None:  # h_add
-            si, siv, di, div = packed(p)
+            si, siv, di, div = qual.get(p) or packed(p)
             st[0] |= si
             st[1] |= di
-            iv = st[2]
-            for ranges, dst in ((siv, False), (div, True)):
-                for pb, p0, p1 in ranges or ():
-                    iv.setdefault(pb, set()).add((p0, p1, dst))
+            if siv or div:
+                iv = st[2]
+                for pb, p0, p1 in siv or ():
+                    iv.setdefault(pb, set()).add((p0, p1, False))
+                for pb, p0, p1 in div or ():
+                    iv.setdefault(pb, set()).add((p0, p1, True))
 
         def empty(p: tuple[int, int]) -> bool:
             return kinds[p[0]].empty[p[1]]
 
         def safe(p: tuple[int, int]) -> bool:
             return kinds[p[0]].safe[p[1]]
+
+        # every pack in the split, in order, and where each instance's start: the look-ahead from a pack is the
+        # N_FORWARD - 1 after it
+        packs = [(q, k) for q in range(m) for k in range(len(kinds[q].parts))]
+        at = {p: i for i, p in enumerate(packs)}
+        starts = [0]
+        for kind in kinds:
+            starts.append(starts[-1] + len(kind.parts))
+
+        def ahead(p: tuple[int, int]) -> list[tuple[int, int]]:
+            i = at[p]
+            return packs[i + 1:i + N_FORWARD]
 
         chunks: list[tuple] = []
         memo: dict[tuple, tuple] = {}
@@ -522,8 +535,8 @@ class _Plan(ChunkPlanning):
             hit = memo.get(key)
             if hit is None:
                 emitted: list[tuple[int, int]] = []
-                state = reorder_walk(((q, k) for k in range(len(kinds[q].parts))), lambda p: self._ahead(*p), used,
-                                     state, lambda: [0, 0, {}], empty, safe, concurrent, add, emitted)
+                state = reorder_walk(packs[starts[q]:starts[q + 1]], ahead, used, state, lambda: [0, 0, {}], empty,
+                                     safe, concurrent, add, emitted)
                 rel = [(q1 - q, k1) for q1, k1 in emitted]
                 used = {u for u in used if u[0] > q}
                 hit = memo[key] = (rel, self._relative(q, state, used))
@@ -532,12 +545,6 @@ class _Plan(ChunkPlanning):
                 state, used = self._absolute(q, exit_state)
             chunks.append(hit)
         return chunks
-
-    def _ahead(self, q: int, k: int) -> Iterator[tuple[int, int]]:
-        """The packs after pack k of instance q that the look-ahead reaches (N_FORWARD - 1 of them, in the split)."""
-        kinds = self.kind_of
-        return islice(((q1, k1) for q1 in range(q, len(kinds)) for k1 in range(k + 1 if q1 == q else 0,
-                                                                                  len(kinds[q1].parts))), N_FORWARD - 1)
 
     def _key(self, q: int, state: list, used: set) -> tuple:
         """The reorder's state entering instance q, relative to q, and the kinds of the instances its look-ahead can
