@@ -89,7 +89,7 @@ class Timer:
 # predict() of new configs (n_ctx and n_ubatch vary) on one already-read header, in a child run from a tree:
 # `PATH N time` prints each call's milliseconds, `PATH N` only runs them (for the instruction counts)
 _PREDICT = """
-import statistics, sys, time
+import sys, time
 sys.path.insert(0, ".")
 from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
 header, spec = load_model_spec(sys.argv[1])
