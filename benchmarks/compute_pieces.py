@@ -21,10 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.fit_speed import model_path  # noqa: E402
 from fitter.fit.memory import predict  # noqa: E402
+from fitter.fit.solver import CTX_STEP as STEP  # noqa: E402  # the solver's n_ctx step (256)
 from fitter.llama.cparams import Backend, Frontend, RunConfig  # noqa: E402
 from fitter.llama.model import load_model_spec  # noqa: E402
-
-STEP = 256
 
 
 def pieces(values: list[int]) -> list[tuple[int, int, int]]:
