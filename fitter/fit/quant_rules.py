@@ -174,11 +174,15 @@ def allows_quantization(name: str, shape: tuple[int, ...], arch: str, *, only_co
     return True
 
 
+_NEEDS_IMATRIX = frozenset({IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S})
+IMATRIX_TYPES = _NEEDS_IMATRIX | {Q2_K}  # the types requires_imatrix can say True of (a test before the call)
+
+
 def requires_imatrix(name: str, tid: int, ftype: str) -> bool:
     """tensor_requires_imatrix."""
     if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
-    if tid in (IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S):
+    if tid in _NEEDS_IMATRIX:
         return True
     return tid == Q2_K and ftype == "Q2_K_S"
 
@@ -443,6 +447,8 @@ def get_type(qs: QuantState, opts: QuantOptions, name: str, shape: tuple[int, ..
             break
     if not manual and not opts.pure:
         new = _get_type_impl(qs, new, name, shape, ftype, cat)
+    if shape[0] % BLCK[new] == 0:  # _fallback's own first test: no fallback (the call saved, 16K of `quants`)
+        return new, None
     chosen = new
     new = _fallback(qs, shape[0], new)
     return new, (chosen if new != chosen else None)

@@ -44,6 +44,7 @@ from fitter.fit.quant_ftypes import (
     type_name,
 )
 from fitter.fit.quant_rules import (
+    IMATRIX_TYPES,
     ModelFacts,
     QuantState,
     allows_quantization,
@@ -210,7 +211,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
             raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
                                f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
                                "fallback)")
-        req = requires_imatrix(t.name, new, ftype)
+        req = new in IMATRIX_TYPES and requires_imatrix(t.name, new, ftype)
         if req:
             imatrix_tensors.append(t.name)
         if new != in_type:
