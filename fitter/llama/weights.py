@@ -215,7 +215,7 @@ def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlac
     files, the layers and the placement: the quants of one model (a header each) share it."""
     tensors = header.tensors
     shards = tuple(t.shard for t in tensors) if len(header.shards) > 1 else None  # one file: every shard 0
-    key = (tuple(t.name for t in tensors), shards, spec.architecture, spec.n_layer,
+    key = (tuple([t.name for t in tensors]), shards, spec.architecture, spec.n_layer,
            tuple(lay.kind for lay in spec.layers[: spec.n_layer]), load_mtp, pl)
     hit = _CREATED.get(key)
     if hit is not None:
