@@ -51,7 +51,7 @@ def _kv_cache(
     type_k, type_v = types or (cp.type_k, cp.type_v)
     tk, tv = type_of(type_k), type_of(type_v)
     # [TAG_V_CACHE_VARIABLE]: without FA the V cache is padded to the widest layer of the whole model
-    v_max = max(layer.n_embd_v_gqa for layer in spec.layers)
+    v_max = max(layer.n_embd_v_gqa for layer in spec.layers) if v_trans else 0
     k_total = v_total = buf = 0
     # MLA: no V cache since #19067 (llama_kv_cache::llama_kv_cache); 0.3.16 cached V (kv_lora_rank wide) as well
     v_less = spec.is_mla and cp.build.has("mla_v_less_cache")
