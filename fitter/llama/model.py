@@ -128,17 +128,21 @@ def _mla(m: Meta) -> tuple[bool, int, int]:
 
 def _by_type(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes and parameters per ggml type, largest first."""
-    bytes_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
-    params_by_type: dict[GGMLQuantizationType, int] = defaultdict(int)
+    sums: dict[GGMLQuantizationType, list[int]] = {}  # type -> [bytes, parameters]
     n_of: dict[tuple[int, ...], int] = {}  # elements by shape: the layers repeat a few shapes (quants: 34 headers)
     for t in header.tensors:  # by the enum member: its .name is a property, looked up once per type below
-        bytes_by_type[t.ggml_type] += t.nbytes
-        n = n_of.get(t.shape)
+        shape = t.shape
+        n = n_of.get(shape)
         if n is None:
-            n = n_of[t.shape] = t.n_elements
-        params_by_type[t.ggml_type] += n
-    return ({k.name: v for k, v in sorted(bytes_by_type.items(), key=lambda kv: -kv[1])},
-            {k.name: v for k, v in sorted(params_by_type.items(), key=lambda kv: -kv[1])})
+            n = n_of[shape] = t.n_elements
+        s = sums.get(t.ggml_type)
+        if s is None:
+            sums[t.ggml_type] = [t.nbytes, n]
+        else:  # (one lookup a tensor, not a defaultdict's two per sum)
+            s[0] += t.nbytes
+            s[1] += n
+    return ({k.name: s[0] for k, s in sorted(sums.items(), key=lambda kv: -kv[1][0])},
+            {k.name: s[1] for k, s in sorted(sums.items(), key=lambda kv: -kv[1][1])})
 
 
 def _arch_rules(header: GGUFHeader, src: str | None, allow_unknown: bool) -> tuple[str, ArchRules]:
