@@ -14,14 +14,12 @@ from fitter.fit.budget import (
     DEFAULT_MARGIN_BYTES,
     Budget,
     BudgetError,
-    auto_budget,
     available_bytes,
-    metal_recommended_max_working_set,
-    nvml_free_bytes,
     parse_budget,
     parse_margin,
     parse_size,
 )
+from fitter.fit.device_memory import auto_budget, metal_recommended_max_working_set, nvml_free_bytes
 from fitter.ggml import backends as cb
 
 MiB = 2**20
