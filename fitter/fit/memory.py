@@ -21,7 +21,7 @@ from fitter.gguf.reader import GGUFHeader
 from fitter.llama.context import compute_buffers
 from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
-from fitter.llama.hparams import ModelSpec
+from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
@@ -304,7 +304,7 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
     if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
     heads = dict.fromkeys((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
-                          if layer.kind.value != "recurrent" and layer.has_kv)  # each pair once, in layer order
+                          if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # each pair once, in layer order
     for d_k, d_v in heads:
         why = metal_fa_unsupported_reason(d_k, d_v, config.type_k, config.type_v)
         if why:

@@ -18,7 +18,7 @@ from fitter.build.changes import ARCHS_ADDED
 from fitter.errors import GGFitError, UnsupportedModelError
 from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
 from fitter.ggml.types import BLCK, GGML_TYPES, pad
-from fitter.llama.hparams import ModelSpec
+from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.record import Record
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
@@ -578,7 +578,7 @@ def _check_cache_types(spec: ModelSpec, config: RunConfig, build: LlamaBuild = P
             block = BLCK[GGML_TYPES[tname]]
             if block > 1:
                 for layer in spec.layers[: spec.n_layer]:
-                    if layer.kind.value != "recurrent" and getattr(layer, attr) % block:
+                    if layer.kind != LayerKind.RECURRENT and getattr(layer, attr) % block:
                         raise ConfigError(
                             f"{name} cache type {tname} with block size {block} does not divide "
                             f"{attr}={getattr(layer, attr)}"
@@ -589,7 +589,7 @@ def _check_cache_types(spec: ModelSpec, config: RunConfig, build: LlamaBuild = P
         for tname, name, attr in ((config.type_k, "K", "n_embd_k_gqa"), (config.type_v, "V", "n_embd_v_gqa")):
             block = BLCK[GGML_TYPES[tname]]
             for layer in spec.layers[: spec.n_layer]:
-                if block > 1 and layer.kind.value != "recurrent" and getattr(layer, attr) % block:
+                if block > 1 and layer.kind != LayerKind.RECURRENT and getattr(layer, attr) % block:
                     raise ConfigError(f"{build.label()} aborts with a {name} cache of type {tname}: {attr}="
                                       f"{getattr(layer, attr)} is not a multiple of its block size {block}")
     return flash_attn
