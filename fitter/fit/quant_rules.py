@@ -409,10 +409,9 @@ _FALLBACK = {
 
 
 def _fallback(qs: QuantState, ne0: int, target: int) -> int:
-    """tensor_type_fallback: a row length that is not a multiple of the block size demotes the type."""
+    """tensor_type_fallback's branch for a row length that is not a multiple of the block size (`ncols % qk_k != 0`,
+    tested by get_type before the call): it demotes the type."""
     qk = BLCK[target]
-    if ne0 % qk == 0:
-        return target
     qs.n_fallback += 1
     if target in _FALLBACK:
         ret = _FALLBACK[target]
@@ -447,7 +446,7 @@ def get_type(qs: QuantState, opts: QuantOptions, name: str, shape: tuple[int, ..
             break
     if not manual and not opts.pure:
         new = _get_type_impl(qs, new, name, shape, ftype, cat)
-    if shape[0] % BLCK[new] == 0:  # _fallback's own first test: no fallback (the call saved, 16K of `quants`)
+    if shape[0] % BLCK[new] == 0:  # tensor_type_fallback's test: no fallback (16K tensors of `quants`, no call)
         return new, None
     chosen = new
     new = _fallback(qs, shape[0], new)
