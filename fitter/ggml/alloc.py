@@ -4,7 +4,8 @@ DynAllocator is ggml_dyn_tallocr (best fit over free blocks, chunks for a maximu
 Gallocr is ggml_gallocr (ggml_gallocr_allocate_node / free_node and the passes of
 ggml_gallocr_alloc_graph_impl, one dynamic allocator per buffer type). A program (a segment's or a
 chunk's nodes, fitter.ggml.replay) that runs again from the same state replays the allocations,
-reuses and frees it decided before (ProgramMemo), without walking its nodes again.
+reuses and frees it decided before (ProgramMemo), without walking its nodes again; and where it meets the same
+sizes in buffers whose upper part moved since, takes that outcome moved (fitter.ggml.shifted).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Callable, Iterable
 
 from fitter.errors import GGFitError
 from fitter.ggml.graph import Program, program
+from fitter.ggml.shifted import ALLOC as _ALLOC
+from fitter.ggml.shifted import FREE as _FREE
+from fitter.ggml.shifted import REUSE as _REUSE
+from fitter.ggml.shifted import Shifted, entry
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 from fitter.record import Record
 
@@ -359,7 +364,26 @@ class Gallocr:
 
     def replay(self, run: _Run) -> None:
         """process_program's run as recorded (ProgramMemo): its allocations, in-place reuses and frees, without the
-        walk over nodes and sources that decided them; then the children / views counts it left."""
+        walk over nodes and sources that decided them; then the children / views counts it left. A run that met the
+        same sizes before, in buffers moved since (fitter.ggml.shifted), takes that outcome moved."""
+        shifts = run.shifts
+        now = entry(self, run) if shifts is not None else None
+        if shifts is None or now is None:
+            self._replay(run)
+        else:
+            seen = shifts.get(now.key)
+            moved = seen.match(now) if seen is not None and seen.decided(self, run) else None
+            if seen is not None and moved is not None:
+                seen.apply(self, run, *moved)
+                run.misses = -1
+            else:
+                self._replay(run)
+                run.keep(Shifted(self, run, now))
+        for t, dnc, dnv in zip(*run.counts):
+            t.nc += dnc
+            t.nv += dnv
+
+    def _replay(self, run: _Run) -> None:
         tallocs = self.tallocs
         live = self.live if self.trace else None
         fresh, reuse = self._fresh, self._reuse
@@ -375,12 +399,8 @@ class Gallocr:
                     fresh(t)
                 else:
                     reuse(t, p)
-        for t, dnc, dnv in zip(*run.counts):
-            t.nc += dnc
-            t.nv += dnv
 
 
-_ALLOC, _REUSE, _FREE = 0, 1, 2  # a recorded run's events (_Run.ops)
 _STATE = attrgetter("own", "nc", "nv")
 
 
@@ -389,15 +409,57 @@ class _Run:
     (_ALLOC t / _REUSE t of parent p / _FREE t, as event, t, p or t); the children / views counts it changed, of the
     tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
     `outside`: it placed a source that may take a parent's memory, deciding from that parent's state (a tensor the
-    program may not reach, so not in its key)."""
+    program may not reach, so not in its key). Once recorded whole (`close`), what fitter.ggml.shifted reads: the
+    tensors it places (allocates or reuses a parent for), in order; those placed before it that it frees or whose
+    memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is fixed in a graph, a
+    reuse takes its parent's); its outcomes by their entry's key (None while recording)."""
 
-    __slots__ = ("checks", "ops", "counts", "outside")
+    __slots__ = ("checks", "ops", "counts", "outside", "placed", "before", "owns", "buffers", "shifts", "misses")
 
     def __init__(self) -> None:
         self.outside = False
         self.checks: tuple[list[Tensor], list[Tensor], list[bool]] = ([], [], [])
         self.ops: tuple[list[int], list[Tensor], list[Tensor]] = ([], [], [])
         self.counts: tuple[list[Tensor], list[int], list[int]] = ([], [], [])
+        self.placed: list[Tensor] = []
+        self.before: list[Tensor] = []
+        self.owns: tuple[list[Tensor], list[bool]] = ([], [])
+        self.buffers: list[int] = []
+        self.shifts: dict[tuple, Shifted] | None = None
+        self.misses = 0  # outcomes missed in a row before the first hit (-1 after it)
+
+    def close(self) -> None:
+        owns: dict[Tensor, bool] = {}
+        buffers: set[int] = set()
+        for op, t, p in zip(*self.ops):
+            x = p if op == _REUSE else t
+            if op != _ALLOC and x not in owns:
+                self.before.append(x)
+            buffers.add(x.be)
+            if op == _FREE:
+                owns[t] = False
+            else:
+                self.placed.append(t)
+                owns[t] = True
+                owns[p] = p is t
+        self.owns = (list(owns), list(owns.values()))
+        self.buffers = sorted(buffers)
+        self.shifts = {}
+
+    def keep(self, outcome: Shifted) -> None:
+        """A missed outcome kept, or the run's outcomes given up after _SHIFT_TRIES misses and no hit (a size in it
+        moves with n_ctx, as the attention's in Metal's)."""
+        shifts = self.shifts
+        assert shifts is not None
+        if self.misses >= 0:
+            self.misses += 1
+            if self.misses == _SHIFT_TRIES:
+                self.shifts = None
+                return
+        shifts.pop(outcome.key, None)
+        if len(shifts) >= _SHIFTS_MAX:
+            shifts.pop(next(iter(shifts)))
+        shifts[outcome.key] = outcome
 
     def check(self, t: Tensor, p: Tensor, same: bool) -> None:
         ts, ps, answers = self.checks
@@ -483,11 +545,14 @@ class ProgramMemo:
             return
         changed = [(t, t.nc - nc, t.nv - nv) for t, nc, nv in before if t.nc != nc or t.nv != nv]
         run.counts = ([t for t, _, _ in changed], [a for _, a, _ in changed], [b for _, _, b in changed])
+        run.close()
         if len(self.runs) >= _RUNS_MAX:
             self.runs.pop(next(iter(self.runs)))
         self.runs[key] = run
 
 
+_SHIFT_TRIES = 4  # misses before a run that never hit stops keeping outcomes (_Run.keep)
+_SHIFTS_MAX = 8  # sizes a run keeps an outcome for (_Run.keep): a sweep of n_ctx over a few ubatches, one each
 _RUNS_MAX = 64  # entry states a program keeps runs for (one per place it runs in a graph, at most a few dozen)
 
 
