@@ -19,11 +19,13 @@ ones moved, and raises each mark to the run's highest end there, moved alike, wh
 
 from __future__ import annotations
 
+from itertools import islice
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from fitter.ggml.alloc import Gallocr, _Run
+    from fitter.ggml.tensor import Tensor
 
 ALLOC, REUSE, FREE = 0, 1, 2  # a recorded run's events (_Run.ops)
 _UNLIMITED = ((1 << 64) - 1) // 2  # a buffer without a maximum size: one chunk, its last block past any tensor
@@ -105,23 +107,23 @@ class Shifted:
         self.bes = list(map(_BE, placed))
         self.sizes = list(map(_SIZE, placed))
         self.blocks = [[tuple(b) for b in ga.tallocs[be].chunks[0]] for be in run.buffers]
-        self.peaks: list[tuple[int, int]] | None = None  # (worked out at the first use: decided)
+        self.peaks: list[tuple[int, int, int]] | None = None  # (worked out at the first use: decided)
 
     def decided(self, ga: Gallocr, run: _Run) -> bool:
         """Whether the entry's key held every size the run placed: each was set, or was Gallocr._size's memo in the
         buffer the tensor went to (another is computed from a shape the key does not hold). Once: per buffer the
-        highest end the run allocated to and the first allocation (its index among the placements) that reached it:
-        the one that raises the mark there last, if any does (DynAllocator.alloc: `end > max`)."""
+        highest end the run allocated to and the first allocation that reached it (its index among the placements and
+        among the events): the one that raises the mark there last, if any does (DynAllocator.alloc: `end > max`)."""
         if self.peaks is not None:
             return True
         _, sizes, memos = self.key
         for be, size, s0, m0 in zip(self.bes, self.sizes, sizes, memos):
             if not s0 and (m0 is None or m0[0] != be or m0[1] != size):
                 return False
-        self.peaks = peaks = [(-1, -1)] * len(ga.tallocs)
+        self.peaks = peaks = [(-1, -1, -1)] * len(ga.tallocs)
         placements = zip(self.addrs, self.bes, self.sizes)
         i = 0
-        for op in run.ops[0]:
+        for k, op in enumerate(run.ops[0]):
             if op == FREE:
                 continue
             addr, be, size = next(placements)
@@ -129,7 +131,7 @@ class Shifted:
                 a = ga.aligns[be]
                 end = addr + (size + a - 1) // a * a
                 if end > peaks[be][0]:
-                    peaks[be] = (end, i)
+                    peaks[be] = (end, i, k)
             i += 1
         return True
 
@@ -156,15 +158,14 @@ class Shifted:
 
     def apply(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> None:
         """`run`'s events as they came out here, the upper part of each buffer moved by its shift."""
+        for t, addr, be, size in zip(run.placed, self.addrs, self.bes, self.sizes):
+            t.addr = addr + shift[be] if addr >= high[be] else addr
+            t.be = be
+            t.size = size
+        for t, own in zip(*run.owns):
+            t.own = own
         if ga.trace:
-            self._events(ga, run, shift, high)
-        else:
-            for t, addr, be, size in zip(run.placed, self.addrs, self.bes, self.sizes):
-                t.addr = addr + shift[be] if addr >= high[be] else addr
-                t.be = be
-                t.size = size
-            for t, own in zip(*run.owns):
-                t.own = own
+            self._live(ga, run, shift, high)
         for be, blocks in zip(run.buffers, self.blocks):
             d, h = shift[be], high[be]
             moved = [[off + d if off >= h else off, size] for off, size in blocks]
@@ -184,34 +185,32 @@ class Shifted:
     def _peak(self, be: int, shift: list[int], high: list[int]) -> int:
         """The run's highest allocated end in buffer `be`, here (-1: none)."""
         assert self.peaks is not None  # decided
-        end, i = self.peaks[be]
+        end, i, _ = self.peaks[be]
         if i >= 0 and self.addrs[i] >= high[be]:
             end += shift[be]
         return end
 
-    def _events(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> None:
-        """apply's placements event by event, keeping ga.live (and ga.peak_lives where a mark rose) as Gallocr does."""
+    def _live(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> None:
+        """ga.live through the run's events as Gallocr keeps it, and ga.peak_lives where a mark rises (before the
+        marks are set): the tensors alive at the allocation that raises it last."""
         live = ga.live
-        rises = [i if self._peak(be, shift, high) > ga.tallocs[be].max_size else -1
-                 for be, (_, i) in enumerate(self.peaks or ())]  # the placement that raises each mark last
-        placed = zip(self.addrs, self.bes, self.sizes)
-        i = 0  # the placement's index
-        for op, t, p in zip(*run.ops):
-            if op == FREE:
-                t.own = False
-                live.pop(t, None)
-                continue
-            addr, be, size = next(placed)
-            t.addr = addr + shift[be] if addr >= high[be] else addr
-            t.be = be
-            t.size = size
-            t.own = True
-            if op == ALLOC:
-                live[t] = t
-                if rises[be] == i:
-                    ga.peak_lives[be] = [(x.name, x.size) for x in live.values() if x.be == be]
-            else:
-                p.own = False
-                if live.pop(p, None) is not None:
-                    live[t] = t
-            i += 1
+        rises = sorted((k, be) for be, (_, _, k) in enumerate(self.peaks or ())
+                       if k >= 0 and self._peak(be, shift, high) > ga.tallocs[be].max_size)
+        events = zip(*run.ops)
+        done = 0
+        for k, be in rises:
+            _track(live, islice(events, k + 1 - done))
+            done = k + 1
+            ga.peak_lives[be] = [(x.name, x.size) for x in live.values() if x.be == be]
+        _track(live, events)
+
+
+def _track(live: dict, events: Iterator[tuple[int, Tensor, Tensor]]) -> None:
+    """Gallocr's live tensors through events: an allocation joins, a free leaves, a reuse takes its parent's place."""
+    for op, t, p in events:
+        if op == FREE:
+            live.pop(t, None)
+        elif op == ALLOC:
+            live[t] = t
+        elif live.pop(p, None) is not None:
+            live[t] = t
