@@ -11,16 +11,15 @@ sizes in buffers whose upper part moved since, takes that outcome moved (fitter.
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from fitter.errors import GGFitError
 from fitter.ggml.graph import Program, program
-from fitter.ggml.shifted import ALLOC as _ALLOC
-from fitter.ggml.shifted import FREE as _FREE
-from fitter.ggml.shifted import REUSE as _REUSE
-from fitter.ggml.shifted import Shifted, entry
 from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, Tensor
 from fitter.record import Record
+
+if TYPE_CHECKING:
+    from fitter.ggml.shifted import Shifted
 
 SIZE_MAX = (1 << 64) - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
@@ -366,24 +365,18 @@ class Gallocr:
         """process_program's run as recorded (ProgramMemo): its allocations, in-place reuses and frees, without the
         walk over nodes and sources that decided them; then the children / views counts it left. A run that met the
         same sizes before, in buffers moved since (fitter.ggml.shifted), takes that outcome moved."""
-        shifts = run.shifts
-        now = entry(self, run) if shifts is not None else None
-        if shifts is None or now is None:
+        if run.shifts is None:
             self._replay(run)
         else:
-            seen = shifts.get(now.key)
-            moved = seen.match(now) if seen is not None and seen.decided(self, run) else None
-            if seen is not None and moved is not None:
-                seen.apply(self, run, *moved)
-                run.misses = -1
-            else:
-                self._replay(run)
-                run.keep(Shifted(self, run, now))
+            from fitter.ggml import shifted  # (imported by a command's first replay, not by every command)
+
+            shifted.replay(self, run)
         for t, dnc, dnv in zip(*run.counts):
             t.nc += dnc
             t.nv += dnv
 
     def _replay(self, run: _Run) -> None:
+        """replay's events, one by one."""
         tallocs = self.tallocs
         live = self.live if self.trace else None
         fresh, reuse = self._fresh, self._reuse
@@ -401,6 +394,7 @@ class Gallocr:
                     reuse(t, p)
 
 
+_ALLOC, _REUSE, _FREE = 0, 1, 2  # a recorded run's events (_Run.ops)
 _STATE = attrgetter("own", "nc", "nv")
 
 
@@ -412,7 +406,8 @@ class _Run:
     program may not reach, so not in its key). Once recorded whole (`close`), what fitter.ggml.shifted reads: the
     tensors it places (allocates or reuses a parent for), in order; those placed before it that it frees or whose
     memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is fixed in a graph, a
-    reuse takes its parent's); its outcomes by their entry's key (None while recording)."""
+    reuse takes its parent's); its outcomes by their entry's key (None while recording, and once given up: see
+    fitter.ggml.shifted.replay)."""
 
     __slots__ = ("checks", "ops", "counts", "outside", "placed", "before", "owns", "buffers", "shifts", "misses")
 
@@ -445,21 +440,6 @@ class _Run:
         self.owns = (list(owns), list(owns.values()))
         self.buffers = sorted(buffers)
         self.shifts = {}
-
-    def keep(self, outcome: Shifted) -> None:
-        """A missed outcome kept, or the run's outcomes given up after _SHIFT_TRIES misses and no hit (a size in it
-        moves with n_ctx, as the attention's in Metal's)."""
-        shifts = self.shifts
-        assert shifts is not None
-        if self.misses >= 0:
-            self.misses += 1
-            if self.misses == _SHIFT_TRIES:
-                self.shifts = None
-                return
-        shifts.pop(outcome.key, None)
-        if len(shifts) >= _SHIFTS_MAX:
-            shifts.pop(next(iter(shifts)))
-        shifts[outcome.key] = outcome
 
     def check(self, t: Tensor, p: Tensor, same: bool) -> None:
         ts, ps, answers = self.checks
@@ -551,8 +531,6 @@ class ProgramMemo:
         self.runs[key] = run
 
 
-_SHIFT_TRIES = 4  # misses before a run that never hit stops keeping outcomes (_Run.keep)
-_SHIFTS_MAX = 8  # sizes a run keeps an outcome for (_Run.keep): a sweep of n_ctx over a few ubatches, one each
 _RUNS_MAX = 64  # entry states a program keeps runs for (one per place it runs in a graph, at most a few dozen)
 
 
@@ -603,3 +581,4 @@ class AllocResult(Record, frozen=False, kw_only=False):
     @property
     def peak(self) -> list[tuple[str, int]]:
         return self.peaks[0]
+

@@ -23,17 +23,52 @@ from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterator
 
+from fitter.ggml.alloc import _ALLOC as ALLOC
+from fitter.ggml.alloc import _FREE as FREE
+
 if TYPE_CHECKING:
     from fitter.ggml.alloc import Gallocr, _Run
     from fitter.ggml.tensor import Tensor
 
-ALLOC, REUSE, FREE = 0, 1, 2  # a recorded run's events (_Run.ops)
 _UNLIMITED = ((1 << 64) - 1) // 2  # a buffer without a maximum size: one chunk, its last block past any tensor
 _TOP = 1 << 64  # above every address
 _SIZE = attrgetter("size")
 _MEMO = attrgetter("memo")
 _ADDR = attrgetter("addr")
 _BE = attrgetter("be")
+
+
+_TRIES = 4  # misses before a run that never hit stops keeping outcomes (a size in it moves with n_ctx: Metal's FA)
+_KEPT = 8  # sizes a run keeps an outcome for: a sweep of n_ctx over a few ubatches, one each
+
+
+def replay(ga: Gallocr, run: _Run) -> None:
+    """Gallocr.replay's events (its counts aside): the outcome of an earlier replay from this entry, moved, where one
+    matches; else replayed, and its outcome kept (until _TRIES misses without a hit)."""
+    shifts = run.shifts
+    assert shifts is not None  # (_Run.close)
+    now = entry(ga, run)
+    if now is None:
+        ga._replay(run)
+        return
+    seen = shifts.get(now.key)
+    if seen is not None and seen.decided(ga, run):
+        moved = seen.match(now)
+        if moved is not None:
+            seen.apply(ga, run, *moved)
+            run.misses = -1
+            return
+    ga._replay(run)
+    if run.misses >= 0:
+        run.misses += 1
+        if run.misses == _TRIES:
+            run.shifts = None
+            return
+    outcome = Shifted(ga, run, now)
+    shifts.pop(outcome.key, None)
+    if len(shifts) >= _KEPT:
+        shifts.pop(next(iter(shifts)))
+    shifts[outcome.key] = outcome
 
 
 class Entry:

@@ -37,7 +37,7 @@ def _taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _no_shifts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(alloc, "entry", lambda ga, run: None)
+    monkeypatch.setattr(S, "entry", lambda ga, run: None)
 
 
 def _layer() -> tuple[list[Tensor], list[Tensor], Tensor]:
