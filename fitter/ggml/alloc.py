@@ -424,6 +424,7 @@ class _Run:
         self.misses = 0  # outcomes missed in a row before the first hit (-1 after it)
 
     def close(self) -> None:
+        """The run recorded whole: what fitter.ggml.shifted reads of it, worked out once."""
         owns: dict[Tensor, bool] = {}
         buffers: set[int] = set()
         for op, t, p in zip(*self.ops):
@@ -433,10 +434,11 @@ class _Run:
             buffers.add(x.be)
             if op == _FREE:
                 owns[t] = False
-            else:
-                self.placed.append(t)
-                owns[t] = True
-                owns[p] = p is t
+                continue
+            self.placed.append(t)
+            owns[t] = True
+            if op == _REUSE:
+                owns[p] = False
         self.owns = (list(owns), list(owns.values()))
         self.buffers = sorted(buffers)
         self.shifts = {}
@@ -581,4 +583,3 @@ class AllocResult(Record, frozen=False, kw_only=False):
     @property
     def peak(self) -> list[tuple[str, int]]:
         return self.peaks[0]
-

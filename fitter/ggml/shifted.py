@@ -36,8 +36,6 @@ _SIZE = attrgetter("size")
 _MEMO = attrgetter("memo")
 _ADDR = attrgetter("addr")
 _BE = attrgetter("be")
-
-
 _TRIES = 4  # misses before a run that never hit stops keeping outcomes (a size in it moves with n_ctx: Metal's FA)
 _KEPT = 8  # sizes a run keeps an outcome for: a sweep of n_ctx over a few ubatches, one each
 
