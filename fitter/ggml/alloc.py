@@ -377,10 +377,13 @@ class Gallocr:
 
     def _replay(self, run: _Run) -> None:
         """replay's events, one by one."""
+        self._events(zip(*run.ops))
+
+    def _events(self, events: Iterable[tuple[int, Tensor, Tensor]]) -> None:
         tallocs = self.tallocs
         live = self.live if self.trace else None
         fresh, reuse = self._fresh, self._reuse
-        for op, t, p in zip(*run.ops):
+        for op, t, p in events:
             if op == _FREE:
                 tallocs[t.be].free(t.addr, t.size)
                 t.own = False
@@ -404,12 +407,12 @@ class _Run:
     tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
     `outside`: it placed a source that may take a parent's memory, deciding from that parent's state (a tensor the
     program may not reach, so not in its key). Once recorded whole (`close`), what fitter.ggml.shifted reads: the
-    tensors it places (allocates or reuses a parent for), in order; those placed before it that it frees or whose
+    tensors it places (allocates or reuses a parent for), in order, and at which event; those placed before it that it frees or whose
     memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is fixed in a graph, a
     reuse takes its parent's); its outcomes by their entry's key (None while recording, and once given up: see
     fitter.ggml.shifted.replay)."""
 
-    __slots__ = ("checks", "ops", "counts", "outside", "placed", "before", "owns", "buffers", "shifts", "misses")
+    __slots__ = ("checks", "ops", "counts", "outside", "placed", "at", "before", "owns", "buffers", "shifts", "misses")
 
     def __init__(self) -> None:
         self.outside = False
@@ -417,6 +420,7 @@ class _Run:
         self.ops: tuple[list[int], list[Tensor], list[Tensor]] = ([], [], [])
         self.counts: tuple[list[Tensor], list[int], list[int]] = ([], [], [])
         self.placed: list[Tensor] = []
+        self.at: list[int] = []  # each placement's event
         self.before: list[Tensor] = []
         self.owns: tuple[list[Tensor], list[bool]] = ([], [])
         self.buffers: list[int] = []
@@ -427,7 +431,7 @@ class _Run:
         """The run recorded whole: what fitter.ggml.shifted reads of it, worked out once."""
         owns: dict[Tensor, bool] = {}
         buffers: set[int] = set()
-        for op, t, p in zip(*self.ops):
+        for k, (op, t, p) in enumerate(zip(*self.ops)):
             x = p if op == _REUSE else t
             if op != _ALLOC and x not in owns:
                 self.before.append(x)
@@ -436,6 +440,7 @@ class _Run:
                 owns[t] = False
                 continue
             self.placed.append(t)
+            self.at.append(k)
             owns[t] = True
             if op == _REUSE:
                 owns[p] = False

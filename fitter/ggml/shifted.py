@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from fitter.ggml.alloc import _ALLOC as ALLOC
 from fitter.ggml.alloc import _FREE as FREE
+from fitter.ggml.alloc import _REUSE as REUSE
 
 if TYPE_CHECKING:
     from fitter.ggml.alloc import Gallocr, _Run
@@ -36,8 +37,9 @@ _SIZE = attrgetter("size")
 _MEMO = attrgetter("memo")
 _ADDR = attrgetter("addr")
 _BE = attrgetter("be")
-_TRIES = 4  # misses before a run that never hit stops keeping outcomes (a size in it moves with n_ctx: Metal's FA)
-_KEPT = 8  # sizes a run keeps an outcome for: a sweep of n_ctx over a few ubatches, one each
+_TRIES = 4  # misses before a run that never hit stops keeping outcomes (a size below the move changes with n_ctx)
+_UNSIZED = 4  # placements unsized at the entry, at most, for a miss to count and its allocations among them watched
+_KEPT = 12  # keys a run keeps outcomes by: a sweep of n_ctx over a few ubatches, one or two each
 
 
 def replay(ga: Gallocr, run: _Run) -> None:
@@ -51,22 +53,50 @@ def replay(ga: Gallocr, run: _Run) -> None:
         return
     seen = shifts.get(now.key)
     if seen is not None and seen.decided(ga, run):
-        moved = seen.match(now)
+        moved = seen.match(ga, run, now)
         if moved is not None:
             seen.apply(ga, run, *moved)
             run.misses = -1
             return
-    ga._replay(run)
-    if run.misses >= 0:
+    # the placements the key holds no size for; a few of them (past a ubatch's first run, where all are): watched
+    unsized = [i for i, (size, memo) in enumerate(zip(*now.key[1:])) if not size and memo is None]
+    watch = [i for i in unsized if run.ops[0][run.at[i]] == ALLOC] if len(unsized) <= _UNSIZED else []
+    watched = _watched(ga, run, watch) if watch else {}
+    if not watch:
+        ga._replay(run)
+    if run.misses >= 0 and len(unsized) <= _UNSIZED:  # (a ubatch's first run counts no miss)
         run.misses += 1
         if run.misses == _TRIES:
             run.shifts = None
             return
-    outcome = Shifted(ga, run, now)
-    shifts.pop(outcome.key, None)
-    if len(shifts) >= _KEPT:
-        shifts.pop(next(iter(shifts)))
-    shifts[outcome.key] = outcome
+    outcome = Shifted(ga, run, now, watched)
+    for key in outcome.keys:
+        shifts.pop(key, None)
+        if len(shifts) >= _KEPT:
+            shifts.pop(next(iter(shifts)))
+        shifts[key] = outcome
+
+
+def _watched(ga: Gallocr, run: _Run, unsized: list[int]) -> dict[int, tuple[bool, int]]:
+    """The run replayed, and for each placement in `unsized` (its index), whether its allocation took the last block
+    of its buffer and the largest other free block then (-1: none)."""
+    events = zip(*run.ops)
+    done = 0
+    out: dict[int, tuple[bool, int]] = {}
+    for i in unsized:
+        k = run.at[i]
+        ga._events(islice(events, k - done))
+        event = next(events)
+        t = event[1]
+        chunks = ga.tallocs[t.be].chunks
+        blocks = chunks[0] if chunks else [[0, 0]]
+        other = max([b[1] for b in blocks[:-1]], default=-1)
+        last = blocks[-1][0]
+        ga._events((event,))
+        out[i] = (t.addr == last, other)
+        done = k + 1
+    ga._events(events)
+    return out
 
 
 class Entry:
@@ -126,51 +156,84 @@ def entry(ga: Gallocr, run: _Run) -> Entry | None:
 
 class Shifted:
     """One run's outcome from an entry state: each tensor it placed with its place, buffer and size, each touched
-    buffer's free blocks after it, and (`decided`) its highest end in each."""
+    buffer's free blocks after it, and (`decided`) its highest end in each.
 
-    __slots__ = ("entry", "key", "addrs", "bes", "sizes", "blocks", "peaks")
+    An allocation unsized at the entry (a size that moves with n_ctx: Metal's FLASH_ATTN_EXT output) is `elastic`
+    where it took the last block, nothing was allocated above it before it was freed, and the run freed it: its memory
+    went back into the last block, and its size decides nothing but its own end, provided no other free block fits it
+    (the largest then is kept with it)."""
 
-    def __init__(self, ga: Gallocr, run: _Run, before: Entry) -> None:
+    __slots__ = ("entry", "key", "keys", "addrs", "bes", "sizes", "blocks", "elastic", "peaks")
+
+    def __init__(self, ga: Gallocr, run: _Run, before: Entry, watched: dict[int, tuple[bool, int]]) -> None:
+        """After `ga` ran `run` from `before`; `watched`: _watched's answers."""
         self.entry = before
         placed = run.placed
-        # the entry's key as a later run meets it: with the memos the sizes left (the first run at a ubatch sizes its
-        # tensors: Gallocr._size)
-        self.key = (before.key[0], before.key[1], tuple(map(_MEMO, placed)))
         self.addrs = list(map(_ADDR, placed))
         self.bes = list(map(_BE, placed))
         self.sizes = list(map(_SIZE, placed))
         self.blocks = [[tuple(b) for b in ga.tallocs[be].chunks[0]] for be in run.buffers]
-        self.peaks: list[tuple[int, int, int]] | None = None  # (worked out at the first use: decided)
+        self.elastic = [(i, other) for i, (last, other) in watched.items() if last and self._transient(ga, run, i)]
+        # the entry's key as a later run meets it: with the memos the sizes left (the first run at a ubatch sizes its
+        # tensors: Gallocr._size); and, where some allocation is elastic, also without those (a memo reset each time)
+        memos = list(map(_MEMO, placed))
+        self.key = (before.key[0], before.key[1], tuple(memos))
+        self.keys = [self.key]
+        if self.elastic:
+            for i, _ in self.elastic:
+                memos[i] = None
+            self.keys.append((before.key[0], before.key[1], tuple(memos)))
+        self.peaks: list[tuple[int, int]] | None = None  # (worked out at the first use: decided)
+
+    def _transient(self, ga: Gallocr, run: _Run, i: int) -> bool:
+        """Whether placement i, an allocation from its buffer's last block, is freed in the run (not handed to a child
+        in place) with nothing allocated above it in between."""
+        ops, ts, ps = run.ops
+        t, k, be = run.placed[i], run.at[i], self.bes[i]
+        a = ga.aligns[be]
+        size = (self.sizes[i] + a - 1) // a * a
+        top = self.addrs[i] + size
+        if not size:
+            return False
+        q = i + 1
+        for j in range(k + 1, len(ops)):
+            if ps[j] is t and ops[j] == REUSE:
+                return False
+            if ops[j] == FREE:
+                if ts[j] is t:
+                    return True
+                continue
+            if self.bes[q] == be and self.addrs[q] >= top:
+                return False
+            q += 1
+        return False
 
     def decided(self, ga: Gallocr, run: _Run) -> bool:
-        """Whether the entry's key held every size the run placed: each was set, or was Gallocr._size's memo in the
-        buffer the tensor went to (another is computed from a shape the key does not hold). Once: per buffer the
-        highest end the run allocated to and the first allocation that reached it (its index among the placements and
-        among the events): the one that raises the mark there last, if any does (DynAllocator.alloc: `end > max`)."""
+        """Whether the entry's key held every size the run placed but the elastic ones: each was set, or was
+        Gallocr._size's memo in the buffer the tensor went to (another is computed from a shape the key does not
+        hold). Once: per buffer the highest end the run allocated to but the elastic allocations', and the first
+        allocation that reached it (its index among the placements)."""
         if self.peaks is not None:
             return True
         _, sizes, memos = self.key
-        for be, size, s0, m0 in zip(self.bes, self.sizes, sizes, memos):
-            if not s0 and (m0 is None or m0[0] != be or m0[1] != size):
+        elastic = {i for i, _ in self.elastic}
+        for i, (be, size, s0, m0) in enumerate(zip(self.bes, self.sizes, sizes, memos)):
+            if not s0 and (m0 is None or m0[0] != be or m0[1] != size) and i not in elastic:
                 return False
-        self.peaks = peaks = [(-1, -1, -1)] * len(ga.tallocs)
-        placements = zip(self.addrs, self.bes, self.sizes)
-        i = 0
-        for k, op in enumerate(run.ops[0]):
-            if op == FREE:
-                continue
-            addr, be, size = next(placements)
-            if op == ALLOC:
+        self.peaks = peaks = [(-1, -1)] * len(ga.tallocs)
+        ops = run.ops[0]
+        for i, (k, addr, be, size) in enumerate(zip(run.at, self.addrs, self.bes, self.sizes)):
+            if ops[k] == ALLOC and i not in elastic:
                 a = ga.aligns[be]
                 end = addr + (size + a - 1) // a * a
                 if end > peaks[be][0]:
-                    peaks[be] = (end, i, k)
-            i += 1
+                    peaks[be] = (end, i)
         return True
 
-    def match(self, now: Entry) -> tuple[list[int], list[int]] | None:
-        """Per buffer, the shift of its upper part and where that part started then; None where `now` is not this
-        entry with the upper part of each buffer moved, its lower part where it was and ending below it."""
+    def match(self, ga: Gallocr, run: _Run, now: Entry) -> tuple[list[int], list[int], list[int]] | None:
+        """Per buffer, the shift of its upper part and where that part started then, and the elastic allocations'
+        sizes here; None where `now` is not this entry with the upper part of each buffer moved, its lower part where
+        it was and ending below it, or where another free block would take an elastic allocation here."""
         then = self.entry
         shift = [a - b for a, b in zip(now.tails, then.tails)]
         low_end = [-1] * len(shift)
@@ -187,18 +250,32 @@ class Shifted:
         for end, start, d in zip(low_end, high, shift):
             if end >= start or end >= start + d:
                 return None
-        return shift, high
+        sizes = []
+        for i, other in self.elastic:
+            t, be = run.placed[i], self.bes[i]
+            if not t.size:
+                ga._size(t, be)
+            a = ga.aligns[be]
+            if (t.size + a - 1) // a * a <= other:
+                return None
+            sizes.append(t.size)
+        return shift, high, sizes
 
-    def apply(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> None:
-        """`run`'s events as they came out here, the upper part of each buffer moved by its shift."""
-        for t, addr, be, size in zip(run.placed, self.addrs, self.bes, self.sizes):
+    def apply(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int], sizes: list[int]) -> None:
+        """`run`'s events as they came out here, the upper part of each buffer moved by its shift, the elastic
+        allocations of the sizes they have here."""
+        placed = run.placed
+        for t, addr, be, size in zip(placed, self.addrs, self.bes, self.sizes):
             t.addr = addr + shift[be] if addr >= high[be] else addr
             t.be = be
             t.size = size
+        for (i, _), size in zip(self.elastic, sizes):
+            placed[i].size = size
         for t, own in zip(*run.owns):
             t.own = own
+        marks = self._marks(ga, run, shift, high)
         if ga.trace:
-            self._live(ga, run, shift, high)
+            self._live(ga, run, marks)
         for be, blocks in zip(run.buffers, self.blocks):
             d, h = shift[be], high[be]
             moved = [[off + d if off >= h else off, size] for off, size in blocks]
@@ -206,7 +283,7 @@ class Shifted:
             last[1] = blocks[-1][0] + blocks[-1][1] - last[0]  # the last block runs to the buffer's end
             talloc = ga.tallocs[be]
             talloc.chunks = [moved]
-            end = self._peak(be, shift, high)
+            end = marks[be][0]
             if end > talloc.max_size:
                 talloc.maxes = [end]
                 talloc.max_size = end
@@ -215,20 +292,29 @@ class Shifted:
             elif not talloc.maxes:
                 talloc.maxes = [0]
 
-    def _peak(self, be: int, shift: list[int], high: list[int]) -> int:
-        """The run's highest allocated end in buffer `be`, here (-1: none)."""
+    def _marks(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> list[tuple[int, int]]:
+        """Per buffer, the run's highest allocated end here and the event of the first allocation that reached it
+        ((-1, -1): none), the one that raises the mark there last if any does (DynAllocator.alloc: `end > max`)."""
         assert self.peaks is not None  # decided
-        end, i, _ = self.peaks[be]
-        if i >= 0 and self.addrs[i] >= high[be]:
-            end += shift[be]
-        return end
+        found = []
+        for be, (end, i) in enumerate(self.peaks):
+            if i >= 0 and self.addrs[i] >= high[be]:
+                end += shift[be]
+            found.append((end, i))
+        for i, _ in self.elastic:  # placed (apply) at their sizes here
+            t = run.placed[i]
+            be = t.be
+            a = ga.aligns[be]
+            end = t.addr + (t.size + a - 1) // a * a
+            if end > found[be][0] or end == found[be][0] and i < found[be][1]:
+                found[be] = (end, i)
+        return [(end, run.at[i] if i >= 0 else -1) for end, i in found]
 
-    def _live(self, ga: Gallocr, run: _Run, shift: list[int], high: list[int]) -> None:
+    def _live(self, ga: Gallocr, run: _Run, marks: list[tuple[int, int]]) -> None:
         """ga.live through the run's events as Gallocr keeps it, and ga.peak_lives where a mark rises (before the
         marks are set): the tensors alive at the allocation that raises it last."""
         live = ga.live
-        rises = sorted((k, be) for be, (_, _, k) in enumerate(self.peaks or ())
-                       if k >= 0 and self._peak(be, shift, high) > ga.tallocs[be].max_size)
+        rises = sorted((k, be) for be, (end, k) in enumerate(marks) if k >= 0 and end > ga.tallocs[be].max_size)
         events = zip(*run.ops)
         done = 0
         for k, be in rises:

@@ -60,14 +60,21 @@ def _state(ga: Gallocr, ts: list[Tensor]) -> tuple:
             [t.chunks for t in ga.tallocs])
 
 
-def _runs(rows: tuple[int, ...], mask_kept: bool, trace: bool, max_buffer_size: int = alloc.SIZE_MAX) -> list[tuple]:
+def _runs(rows: tuple[int, ...], mask_kept: bool, trace: bool, max_buffer_size: int = alloc.SIZE_MAX,
+          c_rows: tuple[int, ...] = ()) -> list[tuple]:
     """The layer's program run once per mask size, each run from a new allocator: the mask placed, then x, then the
     program (one ProgramMemo: its first run walks, the second records). `mask_kept`: a later layer reads the mask
-    (the program does not free it). `max_buffer_size`: the buffer's, as a Metal device's maxBufferLength."""
+    (the program does not free it). `max_buffer_size`: the buffer's, as a Metal device's maxBufferLength. `c_rows`:
+    c's rows in each run, sized anew each time (as a FLASH_ATTN_EXT output whose size moves with n_ctx)."""
     nodes, ts, mask = _layer()
     memo = ProgramMemo(program(nodes), ts, (), ts[-1:])
     out = []
-    for r in rows:
+    for n, r in enumerate(rows):
+        if c_rows:
+            c = ts[3]
+            c.ne = [64, c_rows[n], 1, 1]
+            c.nb = contig_nb(F32, c.ne)
+            c.memo = None
         counts, _ = Segment._counts(nodes)
         for t in (mask, *ts):
             t.own, t.nc, t.nv, t.size = False, 0, 0, 0
@@ -97,13 +104,27 @@ def test_a_run_above_a_growing_mask_is_taken_shifted(trace: bool, monkeypatch: p
     assert _runs(ROWS, True, trace) == shifted
 
 
-def test_a_run_that_frees_below_the_move_is_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The layer frees the mask (its last reader): a size below the move differs, the run is replayed."""
+@pytest.mark.parametrize("trace", [True, False])
+def test_an_allocation_sized_anew_on_top_is_taken_at_its_size(trace: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """c takes the buffer's last block and is freed before anything is placed above it: its size changes nothing
+    but its own end (the mark), but where a free block below would take it (4 rows fit the 2 KiB one there)."""
+    c_rows = (16, 24, 40, 32, 64, 4, 48, 56)
     taken = _taken(monkeypatch)
-    got = _runs(ROWS, False, True)
-    assert not taken
+    got = _runs(ROWS, True, trace, c_rows=c_rows)
+    assert len(taken) == 4  # the third run keeps its outcome; 4 rows fit a free block below: replayed
     _no_shifts(monkeypatch)
-    assert _runs(ROWS, False, True) == got
+    assert _runs(ROWS, True, trace, c_rows=c_rows) == got
+
+
+def test_a_run_that_frees_below_the_move_is_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer frees the mask (its last reader): a size below the move differs, the run is replayed (but where the
+    mask's size comes back)."""
+    rows = (8, 16, 24, 32, 24, 40, 48, 56)
+    taken = _taken(monkeypatch)
+    got = _runs(rows, False, True)
+    assert len(taken) == 1
+    _no_shifts(monkeypatch)
+    assert _runs(rows, False, True) == got
 
 
 def test_a_buffer_with_a_maximum_size_is_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
