@@ -58,13 +58,16 @@ def replay(ga: Gallocr, run: _Run) -> None:
             seen.apply(ga, run, *moved)
             run.misses = -1
             return
-    # the placements the key holds no size for; a few of them (past a ubatch's first run, where all are): watched
-    unsized = [i for i, (size, memo) in enumerate(zip(*now.key[1:])) if not size and memo is None]
-    watch = [i for i in unsized if run.ops[0][run.at[i]] == ALLOC] if len(unsized) <= _UNSIZED else []
+    # the placements the key holds no size for (no memo: a few at most but at a ubatch's first run), watched
+    _, sizes, memos = now.key
+    unsized = [i for i, (size, memo) in enumerate(zip(sizes, memos)) if not size and memo is None] \
+        if memos.count(None) <= 2 * _UNSIZED else None
+    steady = unsized is not None and len(unsized) <= _UNSIZED
+    watch = [i for i in unsized if run.ops[0][run.at[i]] == ALLOC] if steady and unsized else []
     watched = _watched(ga, run, watch) if watch else {}
     if not watch:
         ga._replay(run)
-    if run.misses >= 0 and len(unsized) <= _UNSIZED:  # (a ubatch's first run counts no miss)
+    if run.misses >= 0 and steady:  # (a ubatch's first run counts no miss)
         run.misses += 1
         if run.misses == _TRIES:
             run.shifts = None
