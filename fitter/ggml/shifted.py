@@ -14,7 +14,9 @@ buffer's high-water mark decides nothing where the buffer is one chunk: the run 
 run's outcome: `match` finds the shift of each buffer (its last block's, which runs to the buffer's end) under which
 every address of the entry is either where it was (below) or moved by the shift (above), with everything below
 ending before anything above starts, in both; `apply` places the tensors and sets the blocks as they were, the upper
-ones moved, and raises each mark to the run's highest end there, moved alike, where that is higher.
+ones moved, and raises each mark to the run's highest end there, moved alike, where that is higher. An allocation
+whose size the key cannot hold (it moves with n_ctx too: Metal's FLASH_ATTN_EXT output) may still be taken at its
+size here, where the run showed it changes nothing but its own end (`Shifted`'s elastic allocations).
 """
 
 from __future__ import annotations
@@ -104,9 +106,9 @@ def _watched(ga: Gallocr, run: _Run, unsized: list[int]) -> dict[int, tuple[bool
 
 class Entry:
     """A run's entry state: what decides it but addresses (`key`, hashable: each buffer's alignment and free blocks,
-    the sizes of the tensors placed before it that it reads, and of those it places, as set or as Gallocr._size would
-    give them), and per address its place, extent and buffer; each touched buffer's last block's offset (`tails`, -1
-    for the others)."""
+    the sizes of the tensors placed before it that it reads, and the sizes set on those it places with their memos,
+    whence Gallocr._size gives the others), and per address its place, extent and buffer; each touched buffer's last
+    block's offset (`tails`, -1 for the others)."""
 
     __slots__ = ("key", "addrs", "ends", "bufs", "tails")
 
