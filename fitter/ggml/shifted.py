@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Iterator
 from fitter.ggml.alloc import _ALLOC as ALLOC
 from fitter.ggml.alloc import _FREE as FREE
 from fitter.ggml.alloc import _REUSE as REUSE
+from fitter.ggml.types import pad
 
 if TYPE_CHECKING:
     from fitter.ggml.alloc import Gallocr, _Run
@@ -150,10 +151,9 @@ def entry(ga: Gallocr, run: _Run) -> Entry | None:
         if tails[be] < 0:
             return None
         size = x.size
-        a = aligns[be]
         shape.append(size)
         addrs.append(x.addr)
-        ends.append(x.addr + (size + a - 1) // a * a)
+        ends.append(x.addr + pad(size, aligns[be]))
         bufs.append(be)
     placed = run.placed
     return Entry((tuple(shape), tuple(map(_SIZE, placed)), tuple(map(_MEMO, placed))), addrs, ends, bufs, tails)
@@ -195,8 +195,7 @@ class Shifted:
         in place) with nothing allocated above it in between."""
         ops, ts, ps = run.ops
         t, k, be = run.placed[i], run.at[i], self.bes[i]
-        a = ga.aligns[be]
-        size = (self.sizes[i] + a - 1) // a * a
+        size = pad(self.sizes[i], ga.aligns[be])
         top = self.addrs[i] + size
         if not size:
             return False
@@ -229,8 +228,7 @@ class Shifted:
         ops = run.ops[0]
         for i, (k, addr, be, size) in enumerate(zip(run.at, self.addrs, self.bes, self.sizes)):
             if ops[k] == ALLOC and i not in elastic:
-                a = ga.aligns[be]
-                end = addr + (size + a - 1) // a * a
+                end = addr + pad(size, ga.aligns[be])
                 if end > peaks[be][0]:
                     peaks[be] = (end, i)
         return True
@@ -260,8 +258,7 @@ class Shifted:
             t, be = run.placed[i], self.bes[i]
             if not t.size:
                 ga._size(t, be)
-            a = ga.aligns[be]
-            if (t.size + a - 1) // a * a <= other:
+            if pad(t.size, ga.aligns[be]) <= other:
                 return None
             sizes.append(t.size)
         return shift, high, sizes
@@ -309,8 +306,7 @@ class Shifted:
         for i, _ in self.elastic:  # placed (apply) at their sizes here
             t = run.placed[i]
             be = t.be
-            a = ga.aligns[be]
-            end = t.addr + (t.size + a - 1) // a * a
+            end = t.addr + pad(t.size, ga.aligns[be])
             if end > found[be][0] or end == found[be][0] and i < found[be][1]:
                 found[be] = (end, i)
         return [(end, run.at[i] if i >= 0 else -1) for end, i in found]

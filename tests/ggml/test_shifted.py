@@ -107,7 +107,7 @@ def test_a_run_above_a_growing_mask_is_taken_shifted(trace: bool, monkeypatch: p
 @pytest.mark.parametrize("trace", [True, False])
 def test_an_allocation_sized_anew_on_top_is_taken_at_its_size(trace: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """c takes the buffer's last block and is freed before anything is placed above it: its size changes nothing
-    but its own end (the mark), but where a free block below would take it (4 rows fit the 2 KiB one there)."""
+    but its own end (the mark), except where a free block below would take it (4 rows fit the 2 KiB one there)."""
     c_rows = (16, 24, 40, 32, 64, 4, 48, 56)
     taken = _taken(monkeypatch)
     got = _runs(ROWS, True, trace, c_rows=c_rows)
