@@ -24,7 +24,7 @@ types and looked less far ahead, and are predicted with the later rules.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import Callable, Iterable, Sequence
 
 from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
@@ -44,8 +44,6 @@ _FUSE_NEXT = ("ADD", "MUL", "NORM", "RMS_NORM")  # and the ops it may continue w
 MAX_FUSE = 16
 
 Range = tuple[object, int, int]  # (buffer or tensor identity, p0, p1)
-P = TypeVar("P", bound=Hashable)  # a pack, as reorder_walk's caller names them
-S = TypeVar("S")  # a set of packs' reads and writes, as its caller keeps them
 
 
 def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], alignment: int) -> dict[int, Range]:
@@ -74,24 +72,35 @@ def cache_ranges(nodes: list[Tensor], alloc_size: Callable[[Tensor], int], align
     return out
 
 
-def _ranges(ts: list[Tensor], caches: dict[int, Range]) -> tuple[set[int], list[Range] | None]:
+def _ranges(ts: list[Tensor], caches: dict[int, Range], bits: dict[int, int]) -> tuple[int, list[Range] | None]:
     """ggml_mem_range_from_tensor of each tensor (its base): a tensor not allocated yet is its own range and overlaps
-    only itself, so those are a set of identities; the caches' ranges in their buffers are (buffer, p0, p1)."""
-    ids: set[int] = set()
+    only itself, so those are a set of identities (a bit each, `bits` by id); the caches' ranges in their buffers are
+    (buffer, p0, p1)."""
+    mask = 0
     iv: list[Range] | None = None
     for t in ts:
         b = t.vs if t.vs is not None else t
         r = caches.get(id(b))
         if r is None:
-            ids.add(id(b))
+            bit = bits.get(id(b))
+            if bit is None:
+                bit = bits[id(b)] = 1 << len(bits)
+            mask |= bit
         elif iv is None:
             iv = [r]
         else:
             iv.append(r)
-    return ids, iv
+    return mask, iv
 
 
-def _iv_clear(iv: dict[object, list[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> bool:
+# what a pack reads and writes: (identities read as bits, buffer ranges read, identities written, ranges written)
+Qual = tuple[int, "list[Range] | None", int, "list[Range] | None"]
+# a set of packs (the reorder's running set, the packs it skipped): identities read and written, ranges touched by
+# buffer ({(p0, p1, written)})
+State = list
+
+
+def _iv_clear(iv: dict[object, set[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> bool:
     """ggml_mem_ranges_check for ranges in buffers: none overlaps one of the set's, `p0 < cmp.p1 && p1 >= cmp.p0`,
     unless both are read."""
     for pb, p0, p1 in rs or ():
@@ -101,9 +110,9 @@ def _iv_clear(iv: dict[object, list[tuple[int, int, bool]]], rs: list[Range] | N
     return True
 
 
-def _iv_add(iv: dict[object, list[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> None:
+def _iv_add(iv: dict[object, set[tuple[int, int, bool]]], rs: list[Range] | None, dst: bool) -> None:
     for pb, p0, p1 in rs or ():
-        iv.setdefault(pb, []).append((p0, p1, dst))
+        iv.setdefault(pb, set()).add((p0, p1, dst))
 
 
 def _can_fuse(nodes: list[Tensor], i: int, f: int, uses: dict[int, int]) -> bool:  # ggml_can_fuse (ggml-impl.h)
@@ -158,70 +167,68 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
     packs: list[list[Tensor]] = []
     empty: list[bool] = []
     safe: list[bool] = []
-    src_ids: list[set[int]] = []
-    dst_ids: list[set[int]] = []
-    src_iv: list[list[Range] | None] = []
-    dst_iv: list[list[Range] | None] = []
+    qual: list[Qual] = []
+    bits: dict[int, int] = {}
     i = 0
     while i < len(nodes):
         pack = nodes[i:i + span(i)]
         srcs, dsts = pack_ends(pack, table)
-        for ts, ids, ivs in ((srcs, src_ids, src_iv), (dsts, dst_ids, dst_iv)):
-            a, b = _ranges(ts, caches)
-            ids.append(a)
-            ivs.append(b)
+        qual.append((*_ranges(srcs, caches, bits), *_ranges(dsts, caches, bits)))
         packs.append(pack)
         empty.append(pack[0].op in EMPTY_OPS)
         safe.append(pack[0].op in SAFE_OPS)
         i += len(pack)
-
-    # a state: the identities read (s) and written (d) and the buffer ranges touched (iv) of a set of packs
-    def concurrent(st: tuple[set[int], set[int], dict], k: int) -> bool:  # h_check
-        s, d, iv = st
-        return (d.isdisjoint(src_ids[k]) and d.isdisjoint(dst_ids[k]) and s.isdisjoint(dst_ids[k])
-                and (not iv or (_iv_clear(iv, src_iv[k], False) and _iv_clear(iv, dst_iv[k], True))))
-
-    def add(st: tuple[set[int], set[int], dict], k: int) -> None:  # h_add
-        st[0].update(src_ids[k])
-        st[1].update(dst_ids[k])
-        _iv_add(st[2], src_iv[k], False)
-        _iv_add(st[2], dst_iv[k], True)
-
-    n = len(packs)
     order: list[int] = []
-    reorder_walk(range(n), lambda i0: range(i0 + 1, min(i0 + N_FORWARD, n)), set(), (set(), set(), {}),
-                 lambda: (set(), set(), {}), empty.__getitem__, safe.__getitem__, concurrent, add, order)
+    reorder_walk(range(len(packs)), len(packs), set(), [0, 0, {}], empty, safe, qual, lambda k: qual[k], order)
     return [t for k in order for t in packs[k]]
 
 
-def reorder_walk(mains: Iterable[P], ahead: Callable[[P], Iterable[P]], used: set[P], state: S, fresh: Callable[[], S],
-                 empty: Callable[[P], bool], safe: Callable[[P], bool], concurrent: Callable[[S, P], bool],
-                 add: Callable[[S, P], None], emitted: list[P]) -> S:
-    """ggml_metal_graph_optimize_reorder's walk over the packs `mains` (keys of any kind), from `state`, the running
-    concurrent set (mrs0): a pack that cannot join it pulls into it the packs `ahead` of it (N_FORWARD - 1 of them)
-    that read nothing the set or the skipped packs (mrs1) write and write nothing they touch, then starts a new set.
-    Appends the packs in their new order to `emitted`, the pulled ones to `used`; returns the set it ends with."""
+def reorder_walk(mains: Iterable[int], n: int, used: set[int], state: State, empty: list[bool], safe: list[bool],
+                 qual: Sequence[Qual | None], fill: Callable[[int], Qual], emitted: list[int]) -> State:
+    """ggml_metal_graph_optimize_reorder's walk over the packs `mains` (numbers below n; empty, safe and qual by number,
+    fill(k) works out qual[k] where it is None), from `state`, the running concurrent set (mrs0): a pack that cannot
+    join it (h_check) pulls into it the packs ahead of it (N_FORWARD - 1 of them) that read nothing the set or the
+    skipped packs (mrs1) write and write nothing they touch, then starts a new set. Appends the packs in their new
+    order to `emitted`, the pulled ones to `used`; returns the set it ends with."""
+    s, d, iv = state
     for i0 in mains:
         if i0 in used:
             continue
-        if not empty(i0) and not concurrent(state, i0):
-            skipped = fresh()
-            add(skipped, i0)
-            for i1 in ahead(i0):
+        si, siv, di, div = qual[i0] or fill(i0)
+        if not empty[i0] and ((d & (si | di)) or (s & di) or (iv and not (_iv_clear(iv, siv, False)
+                                                                        and _iv_clear(iv, div, True)))):
+            ks, kd = si, di  # the packs skipped
+            kiv: dict[object, set[tuple[int, int, bool]]] = {}
+            _iv_add(kiv, siv, False)
+            _iv_add(kiv, div, True)
+            for i1 in range(i0 + 1, min(i0 + N_FORWARD, n)):
                 if i1 in used:
                     continue
-                if not safe(i1):
+                if not safe[i1]:
                     break
-                if (empty(i1) or concurrent(state, i1)) and concurrent(skipped, i1):
-                    add(state, i1)
+                ti, tiv, ui, uiv = qual[i1] or fill(i1)
+                if ((empty[i1] or not ((d & (ti | ui)) or (s & ui) or (iv and not (_iv_clear(iv, tiv, False)
+                                                                                  and _iv_clear(iv, uiv, True)))))
+                        and not ((kd & (ti | ui)) or (ks & ui) or (kiv and not (_iv_clear(kiv, tiv, False)
+                                                                               and _iv_clear(kiv, uiv, True))))):
+                    s |= ti  # h_add to the set
+                    d |= ui
+                    _iv_add(iv, tiv, False)
+                    _iv_add(iv, uiv, True)
                     emitted.append(i1)
                     used.add(i1)
                 else:
-                    add(skipped, i1)
-            state = fresh()
-        add(state, i0)
+                    ks |= ti  # and to the skipped
+                    kd |= ui
+                    _iv_add(kiv, tiv, False)
+                    _iv_add(kiv, uiv, True)
+            s, d, iv = 0, 0, {}
+        s |= si
+        d |= di
+        _iv_add(iv, siv, False)
+        _iv_add(iv, div, True)
         emitted.append(i0)
-    return state
+    return [s, d, iv]
 
 
 def graph_optimize(nodes: list[Tensor], build: LlamaBuild, alloc_size: Callable[[Tensor], int], alignment: int,

@@ -33,8 +33,8 @@ from fitter.ggml.backends.metal_common import (
     EMPTY_OPS,
     N_FORWARD,
     SAFE_OPS,
+    Qual,
     _fuse_len,
-    _iv_clear,
     pack_ends,
     reorder_walk,
 )
@@ -480,65 +480,38 @@ class _Plan(ChunkPlanning):
         leaves; equal work is the same object."""
         kinds = self.kind_of
         m = len(kinds)
-        qual: dict[tuple[int, int], tuple] = {}
-
-        def packed(p: tuple[int, int]) -> tuple:
-            e = qual.get(p)
-            if e is None:
-                q, k = p
-                kind = kinds[q]
-                e = qual[p] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
-            return e
-
-        # a state: [identities read, identities written, buffer ranges touched (buffer -> {(p0, p1, written)})]
-        def concurrent(st: list, p: tuple[int, int]) -> bool:  # h_check
-            s, d, iv = st
-            si, siv, di, div = qual.get(p) or packed(p)
-            return (not (d & (si | di)) and not (s & di)
-                    and (not iv or ((not siv or _iv_clear(iv, siv, False)) and (not div or _iv_clear(iv, div, True)))))
-
-        def add(st: list, p: tuple[int, int]) -> None:  # h_add
-            si, siv, di, div = qual.get(p) or packed(p)
-            st[0] |= si
-            st[1] |= di
-            if siv or div:
-                iv = st[2]
-                for pb, p0, p1 in siv or ():
-                    iv.setdefault(pb, set()).add((p0, p1, False))
-                for pb, p0, p1 in div or ():
-                    iv.setdefault(pb, set()).add((p0, p1, True))
-
-        def empty(p: tuple[int, int]) -> bool:
-            return kinds[p[0]].empty[p[1]]
-
-        def safe(p: tuple[int, int]) -> bool:
-            return kinds[p[0]].safe[p[1]]
-
-        # every pack in the split, in order, and where each instance's start: the look-ahead from a pack is the
-        # N_FORWARD - 1 after it
-        packs = [(q, k) for q in range(m) for k in range(len(kinds[q].parts))]
-        at = {p: i for i, p in enumerate(packs)}
-        starts = [0]
-        for kind in kinds:
+        # every pack in the split, in order, by its number g: its instance (owner), whether it is empty or movable, its
+        # Refs qualified at its instance (worked out when first read); an instance's packs run from starts[q]
+        self.starts: list[int] = [0]
+        self.owner: list[int] = []
+        starts, owner = self.starts, self.owner
+        for q, kind in enumerate(kinds):
             starts.append(starts[-1] + len(kind.parts))
+            owner += [q] * len(kind.parts)
+        n = starts[-1]
+        empty = [e for kind in kinds for e in kind.empty]
+        safe = [s for kind in kinds for s in kind.safe]
+        qual: list[Qual | None] = [None] * n
 
-        def ahead(p: tuple[int, int]) -> list[tuple[int, int]]:
-            i = at[p]
-            return packs[i + 1:i + N_FORWARD]
+        def packed(g: int) -> Qual:
+            q = owner[g]
+            kind = kinds[q]
+            k = g - starts[q]
+            e = qual[g] = (*self._qual(q, kind.rd[k]), *self._qual(q, kind.wr[k]))
+            return e
 
         chunks: list[tuple] = []
         memo: dict[tuple, tuple] = {}
         state: list = [0, 0, {}]
-        used: set[tuple[int, int]] = set()
+        used: set[int] = set()
         for q in range(m):
             key = self._key(q, state, used)
             hit = memo.get(key)
             if hit is None:
-                emitted: list[tuple[int, int]] = []
-                state = reorder_walk(packs[starts[q]:starts[q + 1]], ahead, used, state, lambda: [0, 0, {}], empty,
-                                     safe, concurrent, add, emitted)
-                rel = [(q1 - q, k1) for q1, k1 in emitted]
-                used = {u for u in used if u[0] > q}
+                emitted: list[int] = []
+                state = reorder_walk(range(starts[q], starts[q + 1]), n, used, state, empty, safe, qual, packed, emitted)
+                rel = [(owner[g] - q, g - starts[owner[g]]) for g in emitted]
+                used = {g for g in used if g >= starts[q + 1]}
                 hit = memo[key] = (rel, self._relative(q, state, used))
             else:
                 rel, exit_state = hit
@@ -566,7 +539,7 @@ class _Plan(ChunkPlanning):
                            for pb, rs in iv.items() for p0, p1, dst in rs)
         return (frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in self._idents_of(s)),
                 frozenset((x[0] - q, x[1]) if type(x) is tuple else x for x in self._idents_of(d)),
-                rel_iv, frozenset((q1 - q, k) for q1, k in used))
+                rel_iv, frozenset((self.owner[g] - q, g - self.starts[self.owner[g]]) for g in used))
 
     def _absolute(self, q: int, rel: tuple) -> tuple[list, set]:
         """A state kept relative to an instance, made the one entering instance q + 1 after q's work."""
@@ -583,4 +556,4 @@ class _Plan(ChunkPlanning):
             ms |= bit((x[0] + q, x[1]) if type(x) is tuple else x)
         for x in d:
             md |= bit((x[0] + q, x[1]) if type(x) is tuple else x)
-        return [ms, md, iv], {(q1 + q, k) for q1, k in used}
+        return [ms, md, iv], {self.starts[q1 + q] + k for q1, k in used}
