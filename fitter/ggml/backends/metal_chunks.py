@@ -207,9 +207,19 @@ class ChunkPlanning:
 
         for dq, t in r:
             q = c + dq
-            src = tuple([rel(q, x) for x in t.src])
+            inp = insts[q][0].inp
+            src: list[tuple[int, int] | None] = []
+            for x in t.src:  # rel(q, x) for each, its usual cases inline
+                if x is None or (x is not inp and (x.glob or x.ext)):
+                    src.append(None)
+                elif x is inp:
+                    src.append(rel(q, x))
+                else:
+                    i = id(x)
+                    by_id[i] = x
+                    src.append((dq, i))
             vs = rel(q, t.vs)
-            wiring.append((src, vs))
+            wiring.append((tuple(src), vs))
             for x in (*src, vs):
                 while x is not None and x not in made:  # read from an earlier chunk, with its base
                     reads[x] = None

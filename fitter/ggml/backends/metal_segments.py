@@ -375,18 +375,24 @@ class _Plan(ChunkPlanning):
             elif b.glob or b.ext:
                 glob.append(self._glob_index.setdefault(id(b), len(self._glob_index)))
             else:
-                loc.append((dq, self._local(self.insts[q + dq][0], b)))
+                of = self.insts[q + dq][0]
+                index = self._local_index.get(id(of)) or self._local_index_of(of)  # (_local, inline)
+                loc.append((dq, index[id(b)]))
         return tuple(loc), prev, frozenset(glob), tuple(kv), tuple(rs)
 
     def _local(self, seg: Segment, t: Tensor) -> int:
         """t's index among the tensors of its segment (made in it, its nodes, its placeholder)."""
+        return self._local_index_of(seg)[id(t)]
+
+    def _local_index_of(self, seg: Segment) -> dict[int, int]:
+        """_local's index of a segment: tensor id -> its index."""
         index = self._local_index.get(id(seg))
         if index is None:
             index = self._local_index[id(seg)] = {}
             for x in (*seg.created, *seg.nodes, seg.inp):
                 if x is not None:
                     index.setdefault(id(x), len(index))
-        return index[id(t)]
+        return index
 
     # ---- recurrent state layout ------------------------------------------------------------------------------------
 
