@@ -93,19 +93,33 @@ class _Traced:
                 i = of_int[x] = at(form(x))
             return i
 
+        # a shape's (ne's or nb's) getter, whether a cell count reaches it, its plain values: by its values' identities
+        # (most tensors share the very Syms and ints of their shape with others), the values kept alive with it
+        Shape = tuple[Callable[[list[int]], tuple[int, ...]], bool, list[int], list[int]]
+        of_shape: dict[tuple[int, ...], Shape] = {}
+
+        def shape(xs: list[int]) -> Shape:
+            key = tuple(map(id, xs))
+            hit = of_shape.get(key)
+            if hit is None:
+                at_ = [ix(x) for x in xs]
+                hit = of_shape[key] = (_take(at_), not of_cells.isdisjoint(at_), [int.__int__(x) for x in xs], xs)
+            return hit
+
         ts, sizes, bes = self.ts, self.sizes, self.bes
         for t in seen:
             nb, size = _NB_SLOT.__get__(t, Tensor), t.size
             k = len(ts) if not t.ext else -1
             if type(size) is Sym or Sym in map(type, t.ne) or Sym in map(type, nb):
-                ne_at, nb_at, size_at = [ix(x) for x in t.ne], [ix(x) for x in nb], ix(size) if type(size) is Sym else -1
-                e = (t, k, _take(ne_at), _take(nb_at), size_at)
-                if not of_cells.isdisjoint(ne_at) or not of_cells.isdisjoint(nb_at) or size_at in of_cells:
+                (ne_of, ne_cells, ne, _), (nb_of, nb_cells, nb, _) = shape(t.ne), shape(nb)
+                size_at = ix(size) if type(size) is Sym else -1
+                e = (t, k, ne_of, nb_of, size_at)
+                if ne_cells or nb_cells or size_at in of_cells:
                     self.cell_shapes.append(e)
                 else:
                     self.token_shapes.append(e)
-                t.ne = [int.__int__(x) for x in t.ne]
-                t.nb = [int.__int__(x) for x in nb]  # (a plain store: only reading a weight's nb marks types read)
+                t.ne = list(ne)
+                t.nb = list(nb)  # (a plain store: only reading a weight's nb marks types read)
                 t.size = size = int.__int__(size)
             if k >= 0:
                 ts.append(t)
