@@ -131,7 +131,7 @@ class ChunkPlanning:
                     r += [(0, t) for t in tail]
                 st = self._stretch(c, r)
                 # the same nodes read the same way (the look-ahead near the graph's end often moves nothing more)
-                st = shapes[skey] = by_content.setdefault((tuple((dq, id(t)) for dq, t in r), tuple(st.wiring)), st)
+                st = shapes[skey] = by_content.setdefault((tuple(r), tuple(st.wiring)), st)  # (tensors by identity)
             at.append(st)
         return at
 

@@ -251,7 +251,7 @@ class _Plan(ChunkPlanning):
         ctx: list[Tensor] = []
         uses: dict[int, int] = {}
         back: dict[int, tuple[int, Tensor]] = {}
-        clone: dict[int, Tensor] = {}
+        clone: dict[Tensor | None, Tensor] = {}  # (by identity)
         out = self.insts[q][0].out
         n_real = 0
         q1 = q + 1
@@ -262,17 +262,17 @@ class _Plan(ChunkPlanning):
                 if n_real == _CONTEXT:
                     break
                 c = t.clone()
-                c.src = tuple(out if x is seg.inp and x is not None else clone.get(id(x), x) for x in t.src)
+                c.src = tuple([out if x is seg.inp and x is not None else clone.get(x, x) for x in t.src])
                 if t.vs is not None:
-                    c.vs = out if t.vs is seg.inp else clone.get(id(t.vs), t.vs)
-                clone[id(t)] = c
+                    c.vs = out if t.vs is seg.inp else clone.get(t.vs, t.vs)
+                clone[t] = c
                 back[id(c)] = (q1 - q, t)
                 if id(t) in u:
                     uses[id(c)] = u[id(t)]
                 ctx.append(c)
                 if t.op not in EMPTY_OPS:
                     n_real += 1
-            out = clone.get(id(seg.out)) if seg.out is not None else None
+            out = clone.get(seg.out) if seg.out is not None else None
             q1 += 1
         return ctx, uses, back
 
