@@ -183,6 +183,13 @@ def reorder(nodes: list[Tensor], uses: dict[int, int], caches: dict[int, Range],
     return [t for k in order for t in packs[k]]
 
 
+def _conflicts(s: int, d: int, iv: dict, q: Qual) -> int:
+    """h_check's negation, as a truth value: the pack `q` reads what the set (identities read s, written d, ranges iv)
+    writes, or writes what it touches."""
+    si, siv, di, div = q
+    return (d & (si | di)) or (s & di) or (bool(iv) and not (_iv_clear(iv, siv, False) and _iv_clear(iv, div, True)))
+
+
 def reorder_walk(mains: Iterable[int], n: int, used: set[int], state: State, empty: list[bool], safe: list[bool],
                  qual: Sequence[Qual | None], fill: Callable[[int], Qual], emitted: list[int]) -> State:
     """ggml_metal_graph_optimize_reorder's walk over the packs `mains` (numbers below n; empty, safe and qual by number,
@@ -194,23 +201,20 @@ def reorder_walk(mains: Iterable[int], n: int, used: set[int], state: State, emp
     for i0 in mains:
         if i0 in used:
             continue
-        si, siv, di, div = qual[i0] or fill(i0)
-        if not empty[i0] and ((d & (si | di)) or (s & di) or (iv and not (_iv_clear(iv, siv, False)
-                                                                        and _iv_clear(iv, div, True)))):
-            ks, kd = si, di  # the packs skipped
+        q0 = qual[i0] or fill(i0)
+        if not empty[i0] and _conflicts(s, d, iv, q0):
+            ks, kd = q0[0], q0[2]  # the packs skipped
             kiv: dict[object, set[tuple[int, int, bool]]] = {}
-            _iv_add(kiv, siv, False)
-            _iv_add(kiv, div, True)
+            _iv_add(kiv, q0[1], False)
+            _iv_add(kiv, q0[3], True)
             for i1 in range(i0 + 1, min(i0 + N_FORWARD, n)):
                 if i1 in used:
                     continue
                 if not safe[i1]:
                     break
-                ti, tiv, ui, uiv = qual[i1] or fill(i1)
-                if ((empty[i1] or not ((d & (ti | ui)) or (s & ui) or (iv and not (_iv_clear(iv, tiv, False)
-                                                                                  and _iv_clear(iv, uiv, True)))))
-                        and not ((kd & (ti | ui)) or (ks & ui) or (kiv and not (_iv_clear(kiv, tiv, False)
-                                                                               and _iv_clear(kiv, uiv, True))))):
+                q1 = qual[i1] or fill(i1)
+                ti, tiv, ui, uiv = q1
+                if (empty[i1] or not _conflicts(s, d, iv, q1)) and not _conflicts(ks, kd, kiv, q1):
                     s |= ti  # h_add to the set
                     d |= ui
                     _iv_add(iv, tiv, False)
@@ -223,10 +227,10 @@ def reorder_walk(mains: Iterable[int], n: int, used: set[int], state: State, emp
                     _iv_add(kiv, tiv, False)
                     _iv_add(kiv, uiv, True)
             s, d, iv = 0, 0, {}
-        s |= si
-        d |= di
-        _iv_add(iv, siv, False)
-        _iv_add(iv, div, True)
+        s |= q0[0]  # h_add
+        d |= q0[2]
+        _iv_add(iv, q0[1], False)
+        _iv_add(iv, q0[3], True)
         emitted.append(i0)
     return [s, d, iv]
 
