@@ -407,10 +407,10 @@ class _Run:
     tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
     `outside`: it placed a source that may take a parent's memory, deciding from that parent's state (a tensor the
     program may not reach, so not in its key). Once recorded whole (`close`), what fitter.ggml.shifted reads: the
-    tensors it places (allocates or reuses a parent for), in order, and at which event; those placed before it that it frees or whose
-    memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is fixed in a graph, a
-    reuse takes its parent's); its outcomes by their entry's key (None while recording, and once given up: see
-    fitter.ggml.shifted.replay)."""
+    tensors it places (allocates or reuses a parent for), in order, and at which event; those placed before it that
+    it frees or whose memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is
+    fixed in a graph, a reuse takes its parent's); its outcomes by their entry's key (None while recording, and once
+    given up: see fitter.ggml.shifted.replay)."""
 
     __slots__ = ("checks", "ops", "counts", "outside", "placed", "at", "before", "owns", "buffers", "shifts", "misses")
 

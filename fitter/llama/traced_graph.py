@@ -19,6 +19,10 @@ from fitter.ggml.tensor import _NB_SLOT, Tensor
 from fitter.llama.graph import GraphContext
 from fitter.llama.graph_details import GraphDetails
 
+# a shape (ne or nb) of a traced tensor, once per index: its getter of the forms' values (_take), whether a cell count
+# reaches it, its plain values, and the values themselves (kept alive: the index is by their identities)
+_Shape = tuple[Callable[[list[int]], tuple[int, ...]], bool, list[int], list[int]]
+
 
 class _Traced:
     """A graph built, placed and split once with its cache sizes and tokens symbolic (fitter.ggml.symbolic), for
@@ -93,12 +97,10 @@ class _Traced:
                 i = of_int[x] = at(form(x))
             return i
 
-        # a shape's (ne's or nb's) getter, whether a cell count reaches it, its plain values: by its values' identities
-        # (most tensors share the very Syms and ints of their shape with others), the values kept alive with it
-        Shape = tuple[Callable[[list[int]], tuple[int, ...]], bool, list[int], list[int]]
-        of_shape: dict[tuple[int, ...], Shape] = {}
+        # each shape by its values' identities (most tensors share the very Syms and ints of their shape with others)
+        of_shape: dict[tuple[int, ...], _Shape] = {}
 
-        def shape(xs: list[int]) -> Shape:
+        def shape(xs: list[int]) -> _Shape:
             key = tuple(map(id, xs))
             hit = of_shape.get(key)
             if hit is None:

@@ -209,11 +209,13 @@ class ChunkPlanning:
             q = c + dq
             inp = insts[q][0].inp
             src: list[tuple[int, int] | None] = []
-            for x in t.src:  # rel(q, x) for each, its usual cases inline
-                if x is None or (x is not inp and (x.glob or x.ext)):
+            for x in t.src:  # rel(q, x) for each, but the placeholder's cases inline
+                if x is None:
                     src.append(None)
                 elif x is inp:
                     src.append(rel(q, x))
+                elif x.glob or x.ext:
+                    src.append(None)
                 else:
                     i = id(x)
                     by_id[i] = x

@@ -94,7 +94,7 @@ def _ranges(ts: list[Tensor], caches: dict[int, Range], bits: dict[int, int]) ->
 
 
 # what a pack reads and writes: (identities read as bits, buffer ranges read, identities written, ranges written)
-Qual = tuple[int, "list[Range] | None", int, "list[Range] | None"]
+Qual = tuple[int, list[Range] | None, int, list[Range] | None]
 # a set of packs (the reorder's running set, the packs it skipped): identities read and written, ranges touched by
 # buffer ({(p0, p1, written)})
 State = list

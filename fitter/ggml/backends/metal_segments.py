@@ -515,7 +515,8 @@ class _Plan(ChunkPlanning):
             hit = memo.get(key)
             if hit is None:
                 emitted: list[int] = []
-                state = reorder_walk(range(starts[q], starts[q + 1]), n, used, state, empty, safe, qual, packed, emitted)
+                mains = range(starts[q], starts[q + 1])
+                state = reorder_walk(mains, n, used, state, empty, safe, qual, packed, emitted)
                 rel = [(owner[g] - q, g - starts[owner[g]]) for g in emitted]
                 used = {g for g in used if g >= starts[q + 1]}
                 hit = memo[key] = (rel, self._relative(q, state, used))
