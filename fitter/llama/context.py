@@ -32,6 +32,7 @@ where the layers are not one Metal split, every layer is built and the graph is 
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import field
 from typing import Callable
@@ -481,6 +482,7 @@ _TERM_PREFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a few hundred names a model, asked again at every prediction's peak
 def _term(name: str) -> str:
     base = name.split("#", 1)[0]
     for term, prefixes in _TERM_PREFIXES:
