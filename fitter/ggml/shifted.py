@@ -168,7 +168,7 @@ class Shifted:
     went back into the last block, and its size decides nothing but its own end, provided no other free block fits it
     (the largest then is kept with it)."""
 
-    __slots__ = ("entry", "key", "keys", "addrs", "bes", "sizes", "blocks", "elastic", "peaks")
+    __slots__ = ("entry", "key", "keys", "addrs", "bes", "sizes", "blocks", "elastic", "peaks", "net")
 
     def __init__(self, ga: Gallocr, run: _Run, before: Entry, watched: dict[int, tuple[bool, int]]) -> None:
         """After `ga` ran `run` from `before`; `watched`: _watched's answers."""
@@ -189,6 +189,7 @@ class Shifted:
                 memos[i] = None
             self.keys.append((before.key[0], before.key[1], tuple(memos)))
         self.peaks: list[tuple[int, int]] | None = None  # (worked out at the first use: decided)
+        self.net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]] | None = None  # (_live, at its first use)
 
     def _transient(self, ga: Gallocr, run: _Run, i: int) -> bool:
         """Whether placement i, an allocation from its buffer's last block, is freed in the run (not handed to a child
@@ -316,6 +317,17 @@ class Shifted:
         marks are set): the tensors alive at the allocation that raises it last."""
         live = ga.live
         rises = sorted((k, be) for be, (end, k) in enumerate(marks) if k >= 0 and end > ga.tallocs[be].max_size)
+        if not rises:  # (most runs: the marks rose in the first layers) the run's net effect on the live tensors
+            if self.net is None:
+                self.net = _net(run)
+            drops, adds = self.net
+            was = {c for _, c in adds if c is not None and c in live}  # (before the drops)
+            for t in drops:
+                live.pop(t, None)
+            for t, c in adds:
+                if c is None or c in was:
+                    live[t] = t
+            return
         events = zip(*run.ops)
         done = 0
         for k, be in rises:
@@ -323,6 +335,34 @@ class Shifted:
             done = k + 1
             ga.peak_lives[be] = [(x.name, x.size) for x in live.values() if x.be == be]
         _track(live, events)
+
+
+def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]]:
+    """_track's effect over the whole run, whatever was live before it: the tensors it drops, then those it adds, in
+    order, each with None or the tensor from before the run whose being live then decides it (a reuse of a parent the
+    run did not place). Dropping those, then adding these, leaves the live dict (in insertion order) as the events one
+    by one do: a tensor dropped and added again goes last, one added while it is there keeps its place."""
+    now: dict[Tensor, object] = {}  # what the events so far left of a tensor: True, False, or as that tensor before
+    drops: dict[Tensor, None] = {}
+    adds: dict[Tensor, Tensor | None] = {}
+    for op, t, p in zip(*run.ops):
+        if op == FREE:
+            drops[t] = None
+            adds.pop(t, None)
+            now[t] = False
+            continue
+        was: object = True
+        if op == REUSE:  # the child joins where its parent was live
+            was = now.get(p, p)
+            drops[p] = None
+            adds.pop(p, None)
+            now[p] = False
+            if was is False:
+                continue
+        if t not in adds:
+            adds[t] = None if was is True else was  # type: ignore[assignment]
+        now[t] = was
+    return list(drops), list(adds.items())
 
 
 def _track(live: dict, events: Iterator[tuple[int, Tensor, Tensor]]) -> None:
