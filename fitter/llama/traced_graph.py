@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Callable, Iterator
 
 from fitter.ggml.alloc import AllocResult, Gallocr
@@ -34,7 +35,8 @@ class _Traced:
     for the tensors the cells reach."""
 
     __slots__ = ("spec", "details", "guards", "run", "ts", "sizes", "bes", "types_read", "cell_shapes", "token_shapes",
-                 "token_tensors", "token_sizes", "forms", "cell_forms", "v", "fresh_cells", "fresh_tokens", "tokens_at", "at_tokens")
+                 "token_groups", "token_tensors", "token_sizes", "forms", "cell_forms", "v", "fresh_cells", "fresh_tokens",
+                 "tokens_at", "at_tokens")
 
     def __init__(self, c: GraphContext, details: GraphDetails | None, guards: set, run: Callable[[Gallocr], AllocResult],
                  segs: list[Segment], types_read: bool, values: tuple[int, int, int]) -> None:
@@ -49,6 +51,12 @@ class _Traced:
         self.v = [sum([m[j] * a for j, a in f]) for _, f in self.forms]  # the forms' values at the values applied
         self._fresh(seen)
         self.token_sizes = [(i, size) for _, i, _, _, size in self.token_shapes if size >= 0 and i >= 0]
+        # the token_shapes' tensors by their shapes' getters (ne, nb): a group's tensors have equal shapes at any
+        # tokens, and _move gives them one list each (no code changes a shape's list in place)
+        groups: dict[tuple, list[Tensor]] = {}
+        for t, _, ne, nb, _ in self.token_shapes:
+            groups.setdefault((ne, nb), []).append(t)
+        self.token_groups = [(ne, nb, ts) for (ne, nb), ts in groups.items()]
         self.tokens_at = values[2]  # the tokens the graph's shapes and alloc sizes are at
         # tokens -> the token_tensors' (tensor, ne, nb, alloc size) there (fresh_cells' alloc sizes reset after)
         self.at_tokens: dict[int, list[tuple]] = {}
@@ -177,16 +185,19 @@ class _Traced:
         """The tensors the tokens alone reach, to these tokens: as they were left there, or evaluated (self.v)."""
         kept = self.at_tokens
         if self.tokens_at not in kept:  # as the first allocation at those tokens left them (every later one alike)
-            kept[self.tokens_at] = [(t, t.ne, _NB_SLOT.__get__(t, Tensor), t.memo) for t in self.token_tensors]
+            tt = self.token_tensors  # (zip and map: no Python frame a tensor)
+            kept[self.tokens_at] = list(zip(tt, map(_NE, tt), map(_NB_SLOT.__get__, tt, repeat(Tensor)), map(_MEMO, tt)))
             if len(kept) > _AT_TOKENS_MAX:
                 kept.pop(next(iter(kept)))
         self.tokens_at = tokens
         v, sizes = self.v, self.sizes
         back = kept.get(tokens)
         if back is None:
-            for t, _, ne, nb, _ in self.token_shapes:
-                t.ne = list(ne(v))
-                t.nb = list(nb(v))
+            for ne_of, nb_of, ts in self.token_groups:
+                ne, nb = list(ne_of(v)), list(nb_of(v))
+                for t in ts:
+                    t.ne = ne
+                    t.nb = nb
             for t in self.fresh_tokens:
                 t.memo = None
         else:
@@ -196,6 +207,10 @@ class _Traced:
                 t.memo = mt
         for i, size in self.token_sizes:
             sizes[i] = v[size]
+
+
+_NE = attrgetter("ne")
+_MEMO = attrgetter("memo")
 
 
 def _take(at: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
