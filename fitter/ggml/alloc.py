@@ -151,10 +151,6 @@ class DynAllocator:
         return tuple(tuple(map(tuple, blocks)) for blocks in self.chunks)
 
 
-def same_layout(a: Tensor, b: Tensor) -> bool:  # ggml_are_same_layout
-    return a.type == b.type and a.ne == b.ne and a.nb == b.nb
-
-
 class Gallocr:
     """ggml_gallocr: allocate_node / free_node and the passes of ggml_gallocr_alloc_graph_impl.
 
@@ -193,7 +189,7 @@ class Gallocr:
                 if p is None or not p.own or p.flags & FLAG_OUTPUT:
                     continue
                 if p.nc == 1 and p.nv == 0:
-                    same = p.type == t.type and p.ne == t.ne and p.nb == t.nb  # same_layout, inlined
+                    same = p.type == t.type and p.ne == t.ne and p.nb == t.nb  # ggml_are_same_layout, inlined
                     if rec is not None:
                         rec.check(t, p, same)
                     if same:
@@ -402,15 +398,15 @@ _STATE = attrgetter("own", "nc", "nv")
 
 
 class _Run:
-    """One recorded run of a program: the same_layout tests it made (child, parent, answer), in order; its events
-    (_ALLOC t / _REUSE t of parent p / _FREE t, as event, t, p or t); the children / views counts it changed, of the
-    tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
+    """One recorded run of a program: the layout tests it made (ggml_are_same_layout: child, parent, answer), in order;
+    its events (_ALLOC t / _REUSE t of parent p / _FREE t, as event, t, p or t); the children / views counts it changed,
+    of the tensors read after it. Each as parallel lists (a graph kept is walked by the cyclic collector: few objects).
     `outside`: it placed a source that may take a parent's memory, deciding from that parent's state (a tensor the
     program may not reach, so not in its key). Once recorded whole (`close`), what fitter.ggml.shifted reads: the
-    tensors it places (allocates or reuses a parent for), in order, and at which event; those placed before it that
-    it frees or whose memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is
-    fixed in a graph, a reuse takes its parent's); its outcomes by their entry's key (None while recording, and once
-    given up: see fitter.ggml.shifted.replay)."""
+    tensors it places (allocates or reuses a parent for), in order, and at which event; those placed before it that it
+    frees or whose memory it reuses; each tensor's `own` after it; the buffers it touches (a tensor's buffer is fixed in
+    a graph, a reuse takes its parent's); its outcomes by their entry's key (None while recording, and once given up:
+    see fitter.ggml.shifted.replay)."""
 
     __slots__ = ("checks", "ops", "counts", "outside", "placed", "at", "before", "owns", "buffers", "shifts", "misses")
 
@@ -464,15 +460,15 @@ class _Run:
 class ProgramMemo:
     """A program run again and again (a layer's segment, a chunk of Metal's reordered layers), its runs recorded.
 
-    process_program decides from its tensors' state alone (allocated or not, n_children, n_views, and same_layout where
-    a node may run in place) what to allocate, reuse and free; sizes and addresses only follow those decisions. The
-    caller resets the state of its own tensors before each run (`reset`, a segment's or chunk's, but for the `loose`
+    process_program decides from its tensors' state alone (allocated or not, n_children, n_views, and the layout test
+    where a node may run in place) what to allocate, reuse and free; sizes and addresses only follow those decisions.
+    The caller resets the state of its own tensors before each run (`reset`, a segment's or chunk's, but for the `loose`
     placeholders it hands the previous output), so the decisions follow from the state of the others (`entry`: the
-    global tensors it reads, the placeholders) and the same_layout answers. A run whose entry state was met before,
-    and whose same_layout tests answer as they did then, replays the events recorded (Gallocr.replay): the same calls
-    to the dynamic allocators, in the same order. The first run records nothing (a program run once, as by `fit -c`,
-    costs nothing more). A recorded run that placed one of its sources in place of a parent (_Run.outside) decided
-    from a tensor the key may not hold: the program is walked from then on."""
+    global tensors it reads, the placeholders) and the layout tests' answers. A run whose entry state was met before,
+    and whose layout tests answer as they did then, replays the events recorded (Gallocr.replay): the same calls to the
+    dynamic allocators, in the same order. The first run records nothing (a program run once, as by `fit -c`, costs
+    nothing more). A recorded run that placed one of its sources in place of a parent (_Run.outside) decided from a
+    tensor the key may not hold: the program is walked from then on."""
 
     __slots__ = ("prog", "reset", "loose", "kept", "ran", "walks", "entry", "watch", "runs")
 
@@ -515,7 +511,7 @@ class ProgramMemo:
         run = self.runs.get(key)
         if run is not None:
             for t, p, same in zip(*run.checks):
-                if same_layout(p, t) is not same:
+                if (p.type == t.type and p.ne == t.ne and p.nb == t.nb) is not same:  # as _place tested it
                     break
             else:
                 ga.replay(run)
