@@ -189,7 +189,7 @@ class Shifted:
                 memos[i] = None
             self.keys.append((before.key[0], before.key[1], tuple(memos)))
         self.peaks: list[tuple[int, int]] | None = None  # (worked out at the first use: decided)
-        self.net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]] | None = None  # (_live, at its first use)
+        self.net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]] | None = None  # (_live's)
 
     def _transient(self, ga: Gallocr, run: _Run, i: int) -> bool:
         """Whether placement i, an allocation from its buffer's last block, is freed in the run (not handed to a child
@@ -320,13 +320,7 @@ class Shifted:
         if not rises:  # (most runs: the marks rose in the first layers) the run's net effect on the live tensors
             if self.net is None:
                 self.net = _net(run)
-            drops, adds = self.net
-            was = {c for _, c in adds if c is not None and c in live}  # (before the drops)
-            for t in drops:
-                live.pop(t, None)
-            for t, c in adds:
-                if c is None or c in was:
-                    live[t] = t
+            _take_net(live, self.net)
             return
         events = zip(*run.ops)
         done = 0
@@ -337,11 +331,12 @@ class Shifted:
         _track(live, events)
 
 
-def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]]:
+def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]]:
     """_track's effect over the whole run, whatever was live before it: the tensors it drops, then those it adds, in
     order, each with None or the tensor from before the run whose being live then decides it (a reuse of a parent the
-    run did not place). Dropping those, then adding these, leaves the live dict (in insertion order) as the events one
-    by one do: a tensor dropped and added again goes last, one added while it is there keeps its place."""
+    run did not place), and those tensors. Dropping those, then adding these, leaves the live dict (in insertion order)
+    as the events one by one do: a tensor dropped and added again goes last, one added while it is there keeps its
+    place."""
     now: dict[Tensor, object] = {}  # what the events so far left of a tensor: True, False, or as that tensor before
     drops: dict[Tensor, None] = {}
     adds: dict[Tensor, Tensor | None] = {}
@@ -362,7 +357,18 @@ def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]]:
         if t not in adds:
             adds[t] = None if was is True else was  # type: ignore[assignment]
         now[t] = was
-    return list(drops), list(adds.items())
+    return list(drops), list(adds.items()), {c for c in adds.values() if c is not None}
+
+
+def _take_net(live: dict, net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]]) -> None:
+    """_track over a run's events, by its net effect (_net)."""
+    drops, adds, conds = net
+    was = {c for c in conds if c in live} if conds else conds  # (before the drops)
+    for t in drops:
+        live.pop(t, None)
+    for t, c in adds:
+        if c is None or c in was:
+            live[t] = t
 
 
 def _track(live: dict, events: Iterator[tuple[int, Tensor, Tensor]]) -> None:

@@ -150,6 +150,39 @@ def _shifted_equal_the_replay(path: str, backend: str, monkeypatch: pytest.Monke
     return len(taken)
 
 
+def test_a_runs_net_effect_on_the_live_tensors_is_its_events_one_by_one() -> None:
+    """_net (a run that raises no mark) against _track: random runs as the allocator makes them (a tensor placed once,
+    by an allocation or in place of a parent it owns, freed at most once), from random live dicts; the same tensors,
+    in the same order. A tensor freed and placed again goes last; a child of a parent placed before the run joins
+    only where that parent was live."""
+    import random
+
+    rnd = random.Random(5)
+    for _ in range(400):
+        before = [_t("NONE", [4, 1, 1, 1], (), f"b{i}") for i in range(5)]
+        mine = [_t("NONE", [4, 1, 1, 1], (), f"r{i}") for i in range(6)]
+        run = alloc._Run()
+        ops, ts, ps = run.ops
+        owned = list(before)  # what an event may free or a placement take the place of
+        for t in mine:
+            while owned and rnd.random() < 0.4:  # frees
+                x = owned.pop(rnd.randrange(len(owned)))
+                ops.append(alloc._FREE), ts.append(x), ps.append(x)
+            if owned and rnd.random() < 0.5:  # in place of a parent
+                p = owned.pop(rnd.randrange(len(owned)))
+                ops.append(alloc._REUSE), ts.append(t), ps.append(p)
+            else:
+                ops.append(alloc._ALLOC), ts.append(t), ps.append(t)
+            owned.append(t)
+        others = [_t("NONE", [4, 1, 1, 1], (), f"o{i}") for i in range(3)]
+        start = rnd.sample(before + others, rnd.randrange(len(before) + len(others) + 1))
+        expected = {t: t for t in start}  # (as Gallocr keeps them: each tensor by itself)
+        S._track(expected, zip(*run.ops))
+        live = {t: t for t in start}
+        S._take_net(live, S._net(run))
+        assert list(live) == list(expected)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen35moe", "deepseek2"])
 def test_predictions_with_shifted_runs_equal_the_replay(arch: str, backend: str,
