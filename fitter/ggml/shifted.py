@@ -189,7 +189,7 @@ class Shifted:
                 memos[i] = None
             self.keys.append((before.key[0], before.key[1], tuple(memos)))
         self.peaks: list[tuple[int, int]] | None = None  # (worked out at the first use: decided)
-        self.net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]] | None = None  # (_live's)
+        self.net: _Net | None = None  # (_live's, at its first use)
 
     def _transient(self, ga: Gallocr, run: _Run, i: int) -> bool:
         """Whether placement i, an allocation from its buffer's last block, is freed in the run (not handed to a child
@@ -331,24 +331,29 @@ class Shifted:
         _track(live, events)
 
 
-def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]]:
+_Net = tuple[list["Tensor"], list[tuple["Tensor", "frozenset[Tensor] | None"]], set["Tensor"]]
+
+
+def _net(run: _Run) -> _Net:
     """_track's effect over the whole run, whatever was live before it: the tensors it drops, then those it adds, in
-    order, each with None or the tensor from before the run whose being live then decides it (a reuse of a parent the
-    run did not place), and those tensors. Dropping those, then adding these, leaves the live dict (in insertion order)
-    as the events one by one do: a tensor dropped and added again goes last, one added while it is there keeps its
-    place."""
-    now: dict[Tensor, object] = {}  # what the events so far left of a tensor: True, False, or as that tensor before
+    order, each with None or the tensors from before the run one of which being live then decides it (a reuse of a
+    parent the run did not place), and all those tensors. Dropping those, then adding these, leaves the live dict (in
+    insertion order) as the events one by one do: a tensor dropped and added again goes last, one added while it is
+    there keeps its place."""
+    # what the events so far left of a tensor: True, False, or live iff one of these tensors was before the run (a
+    # tensor not met yet: itself)
+    now: dict[Tensor, bool | frozenset[Tensor]] = {}
     drops: dict[Tensor, None] = {}
-    adds: dict[Tensor, Tensor | None] = {}
+    adds: dict[Tensor, frozenset[Tensor] | None] = {}
     for op, t, p in zip(*run.ops):
         if op == FREE:
             drops[t] = None
             adds.pop(t, None)
             now[t] = False
             continue
-        was: object = True
+        was: bool | frozenset[Tensor] = True
         if op == REUSE:  # the child joins where its parent was live
-            was = now.get(p, p)
+            was = now.get(p, frozenset((p,)))
             drops[p] = None
             adds.pop(p, None)
             now[p] = False
@@ -356,18 +361,25 @@ def _net(run: _Run) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], s
                 continue
         if t not in adds:
             adds[t] = None if was is True else was  # type: ignore[assignment]
-        now[t] = was
-    return list(drops), list(adds.items()), {c for c in adds.values() if c is not None}
+        before = now.get(t, frozenset((t,)))  # (placed while it was live: it stays so)
+        if was is True or before is True:
+            now[t] = True
+        elif before is False:
+            now[t] = was
+        else:
+            now[t] = was | before  # type: ignore[operator]
+    conds = set().union(*(c for c in adds.values() if c is not None))
+    return list(drops), list(adds.items()), conds
 
 
-def _take_net(live: dict, net: tuple[list[Tensor], list[tuple[Tensor, Tensor | None]], set[Tensor]]) -> None:
+def _take_net(live: dict, net: _Net) -> None:
     """_track over a run's events, by its net effect (_net)."""
     drops, adds, conds = net
     was = {c for c in conds if c in live} if conds else conds  # (before the drops)
     for t in drops:
         live.pop(t, None)
     for t, c in adds:
-        if c is None or c in was:
+        if c is None or not c.isdisjoint(was):
             live[t] = t
 
 
