@@ -103,8 +103,9 @@ def totals(dump: str) -> int:
 
 def phases(argv: list[str]) -> list[tuple[str, int, int]]:
     """(phase, instructions, intervals) in first-seen order, for one run of `ggfit ARGV` from this tree."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    from fit_speed import child_env
+
+    env = child_env()  # byte code cached, as on a user's machine
     env["PYTHONHASHSEED"] = "0"
     with tempfile.TemporaryDirectory(prefix="ggfit-phases-") as tmp:
         env["GGFIT_CACHE"] = os.path.join(tmp, "cache")

@@ -209,7 +209,7 @@ class ChunkPlanning:
             q = c + dq
             inp = insts[q][0].inp
             src: list[tuple[int, int] | None] = []
-            for x in t.src:  # rel(q, x) for each, but the placeholder's cases inline
+            for x in t.src:  # rel(q, x) for each, inline but for the placeholder (rel resolves it)
                 if x is None:
                     src.append(None)
                 elif x is inp:
