@@ -211,14 +211,19 @@ def instructions(cases: dict[str, list[str]], trees: list[str], path: str) -> No
         refs = [line for line in out.splitlines() if "Collected" in line or "I   refs" in line]
         return int(refs[-1].split()[-1].replace(",", ""))
 
+    def has_predict(tree: str) -> bool:  # compare's (no API): a fitter older than load_model_spec
+        return subprocess.run([sys.executable, "-c", _PREDICT, path, "1"], cwd=tree, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
     with tempfile.TemporaryDirectory(prefix="ggfit-speed-") as tmp:
         env["GGFIT_CACHE"] = tmp
         print(f"{'':<40}" + "".join(f"{t[-24:]:>26}" for t in trees) + "  (instructions, callgrind)")
         for name, argv in cases.items():
             print(f"{name:<40}" + "".join(f"{count(t, ['-m', 'cli', *argv]) / 1e6:>25,.1f}M" for t in trees))
         per = [(count(t, ["-c", _PREDICT, path, "110"]) - count(t, ["-c", _PREDICT, path, "10"])) / 100
-               for t in trees]
-        print(f"{'predict() of a new config, a call':<40}" + "".join(f"{n / 1e6:>25,.2f}M" for n in per))
+               if has_predict(t) else None for t in trees]
+        print(f"{'predict() of a new config, a call':<40}"
+              + "".join(f"{'(no API)':>26}" if n is None else f"{n / 1e6:>25,.2f}M" for n in per))
 
 
 def main() -> int:
