@@ -26,6 +26,10 @@ elif [ -f /tmp/site/llama_cpp/lib/libggml-cuda.so ]; then
     echo "llama-cpp-python (CUDA): already built on this machine"
 else
     mkdir -p /tmp/src && tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src || exit 1
+    if [ -n "${TRACE_ALLOC:-}" ]; then  # ggml-alloc's AT_PRINTF on (debug log only): every allocation of a reserve
+        sed -i 's|^#define AT_PRINTF(...)$|#define AT_PRINTF(...) GGML_LOG_DEBUG(__VA_ARGS__)|' \
+            /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-alloc.c
+    fi
     ( cd /tmp/src/llama_cpp_python-0.3.36 && \
       CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF" \
       CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout "${BUILD_TIMEOUT:-450}" \
@@ -61,6 +65,11 @@ for arg in "${@:-dry}"; do
         export LLAMA_FIT_PARAMS=/tmp/fitp/bin/llama-fit-params LLAMA_SERVER=/tmp/fitp/bin/llama-server
     fi
     echo "=== phase $arg ($(date +%T))"
+    if [ "$phase" = hostops ]; then  # hostops:dry,load,lora (TRACE=1: keep the traced cases' debug logs)
+        parts=${arg#hostops}; parts=${parts#:}
+        python3 benchmarks/gpu/hostops.py --out "$OUT" --parts "${parts:-dry,load,lora}"
+        continue
+    fi
     python3 benchmarks/gpu/measure.py --out "$OUT" --phase "$phase" "${extra[@]}"
 done
 python3 benchmarks/gpu/report.py "$OUT" | tee "$OUT/report.txt"
