@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from fitter.ggml.graph import Segment
-from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, VIEW_OPS, Tensor, nbytes_strided
+from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, ON_HOST, VIEW_OPS, Tensor, nbytes_strided
 from fitter.record import Record
 
 GGML_SCHED_MAX_COPIES = 4  # ggml-backend.h: copies of the inputs with pipeline parallelism
@@ -86,7 +86,8 @@ def _pass1_assign(seq: list[Segment], nodes: list[Tensor], pl: Placement) -> Non
         for leaf in seg.leafs:
             leaf.be = HOST if leaf.flags & FLAG_INPUT else -1
     for node in nodes:
-        node.be = _backend_id_from_cur(pl, node)
+        # a user assignment is kept ("do not overwrite user assignments"): -nkvo's attention output (llama-graph.cpp)
+        node.be = HOST if node.flags & ON_HOST else _backend_id_from_cur(pl, node)
 
 
 def _expand(pl: Placement, order: Iterable[Tensor], gpu_only: bool) -> None:

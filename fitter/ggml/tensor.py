@@ -23,7 +23,13 @@ INPLACE_OPS = frozenset(
 
 FLAG_INPUT = 1  # ggml_set_input
 FLAG_OUTPUT = 2  # ggml_set_output
+# ggml_backend_sched_set_tensor_backend(sched, t, backend_cpu): a user assignment, kept by every pass of the scheduler
+ON_HOST = 4
 IS_WEIGHT = 2  # Tensor.w of a weight tensor (a model tensor in a WEIGHTS buffer)
+# Tensor.w of a LoRA adapter's tensor: pre-allocated beside its base weight, but in a buffer whose usage is not
+# GGML_BACKEND_BUFFER_USAGE_WEIGHTS (llama_adapter_lora_init_impl sets none): the scheduler neither places ops by it
+# nor starts a split for it
+IS_ADAPTER = 3
 HOST = 1  # backend / buffer index of the CPU next to a GPU (the lowest-priority backend)
 
 
@@ -282,6 +288,8 @@ def lora_mm(ctx: Context, res: Tensor, cur: Tensor, name: str, ids: Tensor | Non
         n_exp = res.n_expert
         wa = weight(ctx, (cur.ne[0], rank) + ((n_exp,) if ids is not None else ()), base, type_=ta) if ctx.weights else None
         wb = weight(ctx, (rank, res.ne[0]) + ((n_exp,) if ids is not None else ()), base, type_=tb) if ctx.weights else None
+        if wa is not None and wb is not None:
+            wa.w = wb.w = IS_ADAPTER
         if ids is None:
             ab = new_tensor(ctx, "MUL_MAT", F32, (rank, cur.ne[1], cur.ne[2], cur.ne[3]), srcs(wa, cur), name + "_lora_a")
             ab = new_tensor(ctx, "MUL_MAT", F32, (res.ne[0], ab.ne[1], ab.ne[2], ab.ne[3]), srcs(wb, ab), name + "_lora_b")

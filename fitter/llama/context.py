@@ -132,6 +132,8 @@ def _track_weights(c: GraphContext, ctx: Context, layer_only: int | None = None,
         suffix = _WEIGHT_OF.get(name, name)
         il = ctx.layer if layer_only is None else layer_only
         if il is None:
+            if suffix == "output" and suffix not in gt:  # load_tensors: no output.weight, token_embd DUPLICATED
+                return gt.get("token_embd", dflt)
             return gt.get(suffix, dflt)
         return lt.get(suffix, {}).get(il, dflt)
 

@@ -15,6 +15,9 @@ from fitter.ggml.graph import Graph
 from fitter.ggml.symbolic import Sym
 from fitter.ggml.tensor import (
     FLAG_OUTPUT,
+    HOST,
+    IS_ADAPTER,
+    ON_HOST,
     Context,
     Tensor,
     add,
@@ -154,6 +157,7 @@ class GraphContext:
             a = weight(ctx0, (rank, self.spec.n_vocab), "token_embd", host=True, type_=ta)
             rows = get_rows(ctx0, a, tokens, "embd_lora_a")
             b = weight(ctx0, (rank, cur.ne[0]), "token_embd", host=True, type_=tb)
+            a.w = b.w = IS_ADAPTER
             d = mul_mat(ctx0, b, rows, "embd_lora_b")
             cur = add(ctx0, cur, scale(ctx0, d, "embd_lora_scaled"), "embd")
         return cur
@@ -604,6 +608,8 @@ class GraphContext:
                 kqv = mm(ctx0, v_mla, kqv, f"kqv_mla-{il}")
             cur = permute(ctx0, kqv, 0, 2, 1, 3)
             cur = cont_nd(ctx0, cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]), f"kqv_out-{il}")
+            if ctx0.kv_dev == HOST:  # !offload_kqv: "all nodes between the KV store and the attention output" on the CPU
+                cur.flags |= ON_HOST
         self.g.expand(cur)
         return cur
 
