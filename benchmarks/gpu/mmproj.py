@@ -15,7 +15,8 @@ exe, out = sys.argv[1], sys.argv[2]
 small = [("gemma3", {}), ("gemma3", {"image_size": 448, "ftype": "q8_0", "n_embd": 96, "n_ff": 256}),
          ("qwen25vl", {}), ("qwen25vl", {"v2": True}), ("qwen3vl", {}),
          ("qwen3vl", {"ftype": "q8_0", "n_embd": 128, "n_ff": 256, "n_pos_side": 92, "deepstack": []}),
-         ("gemma4v", {}), ("gemma4v", {"std": False, "pos_size": 128, "ftype": "q8_0", "n_embd": 128, "n_ff": 256})]
+         ("gemma4v", {}), ("gemma4v", {"std": False, "pos_size": 128, "ftype": "q8_0", "n_embd": 128, "n_ff": 256}),
+         ("pixtral", {}), ("pixtral", {"merger": False, "ftype": "q8_0", "n_embd": 128, "n_ff": 256})]
 full = [(k, {**o, "sparse": True}) for k, o in FULL_SHAPES.values()]
 # (kind, overrides, -fa, use_gpu, the side of an image to encode after the warmup: 0 none)
 cases = [(k, o, fa, True, 0) for k, o in small + full for fa in ("auto", "off")]

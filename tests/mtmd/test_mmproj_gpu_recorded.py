@@ -1,13 +1,13 @@
 """An mmproj's buffers on CUDA against the pinned libmtmd built with CUDA, recorded on an H200.
 
-benchmarks/gpu/mmproj.sh (one device call, 239 s with the build) built the pinned llama.cpp's libmtmd for sm_90, loaded each
-synthetic projector with tests/mtmd/mtmd_mem.c (every ggml_backend_buft_alloc_buffer: the weight buffer, then the
-warmup's compute buffers) with use_gpu on (clip's scheduler over CUDA0 and the CPU) and off, -fa auto and off. These
-tests predict the same files again, without a GPU: the weight buffer (CUDA0, quantized rows padded), CUDA0's and
-the CPU's compute buffers, exact on all 20 rows (small projectors whose 16-wide heads CUDA's flash attention lacks,
-so -fa auto reserves twice; Gemma 3 27B's SigLIP, Qwen2.5-VL-7B and Qwen3-VL-8B at full size). The recorded run
-predates the Gemma 4 cases and the largest-image encodes now in benchmarks/gpu/mmproj.py: those are checked on the
-CPU only (tests/mtmd/test_mmproj_memory.py) until the script runs again.
+benchmarks/gpu/mmproj.sh (one device call, 351 s with the build, 2026-12-04) built the pinned llama.cpp's libmtmd for
+sm_90, loaded each synthetic projector with tests/mtmd/mtmd_mem.cpp (every ggml_backend_buft_alloc_buffer: the weight
+buffer, then the warmup's compute buffers, then those of an encode of the largest image where one is asked) with
+use_gpu on (clip's scheduler over CUDA0 and the CPU) and off, -fa auto and off. These tests predict the same files
+again, without a GPU: the weight buffer (CUDA0, quantized rows padded), CUDA0's and the CPU's compute buffers and what
+the largest image grows them to, exact on all 33 rows (Gemma 3, Gemma 4, Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Pixtral
+projectors, small ones whose 16-wide heads CUDA's flash attention lacks, so -fa auto reserves twice; Gemma 3 27B's
+SigLIP, Qwen2.5-VL-7B and Qwen3-VL-8B at full size).
 """
 
 from __future__ import annotations
