@@ -413,7 +413,7 @@ def optimise(
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
-    from search.study import StudyInterrupted, run_study  # optuna: only for this command
+    from search.study import NothingFits, StudyInterrupted, run_study  # optuna: only for this command
 
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
@@ -458,6 +458,9 @@ def optimise(
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,
                                llama_build=build)
+    except NothingFits as e:  # does not fit: exit 1, as fit says it
+        print(f"ggfit: {e}", file=sys.stderr)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt as e:
         hint = e.hint() if isinstance(e, StudyInterrupted) else "interrupted; run the same command to resume"
         print(f"ggfit: {hint}", file=sys.stderr)

@@ -37,8 +37,8 @@ from pydantic import BaseModel, Field
 from fitter import MiB
 from search.space import StudyError
 from search.study.define import DIRECTIONS, PickDef
-from search.study.results import _fmt, _info, count_trials, model_misses, pick_best
-from search.study.storage import _redact, default_storage_url, open_storage
+from search.study.results import _fmt, _info, count_trials, model_misses, pick_best, running_text
+from search.study.storage import _redact, default_storage_url, open_storage, running_elsewhere, worker_text
 
 # one colour per status, no two alike (a colour-blind-safe base: Okabe-Ito, then greys for the unprobed)
 STATUS_COLOURS = {"ok": "#009e73", "oom": "#d55e00", "crash": "#cc79a7", "timeout": "#e69f00", "error": "#f0e442",
@@ -131,17 +131,26 @@ def _summary(study) -> list[str]:
     out.append(f"{counts.text()}; {counts.probes} probe{'s' if counts.probes != 1 else ''} of the search (--trials)")
     out.append(f"memory-model misses (predicted to fit, probe ran out of memory): {len(misses)}"
                + (f" (trials {', '.join(map(str, misses))})" if misses else ""))
+    running = [worker_text(t) for t in running_elsewhere(study, trials)]
+    best = None
     if all(m in DIRECTIONS for m in objectives):
         pick = PickDef.model_validate((meta.get("study") or {}).get("pick") or {})
         best, front = pick_best(trials, objectives, pick)
         if best is not None:
-            out.append(f"best: trial {best.number}: " + ", ".join(f"{m} {_fmt(v, m)}" for m, v in zip(objectives, best.values))
+            out.append(f"best{' so far' if running else ''}: trial {best.number}: "
+                       + ", ".join(f"{m} {_fmt(v, m)}" for m, v in zip(objectives, best.values))
                        + f" [{best.user_attrs.get('flags', '')}]")
             if len(objectives) > 1:
                 out.append(f"Pareto front: trials {', '.join(str(t.number) for t in sorted(front, key=lambda t: t.number))}")
     final = study.user_attrs.get("final")
     if final and final.get("verdict"):
-        out.append(final["verdict"])
+        was = final.get("best_trial")
+        if best is not None and was is not None and was != best.number:  # a worker compared an earlier best
+            out.append(f"trial #{was} (the best when a worker compared it) against llama.cpp's defaults: {final['verdict']}")
+        else:
+            out.append(final["verdict"])
+    if running:
+        out.append(running_text(running, study.study_name))
     return out
 
 

@@ -13,7 +13,11 @@ Parameters (Optuna names; each one is only suggested when the study gives it mor
 - ``n_ubatch``; ``n_batch_factor``: n_batch = n_ubatch x factor, so n_batch >= n_ubatch always holds (llama.cpp would
   clamp n_ubatch down to n_batch otherwise, and the two proposals would be the same run).
 - ``threads``: -t and -tb together (run_probe sets both; separate -tb needs a run_probe option).
-- ``type_k``, ``type_v`` (``type_v = "same"`` ties V to K: one parameter ``kv_type``), ``flash_attn``.
+- ``type_k``, ``type_v`` (``type_v = "same"`` ties V to K: one parameter ``kv_type``), ``flash_attn``. llama.cpp
+  refuses a quantized V cache with ``-fa off`` (llama_init_from_model), so with a quantized V the space never offers
+  ``off``: flash attention is then the conditional parameter ``flash_attn_qv`` (the study's other ``flash_attn``
+  values), or fixed when one value is left; a study whose only ``flash_attn`` is ``off`` leaves the quantized V types
+  out.
 - ``quant``: which of the model files given to the run (several GGUF files of the same model); only when several.
 - ``n_cpu_moe`` (--n-cpu-moe: experts of the first N layers on the CPU) and ``n_gpu_layers`` (-ngl): placement, for a
   model larger than the GPU. More on the GPU or a longer context: which is faster depends on the prompt length, so a
@@ -40,6 +44,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fitter import KV_CACHE_TYPES, ConfigError, GGFitError, RunConfig
 
 CTX_STEP = 256
+UNQUANTIZED_KV = ("f32", "f16", "bf16")  # the KV cache types ggml_is_quantized says no to
+
+
+def quantized(kv_type: str) -> bool:
+    """ggml_is_quantized for a KV cache type (q8_0, q4_0, iq4_nl ...: block sizes above 1)."""
+    return kv_type not in UNQUANTIZED_KV
 
 
 class StudyError(GGFitError):
@@ -186,6 +196,21 @@ def _quote(s: str) -> str:
     return shlex.quote(s)
 
 
+def _grid_values(spec: list[Any] | IntRange | FloatRange) -> list[Any]:
+    """Every value of a searched parameter, for `SearchSpace.grid`."""
+    if isinstance(spec, list):
+        return spec
+    if isinstance(spec, IntRange):
+        if spec.log:
+            raise StudyError("grid(): a log range has no grid")
+        assert isinstance(spec.high, int)  # _ints resolved "auto" and "train"
+        return list(range(spec.low, spec.high + 1, spec.step))
+    if spec.step is None:
+        raise StudyError("grid(): a continuous float range has no grid")
+    n = int(round((spec.high - spec.low) / spec.step))
+    return [round(spec.low + i * spec.step, 9) for i in range(n + 1)]
+
+
 # --- binding a space to one run --------------------------------------------------------------------------------
 
 
@@ -238,12 +263,7 @@ class SearchSpace:
         self._put("n_batch_factor", sorted(set(space.n_batch_factor)))
         if space.threads is not None:
             self._put("threads", self._ints(space.threads, "threads"))
-        if space.type_v == "same":
-            self._put("kv_type", list(dict.fromkeys(space.type_k)))
-        else:
-            self._put("type_k", list(dict.fromkeys(space.type_k)))
-            self._put("type_v", list(dict.fromkeys(space.type_v)))
-        self._put("flash_attn", list(dict.fromkeys(space.flash_attn)))
+        self._kv_dims(space)
         for name in ("n_cpu_moe", "n_gpu_layers"):
             spec = getattr(space, name)
             if spec is not None:
@@ -278,6 +298,42 @@ class SearchSpace:
                              f"{self._need_text}")
         if max(ctx_values) > self.n_ctx_train:
             self.notes.append(f"n_ctx above the model's training context ({self.n_ctx_train}) is in the space")
+
+    def _kv_dims(self, space: SpaceDef) -> None:
+        """type_k / type_v (or kv_type) and flash_attn, without what llama_init_from_model refuses: a quantized V cache
+        with -fa off. With a quantized V, flash attention is chosen among the study's other values (``flash_attn_qv``,
+        a conditional parameter, or fixed when one is left); a study that only has ``off`` loses its quantized V types."""
+        fa = list(dict.fromkeys(space.flash_attn))
+        self._fa_qv = [x for x in fa if x != "off"]
+        v_types = list(dict.fromkeys(space.type_k if space.type_v == "same" else space.type_v))
+        quant_v = [t for t in v_types if quantized(t)]
+        if quant_v and not self._fa_qv:
+            if len(quant_v) == len(v_types):
+                raise StudyError(f"[space]: every V cache type ({', '.join(quant_v)}) is quantized and flash_attn is "
+                                 f"only off: llama.cpp refuses a quantized V cache without flash attention")
+            self.notes.append(f"V cache types {', '.join(quant_v)} left out: flash_attn is only off, and llama.cpp "
+                              f"refuses a quantized V cache without flash attention")
+            v_types = [t for t in v_types if not quantized(t)]
+        elif quant_v and "off" in fa:
+            self.notes.append(f"-fa off is not proposed with a quantized V cache ({', '.join(quant_v)}): llama.cpp "
+                              f"refuses it")
+        if space.type_v == "same":
+            self._put("kv_type", v_types)
+        else:
+            self._put("type_k", list(dict.fromkeys(space.type_k)))
+            self._put("type_v", v_types)
+        self._put("flash_attn", fa)
+
+    def _v_quantized(self, params: dict[str, Any]) -> bool:
+        return quantized(str(params.get("kv_type", params.get("type_v"))))
+
+    def _flash_attn(self, params: dict[str, Any]) -> str:
+        """The -fa of a proposal: ``flash_attn_qv`` (or its one value) with a quantized V, else ``flash_attn``."""
+        if "flash_attn_qv" in params:
+            return str(params["flash_attn_qv"])
+        if "flash_attn" not in params and self._v_quantized(params) and self._fa_qv:
+            return self._fa_qv[0]
+        return str(params["flash_attn"])
 
     def _draft_dim(self, space: SpaceDef, drafts: Sequence[str], has_mtp: bool, runner: str) -> None:
         """Speculative decoding: the drafters this run can try (draft files, the model's MTP head, none)."""
@@ -341,7 +397,14 @@ class SearchSpace:
 
     @property
     def conditional(self) -> bool:
-        return bool(self._draft_dims) and "draft" in self.dims
+        """Whether trials suggest different parameters (TPE's group=True): the drafter's, or -fa with a quantized V."""
+        return (bool(self._draft_dims) and "draft" in self.dims) or self._fa_conditional
+
+    @property
+    def _fa_conditional(self) -> bool:
+        """Whether flash_attn is searched and some V type is quantized (those trials ask flash_attn_qv or nothing)."""
+        v = self.dims.get("kv_type", self.dims.get("type_v", [self.consts.get("kv_type", self.consts.get("type_v"))]))
+        return "flash_attn" in self.dims and isinstance(v, list) and any(quantized(str(t)) for t in v)
 
     # -- Optuna
     @staticmethod
@@ -356,6 +419,10 @@ class SearchSpace:
         """Ask `trial` (an optuna.Trial) for every searched parameter; returns all parameters, fixed ones included."""
         params = dict(self.consts)
         for name, spec in self.dims.items():
+            if name == "flash_attn" and self._v_quantized(params):  # never -fa off with a quantized V (see _kv_dims)
+                if len(self._fa_qv) > 1:
+                    params["flash_attn_qv"] = self._suggest(trial, "flash_attn_qv", self._fa_qv)
+                continue
             params[name] = self._suggest(trial, name, spec)
         if params.get("draft", "none") != "none":
             for name, spec in self._draft_dims.items():
@@ -374,7 +441,7 @@ class SearchSpace:
         kv_v = p.get("kv_type", p.get("type_v"))
         fields: dict[str, Any] = dict(self.fixed)
         fields.update(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch * int(p["n_batch_factor"]),
-                      type_k=kv_k, type_v=kv_v, flash_attn=p["flash_attn"])
+                      type_k=kv_k, type_v=kv_v, flash_attn=self._flash_attn(p))
         for name in ("n_cpu_moe", "n_gpu_layers"):
             if name in p:
                 fields[name] = int(p[name])
@@ -404,29 +471,29 @@ class SearchSpace:
     # -- enumeration (benchmarks, the defaults seed)
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the searched parameters (ranges must be small: each integer of a range is a point)."""
-        def values(spec):
-            if isinstance(spec, list):
-                return spec
-            if isinstance(spec, IntRange):
-                if spec.log:
-                    raise StudyError("grid(): a log range has no grid")
-                return list(range(spec.low, spec.high + 1, spec.step))
-            if spec.step is None:
-                raise StudyError("grid(): a continuous float range has no grid")
-            n = int(round((spec.high - spec.low) / spec.step))
-            return [round(spec.low + i * spec.step, 9) for i in range(n + 1)]
-
-        names = list(self.dims)
+        names = [n for n in self.dims if n != "flash_attn"]
         out = []
-        for combo in itertools.product(*(values(self.dims[n]) for n in names)):
-            params = dict(zip(names, combo))
-            if params.get("draft", self.consts.get("draft", "none")) != "none":
-                dnames = [n for n, s in self._draft_dims.items() if not (isinstance(s, list) and len(s) == 1)]
-                for dcombo in itertools.product(*(values(self._draft_dims[n]) for n in dnames)):
-                    out.append({**params, **dict(zip(dnames, dcombo))})
-            else:
-                out.append(params)
+        for combo in itertools.product(*(_grid_values(self.dims[n]) for n in names)):
+            for params in self._with_fa(dict(zip(names, combo))):
+                out += self._with_draft(params)
         return out
+
+    def _with_fa(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """`params` with each -fa the space offers for its V cache type (see _kv_dims)."""
+        fa = self.dims.get("flash_attn")
+        if not isinstance(fa, list):
+            return [params]
+        if self._v_quantized({**self.consts, **params}):
+            return [{**params, "flash_attn_qv": x} for x in self._fa_qv] if len(self._fa_qv) > 1 else [params]
+        return [{**params, "flash_attn": x} for x in fa]
+
+    def _with_draft(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """`params` with each combination of the drafter's settings, when it drafts."""
+        if params.get("draft", self.consts.get("draft", "none")) == "none":
+            return [params]
+        dnames = [n for n, s in self._draft_dims.items() if not (isinstance(s, list) and len(s) == 1)]
+        return [{**params, **dict(zip(dnames, dcombo))}
+                for dcombo in itertools.product(*(_grid_values(self._draft_dims[n]) for n in dnames))]
 
     def nearest(self, target: dict[str, Any]) -> dict[str, Any]:
         """The searched parameters closest to `target` (name -> value): for enqueueing llama.cpp's defaults."""
@@ -456,6 +523,8 @@ class SearchSpace:
                 lines.append(f"{name}: {', '.join(map(str, spec))}")
             else:
                 lines.append(f"{name}: {spec.low} .. {spec.high}" + (" (log)" if spec.log else f" step {spec.step}"))
+        if self._fa_conditional and len(self._fa_qv) > 1:
+            lines.append(f"flash_attn_qv (with a quantized V, instead of flash_attn): {', '.join(self._fa_qv)}")
         for name, spec in self._draft_dims.items():
             lines.append(f"{name} (with a drafter): " + (", ".join(map(str, spec)) if isinstance(spec, list)
                                                           else f"{spec.low} .. {spec.high}"))

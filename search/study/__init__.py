@@ -78,10 +78,10 @@ from search.study.results import (
                                  pick_best,
                                  trial_part,
 )
-from search.study.run import run_study
+from search.study.run import NothingFits, run_study
 from search.study.storage import StudyInterrupted, default_storage_url, open_storage, study_name
 
-__all__ = ["COUNT_PARTS", "DIRECTIONS", "UNITS", "LengthDistribution", "Measurement", "Objective", "PickDef",
+__all__ = ["COUNT_PARTS", "DIRECTIONS", "UNITS", "LengthDistribution", "Measurement", "NothingFits", "Objective", "PickDef",
            "Predictor", "PromptLengths", "StudyDef", "StudyError", "StudyInterrupted", "StudyResult", "TrialCounts",
            "TrialInfo", "compare_verdict", "compare_with_defaults", "count_trials", "default_storage_url",
            "load_study", "model_misses", "named_studies", "open_storage", "pick_best", "run_study", "same_run",

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fitter import MiB
 from search.probe import ProbeResult, Spread
 from search.study.define import DIRECTIONS, UNITS, PickDef, StudyDef
-from search.study.storage import _redact, _rerun_numbers
+from search.study.storage import _redact, _rerun_numbers, running_elsewhere, worker_text
 
 # --- results ----------------------------------------------------------------------------------------------------
 
@@ -154,6 +154,7 @@ class StudyResult(BaseModel):
     verdict: str | None = None
     compare_probes: int = 0  # probes of the comparison with llama.cpp's defaults (not counted in --trials)
     served_share: float | None = None  # long-context: share of requests the chosen context serves
+    running_elsewhere: list[str] = Field(default_factory=list)  # trials other live workers run as this one ends
     notes: list[str] = Field(default_factory=list)
 
     def text(self) -> str:
@@ -167,7 +168,7 @@ class StudyResult(BaseModel):
             lines.append("no config was measured successfully")
         else:
             m = ", ".join(f"{k} {_fmt(v, k)}" for k, v in self.best.metrics.items() if k in self.objectives)
-            lines.append(f"best: trial {self.best.number}: {m}")
+            lines.append(f"best{' so far' if self.running_elsewhere else ''}: trial {self.best.number}: {m}")
             if self.served_share is not None:
                 lines.append(f"the chosen context serves {self.served_share:.1%} of requests")
             lines.append("")
@@ -181,8 +182,16 @@ class StudyResult(BaseModel):
                              + f"  [{t.flags}]")
         if self.verdict:
             lines.append(self.verdict)
+        if self.running_elsewhere:
+            lines.append(running_text(self.running_elsewhere, self.study_name))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def running_text(running: Sequence[str], name: str) -> str:
+    """The line that says other workers still run trials of the study, so its best may still change."""
+    return (f"another worker is still running trial{'s' if len(running) > 1 else ''} {', '.join(running)}: the "
+            f"study's best may still change (ggfit report {name} shows it as it stands)")
 
 
 def _fmt(v: float | None, metric: str) -> str:
@@ -254,8 +263,10 @@ def pick_best(trials, objectives: Sequence[str], pick: PickDef) -> tuple[Any | N
 
 
 def _summarise(study, d: StudyDef, url: str, budget_bytes: int, margin_bytes: int, avail: int, notes: list[str],
-               retried: list[int]) -> StudyResult:
-    trials = study.get_trials(deepcopy=False)
+               retried: list[int], trials: Sequence | None = None) -> StudyResult:
+    """The result from one reading of the study's trials (`trials`, else read now): counts, best and Pareto front
+    agree with each other, and with what `ggfit report` picks from the same trials."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
     c = count_trials(trials)
     best, front = pick_best(trials, d.objectives, d.pick)
     return StudyResult(
@@ -265,6 +276,7 @@ def _summarise(study, d: StudyDef, url: str, budget_bytes: int, margin_bytes: in
         model_misses=model_misses(trials),
         retried=retried, best=_info(best) if best else None,
         pareto=[_info(t) for t in front] if len(d.objectives) > 1 else [], notes=notes,
+        running_elsewhere=[worker_text(t) for t in running_elsewhere(study, trials)],
     )
 
 

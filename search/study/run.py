@@ -15,6 +15,7 @@ from fitter import (
     PINNED,
     Backend,
     Budget,
+    ConfigError,
     Frontend,
     LlamaBuild,
     MiB,
@@ -29,7 +30,7 @@ from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
 from search.study.objective import Objective, Predictor, Prober, TrialLines, _Unneeded, quiet_trial_failures
-from search.study.results import StudyResult, _summarise, count_trials, pick_best
+from search.study.results import StudyResult, _summarise, count_trials
 from search.study.storage import (
     StudyInterrupted,
     _interrupted,
@@ -147,6 +148,42 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
                  share=ServedShare(dist, d.workload.gen_tokens), notes=notes)
 
 
+class NothingFits(Exception):  # noqa: N818 - not an error of the input: `optimise` exits 1, as `fit` does
+    """No config of the study can fit: the weights alone are over the budget minus the margin. Nothing was written."""
+
+
+_DEFAULTS = {"n_ubatch": 512, "n_batch_factor": 4, "flash_attn": "auto", "kv_type": "f16", "type_k": "f16",
+             "type_v": "f16", "threads": os.cpu_count(), "draft": "none", "n_ctx": 0}  # llama-server's
+
+
+def _check_weights(p: _Plan) -> None:
+    """Refuse at once a study whose every model file's weights alone are over what is available: each of its trials
+    would be skipped. Each file is sized with the fewest weights on the device the space allows (the lowest
+    n_gpu_layers, the highest n_cpu_moe it searches)."""
+    labels = p.space.dims.get("quant", [p.space.consts.get("quant")])
+    lightest: tuple[int, str] | None = None
+    for label in labels if isinstance(labels, list) else []:
+        params = {**p.space.nearest(_DEFAULTS), "quant": label}
+        for name, pick in (("n_gpu_layers", min), ("n_cpu_moe", max)):
+            spec = p.space.dims.get(name)
+            if spec is not None:
+                params[name] = pick(spec) if isinstance(spec, list) else getattr(spec, "low" if pick is min else "high")
+        try:
+            pred = p.predictor.predict(p.space.candidate(params))
+        except ConfigError:
+            return  # a config llama.cpp refuses says nothing about the weights: let the trials judge
+        w = sum(b.bytes for b in pred.buffers if b.counts and b.kind in ("model", "lora"))
+        if lightest is None or w < lightest[0]:
+            lightest = (w, str(label))
+    if lightest is not None and lightest[0] > p.avail:
+        w, label = lightest
+        which = f"of {label}" if len(labels) == 1 else f"of the smallest file, {label},"
+        placed = " with the fewest layers on the device the space allows" if {"n_gpu_layers", "n_cpu_moe"} & set(p.space.dims) else ""
+        raise NothingFits(f"nothing to search: the weights {which} alone are {w / MiB:,.0f} MiB{placed}, the budget "
+                          f"minus margin {p.avail / MiB:,.0f} MiB ({p.budget.bytes / MiB:,.0f} - {p.margin_bytes / MiB:,.0f} "
+                          f"MiB); no trial was run")
+
+
 def _storage(storage: str | Any | None) -> tuple[Any, str]:
     """(the storage, its URL for messages): an optuna storage object as it is (benchmarks: in memory), else the
     RDB storage of the URL (default: ggfit's SQLite file)."""
@@ -189,9 +226,7 @@ def _open_study(p: _Plan, sname: str, st, url: str, seed: int | None, backend: B
 
 def _enqueue_defaults(study: optuna.Study, p: _Plan) -> None:
     """llama.cpp's own defaults, as close as the space allows, go first (Optuna's enqueue_trial idiom)."""
-    seed_point = p.space.nearest({"n_ubatch": 512, "n_batch_factor": 4, "flash_attn": "auto", "kv_type": "f16",
-                                  "type_k": "f16", "type_v": "f16", "threads": os.cpu_count(), "draft": "none",
-                                  "quant": Path(p.models[0]).name, "n_ctx": 0})
+    seed_point = p.space.nearest({**_DEFAULTS, "quant": Path(p.models[0]).name})
     if seed_point:
         study.enqueue_trial(seed_point, skip_if_exists=True)
 
@@ -263,6 +298,8 @@ def run_study(
     p = _plan(model, study_def, budget=budget, margin=margin, backend=backend, frontend=frontend, n_trials=n_trials,
               runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build)
     d, say = p.d, _Say(progress, live)
+    if feasibility:
+        _check_weights(p)
     sname = name or study_name(d, p.models, budget_bytes=p.budget.bytes, margin_bytes=p.margin_bytes, backend=backend,
                                runner=runner, drafts=p.drafts)
     st, url = _storage(storage)
@@ -287,14 +324,39 @@ def run_study(
         else:
             say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")
 
-    result = _summarise(study, d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried)
-    best_t, _ = pick_best(study.get_trials(deepcopy=False), d.objectives, d.pick)
+    # one reading of the trials for the counts, the best and the comparison (another worker may add trials meanwhile)
+    trials = study.get_trials(deepcopy=False)
+    result = _summarise(study, d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried, trials)
+    best_t = next((t for t in trials if result.best and t.number == result.best.number), None)
     if best_t is not None:
         cand = _best(result, p, best_t)
         if compare_defaults:
             compare_with_defaults(result, study, best_t, cand, d, p.models[0], p.predictor, p.avail, prober,
                                   confirm_rounds, p.share, say, live)
+            if result.running_elsewhere or result.compare_probes:
+                return _as_it_stands(result, study, p, url, retried, best_t.number)
     return result
+
+
+def _as_it_stands(result: StudyResult, study: optuna.Study, p: _Plan, url: str, retried: list[int],
+                  compared: int) -> StudyResult:
+    """The study read again after the comparison, which another worker's trials may have outlasted: this worker's
+    ending then shows the study's best as `ggfit report` would now, and says which trial the comparison was of."""
+    now = _summarise(study, p.d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried)
+    if now.best is None or now.best.number == compared:
+        result.counts, result.running_elsewhere = now.counts, now.running_elsewhere
+        result.n_trials, result.n_probed, result.model_misses = now.n_trials, now.n_probed, now.model_misses
+        return result
+    best_t = next(t for t in study.get_trials(deepcopy=False) if t.number == now.best.number)
+    _best(now, p, best_t)
+    kept = {k: getattr(result, k) for k in ("best_measured", "baseline", "ratio", "outcome", "compare_probes")}
+    for k, v in kept.items():
+        setattr(now, k, v)
+    now.verdict = (f"trial #{compared} (the best when this worker ended its search) against llama.cpp's defaults: "
+                   f"{result.verdict}" if result.verdict else None)
+    now.notes = [*now.notes, f"trial #{now.best.number} became the study's best while trial #{compared} was compared "
+                             f"with llama.cpp's defaults"]
+    return now
 
 
 def _best(result: StudyResult, p: _Plan, best_t) -> Candidate:

@@ -239,19 +239,31 @@ def _interrupted(study, trial_id: int | None) -> int | None:
     return t.number
 
 
-def _probing_elsewhere(study, trials, me: int) -> int:
-    """Probes other live workers are running now (RUNNING trials marked ``probing``; heartbeat-stale ones and dead
-    local workers' are not counted)."""
+def running_elsewhere(study, trials, me: int | None = None) -> list:
+    """The RUNNING trials of other live workers (not trial `me`; heartbeat-stale ones and dead local workers' are
+    left out: they are not running)."""
     stale: set[int] = set()
     if is_heartbeat_enabled(study._storage):  # RDBStorage with heartbeats only
         stale = set(study._storage._get_stale_trial_ids(study._study_id))
     host = socket.gethostname()
-    n = 0
+    out = []
     for t in trials:
-        if t.state != TrialState.RUNNING or t.number == me or not t.user_attrs.get("probing"):
+        if t.state != TrialState.RUNNING or t.number == me:
             continue
         w = t.user_attrs.get("worker") or {}
         if t._trial_id in stale or (w.get("host") == host and not _alive(w)):
             continue
-        n += 1
-    return n
+        out.append(t)
+    return out
+
+
+def worker_text(t) -> str:
+    """``#12 (worker host:pid)``: a running trial and who runs it."""
+    w = t.user_attrs.get("worker") or {}
+    return f"#{t.number}" + (f" (worker {w.get('host')}:{w.get('pid')})" if w else "")
+
+
+def _probing_elsewhere(study, trials, me: int) -> int:
+    """Probes other live workers are running now (RUNNING trials marked ``probing``; heartbeat-stale ones and dead
+    local workers' are not counted)."""
+    return sum(1 for t in running_elsewhere(study, trials, me) if t.user_attrs.get("probing"))
