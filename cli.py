@@ -5,6 +5,7 @@ strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
 import contextlib
 import copy
+import functools
 import gc
 import json
 import re
@@ -384,7 +385,31 @@ def quants(
         raise typer.Exit(1)
 
 
+def _signals(then: str = ""):
+    """A command that runs probes: Ctrl-C and SIGTERM (search.signals) clean up as Ctrl-C does, then say one line
+    (`ggfit: interrupted; THEN`, or a study's own hint) and exit 130, or die of SIGTERM (143 in a shell)."""
+    def deco(f):
+        @functools.wraps(f)
+        def run(*args, **kwargs):
+            from search.signals import Terminated, die_of_sigterm, sigterm_as_interrupt
+
+            try:
+                with sigterm_as_interrupt():
+                    return f(*args, **kwargs)
+            except KeyboardInterrupt as e:  # typer would turn it into a silent exit 130
+                term = isinstance(e, Terminated) or bool(getattr(e, "terminated", False))
+                hint = e.hint() if hasattr(e, "hint") else ("terminated (SIGTERM)" if term else "interrupted") + (
+                    f"; {then}" if then else "")
+                print(f"ggfit: {hint}", file=sys.stderr, flush=True)
+                if term:
+                    die_of_sigterm()
+                raise typer.Exit(130) from None
+        return run
+    return deco
+
+
 @app.command()
+@_signals("run the same command to resume")
 def optimise(
     models: Annotated[list[str], typer.Argument(help="One model, or several quants of one model (searched as a parameter).")],
     study: Annotated[str, typer.Option("--study", help="prefill, decode, balanced, long-context, speculative, or a .toml path.")] = "prefill",
@@ -413,7 +438,7 @@ def optimise(
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
-    from search.study import NothingFits, StudyInterrupted, run_study  # optuna: only for this command
+    from search.study import NothingFits, run_study  # optuna: only for this command
 
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
@@ -461,14 +486,11 @@ def optimise(
     except NothingFits as e:  # does not fit: exit 1, as fit says it
         print(f"ggfit: {e}", file=sys.stderr)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt as e:
-        hint = e.hint() if isinstance(e, StudyInterrupted) else "interrupted; run the same command to resume"
-        print(f"ggfit: {hint}", file=sys.stderr)
-        raise typer.Exit(130) from None
     print(result.text())
 
 
 @app.command("compare-engines")
+@_signals()
 def compare_engines_cmd(
     gguf: Annotated[str, typer.Argument(help="The model as a GGUF (path, URL or bundled name).")],
     mlx_model: Annotated[str, typer.Argument(help="The same model as an MLX directory (config.json + safetensors).")],
@@ -659,6 +681,7 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_signals("the probe was stopped")
 def probe(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP + " Any further arguments are llama-server flags.")] = None,
@@ -684,9 +707,10 @@ def probe(
 
         if not url:
             raise fitter.GGFitError("--runner openai needs --url (the server's base URL, e.g. http://127.0.0.1:8080)")
-        res = OpenAIProbe(url, model=model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats,
-                          depths=tuple(depth or (0,)), concurrency=tuple(concurrency or (1,)), timeout=timeout,
-                          pid=pid, soak=soak, reasoning=reasoning).run()
+        with fitter.Progress("probe", json_output=as_json) as live:  # each request as it ends, on stderr
+            res = OpenAIProbe(url, model=model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats,
+                              depths=tuple(depth or (0,)), concurrency=tuple(concurrency or (1,)), timeout=timeout,
+                              pid=pid, soak=soak, reasoning=reasoning, progress=live).run()
         print(res.model_dump_json(indent=2) if as_json else res.summary())
         raise typer.Exit(0 if res.ok else 1)
     if model is None:
@@ -697,9 +721,11 @@ def probe(
 
         fitter.require_mlx_lm()
         fitter.load_mlx_model(model)  # a missing or hostile model directory: one line, before the server starts
-        res, cmd = mlx_probe(model, MlxFlags(extra_args=tuple(ctx.args)), lambda u, p: OpenAIProbe(
-            u, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, depths=tuple(depth or (0,)),
-            concurrency=tuple(concurrency or (1,)), pid=p, soak=soak, reasoning=reasoning), timeout=timeout)
+        with fitter.Progress("probe", json_output=as_json) as live:  # the server's start, each request, on stderr
+            res, cmd = mlx_probe(model, MlxFlags(extra_args=tuple(ctx.args)), lambda u, p: OpenAIProbe(
+                u, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, depths=tuple(depth or (0,)),
+                concurrency=tuple(concurrency or (1,)), pid=p, soak=soak, reasoning=reasoning, progress=live),
+                timeout=timeout, progress=live)
         print(res.model_dump_json(indent=2) if as_json else res.summary() + "\n  command: " + " ".join(cmd))
         raise typer.Exit(0 if res.ok else 1)
     from search.probe import probe_cli  # the probe machinery: only for this command

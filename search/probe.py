@@ -67,6 +67,7 @@ from typing import Any, Literal
 
 from fitter import (
     SERVER_FLAGS,
+    ConfigError,
     Progress,
     RunConfig,
     check_model_path,
@@ -78,8 +79,10 @@ from fitter import (
 from search.errors import ProbeError
 from search.probe_lock import LOCK_WAIT_STAGE, host_probe_lock
 from search.probe_result import DEFAULT_TIMEOUT, ProbeResult, Runner, RunSample, Spread, Status, oom_lines
+from search.runner_python import _speculation as python_speculation
 from search.runner_python import python_probe, resolve_server_defaults
 from search.runner_server import server_probe
+from search.server import find_llama_server
 from search.workload import Workload
 
 __all__ = ["DEFAULT_TIMEOUT", "LOCK_WAIT_STAGE", "ProbeError", "ProbeResult", "RunSample", "Runner", "Spread", "Status",
@@ -145,6 +148,8 @@ def run_probe(
         if why:
             return ProbeResult(status="error", runner="python", model_path=path, config=config, workload=workload,
                                message=why, evidence=[why], budget_bytes=budget_bytes)
+    _check_args(config, runner, threads=threads, use_extra_bufts=extra_bufts, draft_n_min=draft_n_min,
+                draft_p_min=draft_p_min, llama_server=llama_server)  # before the lock: a bad argument waits for nothing
     with sigterm_cleanup(), host_probe_lock(progress) as lock:
         if runner == "python":
             res = python_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
@@ -158,6 +163,25 @@ def run_probe(
     if lock["path"]:
         res.timings["lock_wait_s"] = lock["waited_s"]
     return res
+
+
+def _check_args(config: RunConfig, runner: Runner, *, threads: int, use_extra_bufts: bool, draft_n_min: int | None,
+                draft_p_min: float | None, llama_server: str | os.PathLike[str] | None) -> None:
+    """What each runner refuses before it starts a child (the same checks, raised the same way), done before the host
+    probe lock is taken: an argument error says so at once, whatever other probes the host runs."""
+    if config.spec_type == "draft-simple" and not config.draft_model:
+        raise ProbeError("--spec-type draft-simple needs a draft model (-md)")
+    if config.draft_model:
+        check_model_path(config.draft_model)
+    for lora, _ in config.lora:
+        check_model_path(lora)
+    if runner == "python":
+        if config.mmproj:  # llama-cpp-python's Llama loads no projector: only llama-server's probe measures one
+            raise ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
+        model, context = resolve_server_defaults(config, threads=threads, use_extra_bufts=use_extra_bufts)
+        python_speculation(config, model, context, draft_n_min, draft_p_min)
+    else:
+        find_llama_server(os.fspath(llama_server) if llama_server else None)
 
 
 # --- for the CLI (llama-server flags -> RunConfig: RunConfig.from_server_args) ----------------------------------

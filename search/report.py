@@ -43,7 +43,7 @@ from search.study.storage import _redact, default_storage_url, open_storage, run
 # one colour per status, no two alike (a colour-blind-safe base: Okabe-Ito, then greys for the unprobed)
 STATUS_COLOURS = {"ok": "#009e73", "oom": "#d55e00", "crash": "#cc79a7", "timeout": "#e69f00", "error": "#f0e442",
                   "skipped": "#999999", "invalid": "#000000", "stale": "#0072b2", "interrupted": "#56b4e9",
-                  "running": "#7b3294", "unneeded": "#8c510a"}
+                  "running": "#7b3294", "unneeded": "#8c510a", "terminated": "#01665e"}
 # what each objective is measured in, for axis titles
 AXIS_UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_s": "s", "acceptance": "accepted / drafted tokens",
               "served_share": "share of requests"}
@@ -161,7 +161,8 @@ def _summary(study) -> list[str]:
 STATUS_LEGEND = {"ok": "probed ok", "oom": "probed: out of memory", "crash": "probed: crash", "timeout": "probed: timeout",
                  "error": "probed: error", "skipped": "skipped (predicted over budget)",
                  "invalid": "invalid (llama.cpp refuses)", "stale": "stale (worker died; run again)",
-                 "interrupted": "interrupted (Ctrl-C; run again)", "running": "running",
+                 "interrupted": "interrupted (Ctrl-C; run again)", "terminated": "terminated (SIGTERM; run again)",
+                 "running": "running",
                  "unneeded": "not probed (goal reached)"}
 
 

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fitter import require_mlx_lm
+from fitter import Progress, require_mlx_lm
 from search.runner_openai import OpenAIProbe, OpenAIProbeResult
 from search.server import Proc, free_port
 
@@ -67,13 +67,16 @@ def _healthy(proc: Proc, port: int, deadline: float) -> bool:
 
 
 def served_probe(command: Callable[[int], list[str]], probe: Callable[[str, int], OpenAIProbe], timeout: float,
-                 name: str) -> tuple[OpenAIProbeResult, list[str]]:
+                 name: str, progress: Progress | None = None) -> tuple[OpenAIProbeResult, list[str]]:
     """Start `command(port)` in its own process group, wait for /health, run `probe(url, pid)`, stop the group.
-    A server that exits before it is healthy is a crash; one not healthy within `timeout` a timeout."""
+    A server that exits before it is healthy is a crash; one not healthy within `timeout` a timeout. `progress`
+    hears the start, the wait and the stop."""
+    say = progress.stage if progress is not None else (lambda text: None)
     port = free_port()
     cmd = command(port)
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
+    say(f"starting {name} on 127.0.0.1:{port}, waiting for /health (up to {timeout:g} s)")
     proc = Proc(cmd, merge_stderr=True)
     try:
         if not _healthy(proc, port, t0 + timeout):
@@ -82,6 +85,7 @@ def served_probe(command: Callable[[int], list[str]], probe: Callable[[str, int]
             msg = (f"{name} not ready after {timeout:g} s" if proc.alive
                    else f"{name} exited with status {proc.returncode} while loading: {last}")
             return OpenAIProbeResult(status=status, message=msg, url=url, pid=proc.pid), cmd
+        say(f"{name} ready after {time.perf_counter() - t0:.1f} s")
         left = max(1.0, timeout - (time.perf_counter() - t0))
         p = probe(url, proc.pid)
         p.timeout = left
@@ -90,12 +94,15 @@ def served_probe(command: Callable[[int], list[str]], probe: Callable[[str, int]
         proc.kill()
         raise
     finally:
+        if proc.alive:
+            say(f"stopping {name}")
         proc.stop()
     return res, cmd
 
 
 def mlx_probe(model_dir: str, flags: MlxFlags, probe: Callable[[str, int], OpenAIProbe], *,
-              timeout: float = 300.0) -> tuple[OpenAIProbeResult, list[str]]:
+              timeout: float = 300.0, progress: Progress | None = None) -> tuple[OpenAIProbeResult, list[str]]:
     """mlx_lm.server with `flags`, proven by the openai runner. Without mlx-lm: one clear GGFitError."""
     require_mlx_lm()
-    return served_probe(lambda port: mlx_server_command(model_dir, flags, port), probe, timeout, "mlx_lm.server")
+    return served_probe(lambda port: mlx_server_command(model_dir, flags, port), probe, timeout, "mlx_lm.server",
+                        progress)

@@ -4,9 +4,22 @@ mlx_lm.server, mlx_vlm.server, vllm-mlx, Rapid-MLX, mlx-serve).
 Each request is a streamed `/v1/chat/completions` (temperature 0, `stream_options.include_usage`,
 reasoning off through `chat_template_kwargs.enable_thinking = false` where the template reads it).
 From the stream: time to first token (the first delta with text or reasoning), and from the usage
-counts the server reports: prefill tok/s = prompt_tokens / TTFT, decode tok/s = (completion_tokens - 1)
-/ (last token - first token). At each context depth (filler text placed before the question, as
-llama-benchy does) and with N concurrent clients: per-request medians and the total tok/s of all.
+counts the server reports, at each context depth (filler text placed before the question, as llama-benchy
+does) and with N concurrent clients (each sending `repeats` requests one after the other):
+
+- prefill tok/s (per request) = prompt_tokens / TTFT; the median over the requests;
+- decode tok/s per request = (completion_tokens - 1) / (last token - first token): the first token comes
+  with the prefill; the median over the requests;
+- decode tok/s of all clients together = every request's (completion_tokens - 1) / the time during which
+  at least one request was decoding (the union of their first-to-last-token spans). At concurrency 1 it
+  is the same measure as per request, over all requests at once; with N clients it is the server's
+  aggregate decode rate;
+- end to end tok/s = every request's completion_tokens / the level's wall time, prefill and TTFT
+  included: what a user waiting on the whole answer sees (below the decode rates whenever prefill takes
+  time, even at concurrency 1).
+
+With a `progress` (fitter.Progress: stderr) each warm-up, level, request and soak step is reported as it
+happens.
 
 Memory: with the server's pid (`--pid`, or known because ggfit started it), its process group's RSS
 from /proc before, during (sampled) and after the requests. `--soak N` sends N requests one after the
@@ -34,6 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from fitter import Progress
 from search.errors import ProbeError
 from search.workload import corpus
 
@@ -51,18 +65,22 @@ class RequestSample(BaseModel):
     total_s: float
     prefill_tps: float | None
     decode_tps: float | None
+    decode_from_s: float = 0.0  # first token, seconds after the level started
+    decode_to_s: float = 0.0  # last token, seconds after the level started
 
 
 class Level(BaseModel):
-    """One context depth x concurrency: per-request medians and the total throughput."""
+    """One context depth x concurrency: per-request medians and the rates of all clients together (the module's
+    docstring defines each)."""
 
     depth: int
     concurrency: int
     requests: list[RequestSample]
     ttft_s: float
     prefill_tps: float | None
-    decode_tps: float | None  # per request (median)
-    total_decode_tps: float  # completion tokens of all clients / wall time of the level
+    decode_tps: float | None  # per request: (completion tokens - 1) / first-to-last-token time, median
+    total_decode_tps: float  # all clients: decoded tokens / time at least one request was decoding
+    end_to_end_tps: float = 0.0  # all clients: completion tokens / wall time of the level (prefill included)
     wall_s: float
 
 
@@ -102,7 +120,8 @@ class OpenAIProbeResult(BaseModel):
             pre = f"{lv.prefill_tps:.1f}" if lv.prefill_tps else "-"
             dec = f"{lv.decode_tps:.1f}" if lv.decode_tps else "-"
             parts.append(f"depth {lv.depth} x{lv.concurrency}: prefill {pre} tok/s, decode {dec} tok/s per request, "
-                         f"{lv.total_decode_tps:.1f} tok/s total, TTFT {lv.ttft_s * 1e3:.0f} ms")
+                         f"{lv.total_decode_tps:.1f} tok/s all clients together, {lv.end_to_end_tps:.1f} tok/s end to "
+                         f"end, TTFT {lv.ttft_s * 1e3:.0f} ms")
         m = self.memory
         if m.before is not None:
             parts.append(f"server RSS {m.before / 2**20:.0f} -> peak {(m.peak or 0) / 2**20:.0f} -> "
@@ -110,7 +129,12 @@ class OpenAIProbeResult(BaseModel):
         if self.soak:
             parts.append(f"soak {self.soak.requests} requests: {self.soak.verdict} "
                          f"({self.soak.growth_bytes / 2**20:+.0f} MiB)")
-        return "ok: " + "; ".join(parts)
+        return "ok: " + "; ".join(parts) + "\n" + RATES_TEXT
+
+
+RATES_TEXT = ("  (prefill = prompt tokens / TTFT; decode = (completion tokens - 1) / first-to-last-token time, "
+              "the median request; all clients together = every request's decoded tokens / the time any was "
+              "decoding; end to end = completion tokens / wall time, prefill included)")
 
 
 class _Failed(Exception):
@@ -173,6 +197,7 @@ class OpenAIProbe:
     reasoning: bool = False
     chars_per_token: float = 4.0
     warmup: int = 1  # requests sent first and not measured (a server's first request pays its lazy setup)
+    progress: Progress | None = None  # where each step is reported as it happens (stderr)
 
     def _text(self, n_tokens: int, seed: int) -> str:
         text = corpus("prose")
@@ -180,7 +205,8 @@ class OpenAIProbe:
         start = (seed * 7919) % max(1, len(text) - n)
         return text[start: start + n]
 
-    def _request(self, depth: int, seed: int, client: int, deadline: float) -> RequestSample:
+    def _request(self, depth: int, seed: int, client: int, deadline: float, t_ref: float | None = None) -> RequestSample:
+        """One streamed request; `t_ref`: the level's start (the sample's decode span is given from it)."""
         msgs = []
         if depth:
             msgs.append({"role": "system", "content": self._text(depth, seed + 100_003)})
@@ -233,9 +259,11 @@ class OpenAIProbe:
         ct = int(usage.get("completion_tokens") or n_chunks)
         ttft = t_first - t0
         dec_s = (t_last or t_first) - t_first
+        ref = t0 if t_ref is None else t_ref
         return RequestSample(depth=depth, client=client, prompt_tokens=pt, completion_tokens=ct, ttft_s=ttft,
                              total_s=t_end - t0, prefill_tps=pt / ttft if pt and ttft > 0 else None,
-                             decode_tps=(ct - 1) / dec_s if ct > 1 and dec_s > 0 else None)
+                             decode_tps=(ct - 1) / dec_s if ct > 1 and dec_s > 0 else None,
+                             decode_from_s=t_first - ref, decode_to_s=(t_last or t_first) - ref)
 
     def _dropped(self, e: BaseException) -> _Failed:
         reason = getattr(e, "reason", e)
@@ -251,17 +279,25 @@ class OpenAIProbe:
         errors: list[_Failed] = []
         lock = threading.Lock()
 
+        total = conc * self.repeats
+        where = f"depth {depth} x{conc}"
+
         def client(i: int) -> None:
             for rep in range(self.repeats):
                 try:
-                    s = self._request(depth, seed + i * 1000 + rep, i, deadline)
+                    s = self._request(depth, seed + i * 1000 + rep, i, deadline, t0)
                 except _Failed as f:
                     with lock:
                         errors.append(f)
                     return
                 with lock:
                     samples.append(s)
+                    n = len(samples)
+                dec = f"{s.decode_tps:.1f}" if s.decode_tps else "-"
+                self._say(f"{where}: request {n} of {total} done: TTFT {s.ttft_s * 1e3:.0f} ms, decode {dec} tok/s")
 
+        self._say(f"{where}: {conc} client{'s' if conc > 1 else ''}, {self.repeats} request"
+                  f"{'s' if self.repeats > 1 else ''} each")
         t0 = time.perf_counter()
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(conc)]
         for t in threads:
@@ -274,10 +310,17 @@ class OpenAIProbe:
         if any(t.is_alive() for t in threads):
             raise _Failed("timeout", f"a client was still waiting after {self.timeout:g} s")
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        decoding = _union([(s.decode_from_s, s.decode_to_s) for s in samples if s.completion_tokens > 1])
+        decoded = sum(s.completion_tokens - 1 for s in samples if s.completion_tokens > 1)
         return Level(depth=depth, concurrency=conc, requests=samples, ttft_s=med([s.ttft_s for s in samples]) or 0.0,
                      prefill_tps=med([s.prefill_tps for s in samples if s.prefill_tps]),
                      decode_tps=med([s.decode_tps for s in samples if s.decode_tps]),
-                     total_decode_tps=sum(s.completion_tokens for s in samples) / wall if wall > 0 else 0.0, wall_s=wall)
+                     total_decode_tps=decoded / decoding if decoding > 0 else 0.0,
+                     end_to_end_tps=sum(s.completion_tokens for s in samples) / wall if wall > 0 else 0.0, wall_s=wall)
+
+    def _say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.stage(text)
 
     def run(self) -> OpenAIProbeResult:
         if not self.url.startswith(("http://", "https://")):
@@ -288,6 +331,8 @@ class OpenAIProbe:
                 raise ProbeError(f"{flag} {v}: must be at least 1")
         if any(d < 0 for d in self.depths) or any(c < 1 for c in self.concurrency) or self.soak < 0 or self.warmup < 0:
             raise ProbeError("--depth must be 0 or more, --concurrency 1 or more, --soak 0 or more")
+        if self.pid is not None and (self.pid <= 0 or not _exists(self.pid)):
+            raise ProbeError(f"--pid {self.pid}: no such process (the server's pid, for its memory)")
         res = OpenAIProbeResult(status="ok", url=self.url, model=self.model, pid=self.pid)
         t0 = time.perf_counter()
         deadline = t0 + self.timeout
@@ -307,6 +352,7 @@ class OpenAIProbe:
             sampler.start()
         try:
             for i in range(self.warmup):
+                self._say(f"warm-up request {i + 1} of {self.warmup} (not measured)")
                 self._request(0, 900_000 + i, 0, deadline)
             seed = 1
             for depth in self.depths:
@@ -319,6 +365,8 @@ class OpenAIProbe:
                     self._request(0, 500_000 + i, 0, deadline)
                     if self.pid:
                         after.append(group_rss(self.pid) or 0)
+                    rss = f": server RSS {after[-1] / 2**20:,.0f} MiB" if self.pid else ""
+                    self._say(f"soak request {i + 1} of {self.soak} done{rss}")
                 res.soak = _soak_verdict(self.soak, after)
         except _Failed as f:
             res.status, res.message = f.status, f.message
@@ -331,6 +379,28 @@ class OpenAIProbe:
                 res.memory.peak = max(peak[0], res.memory.after or 0) or None
             res.wall_s = time.perf_counter() - t0
         return res
+
+
+def _exists(pid: int) -> bool:
+    """Whether process `pid` exists (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end] spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def _soak_verdict(n: int, after: list[int]) -> Soak:

@@ -21,7 +21,7 @@ from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef
 from search.study.results import STATUS_LABELS, _fmt, _spreads, best_text, count_trials
-from search.study.storage import GRACE_S, _probing_elsewhere
+from search.study.storage import GRACE_S, _probing_elsewhere, cut_short
 from search.workload import Workload
 
 
@@ -103,11 +103,12 @@ class Objective:
         self.current = trial._trial_id
         try:
             return self._run(trial)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Optuna fails it next; attrs can only change before that (and a dying storage may refuse them)
+            status, reason = cut_short(e)
             with contextlib.suppress(UpdateFinishedTrialError, SQLAlchemyError):
-                trial.set_user_attr("status", "interrupted")
-                trial.set_user_attr("reason", "interrupted (Ctrl-C) mid-trial; run again")
+                trial.set_user_attr("status", status)
+                trial.set_user_attr("reason", reason)
             raise
 
     def _run(self, trial: optuna.Trial) -> float | list[float]:

@@ -26,6 +26,7 @@ from fitter import (
     resolve_model,
 )
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
+from search.signals import Terminated
 from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
@@ -246,9 +247,9 @@ def _optimise(study: optuna.Study, p: _Plan, objective: Objective, say: _Say, fi
         with quiet_trial_failures():
             study.optimize(objective, n_trials=p.cap - finished0, callbacks=[TrialLines(p.d, p.trials_goal, p.cap, say)],
                            gc_after_trial=False, catch=(_Unneeded,))
-    except KeyboardInterrupt:
-        again = _interrupted(study, objective.current)
-        raise StudyInterrupted(again) from None
+    except KeyboardInterrupt as e:
+        again = _interrupted(study, objective.current, e)
+        raise StudyInterrupted(again, terminated=isinstance(e, Terminated)) from None
 
 
 def run_study(

@@ -24,6 +24,7 @@ from optuna.trial import TrialState, create_trial
 from sqlalchemy.exc import SQLAlchemyError
 
 from fitter import Backend
+from search.signals import Terminated
 from search.space import StudyError
 from search.study.define import StudyDef
 
@@ -175,7 +176,7 @@ def recover_stale(study) -> list[int]:
             except UpdateFinishedTrialError:
                 continue
             max_retry: int | None = MAX_RETRY
-        elif (t.state == TrialState.FAIL and t.user_attrs.get("status") in ("running", "interrupted")
+        elif (t.state == TrialState.FAIL and t.user_attrs.get("status") in ("running", "interrupted", "terminated")
               and t.number not in rerun):
             max_retry = None
         else:
@@ -209,28 +210,41 @@ def _retry(study, t, max_retry: int | None = None) -> bool:
     return True
 
 
-class StudyInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `run_study`: the trial it cut short (``trial``, or None) is queued to run again on resume."""
+def cut_short(e: BaseException) -> tuple[str, str]:
+    """(status, reason) of a trial that Ctrl-C (``interrupted``) or SIGTERM (``terminated``) cut short."""
+    if isinstance(e, Terminated):
+        return "terminated", "terminated (SIGTERM) mid-trial; run again"
+    return "interrupted", "interrupted (Ctrl-C) mid-trial; run again"
 
-    def __init__(self, trial: int | None = None):
+
+class StudyInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (``terminated``) during `run_study`: the trial it cut short (``trial``, or None) is queued to
+    run again on resume."""
+
+    def __init__(self, trial: int | None = None, terminated: bool = False):
         super().__init__(trial)
-        self.trial = trial
+        self.trial, self.terminated = trial, terminated
 
     def hint(self) -> str:
         again = f" (trial #{self.trial} runs again first)" if self.trial is not None else ""
-        return f"interrupted; run the same command to resume{again}"
+        how = "terminated (SIGTERM)" if self.terminated else "interrupted"
+        return f"{how}; run the same command to resume{again}"
 
 
-def _interrupted(study, trial_id: int | None) -> int | None:
-    """After Ctrl-C: the trial that was running is failed (Optuna has usually done it; the objective labelled it
-    ``interrupted``) and queued again, so resuming loses nothing. Returns its number, or None when no trial was cut
-    short."""
+def _interrupted(study, trial_id: int | None, e: BaseException | None = None) -> int | None:
+    """After Ctrl-C or SIGTERM (`e`): the trial that was running is failed (Optuna has usually done it; the objective
+    labelled it ``interrupted`` or ``terminated``) and queued again, so resuming loses nothing. Returns its number, or
+    None when no trial was cut short."""
     if trial_id is None:
         return None
     storage = study._storage
     t = storage.get_trial(trial_id)
     if t.state == TrialState.RUNNING:  # Ctrl-C outside the objective (the sampler, the storage)
         with contextlib.suppress(UpdateFinishedTrialError):
+            if e is not None and t.user_attrs.get("status") == "running":
+                status, reason = cut_short(e)
+                storage.set_trial_user_attr(trial_id, "status", status)
+                storage.set_trial_user_attr(trial_id, "reason", reason)
             storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
         t = storage.get_trial(trial_id)
     if t.state != TrialState.FAIL or t.number in _rerun_numbers(study.get_trials(deepcopy=False)):

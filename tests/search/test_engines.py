@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.study.engines import compare_engines
+from search.study.engines import ENGINE_NAMES, compare_engines
 
 
 @pytest.mark.slow
@@ -14,7 +14,8 @@ def test_engine_comparison(llama_server):
     from tests.mlxlm.synth import build as build_mlx
     from tests.synth import build as build_gguf
 
-    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, ftype="q8_0"))
+    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, n_vocab=1024,
+                          ftype="q8_0"))  # the MLX model's shapes and vocabulary (tests.mlxlm.synth.VOCAB)
     mlx_dir = str(build_mlx("qwen3", 8))
     r = compare_engines(gguf, mlx_dir, available_bytes=2**30, n_trials=4, prompt_tokens=32, gen_tokens=8,
                         llama_server=llama_server, threads=2, timeout=300)
@@ -23,7 +24,7 @@ def test_engine_comparison(llama_server):
     assert r.ratio is not None and r.ratio >= 1.0
     assert all(t.predicted_bytes > 0 and t.peak_rss_bytes for t in r.best.values())
     text = r.text()
-    assert f"winner: {r.winner}" in text and "x the other engine's best decode rate" in text
+    assert f"winner: {ENGINE_NAMES[r.winner]}" in text and "x the other engine's best decode rate" in text
 
 
 @pytest.mark.slow
@@ -32,7 +33,8 @@ def test_over_budget_configs_are_not_started(llama_server):
     from tests.mlxlm.synth import build as build_mlx
     from tests.synth import build as build_gguf
 
-    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, ftype="q8_0"))
+    gguf = str(build_gguf("qwen3", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=768, n_vocab=1024,
+                          ftype="q8_0"))  # the MLX model's shapes and vocabulary (tests.mlxlm.synth.VOCAB)
     r = compare_engines(gguf, str(build_mlx("qwen3", 8)), available_bytes=2 * 2**20, n_trials=2,
                         llama_server=llama_server, threads=2)
     assert [t.status for t in r.trials] == ["skipped", "skipped"] and r.winner is None
@@ -61,4 +63,4 @@ def test_optimise_engine_llama_mlx_is_the_engine_study(monkeypatch, capsys):
     assert e.value.code == 0
     assert seen["gguf"].endswith(".gguf") and seen["mlx_dir"] == "/models/gemma3-270m-mlx"
     assert (seen["available_bytes"], seen["n_trials"], seen["seed"]) == (2**30, 3, 7)
-    assert "winner: mlx (the other engine had no config that fits and runs)" in capsys.readouterr().out
+    assert "winner: MLX (the other engine had no config that fits and runs)" in capsys.readouterr().out

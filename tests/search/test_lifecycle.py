@@ -70,9 +70,10 @@ def _maps(pid: int, what: str) -> bool:
 
 
 def _kill_during_child(args: list[str], marker: str, sig: int, tmp_path: Path, ready=lambda kid, log: True,
-                       wait_s: float = 300, env: dict[str, str] | None = None) -> None:
+                       wait_s: float = 300, env: dict[str, str] | None = None, said: str | None = None) -> None:
     """Start `python cli.py ARGS`; once its child (`marker` in its command line) runs and `ready(child, log)`,
-    send `sig`; then ggfit dies of `sig` and within LINGER_S nothing is left of the child's process group."""
+    send `sig`; then ggfit dies of `sig` (having said `said` on its way out, for SIGTERM) and within LINGER_S nothing
+    is left of the child's process group."""
     logf = tmp_path / "ggfit.log"
     log = open(logf, "wb")
     p = subprocess.Popen([sys.executable, "cli.py", *args], cwd=REPO, env={**_env(tmp_path), **(env or {})}, stdout=log,
@@ -94,6 +95,8 @@ def _kill_during_child(args: list[str], marker: str, sig: int, tmp_path: Path, r
         left = group_alive(kid)
         assert left == [], f"{marker} (pid {kid}) outlived ggfit: {[_cmdline(x) for x in left]}"
         assert rc == -sig, (rc, logf.read_text()[-2000:])  # 143 / 137 in a shell
+        if said and sig == signal.SIGTERM:
+            assert said in logf.read_text(errors="replace").splitlines()[-1], logf.read_text()[-2000:]
     finally:
         if p.poll() is None:
             p.kill()
@@ -121,7 +124,8 @@ def test_probe_children_die_with_ggfit(runner, sig, tmp_path, request):
     """Killed in the middle of a long decode (the python child writes nothing then, so a broken pipe would not stop
     it; an idle llama-server writes nothing at all)."""
     args = ["probe", "gemma3-270m", "-c", "2048", "-t", "1", "--gen-tokens", "1024", *_server_args(request, runner)]
-    _kill_during_child(args, MARKER[runner], sig, tmp_path, ready=lambda kid, log: "decode" in log)
+    _kill_during_child(args, MARKER[runner], sig, tmp_path, ready=lambda kid, log: "decode" in log,
+                       said="ggfit: terminated (SIGTERM); the probe was stopped")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
@@ -131,7 +135,8 @@ def test_optimise_children_die_with_ggfit(runner, sig, gemma, tmp_path, request)
     args = ["optimise", "gemma3-270m", "--budget", "2GiB", "--trials", "2",
             "--storage", f"sqlite:///{tmp_path}/x.db", *_server_args(request, runner)]
     name = Path(gemma).name
-    _kill_during_child(args, MARKER[runner], sig, tmp_path, ready=lambda kid, log: _maps(kid, name))
+    _kill_during_child(args, MARKER[runner], sig, tmp_path, ready=lambda kid, log: _maps(kid, name),
+                       said="ggfit: terminated (SIGTERM); run the same command to resume (trial #")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

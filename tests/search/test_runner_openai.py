@@ -128,3 +128,46 @@ def test_probe_cli_openai_soak():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["status"] == "ok" and out["soak"]["verdict"] == "growing" and out["levels"][0]["concurrency"] == 2
+    # progress on stderr as it happens (a line per step in a pipe), the JSON alone on stdout
+    assert "warm-up request 1 of 1 (not measured)" in r.stderr and "depth 0 x2: request 6 of 6 done" in r.stderr  # --repeats 3 each
+    assert "soak request 5 of 5 done: server RSS" in r.stderr
+
+
+def test_rates_are_defined_alike_at_every_concurrency():
+    """decode per request = (completion - 1) / first-to-last-token time; all clients together = every request's
+    decoded tokens / the union of their decode spans (at concurrency 1, requests one after another: the sum of the
+    spans); end to end = completion tokens / the level's wall time, prefill included. (The 3.4 tok/s per request,
+    1.8 tok/s "total" at concurrency 1 of the issue was the end-to-end figure under the name of a decode rate.)"""
+    p, url = _fake()
+    try:
+        r = OpenAIProbe(url, pid=p.pid, prompt_tokens=2000, gen_tokens=6, repeats=3, concurrency=(1, 3),
+                        timeout=60).run()
+    finally:
+        p.stop()
+    assert r.ok, r.message
+    for lv in r.levels:
+        spans = sorted((s.decode_from_s, s.decode_to_s) for s in lv.requests)
+        decoded = sum(s.completion_tokens - 1 for s in lv.requests)
+        union, end = 0.0, float("-inf")
+        for a, b in spans:
+            union += max(0.0, b - max(a, end))
+            end = max(end, b)
+        assert lv.total_decode_tps == pytest.approx(decoded / union)
+        assert lv.end_to_end_tps == pytest.approx(sum(s.completion_tokens for s in lv.requests) / lv.wall_s)
+        if lv.concurrency == 1:  # one after the other: no overlap, the union is the sum of the spans
+            assert union == pytest.approx(sum(b - a for a, b in spans))
+            assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))
+    assert "all clients together" in r.summary() and "end to end = completion tokens / wall time" in r.summary()
+
+
+def test_pid_of_no_process_is_one_line():
+    import subprocess
+    from pathlib import Path
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    r = subprocess.run([sys.executable, "cli.py", "probe", "--runner", "openai", "--url", "http://127.0.0.1:9",
+                        "--pid", str(gone.pid)], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"ggfit: error: --pid {gone.pid}: no such process (the server's pid, for its memory)"], r.stderr
