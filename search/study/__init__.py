@@ -5,8 +5,11 @@
 
 The study is plain Optuna: an RDB storage, a TPE sampler, an objective. What ggfit adds is inside the objective:
 
+0. Before anything is written: a budget the weights alone exceed (every model file, at the fewest layers on the
+   device the space allows) ends the run at once (`NothingFits`, exit 1).
 1. The trial's parameters (search/space.py) become a `RunConfig`; `fitter.memory.predict` sizes it. A config llama.cpp
-   would refuse (a quantized V cache without flash attention ...) is labelled ``invalid``; one predicted over the
+   would refuse (a K cache type whose block does not divide the head size ...; the space itself never offers a
+   quantized V cache without flash attention) is labelled ``invalid``; one predicted over the
    budget minus the margin is labelled ``skipped``. Neither is probed.
 2. A config that fits is probed (`search.probe.run_probe`, in its own process, under the budget where the OS can
    enforce it). ``ok`` gives the objective value(s). ``oom`` means the memory model was wrong: it is counted and
@@ -36,8 +39,8 @@ Optuna RDB URL, e.g. PostgreSQL, lets several machines work on one study). Heart
 `RetryHeartbeatStaleTrialCallback` fail a dead worker's RUNNING trial once its heartbeat is older than the grace
 period and enqueue a copy (WAITING), which the next ``ask`` runs first. A restart on the same machine does not wait
 for the grace period: a RUNNING trial whose recorded worker process (host, pid, start time) no longer exists is
-failed and retried at once. Ctrl-C fails the running trial (status ``interrupted``) and queues a copy, which the next
-run (of any worker) runs first. Completed trials are never lost; at most the running one is run again.
+failed and retried at once. Ctrl-C (or SIGTERM, through `search.signals`) fails the running trial (status
+``interrupted``, ``terminated``) and queues a copy, which the next run (of any worker) runs first. Completed trials are never lost; at most the running one is run again.
 
 Counting (`count_trials`, for `optimise` and `report` alike): every trial is in one part (probed ok / oom / failed /
 skipped / invalid / duplicate / stale or interrupted and run again / not probed because the goal was reached /

@@ -161,9 +161,9 @@ def _check_weights(p: _Plan) -> None:
     """Refuse at once a study whose every model file's weights alone are over what is available: each of its trials
     would be skipped. Each file is sized with the fewest weights on the device the space allows (the lowest
     n_gpu_layers, the highest n_cpu_moe it searches)."""
-    labels = p.space.dims.get("quant", [p.space.consts.get("quant")])
+    labels = [Path(m).name for m in p.models]  # the space's ``quant`` values
     lightest: tuple[int, str] | None = None
-    for label in labels if isinstance(labels, list) else []:
+    for label in labels:
         params = {**p.space.nearest(_DEFAULTS), "quant": label}
         for name, pick in (("n_gpu_layers", min), ("n_cpu_moe", max)):
             spec = p.space.dims.get(name)
@@ -175,7 +175,7 @@ def _check_weights(p: _Plan) -> None:
             return  # a config llama.cpp refuses says nothing about the weights: let the trials judge
         w = sum(b.bytes for b in pred.buffers if b.counts and b.kind in ("model", "lora"))
         if lightest is None or w < lightest[0]:
-            lightest = (w, str(label))
+            lightest = (w, label)
     if lightest is not None and lightest[0] > p.avail:
         w, label = lightest
         which = f"of {label}" if len(labels) == 1 else f"of the smallest file, {label},"
