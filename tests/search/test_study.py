@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 # The test version of the named prefill study: a space where the budget below rules out large contexts with an f16
-# KV cache and large ubatches without flash attention, and quantized V caches without flash attention are invalid.
+# KV cache and large ubatches without flash attention (the space never proposes a quantized V without flash attention).
 TINY_PREFILL = """
 name = "prefill-test"
 description = "prefill at a 64-token prompt, 1 thread"
