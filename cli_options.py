@@ -57,7 +57,7 @@ SIZE_HELP = "a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (25559M
 # One definition per option shared by several commands: the llama-server flags (their llama.cpp names and
 # meaning, common/arg.cpp) and ggfit's own budget/backend options.
 BudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help=f"Memory to fit into: {SIZE_HELP}, or auto (the device's own limit); one per GPU separated by commas (24GiB,24GiB).")]
-MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default: what the backend holds outside its buffers plus a 256 MiB safety share: CUDA 1028MiB, Metal 768MiB, CPU 304MiB).")]
+MarginOpt = Annotated[Optional[str], typer.Option("--margin", metavar="SIZE", help=f"Kept free on top of the prediction: {SIZE_HELP} (default: what the backend holds outside its buffers: CUDA 1028MiB and CPU 304MiB with a 256 MiB safety share, Metal 628MiB bounded by the configs that ran and ran out of memory).")]
 BackendOpt = Annotated[Optional[BackendName], typer.Option("--backend", help="The device's backend (default: this machine's).")]
 FrontendOpt = Annotated[FrontendName, typer.Option("--frontend", help="Whose defaults apply: server (llama-server) or library (llama_context_default_params).")]
 Ctx = Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="N", help="n_ctx: context size in tokens, 0 = the model's training context (fit: omit to solve for the largest that fits).")]

@@ -8,10 +8,11 @@ be, and a safety share for what varies between machines (driver, GPU, other proc
 | backend | outside the buffers (modelled) | evidence |
 |---|---|---|
 | CUDA | 527 MiB CUDA context + 245 MiB CUDA pool and cuBLAS workspace | H200, driver 580.159, CUDA 13: cudaMemGetInfo around 15 real loads and decodes (benchmarks/results/gpu-load-h200.json: context 526.8 MiB every time, pool 84..245 MiB after the first decode) |
-| Metal | 512 MiB | no public log measures it (Metal's breakdown prints a negative `unaccounted`: free memory is read before the allocations); bounded above by the issue-13 seed on a 32 GB M4 (b9430, Qwen3.6-35B-A3B Q4_K_M, q8_0, -c 262144 -ub 2048 ran; ggfit predicts 24,657.71 MiB for it, which leaves 901 MiB of the 25,559 MiB working set) |
+| Metal | the whole margin, from the evidence | fitter.fit.metal_evidence: configs that ran bound what Metal holds outside the buffers from above (budget - predicted total), configs that ran out of memory from below; the margin is the smallest upper bound, in whole MiB, and must exceed every lower bound. Today: at most 628.47 MiB by the b9430 seed on a 32 GB M4 (Qwen3.6-35B-A3B Q4_K_M, q8_0, -c 262144 -ub 2048 ran: 24,930.53 MiB predicted of the 25,559 MiB working set); the configs that ran out of memory only say more than -1,114.52 MiB (a public log's macOS breakdown prints a negative `unaccounted`: free memory is read before the allocations, so no log measures it) |
 | CPU | 48 MiB | llama-server's resident memory beyond its buffers after a decode, measured here (pinned build, gemma3-270m: 12 MiB of program text, 30 MiB of heap and thread stacks) |
 
-The safety share is 256 MiB on every backend.
+The safety share is 256 MiB on CUDA and the CPU. Metal gets none on top: the evidence bounds the whole margin, and
+a share on top of the smallest upper bound would reject the config that ran.
 
 The host budget (`--host-budget`, next to a GPU) gets the same treatment: what the process holds in system RAM
 beyond its host buffers and the weights it keeps on the CPU, plus the safety share.
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fitter.fit.metal_evidence import EVIDENCE, Case
+
 MiB = 1024**2
 SAFETY_BYTES = 256 * MiB
 
@@ -36,7 +39,6 @@ class Overhead(NamedTuple):
 
 OVERHEAD: dict[str, Overhead] = {
     "cuda": Overhead(772 * MiB, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)"),
-    "metal": Overhead(512 * MiB, "Metal's own allocations, estimated (at most 901 MiB by the b9430 seed)"),
     "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
 }
 
@@ -47,13 +49,51 @@ HOST_OVERHEAD: dict[str, Overhead] = {
 }
 
 
+class Bounds(NamedTuple):
+    """What the evidence says of the memory outside the buffers: more than `lower` (by `lower_case`, out of memory)
+    and at most `upper` (by `upper_case`, ran)."""
+    lower: int
+    lower_case: Case | None
+    upper: int
+    upper_case: Case
+
+
+def metal_bounds(cases: tuple[Case, ...] = EVIDENCE) -> Bounds:
+    """(largest lower bound, smallest upper bound) over the cases (fitter.fit.metal_evidence); refuses evidence that
+    contradicts itself (a config that ran out of memory needing more than one that ran allows)."""
+    ran = [c for c in cases if c.outcome == "ran"]
+    oom = [c for c in cases if c.outcome == "oom"]
+    hi = min(ran, key=lambda c: c.overhead_bound)
+    lo = max(oom, key=lambda c: c.overhead_bound) if oom else None
+    b = Bounds(lo.overhead_bound if lo else -(1 << 62), lo, hi.overhead_bound, hi)
+    if b.lower >= b.upper // MiB * MiB:
+        raise ValueError(f"the Metal evidence contradicts itself: {lo and lo.name} needs more than {hi.name} allows")
+    return b
+
+
+def _metal_margin() -> Overhead:
+    b = metal_bounds()
+    low = (f"; those that ran out of memory only say more than {b.lower / MiB:,.2f} MiB ({b.lower_case.name})"
+           if b.lower_case else "")
+    return Overhead(b.upper // MiB * MiB,
+                    f"from {len(EVIDENCE)} Metal configs that ran or ran out of memory (fitter/fit/metal_evidence.py): "
+                    f"at most {b.upper / MiB:,.2f} MiB outside the buffers, by {b.upper_case.name} "
+                    f"({b.upper_case.budget_bytes / MiB:,.0f} MiB working set, ran){low}")
+
+
+OVERHEAD["metal"] = _metal_margin()
+NO_SAFETY = frozenset({"metal"})  # the evidence bounds the whole margin: a share on top would reject what ran
+
+
 def _with_safety(table: dict[str, Overhead], backend: str) -> int:
     o = table.get(backend)
-    return (o.bytes if o else 0) + SAFETY_BYTES
+    return (o.bytes if o else 0) + (0 if table is OVERHEAD and backend in NO_SAFETY else SAFETY_BYTES)
 
 
 def _note(table: dict[str, Overhead], backend: str, what: str) -> str:
     o = table.get(backend)
+    if o and table is OVERHEAD and backend in NO_SAFETY:
+        return o.what
     return f"{o.what if o else f'nothing modelled outside the {what}'} + {SAFETY_BYTES // MiB} MiB safety share"
 
 

@@ -1,8 +1,10 @@
 """Issue 13's seed figures: a 32 GB M4 Mac mini (Metal working set 25,559 MiB), llama-server with Qwen3.6-35B-A3B
 Q4_K_M (a 20,182 MiB file: the synthetic qwen35moe twin without the NextN layer, quantized by ggfit's
-llama-quantize rules to exactly that size), every layer on Metal, `-b 2048 -fa on -np 1 --kv-unified`, mmap on.
+llama-quantize rules to exactly that size and laid out as llama-quantize writes it, so that the token embedding lies
+inside the Metal mapped range), every layer on Metal, `-b 2048 -fa on -np 1 --kv-unified`, mmap on.
 `ggfit fit --llama-build <the build> --backend metal --budget 25559MiB` with the default margin must say fits /
-does not fit as observed on that machine."""
+does not fit as observed on that machine (the margin rests on these cases: fitter.fit.metal_evidence,
+tests/fit/test_metal_margin.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ def twin(name: str, ftype: str, **overrides) -> str:
     return str(build_shape(name, tensor_types=types, **overrides))
 
 
+@cache
+def seed_file(name: str, ftype: str, **overrides) -> str:
+    """`twin`, laid out as the released quantized files are (llama-quantize's order, tests.synth.shapes)."""
+    from tests.synth.shapes import quantize_ordered
+
+    return str(quantize_ordered(twin(name, ftype, **overrides)))
+
+
 def fit(*args: str) -> dict:
     batch = [] if "-b" in args else ["-b", "2048"]
     r = subprocess.run([sys.executable, "cli.py", "fit", *args, *batch, *COMMON], capture_output=True, text=True, cwd=ROOT,
@@ -40,7 +50,7 @@ def fit(*args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def target() -> str:
-    path = twin("qwen36-35b-a3b", "Q4_K_M", n_nextn=0)
+    path = seed_file("qwen36-35b-a3b", "Q4_K_M", n_nextn=0)
     assert round(Path(path).stat().st_size / 2**20) == 20183  # the seed's 20,182 MiB file (header and padding)
     return path
 
@@ -68,7 +78,7 @@ PRE_23861 = "b9440"
 
 @pytest.mark.parametrize("ctx, ub, fits", [("131072", "2048", False), ("98304", "2048", False), ("98304", "1024", True)])
 def test_august_draft_outcomes_with_the_rules_its_figures_imply(target, ctx, ub, fits):
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     out = fit(target, "-c", ctx, "-ub", ub, *DRAFT_ARGS, "-md", draft, "--llama-build", PRE_23861)
     assert out["fits"] is fits, out["total_device_bytes"] / 2**20
 
@@ -81,7 +91,7 @@ def test_august_draft_steps(target):
     """The draft's reported footprints (3,777.71 / 3,445.71 / 2,275.68 MiB) step by 332.03 and 1,170.03 MiB: with
     whole-ubatch logits, the LM head's 970 / 1,940 MiB cannot reuse the KQ mask's freed block, because Metal's
     graph_optimize reordered the split so that a live tensor sits above it (fitter.ggml.backends.metal_common)."""
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     mib = {(c, ub): _draft_device_mib(fit(target, "-c", c, "-ub", ub, *DRAFT_ARGS, "-md", draft,
                                           "--llama-build", PRE_23861))
            for c, ub in (("131072", "2048"), ("98304", "2048"), ("98304", "1024"))}
@@ -96,7 +106,7 @@ def test_august_draft_steps(target):
 def test_august_draft_table_fits_the_draft_only_with_a_smaller_ubatch(target):
     """No -c, no -ub: the draft fits only with a smaller ubatch, as the config that worked (-ub 1024); the flags of a
     solution without the draft carry no draft cache types."""
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     out = fit(target, *DRAFT_ARGS, "-md", draft, "--llama-build", PRE_23861)
     with_draft = {s["n_ubatch"]: s["n_ctx"] for s in out["solutions"] if s["draft"]}
     assert with_draft[1024] >= 98304 > with_draft[2048]
@@ -110,14 +120,14 @@ def test_august_figures_are_not_those_of_a_build_that_caps_the_draft_outputs(tar
     about 270 MiB from -ub 1024 to -ub 2048, not by the 1,170.03 MiB the seed reports, 970 of them logits for every
     token of the ubatch. So the seed's build predates #23861 (PRE_23861 stands for it), and with b10480's rules the
     two configs that ran out of memory would fit."""
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     mib = {ub: _draft_device_mib(fit(target, "-c", "98304", "-ub", ub, *DRAFT_ARGS, "-md", draft, "--llama-build",
                                      "b10480")) for ub in ("1024", "2048")}
     assert 200 < mib["2048"] - mib["1024"] < 400
 
 
 def test_august_draft_fits_at_ubatch_1024(target):
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     out = fit(target, "-c", "98304", "-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0", "-md", draft,
               "--spec-draft-type-k", "q8_0", "--spec-draft-type-v", "q8_0", "--llama-build", "b10480")
     assert out["fits"]
@@ -126,7 +136,7 @@ def test_august_draft_fits_at_ubatch_1024(target):
 def test_august_draft_failure_points_to_the_config_that_worked(target):
     """`-c 98304 -ub 2048` with the draft ran out of memory; what ggfit offers instead, one change at a time,
     includes the config that worked: `-ub 1024` at the same context, with the draft."""
-    draft = twin("qwen35-0.8b", "Q4_K_S")
+    draft = seed_file("qwen35-0.8b", "Q4_K_S")
     r = subprocess.run([sys.executable, "cli.py", "fit", target, "-c", "98304", "-ub", "2048", "-b", "2048", *DRAFT_ARGS,
                         "-md", draft, "--llama-build", PRE_23861, *COMMON[:-1]], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
