@@ -373,7 +373,8 @@ def quants(
     print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{'headroom':>11}{'largest -c':>12}  verdict")
     for c in cands:
         verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
-        flag = " (imatrix)" if c.needs_imatrix else "" if c.exact else " (size only)"
+        flag = (" (this file)" if c.source == fitter.THIS_FILE else " (imatrix)" if c.needs_imatrix
+                else "" if c.exact else " (size only)")
         mark = "*" if best is not None and c.name == best.name else " "
         print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
               f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")

@@ -61,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "host_margin_note": "fitter.fit.margin",
     "parse_size": "fitter.fit.budget",
     "BEST_RULE": "fitter.fit.quant_fit",
+    "THIS_FILE": "fitter.fit.quant_fit",
     "best_fit": "fitter.fit.quant_fit",
     "evaluate": "fitter.fit.quant_fit",
     "why_none_fits": "fitter.fit.quant_fit",
@@ -124,7 +125,7 @@ _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of t
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "mmproj_buffers_of_file",
-    "Alternative", "BEST_RULE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
+    "Alternative", "BEST_RULE", "THIS_FILE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
     "solve_placement", "excess", "SPLIT_MODES", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
     "BuildReport", "LlamaBuild", "MiB", "PINNED", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "Progress", "REPO_ROOT", "Record", "RunConfig",
@@ -178,7 +179,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.fit.margin import default_host_margin, default_margin, host_margin_note, margin_note
     from fitter.fit.memory import build_differences, predict
-    from fitter.fit.quant_fit import BEST_RULE, best_fit, evaluate, why_none_fits
+    from fitter.fit.quant_fit import BEST_RULE, THIS_FILE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (
         Alternative,
         PlacementChoice,

@@ -41,6 +41,18 @@ class Buffer(Record):
     tensor_bytes: int | None = None  # model rows: the tensors' own bytes, without a mapped range's padding
 
 
+def counts_against_budget(backend: Backend, on_device: bool) -> bool:
+    """The one rule for which buffers count against the budget (`fit`, `quants`, the solver: every Buffer row).
+    On the CPU backend every buffer is the one RAM. On a GPU only the device's own buffers count: CUDA0, MTL0 and
+    MTL0_Mapped, not CPU, CPU_Mapped or CUDA_Host. On Metal the input layer (token embedding) stays on the CPU
+    (llama_model::load_tensors: dev_input is the CPU with the CPU buffer types; ggml-metal has no host buffer type),
+    so with mmap it is CPU_Mapped, plain mapped file pages that are no Metal buffer and outside
+    recommendedMaxWorkingSetSize; MTL0_Mapped wraps its tensors' whole file range (get_mapping_range,
+    ggml_backend_metal_device_buffer_mapped), so it holds the token embedding's bytes too where the file puts them
+    between its tensors (llama-quantize's order), and counts them then (fitter.llama.weights.weight_buffers)."""
+    return backend == Backend.CPU or on_device
+
+
 class Prediction(Record, frozen=False):
     backend: Backend
     frontend: Frontend
@@ -111,7 +123,8 @@ def _context_buffers(
     n_out = cp.n_seq_max
     output = spec.n_vocab * n_out * 4 + (spec.n_embd * n_out * 4 if cp.embeddings else 0)
     out_host = impl.host_buffer_name if wp.layer_dev[-1] != CPU_DEV else "CPU"
-    out.append(Buffer(owner=owner, device=out_host, kind="output", bytes=output, counts=cpu,
+    out.append(Buffer(owner=owner, device=out_host, kind="output", bytes=output,
+                      counts=counts_against_budget(backend, False),  # host memory: the host buffer type
                       detail=f"logits {spec.n_vocab} x {n_out} outputs x f32"))
     for cache in memory_caches(spec, cp, mtp=mtp):
         # llama_kv_cache / llama_memory_recurrent: the layer's device when offloaded (offload_kqv), else the CPU
@@ -126,11 +139,12 @@ def _context_buffers(
             layers = by_dev[d]
             device = "CPU" if d == CPU_DEV else device_buffer_name(impl, d)
             share = cache.bytes * len(layers) // max(1, len(cache.layers))
-            out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=cpu or d != CPU_DEV,
+            out.append(Buffer(owner=owner, device=device, kind=cache.kind, bytes=share, counts=counts_against_budget(backend, d != CPU_DEV),
                               detail=what))
     for cb in compute_buffers(spec, cp, backend.value, n_gpu_layers=n_gpu_layers, details=details, mtp=mtp,
                               placement=wp, kv_host=kv_host, op_offload=op_offload, terms=terms):
-        on_device = cpu or impl.is_device_buffer(cb.device) or cb.device in {device_buffer_name(impl, g) for g in wp.gpus}
+        on_device = counts_against_budget(backend, impl.is_device_buffer(cb.device)
+                                          or cb.device in {device_buffer_name(impl, g) for g in wp.gpus})
         size = cb.bytes
         detail = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in cb.terms.items())
         corr = calibration and (calibration.device if on_device else calibration.host)
@@ -171,7 +185,7 @@ def _weight_rows_uncached(owner: Owner, header: GGUFHeader, spec: ModelSpec, bac
         placement=placement,
     ):
         rows.append(Buffer(owner=owner, device=wb.buffer, kind="model", bytes=wb.bytes,
-                           counts=backend == Backend.CPU or wb.on_device, detail=f"{wb.n_tensors} tensors",
+                           counts=counts_against_budget(backend, wb.on_device), detail=f"{wb.n_tensors} tensors",
                            tensor_bytes=wb.tensor_bytes))
     return rows
 
@@ -209,7 +223,7 @@ def predict(
     adapters = [read_lora(path, scale) for path, scale in config.lora]
     for a in adapters:  # llama_adapter_lora_init after the model, before the context (common_init_result)
         buffers += [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
-                           counts=backend == Backend.CPU or lb.on_device, detail=f"{lb.n_tensors} tensors of {a.path}")
+                           counts=counts_against_budget(backend, lb.on_device), detail=f"{lb.n_tensors} tensors of {a.path}")
                     for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
     changed: list[BufferChange] = []
     # the context's graph with the adapters (llama-server applies them before its first decode re-reserves); an MTP
@@ -257,7 +271,7 @@ def _mmproj_rows(config: RunConfig, backend: Backend) -> list[Buffer]:
     rows = mmproj_buffers_of_file(config.mmproj, backend, offload=not config.no_mmproj_offload,
                                   flash_attn=config.flash_attn)
     return [Buffer(owner="mmproj", device=r.device, kind=r.kind, bytes=r.bytes,
-                   counts=backend == Backend.CPU or r.on_device, detail=r.detail) for r in rows]
+                   counts=counts_against_budget(backend, r.on_device), detail=r.detail) for r in rows]
 
 
 class BuildDifference(Record, frozen=False):

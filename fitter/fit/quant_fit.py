@@ -60,6 +60,19 @@ def quantized_header(base: GGUFHeader, q: QuantPrediction) -> GGUFHeader:
     return GGUFHeader(dict(base.metadata), tensors, [shard])
 
 
+THIS_FILE = "this file"  # a quant whose every tensor has the given file's type: the file, not a requantized copy
+
+
+def is_this_file(header: GGUFHeader, q: QuantPrediction) -> bool:
+    """Whether the quant has every tensor of the file, each with the file's own type. Its row is then the file as
+    `fit` reads it (its layout: whether the CPU's token embedding lies inside the Metal mapped range depends on where
+    the file puts it, fitter.llama.weights), not the copy llama-quantize would write."""
+    if len(q.tensors) != len(header.tensors):
+        return False
+    own = {t.name: int(t.ggml_type) for t in header.tensors}
+    return all(own.get(t.name) == t.ggml_type for t in q.tensors)
+
+
 def _scaled_header(base: GGUFHeader, file_bytes: int) -> GGUFHeader:
     """A size-only candidate: the header's tensors scaled so that the file has the given size."""
     factor = max(0.0, (file_bytes - base.header_size) / max(1, base.tensor_bytes))
@@ -107,6 +120,9 @@ def evaluate(
         if q.refused or (q.needs_imatrix and not include_imatrix):
             continue
         note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
+        if is_this_file(header, q):  # the file itself, as fit reads it: its own layout and header
+            entries.append((q.ftype, THIS_FILE, header, spec, q.needs_imatrix, True, note))
+            continue
         try:
             qh = quantized_header(header, q)
         except ValueError:
