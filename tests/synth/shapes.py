@@ -113,29 +113,34 @@ def fill_weights(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     return path
 
 
+_QORDER_VERSION = 1  # bump when _write_reordered changes (the copies are cached by this name)
+
+
 def quantize_ordered(path: str | os.PathLike[str]) -> Path:
     """A sparse copy of a synthetic GGUF with its tensors in the order llama-quantize writes them: ml.weights_map's,
     by layer (the tensors outside blk.N first), then by name (llama_model_loader::weight_name_comparer; llama-quant.cpp
     llama_model_quantize_impl). Real quantized files have this layout: the token embedding sits between output.weight
     and blk.0, inside the Metal mapped range of the GPU's tensors (get_mapping_range). The builders write the
     converter's order (token_embd first). Cached beside the source file."""
+    from tests.synth.common import write_once
+
+    src = Path(path)
+    return write_once(src.with_name(f"{src.stem}-qorder{_QORDER_VERSION}.gguf"), lambda tmp: _write_reordered(src, tmp))
+
+
+def _write_reordered(src: Path, dst: Path) -> None:
+    """The same keys and values byte for byte, the tensor infos re-sorted with offsets packed anew (each tensor padded
+    to the alignment, as gguf_add_tensor does), the data a hole of the right size."""
     import struct
 
     from gguf import GGUFReader
 
     from fitter.fit.quant_rules import weights_order
-    from tests.synth.common import write_once
 
-    src = Path(path)
-    return write_once(src.with_name(f"{src.stem}-qorder.gguf"), lambda tmp: _write_reordered(src, tmp, GGUFReader,
-                                                                                               weights_order, struct))
-
-
-def _write_reordered(src: Path, dst: Path, reader_cls, order, struct) -> None:
-    r = reader_cls(src)
+    r = GGUFReader(src)
     head = bytes(r.data[: r.tensors[0].field.offset])  # magic, version, counts and every key/value, unchanged
     align, infos, off = r.alignment, [], 0
-    for t in sorted(r.tensors, key=lambda t: order(t.name)):
+    for t in sorted(r.tensors, key=lambda t: weights_order(t.name)):
         name = t.name.encode()
         dims = [int(d) for d in t.shape]  # ne0 first, as stored
         infos.append(struct.pack(f"<Q{len(name)}sI{len(dims)}QIQ", len(name), name, len(dims), *dims,
