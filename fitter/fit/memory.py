@@ -176,6 +176,9 @@ def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Bac
     return list(rows)
 
 
+MAPPED_GAP_NOTE = 1024**2  # a mapped range this much over its tensors' bytes says so (padding is a few KiB)
+
+
 def _weight_rows_uncached(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig,
                           load_mtp: bool, placement: WeightPlacement) -> list[Buffer]:
     rows = []
@@ -184,8 +187,12 @@ def _weight_rows_uncached(owner: Owner, header: GGUFHeader, spec: ModelSpec, bac
         alloc_size=tensor_info_alloc_size,  # CUDA pads quantized rows (ggml_backend_cuda_buffer_type_get_alloc_size)
         placement=placement,
     ):
+        detail = f"{wb.n_tensors} tensors"
+        if wb.bytes - wb.tensor_bytes >= MAPPED_GAP_NOTE:  # a mapped range over tensors placed elsewhere
+            detail += (f" ({wb.tensor_bytes / 2**20:,.2f} MiB) and {(wb.bytes - wb.tensor_bytes) / 2**20:,.2f} MiB of "
+                       "other buffers' tensors between them in the file, mapped with them")
         rows.append(Buffer(owner=owner, device=wb.buffer, kind="model", bytes=wb.bytes,
-                           counts=counts_against_budget(backend, wb.on_device), detail=f"{wb.n_tensors} tensors",
+                           counts=counts_against_budget(backend, wb.on_device), detail=detail,
                            tensor_bytes=wb.tensor_bytes))
     return rows
 

@@ -54,6 +54,8 @@ def test_fit_counts_the_metal_range_and_never_cpu_mapped(layout):
     inside = mtl["bytes"] - mtl["tensor_bytes"]  # bytes of the range that are no Metal tensor's
     assert (cpu["bytes"] <= inside < cpu["bytes"] + 4096) if layout == "llama-quantize" else inside < 4096, inside
     assert out["total_device_bytes"] == sum(b["bytes"] for b in out["buffers"] if b["counts"])
+    said = "272.81 MiB of other buffers' tensors between them in the file" in mtl["detail"]
+    assert said is (layout == "llama-quantize"), mtl["detail"]  # the table says what the range holds besides
 
 
 CONFIGS = [("-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"), ("-ub", "2048"), ("-ub", "512", "-ctk", "q4_0", "-ctv", "q4_0")]
