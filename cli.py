@@ -286,11 +286,12 @@ def fit(
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
                 available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None,
-                host=host, n_gpus=len(buds), per_device=per_device)
+                host=host, n_gpus=len(buds), per_device=per_device, asked={"-b": n_batch, "-ub": n_ubatch})
     # -c given: one config, each of its graphs (and each placement's, where it does not fit) predicted once
     with contextlib.nullcontext() if n_ctx is None else fitter.predict_once():
-        r.solve(solve_ctx=n_ctx is None, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
+        r.solve(solve_ctx=n_ctx is None, n_batch=n_batch, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
         r.solve_placement()
+        r.conclude()
         if not build.is_pinned:
             r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
                                                      n_gpus=r.n_gpus)
@@ -303,8 +304,8 @@ def fit(
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
         print(json.dumps(r.as_json(), indent=2))
-        return
-    print_fit(r, asked={"-b": n_batch, "-ub": n_ubatch})
+        raise typer.Exit(r.exit_code)  # the text's exit code: 1 when nothing fits (FitRun.verdict)
+    print_fit(r)
 
 
 @app.command()
@@ -359,12 +360,14 @@ def quants(
                             include_imatrix=not no_imatrix, build=build)
     best = fitter.best_fit(cands)
     if as_json:
+        none = fitter.why_none_fits(cands, cands[0].n_ctx, be.value, spec.n_expert > 0) if cands and not best else None
         print(json.dumps({"backend": be.value, "llama_cpp": fitter.build_label() if build.is_pinned else build.label(),
                           "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
                           "candidates": [c.model_dump(mode="json") for c in cands],
-                          "best": best.name if best else None, "best_rule": fitter.BEST_RULE}, indent=2))
-        return
+                          "best": best.name if best else None, "best_rule": fitter.BEST_RULE, "none_fits": none},
+                         indent=2))
+        raise typer.Exit(1 if none else 0)  # as the text: 1 when nothing fits
     ctx = cands[0].n_ctx if cands else 0
     if not build.is_pinned:
         print(f"rules of {build.label()} ({build.how})")
@@ -382,7 +385,7 @@ def quants(
         print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB "
               f"({fitter.BEST_RULE})")
     elif cands:
-        print(fitter.why_none_fits(cands, ctx))
+        print(fitter.why_none_fits(cands, ctx, be.value, spec.n_expert > 0))
         raise typer.Exit(1)
 
 

@@ -103,24 +103,45 @@ class FitRun(fitter.Record, frozen=False):
     placement: Any = None  # a PlacementChoice when the config as given does not fit
     placement_why: str = ""
     placement_cfg: Any = None
+    table_placement: Any = None  # the PlacementChoice the table was solved with (no -c: the placement given fit nothing)
+    alternatives: list = field(default_factory=list)  # what fits instead, one change at a time (Alternative)
+    asked: dict[str, int | None] = field(default_factory=dict)  # -b and -ub as given (None: not given)
 
-    def solve(self, *, solve_ctx: bool, n_ubatch: int | None, kv_given: bool) -> None:
-        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one."""
-        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
+    def solve(self, *, solve_ctx: bool, n_batch: int | None, n_ubatch: int | None, kv_given: bool) -> None:
+        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one; where
+        the placement given fits no context, the table is solved again with the placement solve_placement finds."""
         if not solve_ctx:
-            self.pred = fitter.predict(h, spec, cfg, be, fe, self.draft, build=b)
+            self.pred = fitter.predict(self.header, self.spec, self.cfg, self.be, self.fe, self.draft, build=self.build)
             return
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"ubatches": fitter.table_ubatches(self.spec, n_batch, n_ubatch)}
         if kv_given:
-            kwargs["kv_pairs"] = ((cfg.type_k, cfg.type_v),)
-        if n_ubatch:
-            # the solver's contexts stop at n_ctx_train, and llama.cpp caps n_ubatch at n_ctx: a larger -ub is that
-            kwargs["ubatches"] = (min(n_ubatch, spec.n_ctx_train),)
+            kwargs["kv_pairs"] = ((self.cfg.type_k, self.cfg.type_v),)
+        self._solve_table(kwargs)
+        if self.rec is None:
+            self._place_table(kwargs)
+
+    def _solve_table(self, kwargs: dict[str, Any]) -> None:
+        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
         self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
                                       build=b, per_device=self.per_device, **kwargs)
         self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
         self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
                      fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
+
+    def _place_table(self, kwargs: dict[str, Any]) -> None:
+        """No context fits the placement given: the placement that fits the training context (else 4,096 tokens) at
+        the asked -ub and K/V types (fewest --n-cpu-moe for a MoE model, largest -ngl for a dense one: solve_placement),
+        and the table solved again with it. The CPU backend has no GPU; Metal's unified memory frees nothing."""
+        for target in dict.fromkeys((self.spec.n_ctx_train, min(self.spec.n_ctx_train, 4096))):
+            base = self.cfg.model_copy(update={"n_ctx": target})  # -ub and -b as given: llama.cpp resolves them
+            placed, why = fitter.solve_placement(self.header, self.spec, base, self.be, self.fe, self.avail,
+                                                 self.host_avail, draft=self.draft, build=self.build)
+            self.placement_why = self.placement_why or why
+            if placed is not None:
+                self.table_placement, self.placement_why = placed, ""
+                self.cfg = self.cfg.model_copy(update=placed.update)
+                self._solve_table(kwargs)
+                return
 
     @property
     def pred_config(self) -> Any:
@@ -137,8 +158,8 @@ class FitRun(fitter.Record, frozen=False):
         cp = self.pred.context
         if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
             return
-        if self.be.value == "cpu":
-            return
+        if self.be.value == "cpu" or self.table_placement is not None or self.placement_why:
+            return  # no GPU, or the table's placement was solved already (or why there is none said)
         target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
         base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
                                            "type_v": cp.type_v})
@@ -179,6 +200,97 @@ class FitRun(fitter.Record, frozen=False):
         draft = self.model_draft if (self.rec is None or self.rec.draft) else None
         return server_flags(self.path, self.pred.context, self.cfg, draft)
 
+    def conclude(self) -> None:
+        """What fits instead (one change at a time) when the config, or without -c every context, does not fit."""
+        if self.fits:
+            return
+        if self.rec is None and self.solutions:
+            self.alternatives = [fitter.Alternative(flags=[], reason=self.nothing_fits_line())]
+        elif fitter.excess(self.pred, self.avail) <= 0:
+            self.alternatives = [fitter.Alternative(flags=[], reason=(
+                "over the host budget: a placement with less on the CPU, or a larger --host-budget"))]
+        else:
+            alts = fitter.what_to_change(self.header, self.spec, self.cfg, self.be, self.fe, self.avail, self.draft,
+                                         self.pred, build=self.build)
+            # a placement that fits comes first; "no context fits with these settings" is about the given one only
+            p = self.placement
+            placed = [] if p is None else [fitter.Alternative(
+                flags=[f"{f} {v}" for f, v in zip(p.flags[::2], p.flags[1::2])],
+                reason=f"ggfit's placement, above: fits at -c {p.n_ctx}", update=p.update)]
+            self.alternatives = placed + [a for a in alts if a.update is not None or p is None]
+
+    def nothing_fits_line(self) -> str:
+        """Why no context fits, and what to change: never -ngl on the CPU (no GPU) nor on Metal (unified memory)."""
+        line = ("nothing fits, not even -c 256 with the smallest settings: the weights alone need "
+                f"{mib(self.pred.by_kind('model'))}")
+        if self.be.value == "cuda":
+            line += f"; no placement fits either ({self.placement_why})" if self.placement_why else ""
+        elif self.be.value == "metal":
+            line += " (Metal's memory is unified: weights moved to the CPU free nothing)"
+        return line + "; pick a smaller quant or raise the budget"
+
+    @property
+    def verdict(self) -> str:
+        """fits (as given; without -c, at the context solved for), fits_with_placement (-c as asked, with the placement
+        ggfit found), or does_not_fit. Exit code 0 for the first two, 1 for the last, in text and JSON alike."""
+        if self.fits:
+            return "fits"
+        return "fits_with_placement" if self.placement is not None else "does_not_fit"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "does_not_fit" else 0
+
+    def verdict_line(self) -> str:
+        over = fitter.excess(self.pred, self.avail)
+        if self.verdict == "fits":
+            if self.rec is None:
+                return f"fits as given, headroom {mib(-over)}"
+            tp = self.table_placement
+            return f"fits at -c {self.rec.n_ctx}" + (
+                f" with ggfit's placement {' '.join(tp.flags)} (with the placement given, no context fits)" if tp else "")
+        if self.rec is None and self.solutions:  # without -c: no context fits
+            why = "no context fits, not even -c 256"
+        else:
+            why = f"over budget by {mib(over)}" if over > 0 else "over the host budget"
+        if self.verdict == "fits_with_placement":
+            p = self.placement
+            return f"does NOT fit as given ({why}); fits at -c {p.n_ctx} with ggfit's placement {' '.join(p.flags)}"
+        changes = [a.line for a in self.alternatives if a.update is not None]
+        return f"does NOT fit ({why})" + (f"; what fits instead: {'; '.join(changes)}" if changes else "")
+
+    def batch_notes(self) -> list[str]:
+        """-b and -ub as llama.cpp runs them (llama_context::llama_context: n_batch = min(n_ctx, -b) for a causal
+        model, n_ubatch = min(n_batch, -ub)), and a -b that is ggfit's proposal rather than the user's."""
+        cp, b, ub = self.pred.context, self.asked.get("-b"), self.asked.get("-ub")
+        n_ctx = self.cfg.n_ctx or (self.rec.n_ctx if self.rec else self.spec.n_ctx_train)
+        out = []
+        if b is not None and b != cp.n_batch:
+            out.append(f"-b {b} -> {cp.n_batch} (llama.cpp caps n_batch at n_ctx, {n_ctx})")
+        if ub is not None and ub != cp.n_ubatch:
+            src = (f"-b {b}" if b is not None and cp.n_batch == b else
+                   f"-b {cp.n_batch} by default" if b is None and cp.n_batch == fitter.DEFAULT_N_BATCH else
+                   f"itself capped at n_ctx: {cp.n_batch}")
+            out.append(f"-ub {ub} -> {cp.n_ubatch} (llama.cpp caps n_ubatch at n_batch, {src})")
+        if b is None and cp.n_batch > fitter.DEFAULT_N_BATCH:
+            out.append(f"-b {cp.n_batch} is ggfit's proposal: llama.cpp's default -b {fitter.DEFAULT_N_BATCH} would "
+                       f"cap -ub {cp.n_ubatch} at {fitter.DEFAULT_N_BATCH}")
+        return out
+
+    def alternatives_json(self) -> list[dict[str, Any]]:
+        """The what-fits-instead list as `fit` prints it, each with its whole llama-server command."""
+        out = []
+        for a in self.alternatives:
+            flags = None
+            if a.update is not None:
+                cfg = self.cfg.model_copy(update=a.update)
+                drafted = cfg.spec_type != "none" and (self.rec is None or self.rec.draft)
+                p = fitter.predict(self.header, self.spec, cfg, self.be, self.fe, self.draft if drafted else None,
+                                   build=self.build)
+                flags = server_flags(self.path, p.context, cfg, self.model_draft if drafted else None)
+            out.append({"change": a.flags, "reason": a.reason, "line": a.line, "flags": flags})
+        return out
+
     def as_json(self) -> dict[str, Any]:
         total = self.pred.total_device_bytes
         out = {
@@ -209,6 +321,13 @@ class FitRun(fitter.Record, frozen=False):
             "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
                           if self.placement is not None else None),
             "placement_note": self.placement_why or None,
+            "table_placement": ({**self.table_placement.model_dump(mode="json"), "flags": self.table_placement.flags}
+                                if self.table_placement is not None else None),
+            "batch_notes": self.batch_notes(),
+            "what_to_change": self.alternatives_json(),
+            "verdict": {"verdict": self.verdict, "line": self.verdict_line(), "exit_code": self.exit_code,
+                        "flags": (self.flags() if self.fits else self.placement_flags()
+                                  if self.placement is not None else None)},
         }
         if self.measured is not None:
             out["check"] = self.measured
@@ -217,9 +336,9 @@ class FitRun(fitter.Record, frozen=False):
         return out
 
 
-def print_fit(r: FitRun, asked: dict[str, int | None]) -> None:
-    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change.
-    Exit code 1 when nothing fits."""
+def print_fit(r: FitRun) -> None:
+    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change, and
+    the verdict last (FitRun.verdict_line: the same as JSON's). Exit code FitRun.exit_code."""
     spec, pred = r.spec, r.pred
     print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {mib(spec.file_size)})")
     print(f"backend  {r.be.value}, {r.fe.value} defaults, "
@@ -232,12 +351,13 @@ def print_fit(r: FitRun, asked: dict[str, int | None]) -> None:
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    got = {"-b": pred.context.n_batch, "-ub": pred.context.n_ubatch}
-    capped = [f"{flag} {v} -> {got[flag]}" for flag, v in asked.items() if v is not None and v != got[flag]]
-    if capped:
-        print("capped   " + ", ".join(capped) + " (llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch)")
+    for i, line in enumerate(r.batch_notes()):
+        print(("capped   " if i == 0 else "         ") + line)
     if r.solutions:
         print_recommendation(r)
+        if r.rec is None:
+            print(f"\nverdict: {r.verdict_line()}")
+            raise typer.Exit(r.exit_code)
     print()
     print_breakdown(pred, r.available, r.avail if r.per_device else None)
     print_calibration(pred)
@@ -260,40 +380,62 @@ def print_fit(r: FitRun, asked: dict[str, int | None]) -> None:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:
         print()
-        print_what_to_change(r.header, spec, r.cfg, r.be, r.fe, r.bud.bytes, r.margin_bytes, r.draft, pred, r.build, r.avail)
-        raise typer.Exit(1)
+        print_what_to_change(r)
+    print(f"\nverdict: {r.verdict_line()}")
+    if r.exit_code:
+        raise typer.Exit(r.exit_code)
+
+
+def placement_lines(p) -> list[str]:
+    """A PlacementChoice in words: its flags, what they move, its device and host bytes, and its lever's table."""
+    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
+            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
+    out = [f"{' '.join(p.flags)}: {what}; device {mib(p.total_device_bytes)} (headroom {mib(p.headroom_bytes)}), "
+           f"host {mib(p.host_bytes)}"]
+    if p.table:
+        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
+        out.append(f"  largest -c that fits the device, by {lever}: " + ", ".join(f"{v}: {c:,}" for v, c in p.table))
+    return out
+
+
+MMAP_NOTE = ("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole "
+             "file through the page cache, so the process's peak RSS reaches the file size while it loads")
 
 
 def print_placement(r: FitRun) -> None:
     p = r.placement
     if p is None:
-        if r.placement_why:
+        if r.placement_why and r.table_placement is None and not (r.rec is None and r.solutions):
             print(f"\nplacement: {r.placement_why}")
         return
-    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
-            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
-    print(f"\nplacement for -c {p.n_ctx}: {' '.join(p.flags)}: {what}; device {mib(p.total_device_bytes)} "
-          f"(headroom {mib(p.headroom_bytes)}), host {mib(p.host_bytes)}")
-    if p.table:
-        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
-        print(f"  largest -c that fits the device, by {lever}: "
-              + ", ".join(f"{v}: {c:,}" for v, c in p.table))
+    first, *rest = placement_lines(p)
+    print(f"\nplacement for -c {p.n_ctx}: {first}")
+    for line in rest:
+        print(line)
     print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
     if not r.cfg.no_mmap:
-        print("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole file "
-              "through the page cache, so the process's peak RSS reaches the file size while it loads")
+        print(MMAP_NOTE)
 
 
 def print_recommendation(r: FitRun) -> None:
     spec, rec = r.spec, r.rec
     print()
     print_solutions(r.solutions)
+    tp = r.table_placement
+    if tp is not None:
+        first, *rest = placement_lines(tp)
+        print(f"with the placement given, no context fits: the table is for ggfit's placement (solved for -c "
+              f"{tp.n_ctx}), {first}")
+        for line in rest:
+            print(line)
+        if not r.cfg.no_mmap:
+            print(MMAP_NOTE)
     if rec is None:
-        print("\nnothing fits, not even -c 256 with the smallest settings: the weights alone need "
-              f"{mib(r.pred.by_kind('model'))}; pick a smaller quant, offload fewer layers (-ngl) or raise the budget")
-        raise typer.Exit(1)
+        print(f"\n{r.alternatives[0].line if r.alternatives else r.nothing_fits_line()}")
+        return
     # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
     print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
+          + (f" {' '.join(tp.flags)}" if tp is not None else "")
           + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
     if r.draft is not None and not rec.draft:
         keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
@@ -311,25 +453,38 @@ def print_calibration(pred) -> None:
 
 
 def print_solutions(solutions) -> None:
+    """The table; a context below its column's -ub is marked: llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch,
+    so it runs that context's -ub (what the recommendation and the flags print)."""
     table: dict[tuple, dict[int, int]] = defaultdict(dict)
     ubs: list[int] = sorted({s.n_ubatch for s in solutions})
     for s in solutions:
         table[(s.type_k, s.type_v, s.draft)][s.n_ubatch] = s.n_ctx
+    # the one -ub asked, above every context: it runs -ub = -c throughout, and the column says so
+    whole = {u for u in ubs if len(ubs) == 1 and all(row.get(u, 0) < u for row in table.values())}
     print("largest -c that fits (0 = none), by K/V type and -ub:")
-    print(f"  {'-ctk/-ctv':<16}" + "".join(f"{'-ub ' + str(u):>12}" for u in ubs))
+    print(f"  {'-ctk/-ctv':<16}" + "".join(f"{'-ub = -c' if u in whole else '-ub ' + str(u):>12} " for u in ubs))
+    below = False
     for (tk, tv, d), row in table.items():
         label = f"{tk}/{tv}" + (" +draft" if d else "")
-        print(f"  {label:<16}" + "".join(f"{row.get(u, 0):>12,}" for u in ubs))
+        cells = []
+        for u in ubs:
+            n = row.get(u, 0)
+            mark = 0 < n < u and u not in whole
+            below = below or mark
+            cells.append(f"{n:>12,}" + ("*" if mark else " "))
+        print(f"  {label:<16}" + "".join(cells))
+    if whole or below:
+        print(f"  {'*' if below else '-ub = -c'}: llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch: at a context "
+              "below the column's -ub it runs -ub = -c")
 
 
-def print_what_to_change(header, spec, cfg, be, fe, budget_bytes, margin_bytes, draft, pred, build, avail=None) -> None:
-    available = budget_bytes - margin_bytes if avail is None else avail
-    over = fitter.excess(pred, available)
+def print_what_to_change(r: FitRun) -> None:
+    over = fitter.excess(r.pred, r.avail)
     if over <= 0:
         print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
         return
     print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    for alt in fitter.what_to_change(header, spec, cfg, be, fe, available, draft, pred, build=build):
+    for alt in r.alternatives:
         print(f"  {alt.line}")
 
 

@@ -50,6 +50,8 @@ _EXPORTS: dict[str, str] = {
     "largest_context": "fitter.fit.solver",
     "Alternative": "fitter.fit.solver",
     "what_to_change": "fitter.fit.solver",
+    "table_ubatches": "fitter.fit.solver",
+    "DEFAULT_N_BATCH": "fitter.llama.cparams",
     "MiB": "fitter.fit.budget",
     "Budget": "fitter.fit.budget",
     "available_bytes": "fitter.fit.budget",
@@ -136,6 +138,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "predict_once", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "signals_held", "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
+    "table_ubatches", "DEFAULT_N_BATCH",
     "MlxCacheSettings", "MlxRun", "largest_context_mlx", "load_mlx_model", "mlx_label", "predict_mlx", "require_mlx_lm",
 ]
 
@@ -189,11 +192,13 @@ if TYPE_CHECKING:  # the same names, for type checkers
         recommend,
         solve,
         solve_placement,
+        table_ubatches,
         what_to_change,
     )
     from fitter.ggml.types import GGML_TYPES
     from fitter.gguf.reader import read_header
     from fitter.llama.cparams import (
+        DEFAULT_N_BATCH,
         KV_CACHE_TYPES,
         SERVER_FLAGS,
         Backend,

@@ -176,10 +176,13 @@ def best_fit(cands: list[Candidate]) -> Candidate | None:
     return max(pool, key=lambda c: c.file_bytes) if pool else None
 
 
-def why_none_fits(cands: list[Candidate], cfg_ctx: int) -> str:
+def why_none_fits(cands: list[Candidate], cfg_ctx: int, backend: str = "cuda", moe: bool = False) -> str:
     smallest = min(cands, key=lambda c: c.total_device_bytes)
     if smallest.largest_ctx > 0:
         return (f"nothing fits at -c {cfg_ctx}: the smallest, {smallest.name}, fits up to -c {smallest.largest_ctx}; "
                 "lower the context, quantize the KV cache (-ctk/-ctv q8_0), lower -ub or drop the draft")
+    # a placement frees device memory on a GPU only: the CPU has none, and Metal's memory is unified
+    move = {"cpu": "", "metal": " (Metal's memory is unified: weights moved to the CPU free nothing)"}.get(
+        backend, " or experts on the CPU (--n-cpu-moe)" if moe else " or fewer offloaded layers (-ngl)")
     return (f"nothing fits even at -c 256: {smallest.name} alone needs "
-            f"{smallest.total_device_bytes / 2**20:,.0f} MiB; a bigger budget or fewer offloaded layers (-ngl)")
+            f"{smallest.total_device_bytes / 2**20:,.0f} MiB; a bigger budget{move}")

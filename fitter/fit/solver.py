@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import field
-from typing import Literal
+from typing import Any, Literal
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
@@ -61,8 +61,24 @@ class Solution(Record):
         return self.n_ctx > 0
 
 
+def table_ubatches(spec: ModelSpec, n_batch: int | None, n_ubatch: int | None) -> tuple[int, ...]:
+    """The ubatches fit's table solves for: the one llama.cpp runs for a -ub or -b given (llama_context::llama_context:
+    n_ubatch = min(n_batch, -ub), n_batch = min(n_ctx, -b); the contexts stop at n_ctx_train), else UBATCHES (a -b
+    that holds each is ggfit's proposal: _config_for)."""
+    if n_batch is None and n_ubatch is None:
+        return UBATCHES
+    cap = min(n_batch if n_batch is not None else DEFAULT_N_BATCH, spec.n_ctx_train)
+    return tuple(sorted({min(u, cap) for u in ((n_ubatch,) if n_ubatch is not None else UBATCHES)}))
+
+
+def batch_for(base: RunConfig, ub: int) -> int:
+    """-b for a solution at ubatch `ub`: the user's -b as given (table_ubatches keeps ub within it), else the default
+    or, for a larger ubatch, -b = -ub (ggfit's proposal: llama.cpp would cap n_ubatch at the default n_batch)."""
+    return base.n_batch if base.n_batch is not None else max(DEFAULT_N_BATCH, ub)
+
+
 def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: bool) -> RunConfig:
-    n_batch = max(base.n_batch or DEFAULT_N_BATCH, ub)  # -b must reach -ub or llama.cpp clamps ubatch down to it
+    n_batch = batch_for(base, ub)
     update = {"n_ctx": n_ctx, "n_ubatch": ub, "n_batch": n_batch, "type_k": tk, "type_v": tv}
     if not draft:
         update.update({"spec_type": "none", "draft_model": None})
@@ -241,7 +257,7 @@ def largest_context(
         return excess(p, available)
 
     steps, worst = largest_fitting(over, 0, ctx_max // CTX_STEP, hint=hint, asked=asked)
-    n_batch = max(base.n_batch or DEFAULT_N_BATCH, n_ubatch)
+    n_batch = batch_for(base, n_ubatch)
     return Solution(
         n_ubatch=n_ubatch, n_batch=n_batch, type_k=type_k, type_v=type_v, draft=with_draft,
         n_ctx=steps * CTX_STEP, total_device_bytes=totals.get(steps, 0) if steps else 0,
@@ -323,6 +339,7 @@ class Alternative(Record):
 
     flags: list[str]  # the llama-server flags to change, one item per flag ([]: drop the draft / nothing fits)
     reason: str  # e.g. "fits at -c 32768", "largest context that fits", "no context fits with these settings"
+    update: dict[str, Any] | None = None  # the RunConfig fields this change sets (None: nothing fits)
 
     @property
     def line(self) -> str:
@@ -347,7 +364,7 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
                                build=build).n_ctx
 
     n_ctx = largest(cfg)
-    out = [Alternative(flags=[f"-c {n_ctx}"], reason="largest context that fits") if n_ctx
+    out = [Alternative(flags=[f"-c {n_ctx}"], reason="largest context that fits", update={"n_ctx": n_ctx}) if n_ctx
            else Alternative(flags=[], reason="no context fits with these settings")]
     # a quantized V cache needs flash attention: suggest both together when it is off
     fa_cfg, fa_flags = (cfg, []) if cp.flash_attn else (cfg.model_copy(update={"flash_attn": "on"}), ["-fa on"])
@@ -358,14 +375,16 @@ def what_to_change(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend:
             except ConfigError:
                 continue  # llama.cpp refuses this pair for the model (block size, MLA)
             if n_ctx >= cp.n_ctx:
-                out.append(Alternative(flags=[*fa_flags, f"-ctk {tk}", f"-ctv {tv}"], reason=fits_at))
+                out.append(Alternative(flags=[*fa_flags, f"-ctk {tk}", f"-ctv {tv}"], reason=fits_at,
+                                       update={"type_k": tk, "type_v": tv, "flash_attn": fa_cfg.flash_attn}))
                 break
     for ub in (1024, 512, 256):
         if ub < cp.n_ubatch and largest(cfg, ub=ub) >= cp.n_ctx:
-            out.append(Alternative(flags=[f"-ub {ub}"], reason=fits_at))
+            out.append(Alternative(flags=[f"-ub {ub}"], reason=fits_at, update={"n_ubatch": ub}))
             break
     if with_draft and largest(cfg, drafted=False) >= cp.n_ctx:
-        out.append(Alternative(flags=[], reason=f"drop the draft model ({fits_at})"))
+        out.append(Alternative(flags=[], reason=f"drop the draft model ({fits_at})",
+                               update={"spec_type": "none", "draft_model": None}))
     return out
 
 

@@ -153,7 +153,11 @@ def test_fit_proposes_an_expert_placement_with_flags_and_json() -> None:
     assert predict(header, spec, cfg, Backend.CUDA).total_device_bytes == out["placement"]["total_device_bytes"]
     text = subprocess.run([sys.executable, "cli.py", "fit", path, "--backend", "cuda", "--budget", "22000MiB", "-c",
                            "262144", "--host-budget", "64GiB"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert text.returncode == 1 and f"placement for -c 262144: --n-cpu-moe {n}" in text.stdout
+    # issue 49: the verdict says the placement fits, and exits 0 (README: exit codes)
+    assert text.returncode == 0 and f"placement for -c 262144: --n-cpu-moe {n}" in text.stdout
+    last = text.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("verdict: does NOT fit as given (over budget by ") and f"--n-cpu-moe {n}" in last
+    assert out["verdict"]["verdict"] == "fits_with_placement" and r.returncode == 0
 
 
 @pytest.mark.slow
