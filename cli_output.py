@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
 from dataclasses import field
 from typing import Any, Optional
 
@@ -14,6 +13,16 @@ import typer
 
 import fitter
 from cli_options import detect_backend
+from cli_verdict import (
+    alternatives_json,
+    batch_notes,
+    print_placement,
+    print_recommendation,
+    print_what_to_change,
+    verdict_line,
+    verdict_of,
+    what_fits_instead,
+)
 from fitter import GGFitError
 
 
@@ -202,94 +211,16 @@ class FitRun(fitter.Record, frozen=False):
 
     def conclude(self) -> None:
         """What fits instead (one change at a time) when the config, or without -c every context, does not fit."""
-        if self.fits:
-            return
-        if self.rec is None and self.solutions:
-            self.alternatives = [fitter.Alternative(flags=[], reason=self.nothing_fits_line())]
-        elif fitter.excess(self.pred, self.avail) <= 0:
-            self.alternatives = [fitter.Alternative(flags=[], reason=(
-                "over the host budget: a placement with less on the CPU, or a larger --host-budget"))]
-        else:
-            alts = fitter.what_to_change(self.header, self.spec, self.cfg, self.be, self.fe, self.avail, self.draft,
-                                         self.pred, build=self.build)
-            # a placement that fits comes first; "no context fits with these settings" is about the given one only
-            p = self.placement
-            placed = [] if p is None else [fitter.Alternative(
-                flags=[f"{f} {v}" for f, v in zip(p.flags[::2], p.flags[1::2])],
-                reason=f"ggfit's placement, above: fits at -c {p.n_ctx}", update=p.update)]
-            self.alternatives = placed + [a for a in alts if a.update is not None or p is None]
-
-    def nothing_fits_line(self) -> str:
-        """Why no context fits, and what to change: never -ngl on the CPU (no GPU) nor on Metal (unified memory)."""
-        line = ("nothing fits, not even -c 256 with the smallest settings: the weights alone need "
-                f"{mib(self.pred.by_kind('model'))}")
-        if self.be.value == "cuda":
-            line += f"; no placement fits either ({self.placement_why})" if self.placement_why else ""
-        elif self.be.value == "metal":
-            line += " (Metal's memory is unified: weights moved to the CPU free nothing)"
-        return line + "; pick a smaller quant or raise the budget"
+        self.alternatives = what_fits_instead(self)
 
     @property
     def verdict(self) -> str:
-        """fits (as given; without -c, at the context solved for), fits_with_placement (-c as asked, with the placement
-        ggfit found), or does_not_fit. Exit code 0 for the first two, 1 for the last, in text and JSON alike."""
-        if self.fits:
-            return "fits"
-        return "fits_with_placement" if self.placement is not None else "does_not_fit"
+        return verdict_of(self)
 
     @property
     def exit_code(self) -> int:
+        """0 when a command fits (fits, fits_with_placement), 1 when none does: in text and JSON alike."""
         return 1 if self.verdict == "does_not_fit" else 0
-
-    def verdict_line(self) -> str:
-        over = fitter.excess(self.pred, self.avail)
-        if self.verdict == "fits":
-            if self.rec is None:
-                return f"fits as given, headroom {mib(-over)}"
-            tp = self.table_placement
-            return f"fits at -c {self.rec.n_ctx}" + (
-                f" with ggfit's placement {' '.join(tp.flags)} (with the placement given, no context fits)" if tp else "")
-        if self.rec is None and self.solutions:  # without -c: no context fits
-            why = "no context fits, not even -c 256"
-        else:
-            why = f"over budget by {mib(over)}" if over > 0 else "over the host budget"
-        if self.verdict == "fits_with_placement":
-            p = self.placement
-            return f"does NOT fit as given ({why}); fits at -c {p.n_ctx} with ggfit's placement {' '.join(p.flags)}"
-        changes = [a.line for a in self.alternatives if a.update is not None]
-        return f"does NOT fit ({why})" + (f"; what fits instead: {'; '.join(changes)}" if changes else "")
-
-    def batch_notes(self) -> list[str]:
-        """-b and -ub as llama.cpp runs them (llama_context::llama_context: n_batch = min(n_ctx, -b) for a causal
-        model, n_ubatch = min(n_batch, -ub)), and a -b that is ggfit's proposal rather than the user's."""
-        cp, b, ub = self.pred.context, self.asked.get("-b"), self.asked.get("-ub")
-        n_ctx = self.cfg.n_ctx or (self.rec.n_ctx if self.rec else self.spec.n_ctx_train)
-        out = []
-        if b is not None and b != cp.n_batch:
-            out.append(f"-b {b} -> {cp.n_batch} (llama.cpp caps n_batch at n_ctx, {n_ctx})")
-        if ub is not None and ub != cp.n_ubatch:
-            src = (f"-b {b}" if b is not None and cp.n_batch == b else
-                   f"-b {cp.n_batch} by default" if b is None and cp.n_batch == fitter.DEFAULT_N_BATCH else
-                   f"itself capped at n_ctx: {cp.n_batch}")
-            out.append(f"-ub {ub} -> {cp.n_ubatch} (llama.cpp caps n_ubatch at n_batch, {src})")
-        if b is None and cp.n_batch > fitter.DEFAULT_N_BATCH:
-            out.append(f"-b {cp.n_batch} is ggfit's proposal: llama.cpp's default -b {fitter.DEFAULT_N_BATCH} would "
-                       f"cap -ub {cp.n_ubatch} at {fitter.DEFAULT_N_BATCH}")
-        return out
-
-    def alternatives_json(self) -> list[dict[str, Any]]:
-        """The what-fits-instead list as `fit` prints it, each with its whole llama-server command."""
-        out = []
-        for a in self.alternatives:
-            flags = None
-            if a.update is not None:
-                cfg = self.cfg.model_copy(update=a.update)
-                drafted = cfg.spec_type != "none" and (self.rec is None or self.rec.draft)
-                p = fitter.predict(self.header, self.spec, cfg, self.be, self.fe, self.draft if drafted else None,
-                                   build=self.build)
-                flags = server_flags(self.path, p.context, cfg, self.model_draft if drafted else None)
-            out.append({"change": a.flags, "reason": a.reason, "line": a.line, "flags": flags})
-        return out
 
     def as_json(self) -> dict[str, Any]:
         total = self.pred.total_device_bytes
@@ -323,9 +254,9 @@ class FitRun(fitter.Record, frozen=False):
             "placement_note": self.placement_why or None,
             "table_placement": ({**self.table_placement.model_dump(mode="json"), "flags": self.table_placement.flags}
                                 if self.table_placement is not None else None),
-            "batch_notes": self.batch_notes(),
-            "what_to_change": self.alternatives_json(),
-            "verdict": {"verdict": self.verdict, "line": self.verdict_line(), "exit_code": self.exit_code,
+            "batch_notes": batch_notes(self),
+            "what_to_change": alternatives_json(self),
+            "verdict": {"verdict": self.verdict, "line": verdict_line(self), "exit_code": self.exit_code,
                         "flags": (self.flags() if self.fits else self.placement_flags()
                                   if self.placement is not None else None)},
         }
@@ -351,12 +282,12 @@ def print_fit(r: FitRun) -> None:
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    for i, line in enumerate(r.batch_notes()):
+    for i, line in enumerate(batch_notes(r)):
         print(("capped   " if i == 0 else "         ") + line)
     if r.solutions:
         print_recommendation(r)
         if r.rec is None:
-            print(f"\nverdict: {r.verdict_line()}")
+            print(f"\nverdict: {verdict_line(r)}")
             raise typer.Exit(r.exit_code)
     print()
     print_breakdown(pred, r.available, r.avail if r.per_device else None)
@@ -381,67 +312,9 @@ def print_fit(r: FitRun) -> None:
     else:
         print()
         print_what_to_change(r)
-    print(f"\nverdict: {r.verdict_line()}")
+    print(f"\nverdict: {verdict_line(r)}")
     if r.exit_code:
         raise typer.Exit(r.exit_code)
-
-
-def placement_lines(p) -> list[str]:
-    """A PlacementChoice in words: its flags, what they move, its device and host bytes, and its lever's table."""
-    what = ("MoE experts of the first {v} layers on the CPU (every layer on the GPU)" if p.lever == "n_cpu_moe"
-            else "{v} layers on the GPU" + (", every MoE expert on the CPU" if p.n_cpu_moe else "")).format(v=p.value)
-    out = [f"{' '.join(p.flags)}: {what}; device {mib(p.total_device_bytes)} (headroom {mib(p.headroom_bytes)}), "
-           f"host {mib(p.host_bytes)}"]
-    if p.table:
-        lever = "--n-cpu-moe" if p.lever == "n_cpu_moe" else "-ngl"
-        out.append(f"  largest -c that fits the device, by {lever}: " + ", ".join(f"{v}: {c:,}" for v, c in p.table))
-    return out
-
-
-MMAP_NOTE = ("note: host memory counts the CPU weights' own bytes; with mmap (the default) loading reads the whole "
-             "file through the page cache, so the process's peak RSS reaches the file size while it loads")
-
-
-def print_placement(r: FitRun) -> None:
-    p = r.placement
-    if p is None:
-        if r.placement_why and r.table_placement is None and not (r.rec is None and r.solutions):
-            print(f"\nplacement: {r.placement_why}")
-        return
-    first, *rest = placement_lines(p)
-    print(f"\nplacement for -c {p.n_ctx}: {first}")
-    for line in rest:
-        print(line)
-    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
-    if not r.cfg.no_mmap:
-        print(MMAP_NOTE)
-
-
-def print_recommendation(r: FitRun) -> None:
-    spec, rec = r.spec, r.rec
-    print()
-    print_solutions(r.solutions)
-    tp = r.table_placement
-    if tp is not None:
-        first, *rest = placement_lines(tp)
-        print(f"with the placement given, no context fits: the table is for ggfit's placement (solved for -c "
-              f"{tp.n_ctx}), {first}")
-        for line in rest:
-            print(line)
-        if not r.cfg.no_mmap:
-            print(MMAP_NOTE)
-    if rec is None:
-        print(f"\n{r.alternatives[0].line if r.alternatives else r.nothing_fits_line()}")
-        return
-    # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
-    print(f"\nrecommended: -c {rec.n_ctx} -ub {r.pred.context.n_ubatch} -ctk {rec.type_k} -ctv {rec.type_v}"
-          + (f" {' '.join(tp.flags)}" if tp is not None else "")
-          + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
-    if r.draft is not None and not rec.draft:
-        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
-        print("the draft is left out: " + (
-            f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
-            f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
 
 
 def print_calibration(pred) -> None:
@@ -450,42 +323,6 @@ def print_calibration(pred) -> None:
                             f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
         print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
               + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
-
-
-def print_solutions(solutions) -> None:
-    """The table; a context below its column's -ub is marked: llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch,
-    so it runs that context's -ub (what the recommendation and the flags print)."""
-    table: dict[tuple, dict[int, int]] = defaultdict(dict)
-    ubs: list[int] = sorted({s.n_ubatch for s in solutions})
-    for s in solutions:
-        table[(s.type_k, s.type_v, s.draft)][s.n_ubatch] = s.n_ctx
-    # the one -ub asked, above every context: it runs -ub = -c throughout, and the column says so
-    whole = {u for u in ubs if len(ubs) == 1 and all(row.get(u, 0) < u for row in table.values())}
-    print("largest -c that fits (0 = none), by K/V type and -ub:")
-    print(f"  {'-ctk/-ctv':<16}" + "".join(f"{'-ub = -c' if u in whole else '-ub ' + str(u):>12} " for u in ubs))
-    below = False
-    for (tk, tv, d), row in table.items():
-        label = f"{tk}/{tv}" + (" +draft" if d else "")
-        cells = []
-        for u in ubs:
-            n = row.get(u, 0)
-            mark = 0 < n < u and u not in whole
-            below = below or mark
-            cells.append(f"{n:>12,}" + ("*" if mark else " "))
-        print(f"  {label:<16}" + "".join(cells))
-    if whole or below:
-        print(f"  {'*' if below else '-ub = -c'}: llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch: at a context "
-              "below the column's -ub it runs -ub = -c")
-
-
-def print_what_to_change(r: FitRun) -> None:
-    over = fitter.excess(r.pred, r.avail)
-    if over <= 0:
-        print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
-        return
-    print(f"over budget by {over / 2**20:,.2f} MiB. What fits instead (one change at a time):")
-    for alt in r.alternatives:
-        print(f"  {alt.line}")
 
 
 def print_fit_params(check: dict) -> None:
