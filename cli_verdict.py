@@ -79,8 +79,9 @@ def batch_notes(r: Any) -> list[str]:
     n_ctx = r.cfg.n_ctx or (r.rec.n_ctx if r.rec else r.spec.n_ctx_train)
     dflt = fitter.DEFAULT_N_BATCH
     out = []
-    if b is not None and b != cp.n_batch:
-        out.append(f"-b {b} -> {cp.n_batch} (llama.cpp caps n_batch at n_ctx, {n_ctx})")
+    if b is not None and b != cp.n_batch:  # builds before #16148 raise it to GGML_KQ_MASK_PAD
+        why = f"caps n_batch at n_ctx, {n_ctx}" if cp.n_batch < b else "raises n_batch to 64 (GGML_KQ_MASK_PAD)"
+        out.append(f"-b {b} -> {cp.n_batch} (llama.cpp {why})")
     if ub is not None and ub != cp.n_ubatch:
         src = (f"-b {b}" if b is not None and cp.n_batch == b else
                f"-b {dflt} by default" if b is None and cp.n_batch == dflt else f"itself capped at n_ctx: {cp.n_batch}")
