@@ -165,8 +165,11 @@ def _from_parts(number: int | None, commit: str | None, date: _dt.date | None) -
     if commit:
         b = _by_commit(commit)
         if b is not None:
-            return b if number is None or b.number is None or b.number == number else LlamaBuild(
-                date=b.date, number=number, commit=commit, how=b.how)
+            # a number below the commit's own is a shallow clone's count (cmake/build-info.cmake: git rev-list --count;
+            # llama-cpp-python's sdist vendors a one-commit clone, whose builds say "build 1"): the commit decides
+            if number is None or b.number is None or number <= b.number:
+                return b
+            return LlamaBuild(date=b.date, number=number, commit=commit, how=b.how)
     if number is not None:
         if number == PINNED_BUILD_NUMBER:
             return PINNED

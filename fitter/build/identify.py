@@ -4,7 +4,8 @@
 `version: <version> (build 11312, commit 0c1e57098bba)` (common/build-info.cpp.in, llama_print_build_info).
 Logs start with `build: 9102 (7d442abf5) with <compiler> for <target>`, now `common_params_print_info: build 11312
 (0c1e57098) with ...` (common/common.cpp). Release archives and containers name themselves `b9102-7d442abf5`.
-A build made outside a git checkout (llama-cpp-python's sdist) has build number 0: then only its commit says
+A build made outside a git checkout (llama-cpp-python's sdist, its vendored tree alone) has build number 0, one made
+from the whole sdist build number 1 (its vendored submodule is a one-commit shallow clone): then only its commit says
 which it is.
 """
 

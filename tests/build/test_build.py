@@ -92,6 +92,13 @@ def test_build_lines(text, number, commit):
     assert (found is None and number is None and commit is None) or found == (number, commit)
 
 
+def test_a_shallow_clone_s_build_is_its_commit_s():
+    """The whole llama-cpp-python sdist vendors llama.cpp as a one-commit shallow clone: a build from it says
+    "build 1" (git rev-list --count), and its commit says which build it is."""
+    assert build_from_text("version: 0.5.0-dev (build 1, commit 0c1e57098bba)", "--version").is_pinned
+    assert build_from_text("version: 0.5.0-dev (build 0, commit 0c1e57098bba)", "--version").is_pinned
+
+
 def test_public_logs_name_their_builds():
     """The build lines of the public logs in tests/data/llama_logs (their headers give the build too)."""
     b = build_from_text((LOGS / "01-cuda-b9525.log").read_text(), "01-cuda-b9525.log")
