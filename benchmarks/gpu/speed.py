@@ -1,0 +1,88 @@
+"""llama-bench's prefill and decode rates on the device, the truth set of the speed model (issue 46).
+
+    python benchmarks/gpu/speed.py LLAMA_BENCH OUT GROUP...
+
+Each group is a list of (shape, ftype, llama-bench flags); each case runs the pinned llama-bench as llama.cpp's own
+tables do: pp512 and tg128 (`-p 512 -n 128`), at depth 0 and 4096 (`-d`), `-r 3` repetitions after its warm-up run,
+flash attention on, `--repack 0` (the host's AMX CPU), on the full-size synthetic shapes filled with random valid
+blocks (tests/synth/shapes.py fill_weights: MoE routing spreads over the experts as with real weights), quantized as
+fitter.fit.quants predicts llama-quantize would. Each file is deleted after its cases (the disk holds ~60 GB).
+Rows: llama-bench's own JSON records (build_commit, gpu_info, model_size, n_ubatch, n_gpu_layers, n_cpu_moe, n_prompt,
+n_gen, n_depth, avg_ts, stddev_ts, samples_ts, ...) plus the shape and ftype.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.synth.shapes import build_shape, fill_weights  # noqa: E402
+
+COMMON = ["-p", "512", "-n", "128", "-d", "0,4096", "-r", "3", "-fa", "1", "--repack", "0", "-o", "json"]
+GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {
+    "dense": [
+        ("llama-8b", "Q4_K_M", ["-ngl", "99", "-ub", "512,2048"]),
+        ("llama-8b", "Q4_K_M", ["-ngl", "16", "-ub", "512"]),
+        ("llama-8b", "Q8_0", ["-ngl", "99", "-ub", "512"]),
+        ("qwen35-0.8b", "Q4_K_M", ["-ngl", "99", "-ub", "512"]),
+    ],
+    "moe": [
+        ("qwen36-35b-a3b", "Q4_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "0,20"]),
+        ("gpt-oss-20b", "Q4_K_M", ["-ngl", "99", "-ub", "512", "-ncmoe", "0,12"]),
+    ],
+}
+
+
+def types_for(shape: str, ftype: str) -> dict[str, str]:
+    """Per-tensor types of the shape quantized to `ftype`, as fitter.fit.quants predicts llama-quantize would."""
+    from fitter.fit.quants import predict_quant
+    from fitter.gguf.reader import read_header
+
+    pred = predict_quant(read_header(build_shape(shape)), ftype)
+    types = {t.name: t.type_name.lower() for t in pred.tensors}
+    if shape.startswith("gpt-oss"):  # the released gpt-oss files keep their MXFP4 experts in every quant
+        types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
+    return types
+
+
+def main() -> int:
+    bench, out = sys.argv[1], Path(sys.argv[2])
+    for group in sys.argv[3:] or list(GROUPS):
+        rows: list[dict] = []
+        path_out = out / f"speed-{group}.json"
+        cases = GROUPS[group]
+        for i, (shape, ftype, flags) in enumerate(cases):
+            path = build_shape(shape, tensor_types=types_for(shape, ftype))
+            if i == 0 or cases[i - 1][:2] != (shape, ftype):
+                t = time.time()
+                fill_weights(path)
+                print(f"{shape} {ftype}: filled {path.stat().st_size / 2**30:.2f} GiB in {time.time() - t:.0f} s",
+                      flush=True)
+            t = time.time()
+            p = subprocess.run([bench, "-m", str(path), *COMMON, *flags], capture_output=True, text=True, timeout=900)
+            try:
+                recs = json.loads(p.stdout)
+            except json.JSONDecodeError:
+                recs = []
+                print(p.stdout[-2000:], p.stderr[-3000:], flush=True)
+            for r in recs:
+                r.update(shape=shape, ftype=ftype, flags=flags)
+                print(f"  {shape} {ftype} ngl={r.get('n_gpu_layers')} ncmoe={r.get('n_cpu_moe')} ub={r.get('n_ubatch')} "
+                      f"pp{r.get('n_prompt')} tg{r.get('n_gen')} d{r.get('n_depth')}: {r.get('avg_ts'):.1f} "
+                      f"+- {r.get('stddev_ts'):.1f} tok/s", flush=True)
+            rows += recs
+            print(f"  rc={p.returncode} {time.time() - t:.0f} s", flush=True)
+            path_out.write_text(json.dumps({"group": group, "common": COMMON, "rows": rows}, indent=1))
+            if i + 1 == len(cases) or cases[i + 1][:2] != (shape, ftype):
+                path.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
