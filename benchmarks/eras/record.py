@@ -29,6 +29,7 @@ from tests.synth import REGISTRY, build  # noqa: E402
 
 # llama-cpp-python release -> vendored llama.cpp (vendor/llama.cpp submodule at the release tag), see ERAS.md
 RELEASES = {
+    "0.3.15": {"commit": "9a96389544a08fd829fccda28142ce2066017fde", "date": "2025-08-07", "build": 6110},
     "0.3.16": {"commit": "4227c9be4268ac844921b90f31595f81236bd317", "date": "2025-08-14", "build": None},
     "0.3.17": {"commit": "49bfddeca18e62fa3d39114a23e9fcbdf8a22388", "date": "2026-03-22", "build": None},
     "0.3.20": {"commit": "f49e9178767d557a522618b16ce8694f9ddac628", "date": "2026-04-02", "build": None},
@@ -177,6 +178,9 @@ def main() -> int:
     ap.add_argument("--arch", nargs="*", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (a CUDA build): eras-cuda-<release>.json")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for llama.cpp (LLAMA_SET_ROWS=0: the KV update of builds before #14959); "
+                         "recorded in the output as `env`")
     a = ap.parse_args()
     global N_GPU_LAYERS
     N_GPU_LAYERS = -1 if a.gpu else 0
@@ -186,6 +190,8 @@ def main() -> int:
     if site != "installed":
         env["PYTHONPATH"] = site
     env["OMP_NUM_THREADS"] = "1"
+    llama_env = dict(e.split("=", 1) for e in a.env)
+    env.update(llama_env)
     archs = a.arch or sorted(REGISTRY)
     points = grid()
     meta = RELEASES.get(a.release, {})
@@ -197,6 +203,8 @@ def main() -> int:
            "llama_cpp_build": meta.get("build"), "backend": "CUDA" if a.gpu else "CPU", "dry_run": None,
            "grid": {"id": "<frontend>-c<n_ctx>-ub<n_ubatch>-<type_k = type_v>-fa<flash_attn>", "frontends": FRONTENDS, "n_ctx": N_CTX, "n_ubatch": N_UBATCH,
                     "kv_fa": [{"type_kv": k, "flash_attn": f} for k, f in KV_FA]}, "models": []}
+    if llama_env:
+        out["env"] = llama_env
     models = [(arch, {}) for arch in archs] + [m for m in EXTRA_MODELS if not a.arch or m[0] in a.arch]
     for arch, overrides in models:
         entry = record_model(env, arch, overrides, points)

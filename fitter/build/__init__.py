@@ -85,37 +85,86 @@ PINNED = LlamaBuild(date=_dt.date(2026, 10, 1), number=PINNED_BUILD_NUMBER, comm
                     how=f"the pinned build (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})")
 
 
-def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
-    """A build number's date: exact for a known build, else interpolated between the two known builds around it
-    (llama.cpp numbers its builds by commit count, about 20 a day in 2026). Outside the known builds, an error:
-    ggfit cannot place it."""
-    known = sorted({(a.number, a.date) for a in ANCHORS} | {(r.number, r.date) for r in RELEASES if r.number})
+# The oldest build ggfit models: every memory-relevant change since it is in fitter.build.changes (b6000, July 2025:
+# Homebrew and distributions lag by months). Builds before it, or after the pin, are refused.
+OLDEST_BUILD_NUMBER = 6000
+
+
+def _dated() -> list[tuple[int, _dt.date]]:
+    return sorted({(a.number, a.date) for a in ANCHORS if a.date is not None} |
+                  {(r.number, r.date) for r in RELEASES if r.number})
+
+
+def _interpolated(number: int) -> tuple[_dt.date, bool]:
+    known = _dated()
     for n, d in known:
         if n == number:
             return d, False
-    lo = max(((n, d) for n, d in known if n < number), default=None)
-    hi = min(((n, d) for n, d in known if n > number), default=None)
-    if lo is None or hi is None:
-        first, last = known[0], known[-1]
-        raise BuildError(f"--llama-build b{number}: outside the builds ggfit can date (b{first[0]} {first[1]} .. "
-                         f"b{last[0]} {last[1]}); give its date instead (--llama-build YYYY-MM-DD)")
+    lo = max(((n, d) for n, d in known if n < number), default=known[0])
+    hi = min(((n, d) for n, d in known if n > number), default=known[-1])
     frac = (number - lo[0]) / (hi[0] - lo[0])
     return lo[1] + _dt.timedelta(days=round(frac * (hi[1] - lo[1]).days)), True
 
 
-def _by_commit(prefix: str) -> LlamaBuild | None:
-    prefix = prefix.lower()
-    if LLAMA_CPP_COMMIT.startswith(prefix):
-        return PINNED
-    for r in RELEASES:
-        if r.commit.startswith(prefix):
-            return LlamaBuild(date=r.date, number=r.number, commit=r.commit,
-                              how=f"commit {prefix}: llama-cpp-python {r.version}'s llama.cpp")
-    for a in ANCHORS:
-        if a.commit and (a.commit.startswith(prefix) or prefix.startswith(a.commit)):
-            return LlamaBuild(date=a.date, number=a.number, commit=prefix, how=f"commit {prefix}: build b{a.number}")
-    return None
+def build_range() -> str:
+    """The builds ggfit can date and model, for messages: 'b6000 (~2025-07-26) .. b11312 (2026-10-01)'."""
+    return f"b{OLDEST.number} (~{OLDEST.date}) .. b{PINNED.number} ({PINNED.date})"
 
+
+def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
+    """A build number's date: exact for a known build, else interpolated between the two dated builds around it
+    (llama.cpp numbers its builds by commit count: 10 to 30 a day). Before OLDEST_BUILD_NUMBER or after the pin, an
+    error: ggfit neither dates nor models it."""
+    if not OLDEST_BUILD_NUMBER <= number <= PINNED_BUILD_NUMBER:
+        raise BuildError(f"--llama-build b{number}: outside the builds ggfit can date and model ({build_range()})")
+    return _interpolated(number)
+
+
+def _known_commits() -> list[tuple[str, int | None, _dt.date | None, str]]:
+    """(commit or prefix, build number, date, what it is) for every commit ggfit knows: the pin, the llama-cpp-python
+    releases, the anchors."""
+    out = [(LLAMA_CPP_COMMIT, PINNED_BUILD_NUMBER, PINNED.date, "the pinned build")]
+    out += [(r.commit, r.number, r.date, f"llama-cpp-python {r.version}'s llama.cpp") for r in RELEASES]
+    out += [(a.commit, a.number, a.date, f"build b{a.number}") for a in ANCHORS if a.commit]
+    return out
+
+
+def _commit_of(number: int) -> str | None:
+    """The commit of a build number where public material names it (a release or an anchor)."""
+    return next((c for c, n, _, _ in _known_commits() if n == number), None)
+
+
+def _by_commit(prefix: str) -> LlamaBuild | None:
+    """The known build whose commit starts with `prefix` (or that `prefix`, a longer hash, starts with); a prefix two
+    different builds share is an error."""
+    prefix = prefix.lower()
+    hits = {}
+    for commit, number, date, what in _known_commits():
+        if commit.startswith(prefix) or prefix.startswith(commit):
+            hits.setdefault(number if number is not None else commit, (commit, number, date, what))
+    if not hits:
+        return None
+    if len(hits) > 1:
+        names = ", ".join(f"b{n}" if n is not None else c[:9] for n, c, *_ in ((v[1], v[0]) for v in hits.values()))
+        raise BuildError(f"--llama-build {prefix}: this prefix names several known builds ({names}); give more digits")
+    commit, number, date, what = next(iter(hits.values()))
+    if number == PINNED_BUILD_NUMBER:
+        return PINNED
+    est = False
+    if date is None:
+        assert number is not None  # an anchor without a date has a number
+        date, est = _interpolated(number)
+    if number is not None and not OLDEST_BUILD_NUMBER <= number <= PINNED_BUILD_NUMBER:
+        raise BuildError(f"--llama-build {prefix}: build b{number}, outside the builds ggfit can date and model "
+                         f"({build_range()})")
+    full = commit if len(commit) >= len(prefix) else prefix
+    return LlamaBuild(date=date, number=number, commit=full, date_estimated=est,
+                      how=f"commit {prefix}: {what}" + (" (date estimated from its number)" if est else ""))
+
+
+OLDEST = LlamaBuild(date=_interpolated(OLDEST_BUILD_NUMBER)[0], number=OLDEST_BUILD_NUMBER,
+                    commit=next(a.commit for a in ANCHORS if a.number == OLDEST_BUILD_NUMBER),
+                    how=f"the oldest build ggfit models (b{OLDEST_BUILD_NUMBER})", date_estimated=True)
 
 _USAGE = ("a build number (b8193), a commit prefix (7 or more hex digits), a date (2026-06-15), a llama-cpp-python "
           "version (0.3.25), 'pinned' or 'auto'")
@@ -135,8 +184,8 @@ def resolve_build(value: str | None, *, number: int | None = None, commit: str |
         if n == PINNED_BUILD_NUMBER:
             return PINNED
         d, est = date_of_build_number(n)
-        return LlamaBuild(date=d, number=n, how=f"build b{n}" + (" (date estimated from its number)" if est else ""),
-                          date_estimated=est)
+        return LlamaBuild(date=d, number=n, commit=_commit_of(n), date_estimated=est,
+                          how=f"build b{n}" + (" (date estimated from its number)" if est else ""))
     if re.fullmatch(r"\d+\.\d+\.\d+", v):
         for r in RELEASES:
             if r.version == v:
@@ -238,7 +287,7 @@ def build_label() -> str:
 
 
 __all__ = [
-    "ANCHORS", "CHANGES", "LLAMA_CPP_COMMIT", "LLAMA_CPP_PYTHON_VERSION", "PINNED", "PINNED_BUILD_NUMBER",
-    "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "RELEASES", "BuildError", "Change", "LlamaBuild", "Release",
-    "build_label", "date_of_build_number", "installed_llama_cpp_python", "resolve_build",
+    "ANCHORS", "CHANGES", "LLAMA_CPP_COMMIT", "LLAMA_CPP_PYTHON_VERSION", "OLDEST", "OLDEST_BUILD_NUMBER", "PINNED",
+    "PINNED_BUILD_NUMBER", "PINNED_COMMIT", "PINNED_LLAMA_CPP_PYTHON", "RELEASES", "BuildError", "Change", "LlamaBuild",
+    "Release", "build_label", "build_range", "date_of_build_number", "installed_llama_cpp_python", "resolve_build",
 ]

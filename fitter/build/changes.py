@@ -28,10 +28,11 @@ class Release(NamedTuple):
 
 
 class Anchor(NamedTuple):
-    """A llama.cpp build seen in a public log with its number, commit prefix and/or date."""
+    """A llama.cpp build seen in public material with its number and its date and/or commit (prefix). A date is the
+    build's day or, where the source says so, an upper bound (the day a log or a package bump showed the build)."""
 
     number: int
-    date: _dt.date
+    date: _dt.date | None  # None: only the commit is known (the date is interpolated from the dated builds around it)
     commit: str | None
     source: str
 
@@ -55,6 +56,7 @@ def _d(s: str) -> _dt.date:
 
 
 RELEASES: tuple[Release, ...] = (
+    Release("0.3.15", "9a96389544a08fd829fccda28142ce2066017fde", _d("2025-08-07"), 6110),
     Release("0.3.16", "4227c9be4268ac844921b90f31595f81236bd317", _d("2025-08-14"), None),
     Release("0.3.17", "49bfddeca18e62fa3d39114a23e9fcbdf8a22388", _d("2026-03-22"), None),
     Release("0.3.20", "f49e9178767d557a522618b16ce8694f9ddac628", _d("2026-04-02"), None),
@@ -66,8 +68,57 @@ RELEASES: tuple[Release, ...] = (
     Release("0.3.36", "0c1e57098bba43ac29e6e3b677cdceebdd22334f", _d("2026-10-01"), 11312),
 )
 
-# Builds whose number and date (or commit) public logs print together: what maps a build number to a date.
+_BREW = ("Homebrew/homebrew-core Formula/l/llama.cpp.rb at its bump to this build (`tag:` and `revision:`), "
+         "as stored in a fork of homebrew-core")
+_SHAMITV = ("github.com/shamitv/llama_cpp CHANGELOG.md (its list of upstream releases with their tag dates, "
+            "'bN (bN) - YYYY-MM-DD - .../releases/tag/bN')")
+
+# Builds whose number and date (or commit) public material prints together: what maps a build number to a date and a
+# commit to a build. llama.cpp numbers a build by its commit count on master (`git rev-list --count HEAD`, tag bN).
+# The mid-2025 ones (b5857 .. b7376) date and name the builds back to OLDEST_BUILD (fitter.build), b6000.
 ANCHORS: tuple[Anchor, ...] = (
+    # before OLDEST_BUILD: only to date the builds after it
+    Anchor(5857, _d("2025-07-10"), None, "github.com/janhq/jan/issues/5703 ('bump version: b5857', 2025-07-10: the "
+           "date is an upper bound)"),
+    Anchor(6000, None, "4762ad7316dcdec20016ab5985fb46a27902204d", _BREW + "; the same pair pinned by several public "
+           "projects ('llama.cpp b6000, commit 4762ad7316dc...')"),
+    Anchor(6020, None, "0a5036bee9cfb946870689db4400e9e0d17844c9", _BREW),
+    Anchor(6030, None, "1e15bfd42c3938506e0da5939bf7f42780965f01", _BREW),
+    Anchor(6040, None, "66625a59a54d0a7504eda4c4e83abfcd83ba1cf8", _BREW),
+    Anchor(6050, None, "784524053d986255e383dae45235e4f76c6792a7", _BREW),
+    Anchor(6060, None, "9c35706b98ea271858acef4194f526a71b24cdc9", _BREW),
+    Anchor(6070, None, "15e92fd33791e60a4ddb5970b47242a855c27117", _BREW),
+    Anchor(6080, None, "0a2f5496bef9e54e5f42d6c2c3ad9eb7b379aed0", _BREW),
+    Anchor(6082, _d("2025-08-04"), None, "github.com/termux/termux-packages/pull/25586 ('bump(main/llama-cpp): "
+           "0.0.0-b6082', 2025-08-04: upper bound)"),
+    Anchor(6085, _d("2025-08-05"), "ef0144c087b33e5b8da42d529ac71aaf05cb49df", "github.com/oobabooga/textgen/issues/"
+           "7177 ('Support for GLM 4.5 has been added to llama.cpp in b6085 - commit ef0144c0...', 2025-08-05: upper "
+           "bound)"),
+    Anchor(6089, _d("2025-08-05"), None, "github.com/termux/termux-packages/pull/25599 ('bump(main/llama-cpp): "
+           "0.0.0-b6089', 2025-08-05: upper bound)"),
+    Anchor(6090, None, "ee3a9fcf88fe5b5e1213711e05861b83cd4fdfe6", _BREW),
+    Anchor(6097, None, "9515c613", "a public llama-bench log running gpt-oss ('build: 9515c613 (6097)')"),
+    Anchor(6100, None, "65c797c4fad4d9966695ac4b4a1560be44109267", _BREW),
+    Anchor(6110, _d("2025-08-07"), "9a963895", "a public llama-bench log ('build: 9a963895 (6110)'); llama-cpp-python "
+           "0.3.15 vendors it (9a96389544a0, its wheels of 2025-08-07: upper bound)"),
+    Anchor(6140, None, "b0493156fa8622694f21f42460a84da3eded0bc0", _BREW),
+    Anchor(6150, None, "b3e16665e14032d1276f9d0263acef8321b6f518", _BREW),
+    Anchor(6180, None, "2e2b22ba6607414a5d619ac6d2f034b5b02214e5", _BREW),
+    Anchor(6190, None, "ae532eac2c1df1d8edc3d2719145895b966de1bf", _BREW),
+    Anchor(6280, None, "0fd90db5858e325358a5fbdaa4e327ee2a79d0d4", _BREW),
+    Anchor(6300, None, "47373271f971aa5a0a6462b286f4a7b5bd4ba644", _BREW),
+    Anchor(6370, None, "661ae31c9c68201577e70278285b349a5a662caf", _BREW),
+    Anchor(6390, None, "a81283820a466f2ace06ce4d4bc9512761f9365f", _BREW),
+    Anchor(6440, None, "33daece86b65607451d0d4378d2d04ba6a20ad55", _BREW),
+    Anchor(6469, _d("2025-09-14"), None, _SHAMITV),
+    Anchor(6500, _d("2025-09-17"), None, _SHAMITV),
+    Anchor(6666, _d("2025-10-02"), None, _SHAMITV),
+    Anchor(6700, None, "3df2244df40c67dfd6ad548b40ccc507a066af2b", _BREW),
+    Anchor(6792, _d("2025-10-18"), None, _SHAMITV),
+    Anchor(6940, None, "c5023daf607c578d6344c628eb7da18ac3d92d32", _BREW),
+    Anchor(7090, _d("2025-11-18"), None, _SHAMITV),
+    Anchor(7218, _d("2025-12-01"), None, _SHAMITV),
+    Anchor(7376, _d("2025-12-13"), None, _SHAMITV),
     Anchor(7380, _d("2025-12-13"), None, "github.com/ggml-org/llama.cpp/issues/18004 (filed 2025-12-13, bisecting b7296..b7380, "
            "the newest build then: the date is an upper bound)"),
     Anchor(8284, _d("2026-03-11"), "00de61534", "github.com/ggml-org/llama.cpp/issues/20431"),
@@ -94,6 +145,13 @@ def _between(old: str, new: str) -> tuple[_dt.date, _dt.date]:
 
 # In order of date. `before` says what a build without the change does.
 CHANGES: tuple[Change, ...] = (
+    # "llama : enable LLAMA_SET_ROWS=1 by default" (#14959, opened 2025-07-30, "planning to merge this after #15006 is
+    # fixed" on 2025-08-01): 0.3.14 (before b6000) reads LLAMA_SET_ROWS with a default of 0, 0.3.15 (b6110) of 1, and
+    # keeps the old path behind LLAMA_SET_ROWS=0 (recorded: eras-cpu-0.3.15-setrows0.json)
+    Change("kv_set_rows_default", _d("2025-08-07"), (14959,), "all", "compute",
+           "the KV cache is written with a view + ggml_cpy at the slot's head (no k_idxs / v_idxs inputs), and a "
+           "non-unified cache is forced unified (\"non-unified KV cache requires ggml_set_rows()\")",
+           window=(_d("2025-08-01"), _d("2025-08-07"))),
     Change("fa_default_auto", _d("2025-08-31"), (), "all", "compute",
            "flash attention defaults to off (-fa auto does not exist): the KQ-matrix graph"),
     Change("max_seq_256", _d("2025-09-10"), (15916,), "all", "none",
@@ -226,7 +284,7 @@ CHANGES: tuple[Change, ...] = (
 
 class ArchAdded(NamedTuple):
     """The first llama.cpp with an architecture ggfit models (older builds fail to load it: "unknown model
-    architecture"). Only the architectures added after the oldest release ggfit knows (0.3.16, 2025-08-14)."""
+    architecture"). Only the architectures added after the oldest build ggfit models (b6000, July 2025)."""
 
     arch: str
     date: _dt.date  # merged (or, if unknown, the first date seen with it)
@@ -237,6 +295,13 @@ class ArchAdded(NamedTuple):
 
 
 ARCHS_ADDED: tuple[ArchAdded, ...] = (
+    ArchAdded("glm4moe", _d("2025-08-05"), (14939,),
+              "PR #14939 'model: Add support for GLM 4.5 family of models', in b6085 (ef0144c0; oobabooga/textgen#7177 "
+              "of 2025-08-05); 0.3.14 refuses it, 0.3.15 (b6110) knows it", first_build=6085),
+    # the launch day of gpt-oss; a public llama-bench log runs it on b6097 (9515c613)
+    ArchAdded("gpt-oss", _d("2025-08-05"), (15091,),
+              "PR #15091 'llama : add gpt-oss', 2025-08-05, run on b6097 in a public log; 0.3.14 refuses it, 0.3.15 "
+              "(b6110) knows it"),
     ArchAdded("qwen3next", _d("2025-11-28"), (16095,),
               "PR #16095 merged 2025-11-28 (ollama/ollama#12349, abetlen/llama-cpp-python#2097); "
               "0.3.16 refuses it, 0.3.17 loads it"),

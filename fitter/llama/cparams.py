@@ -617,6 +617,11 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     check_arch_known(spec.architecture, build)
     applied: dict[str, str] = {}
     d = _front_end_defaults(config, frontend, applied)
+    if not d.kv_unified and not build.has("kv_set_rows_default"):
+        # before #14959 (0.3.15 llama_context::llama_context, LLAMA_SET_ROWS=0): "non-unified KV cache requires
+        # ggml_set_rows() - forcing unified KV cache"
+        d = d._replace(kv_unified=True)
+        applied["kv_unified"] = f"true ({build.label()} needs LLAMA_SET_ROWS=1 for a non-unified KV cache)"
     n_seq_max = max(1, d.n_parallel)
     # llama_context::llama_context: LLAMA_MAX_SEQ was 64 before #15916 (0.3.16 src/llama-cparams.h)
     max_seq = LLAMA_MAX_SEQ if build.has("max_seq_256") else 64

@@ -259,10 +259,12 @@ class GraphContext:
 
     def _attn_inputs(self, kv: KVCacheView, with_v: bool = True) -> dict:
         ctx0 = self.ctx0
-        d = {"kv": kv, "k_idxs": inp(ctx0, I64, (self.n_tokens,), "attn_inp_k_idxs")}
+        # before #14959 the KV update is a view + ggml_cpy: the row indices are not in the graph (cpy_k / cpy_v)
+        set_rows = self.build.has("kv_set_rows_default")
+        d = {"kv": kv, "k_idxs": inp(ctx0, I64, (self.n_tokens,), "attn_inp_k_idxs") if set_rows else None}
         if with_v:
             n = self.n_tokens * self.v_gqa_max if kv.v_trans else self.n_tokens
-            d["v_idxs"] = inp(ctx0, I64, (n,), "attn_inp_v_idxs")
+            d["v_idxs"] = inp(ctx0, I64, (n,), "attn_inp_v_idxs") if set_rows else None
         d["mask"] = self._kq_mask(kv)
         d["k_rot"] = inp(ctx0, F32, (kv.rot_k, kv.rot_k), "attn_inp_k_rot") if kv.rot_k else None
         d["v_rot"] = inp(ctx0, F32, (kv.rot_v, kv.rot_v), "attn_inp_v_rot") if (kv.rot_v and with_v) else None
@@ -518,22 +520,31 @@ class GraphContext:
         res = mul_mat(ctx0, rot, res)
         return reshape(ctx0, res, cur.ne)
 
-    def cpy_k(self, kv: KVCacheView, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:  # llama_kv_cache::cpy_k
+    def cpy_k(self, kv: KVCacheView, k_cur: Tensor, k_idxs: Tensor | None, il: int) -> Tensor:  # llama_kv_cache::cpy_k
         ctx0 = self.ctx0
         k = self.kv_tensors(kv, il)[0]
         n_embd_gqa = k_cur.ne[0] * k_cur.ne[1]
         n_tokens = k_cur.ne[2]
+        if k_idxs is None:  # before #14959 (0.3.15 llama_kv_cache_unified::cpy_k, LLAMA_SET_ROWS=0): view + ggml_cpy
+            k_cur = reshape(ctx0, k_cur, (n_embd_gqa, n_tokens))
+            return cpy(ctx0, k_cur, view(ctx0, k, (n_tokens * n_embd_gqa,), (), "k_view"), f"cache_k_l{il} (view)")
         k_cur = view(ctx0, k_cur, (n_embd_gqa, n_tokens), (k_cur.nb[2],), "k_cur")
         if k.ne[2] > 1:
             k = reshape(ctx0, k, (n_embd_gqa, kv.size * k.ne[2]))
         return set_rows(ctx0, k, k_cur, k_idxs, f"cache_k_l{il} (view)")
 
-    def cpy_v(self, kv: KVCacheView, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:  # llama_kv_cache::cpy_v
+    def cpy_v(self, kv: KVCacheView, v_cur: Tensor, v_idxs: Tensor | None, il: int) -> Tensor:  # llama_kv_cache::cpy_v
         ctx0 = self.ctx0
         v = self.kv_tensors(kv, il)[1]
         assert v is not None  # MLA caches (no V) take build_attn's k_only path
         n_embd_gqa = v_cur.ne[0] * v_cur.ne[1]
         n_tokens = v_cur.ne[2]
+        if v_idxs is None:  # before #14959 (0.3.15 llama_kv_cache_unified::cpy_v, LLAMA_SET_ROWS=0): view + ggml_cpy
+            v_cur = reshape(ctx0, v_cur, (n_embd_gqa, n_tokens))
+            if not kv.v_trans:
+                return cpy(ctx0, v_cur, view(ctx0, v, (n_tokens * n_embd_gqa,), (), "v_view"), f"cache_v_l{il} (view)")
+            v_view = view(ctx0, v, (n_tokens, n_embd_gqa), (row_size(v.type, v.ne[1]),), "v_view")
+            return cpy(ctx0, transpose(ctx0, v_cur), v_view, f"cache_v_l{il} (view)")
         if not kv.v_trans:
             v_cur = view(ctx0, v_cur, (n_embd_gqa, n_tokens), (v_cur.nb[2],), "v_cur")
             if v.ne[2] > 1:

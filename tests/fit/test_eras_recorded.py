@@ -37,7 +37,17 @@ from fitter.llama.model import load_model_spec
 from tests.synth import build as synth
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-RECORDS = sorted(RESULTS.glob("eras-cpu-0.3.*.json"), key=lambda p: [int(x) for x in p.stem.split("-")[-1].split(".")])
+
+
+def _release_key(p: Path) -> tuple:
+    """eras-cpu-0.3.15.json, eras-cpu-0.3.15-setrows0.json (the same release run with an environment variable): in
+    release order, the plain run first."""
+    m = re.match(r"eras-\w+-(\d+)\.(\d+)\.(\d+)(.*)$", p.stem)
+    assert m, p.name
+    return (*(int(x) for x in m.groups()[:3]), m.group(4))
+
+
+RECORDS = sorted(RESULTS.glob("eras-cpu-0.3.*.json"), key=_release_key)
 CUDA_RECORDS = sorted(RESULTS.glob("eras-cuda-0.3.*.json"))  # one GPU (the -x2 files split layers over two)
 _CUDA_NOT_EXACT: set[str] = set()
 X2_RECORDS = sorted(RESULTS.glob("eras-cuda-x2-0.3.*.json"))
@@ -50,6 +60,25 @@ _FRONTEND = {
 }
 
 
+# a recording made with an environment variable that selects an older code path of the same release (record.py --env):
+# the change whose absence it shows. LLAMA_SET_ROWS=0: 0.3.15's view + ggml_cpy KV update, the default before #14959
+_ENV_FLIPS = {"LLAMA_SET_ROWS=0": "kv_set_rows_default"}
+
+
+def _release(rec: dict) -> str:
+    """The recording's release, with the environment it ran under: "0.3.15" or "0.3.15 LLAMA_SET_ROWS=0"."""
+    return " ".join([rec["release"], *(f"{k}={v}" for k, v in rec.get("env", {}).items())])
+
+
+def _build(release: str):
+    """The build a recording stands for: the release's llama.cpp, with the changes its environment turned off."""
+    name, *env = release.split()
+    build = resolve_build(name)
+    for e in env:
+        build = build.flip(_ENV_FLIPS[e])
+    return build
+
+
 def _cases(records: list[Path], skip: set[str] | frozenset[str] = frozenset()) -> list:
     out = []
     for path in records:
@@ -58,7 +87,7 @@ def _cases(records: list[Path], skip: set[str] | frozenset[str] = frozenset()) -
             if m["arch"] in skip:
                 continue
             tag = m["arch"] + "".join(f"-{k}{v}" for k, v in m["overrides"].items())
-            out.append(pytest.param(rec["release"], m, id=f"{rec['release']}-{tag}"))
+            out.append(pytest.param(_release(rec), m, id=f"{_release(rec).replace(' ', '-')}-{tag}"))
     return out
 
 
@@ -122,7 +151,7 @@ def test_cuda_prediction_matches_recorded_release(release: str, entry: dict) -> 
 
 
 def _replay(release: str, entry: dict, backend: Backend) -> None:
-    build = resolve_build(release)
+    build = _build(release)
     header, spec = _model(entry["arch"], tuple(sorted(entry["overrides"].items())))
     if entry["status"] == "unknown_arch":
         with pytest.raises(UnsupportedModelError, match=f"does not know architecture {entry['arch']}"):
@@ -194,8 +223,9 @@ def test_two_gpu_prediction_matches_recorded_release(release: str, entry: dict) 
 
 
 def test_every_recorded_release_is_replayed() -> None:
-    releases = [json.loads(p.read_text())["release"] for p in RECORDS]
+    releases = [_release(json.loads(p.read_text())) for p in RECORDS]
     assert len(releases) >= 6 and releases[-1] == "0.3.36"
+    assert all(e in _ENV_FLIPS for r in releases for e in r.split()[1:])
     # each one names a build ggfit places by its llama-cpp-python version, at the commit the recording names
     for p in RECORDS:
         rec = json.loads(p.read_text())
