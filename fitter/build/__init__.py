@@ -120,10 +120,12 @@ def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
     return _interpolated(number)
 
 
-def _known_commits() -> list[tuple[str, int | None, _dt.date | None, str]]:
-    """(commit or prefix, build number, date, what it is) for every commit ggfit knows: the pin, the llama-cpp-python
-    releases, the anchors."""
-    out = [(LLAMA_CPP_COMMIT, PINNED_BUILD_NUMBER, PINNED.date, "the pinned build")]
+_Known = tuple[str, int | None, _dt.date | None, str]  # (commit or prefix, build number, date, what it is)
+
+
+def _known_commits() -> list[_Known]:
+    """Every commit ggfit knows: the pin, the llama-cpp-python releases, the anchors."""
+    out: list[_Known] = [(LLAMA_CPP_COMMIT, PINNED_BUILD_NUMBER, PINNED.date, "the pinned build")]
     out += [(r.commit, r.number, r.date, f"llama-cpp-python {r.version}'s llama.cpp") for r in RELEASES]
     out += [(a.commit, a.number, a.date, f"build b{a.number}") for a in ANCHORS if a.commit]
     return out
@@ -138,14 +140,14 @@ def _by_commit(prefix: str) -> LlamaBuild | None:
     """The known build whose commit starts with `prefix` (or that `prefix`, a longer hash, starts with); a prefix two
     different builds share is an error."""
     prefix = prefix.lower()
-    hits = {}
+    hits: dict[int | str, _Known] = {}
     for commit, number, date, what in _known_commits():
         if commit.startswith(prefix) or prefix.startswith(commit):
             hits.setdefault(number if number is not None else commit, (commit, number, date, what))
     if not hits:
         return None
     if len(hits) > 1:
-        names = ", ".join(f"b{n}" if n is not None else c[:9] for n, c, *_ in ((v[1], v[0]) for v in hits.values()))
+        names = ", ".join(f"b{k}" if isinstance(k, int) else k[:9] for k in hits)
         raise BuildError(f"--llama-build {prefix}: this prefix names several known builds ({names}); give more digits")
     commit, number, date, what = next(iter(hits.values()))
     if number == PINNED_BUILD_NUMBER:

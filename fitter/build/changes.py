@@ -152,6 +152,17 @@ CHANGES: tuple[Change, ...] = (
            "the KV cache is written with a view + ggml_cpy at the slot's head (no k_idxs / v_idxs inputs), and a "
            "non-unified cache is forced unified (\"non-unified KV cache requires ggml_set_rows()\")",
            window=(_d("2025-08-01"), _d("2025-08-07"))),
+    # "llama : allow other bufts when overriding to CPU, add --no-repack option" (#14990, opened 2025-07-31): in 0.3.15's
+    # common/arg.cpp, not in 0.3.14's. Without mmap, a tensor overridden to the CPU then takes the GPU's host buffer type
+    # (CUDA_Host) instead of the plain CPU one: a label, the same bytes (both align to 32)
+    Change("no_repack_flag", _d("2025-08-07"), (14990,), "all", "none",
+           "--no-repack does not exist (the CPU's extra buffer types are used only without a GPU), and a tensor "
+           "overridden to the CPU without mmap goes to the CPU buffer, not the GPU's host buffer type",
+           window=(_d("2025-07-31"), _d("2025-08-07"))),
+    # "llama : add --n-cpu-moe option" (#15077, 2025-08-04), in b6089 (oobabooga/textgen#7178)
+    Change("n_cpu_moe_flag", _d("2025-08-05"), (15077,), "all", "none",
+           "--cpu-moe / --n-cpu-moe do not exist: the expert weights are kept on the CPU with -ot regexes",
+           first_build=6089),
     Change("fa_default_auto", _d("2025-08-31"), (), "all", "compute",
            "flash attention defaults to off (-fa auto does not exist): the KQ-matrix graph"),
     Change("max_seq_256", _d("2025-09-10"), (15916,), "all", "none",

@@ -464,7 +464,8 @@ def solve_placement(
             host_headroom_bytes=None if host_available is None else host_available - host, table=rows,
             n_cpu_moe=base.n_cpu_moe), ""
 
-    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor:
+    # before #15077 (b6089) llama-server has no --n-cpu-moe to propose: the lever is -ngl
+    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor and build.has("n_cpu_moe_flag"):
         def at(n: int) -> Prediction:
             return pred(base.model_copy(update={"n_cpu_moe": n}))
 

@@ -100,3 +100,21 @@ def test_the_anchors_are_consistent():
     commits = [a.commit for a in ANCHORS if a.commit]
     assert all(len(c) >= 7 and int(c, 16) >= 0 for c in commits) and len(set(commits)) == len(commits)
     assert any(a.number <= OLDEST_BUILD_NUMBER and a.date for a in ANCHORS)  # b6000 is dated from both sides
+
+
+def test_builds_before_n_cpu_moe_get_an_ngl_placement():
+    """--n-cpu-moe came with b6089 (#15077): for an older build the solver lowers -ngl instead of proposing a flag
+    that llama-server would refuse."""
+    from fitter.fit.solver import solve_placement
+    from fitter.llama.cparams import Backend, Frontend, RunConfig
+    from fitter.llama.model import load_model_spec
+    from tests.synth.shapes import build_shape, q4_k_m_types
+
+    header, spec = load_model_spec(str(build_shape("gpt-oss-20b", tensor_types=q4_k_m_types("gpt-oss-20b"))))
+    levers = {}
+    for b in ("b6088", "b6089"):
+        choice, _ = solve_placement(header, spec, RunConfig(n_ctx=8192), Backend.CUDA, Frontend.SERVER, 6 * 2**30, None,
+                                    table=False, build=resolve_build(b))
+        assert choice is not None
+        levers[b] = choice.lever
+    assert levers == {"b6088": "n_gpu_layers", "b6089": "n_cpu_moe"}
