@@ -80,6 +80,8 @@ ANCHORS: tuple[Anchor, ...] = (
     # before OLDEST_BUILD: only to date the builds after it
     Anchor(5857, _d("2025-07-10"), None, "github.com/janhq/jan/issues/5703 ('bump version: b5857', 2025-07-10: the "
            "date is an upper bound)"),
+    Anchor(5904, None, "79e0b68c", "a public llama-bench log ('build: 79e0b68c (5904)'); llama-cpp-python 0.3.14 vendors "
+           "it (79e0b68c1786): before OLDEST_BUILD, refused"),
     Anchor(6000, None, "4762ad7316dcdec20016ab5985fb46a27902204d", _BREW + "; the same pair pinned by several public "
            "projects ('llama.cpp b6000, commit 4762ad7316dc...')"),
     Anchor(6020, None, "0a5036bee9cfb946870689db4400e9e0d17844c9", _BREW),
@@ -110,6 +112,8 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(6370, None, "661ae31c9c68201577e70278285b349a5a662caf", _BREW),
     Anchor(6390, None, "a81283820a466f2ace06ce4d4bc9512761f9365f", _BREW),
     Anchor(6440, None, "33daece86b65607451d0d4378d2d04ba6a20ad55", _BREW),
+    Anchor(6457, _d("2025-09-12"), "08a216474", "github.com/ggml-org/llama.cpp/pull/15952 (a llama-bench run of "
+           "'build_2025.09.12', 'build: 08a216474 (6457)', described 2025-09-12: upper bound)"),
     Anchor(6469, _d("2025-09-14"), None, _SHAMITV),
     Anchor(6500, _d("2025-09-17"), None, _SHAMITV),
     Anchor(6666, _d("2025-10-02"), None, _SHAMITV),

@@ -82,6 +82,11 @@ def test_a_build_outside_the_range_is_refused_with_the_range(value):
     assert "\n" not in msg and build_range() in msg and "b6000" in msg and "b11312" in msg
 
 
+def test_a_commit_before_the_range_is_refused_with_the_range():
+    with pytest.raises(BuildError, match=r"79e0b68c: build b5904, outside the builds ggfit can date and model \(b6000"):
+        resolve_build("79e0b68c")  # llama-cpp-python 0.3.14's llama.cpp
+
+
 def test_a_version_line_before_the_range_is_refused():
     with pytest.raises(BuildError, match="outside the builds ggfit can date and model"):
         build_from_text("version: 5000 (abc1234)\nbuilt with cc for x86_64", "llama-server --version")
