@@ -70,6 +70,8 @@ RELEASES: tuple[Release, ...] = (
 
 _BREW = ("Homebrew/homebrew-core Formula/l/llama.cpp.rb at its bump to this build (`tag:` and `revision:`), "
          "as stored in a fork of homebrew-core")
+_GRAVITEE = ("github.com/gravitee-io/llamaj.cpp/pull/{}, a weekly bot's 'update llama.cpp from bM to bN' of {} (the "
+             "latest release then: an upper bound)")
 _SHAMITV = ("github.com/shamitv/llama_cpp CHANGELOG.md (its list of upstream releases with their tag dates, "
             "'bN (bN) - YYYY-MM-DD - .../releases/tag/bN')")
 
@@ -82,12 +84,14 @@ ANCHORS: tuple[Anchor, ...] = (
            "date is an upper bound)"),
     Anchor(5904, None, "79e0b68c", "a public llama-bench log ('build: 79e0b68c (5904)'); llama-cpp-python 0.3.14 vendors "
            "it (79e0b68c1786): before OLDEST_BUILD, refused"),
+    Anchor(5989, _d("2025-07-25"), None, _GRAVITEE.format(47, "2025-07-25")),
     Anchor(6000, None, "4762ad7316dcdec20016ab5985fb46a27902204d", _BREW + "; the same pair pinned by several public "
            "projects ('llama.cpp b6000, commit 4762ad7316dc...')"),
     Anchor(6020, None, "0a5036bee9cfb946870689db4400e9e0d17844c9", _BREW),
     Anchor(6030, None, "1e15bfd42c3938506e0da5939bf7f42780965f01", _BREW),
     Anchor(6040, None, "66625a59a54d0a7504eda4c4e83abfcd83ba1cf8", _BREW),
     Anchor(6050, None, "784524053d986255e383dae45235e4f76c6792a7", _BREW),
+    Anchor(6057, _d("2025-08-01"), None, _GRAVITEE.format(48, "2025-08-01")),
     Anchor(6060, None, "9c35706b98ea271858acef4194f526a71b24cdc9", _BREW),
     Anchor(6070, None, "15e92fd33791e60a4ddb5970b47242a855c27117", _BREW),
     Anchor(6080, None, "0a2f5496bef9e54e5f42d6c2c3ad9eb7b379aed0", _BREW),
@@ -109,13 +113,19 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(6190, None, "ae532eac2c1df1d8edc3d2719145895b966de1bf", _BREW),
     Anchor(6280, None, "0fd90db5858e325358a5fbdaa4e327ee2a79d0d4", _BREW),
     Anchor(6300, None, "47373271f971aa5a0a6462b286f4a7b5bd4ba644", _BREW),
+    Anchor(6316, _d("2025-08-29"), None, _GRAVITEE.format(54, "2025-08-29")),
+    Anchor(6327, _d("2025-08-31"), None, "github.com/mybigday/llama.node/pull/102 ('sync llama.cpp to b6327', "
+           "'introduce flash_attn_type (auto|on|off)', 2025-08-31: upper bound)"),
     Anchor(6370, None, "661ae31c9c68201577e70278285b349a5a662caf", _BREW),
-    Anchor(6390, None, "a81283820a466f2ace06ce4d4bc9512761f9365f", _BREW),
+    Anchor(6390, _d("2025-09-05"), "a81283820a466f2ace06ce4d4bc9512761f9365f", _BREW + "; " +
+           _GRAVITEE.format(55, "2025-09-05")),
     Anchor(6440, None, "33daece86b65607451d0d4378d2d04ba6a20ad55", _BREW),
     Anchor(6457, _d("2025-09-12"), "08a216474", "github.com/ggml-org/llama.cpp/pull/15952 (a llama-bench run of "
            "'build_2025.09.12', 'build: 08a216474 (6457)', described 2025-09-12: upper bound)"),
     Anchor(6469, _d("2025-09-14"), None, _SHAMITV),
     Anchor(6500, _d("2025-09-17"), None, _SHAMITV),
+    Anchor(6519, _d("2025-09-19"), None, _GRAVITEE.format(62, "2025-09-19")),
+    Anchor(6594, _d("2025-09-26"), None, _GRAVITEE.format(65, "2025-09-26")),
     Anchor(6666, _d("2025-10-02"), None, _SHAMITV),
     Anchor(6700, None, "3df2244df40c67dfd6ad548b40ccc507a066af2b", _BREW),
     Anchor(6792, _d("2025-10-18"), None, _SHAMITV),
