@@ -50,17 +50,22 @@ FRONTENDS = {
     # llama_context_default_params with one sequence (swa_full true, kv_unified false, n_outputs_max 0 = n_batch)
     "library": {"n_batch": 2048, "n_seq_max": 1, "kv_unified": False, "swa_full": True},
 }
+# --frontend split (not in the default grid): llama-server -np 4 --no-kv-unified, one KV stream per slot (before #14959
+# a build forced such a cache unified)
+SPLIT = {"split": {"n_batch": 2048, "n_seq_max": 4, "kv_unified": False, "swa_full": False,
+                   "n_outputs_max": 4, "n_outputs_max_per_seq": 1}}
 N_CTX = [4096, 32768]
 # the synthetic vocabularies are tiny (512 tokens), which hides the logits reservation: one model with a real-sized one
 EXTRA_MODELS = [("qwen3", {"n_vocab": 32768})]
 N_UBATCH = [512, 2048]
 
 
-def grid() -> list[dict]:
+def grid(frontends: dict | None = None) -> list[dict]:
+    frontends = frontends or FRONTENDS
     out = []
-    for fe, n_ctx, n_ub, (kv, fa) in itertools.product(FRONTENDS, N_CTX, N_UBATCH, KV_FA):
+    for fe, n_ctx, n_ub, (kv, fa) in itertools.product(frontends, N_CTX, N_UBATCH, KV_FA):
         fields = {"n_ctx": n_ctx, "n_ubatch": n_ub, "type_k": GGML_TYPE[kv], "type_v": GGML_TYPE[kv],
-                  "flash_attn": fa, "n_threads": 1, "n_threads_batch": 1, **FRONTENDS[fe]}
+                  "flash_attn": fa, "n_threads": 1, "n_threads_batch": 1, **frontends[fe]}
         out.append({"id": f"{fe}-c{n_ctx}-ub{n_ub}-{kv}-fa{fa}", "fields": fields})
     return out
 
@@ -178,6 +183,8 @@ def main() -> int:
     ap.add_argument("--arch", nargs="*", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (a CUDA build): eras-cuda-<release>.json")
+    ap.add_argument("--frontend", choices=["split"], default=None,
+                    help="record only this front end instead of server + library (split: -np 4 --no-kv-unified)")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="an environment variable for llama.cpp (LLAMA_SET_ROWS=0: the KV update of builds before #14959); "
                          "recorded in the output as `env`")
@@ -193,7 +200,8 @@ def main() -> int:
     llama_env = dict(e.split("=", 1) for e in a.env)
     env.update(llama_env)
     archs = a.arch or sorted(REGISTRY)
-    points = grid()
+    frontends = {a.frontend: SPLIT[a.frontend]} if a.frontend else FRONTENDS
+    points = grid(frontends)
     meta = RELEASES.get(a.release, {})
     ver = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__, llama_cpp.__file__)"],
                          env=env, capture_output=True, text=True).stdout.split()
@@ -201,7 +209,7 @@ def main() -> int:
         sys.exit(f"record: {site} holds llama-cpp-python {ver or 'nothing'}, not {a.release}")
     out = {"release": a.release, "llama_cpp_commit": meta.get("commit"), "llama_cpp_date": meta.get("date"),
            "llama_cpp_build": meta.get("build"), "backend": "CUDA" if a.gpu else "CPU", "dry_run": None,
-           "grid": {"id": "<frontend>-c<n_ctx>-ub<n_ubatch>-<type_k = type_v>-fa<flash_attn>", "frontends": FRONTENDS, "n_ctx": N_CTX, "n_ubatch": N_UBATCH,
+           "grid": {"id": "<frontend>-c<n_ctx>-ub<n_ubatch>-<type_k = type_v>-fa<flash_attn>", "frontends": frontends, "n_ctx": N_CTX, "n_ubatch": N_UBATCH,
                     "kv_fa": [{"type_kv": k, "flash_attn": f} for k, f in KV_FA]}, "models": []}
     if llama_env:
         out["env"] = llama_env

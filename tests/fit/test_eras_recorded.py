@@ -52,11 +52,13 @@ CUDA_RECORDS = sorted(RESULTS.glob("eras-cuda-0.3.*.json"))  # one GPU (the -x2 
 _CUDA_NOT_EXACT: set[str] = set()
 X2_RECORDS = sorted(RESULTS.glob("eras-cuda-x2-0.3.*.json"))
 _X2_NOT_EXACT = {"gemma3", "gemma4", "gpt-oss"}  # with -fa on
-_ID = re.compile(r"(server|library)-c(\d+)-ub(\d+)-(\w+?)-fa(on|off)$")
+_ID = re.compile(r"(server|library|split)-c(\d+)-ub(\d+)-(\w+?)-fa(on|off)$")
 # the front ends' context params (benchmarks/eras/README.md): llama-server -np auto, and llama_context_default_params
 _FRONTEND = {
     "server": (Frontend.SERVER, dict(n_parallel=4, kv_unified=True, swa_full=False)),
     "library": (Frontend.LIBRARY, dict(n_parallel=1, kv_unified=False, swa_full=True)),
+    # record.py --frontend split: llama-server -np 4 --no-kv-unified (one KV stream per slot)
+    "split": (Frontend.SERVER, dict(n_parallel=4, kv_unified=False, swa_full=False)),
 }
 
 
