@@ -129,7 +129,11 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(6666, _d("2025-10-02"), None, _SHAMITV),
     Anchor(6700, None, "3df2244df40c67dfd6ad548b40ccc507a066af2b", _BREW),
     Anchor(6792, _d("2025-10-18"), None, _SHAMITV),
-    Anchor(6940, None, "c5023daf607c578d6344c628eb7da18ac3d92d32", _BREW),
+    Anchor(6895, _d("2025-10-31"), "4341dc8bc", "tools/fit-params/README.md of llama.cpp (a run printing 'build: 6895 "
+           "(4341dc8bc)'; tests/data/llama_logs/23-cuda-b6895-fit-params.log); the tag date from " + _SHAMITV),
+    Anchor(6940, _d("2025-11-03"), "c5023daf607c578d6344c628eb7da18ac3d92d32", _BREW + "; the tag date from " + _SHAMITV),
+    Anchor(6957, _d("2025-11-05"), None, _SHAMITV),
+    Anchor(7058, _d("2025-11-14"), None, _SHAMITV),
     Anchor(7090, _d("2025-11-18"), None, _SHAMITV),
     Anchor(7218, _d("2025-12-01"), None, _SHAMITV),
     Anchor(7376, _d("2025-12-13"), None, _SHAMITV),
@@ -159,6 +163,10 @@ def _between(old: str, new: str) -> tuple[_dt.date, _dt.date]:
 
 # In order of date. `before` says what a build without the change does.
 CHANGES: tuple[Change, ...] = (
+    # "llama : add --n-cpu-moe option" (#15077, 2025-08-04), in b6089 (oobabooga/textgen#7178)
+    Change("n_cpu_moe_flag", _d("2025-08-05"), (15077,), "all", "none",
+           "--cpu-moe / --n-cpu-moe do not exist: the expert weights are kept on the CPU with -ot regexes",
+           first_build=6089),
     # "llama : enable LLAMA_SET_ROWS=1 by default" (#14959, opened 2025-07-30, "planning to merge this after #15006 is
     # fixed" on 2025-08-01): 0.3.14 (before b6000) reads LLAMA_SET_ROWS with a default of 0, 0.3.15 (b6110) of 1, and
     # keeps the old path behind LLAMA_SET_ROWS=0 (recorded: eras-cpu-0.3.15-setrows0.json)
@@ -173,10 +181,6 @@ CHANGES: tuple[Change, ...] = (
            "--no-repack does not exist (the CPU's extra buffer types are used only without a GPU), and a tensor "
            "overridden to the CPU without mmap goes to the CPU buffer, not the GPU's host buffer type",
            window=(_d("2025-07-31"), _d("2025-08-07"))),
-    # "llama : add --n-cpu-moe option" (#15077, 2025-08-04), in b6089 (oobabooga/textgen#7178)
-    Change("n_cpu_moe_flag", _d("2025-08-05"), (15077,), "all", "none",
-           "--cpu-moe / --n-cpu-moe do not exist: the expert weights are kept on the CPU with -ot regexes",
-           first_build=6089),
     Change("fa_default_auto", _d("2025-08-31"), (), "all", "compute",
            "flash attention defaults to off (-fa auto does not exist): the KQ-matrix graph"),
     Change("max_seq_256", _d("2025-09-10"), (15916,), "all", "none",
@@ -188,6 +192,12 @@ CHANGES: tuple[Change, ...] = (
            window=(_d("2025-09-10"), _d("2025-09-24"))),
     Change("kv_size_pad_backend", _d("2025-11-06"), (16812, 17046), "all", "KV",
            "the KV cache size is padded to 256 cells with flash attention, 32 without; n_ctx is not padded"),
+    # "server : support unified cache across slots" (#16736, opened 2025-10-23: "By default, start the server using 4
+    # slots and unified KV cache"); b7079 of 2025-11-16 has it (issue #17300), its merge build was not found
+    Change("server_np_auto", _d("2025-11-16"), (16736,), "all", "KV",
+           "llama-server defaults to one slot (-np 1) without a unified cache (0.3.16 common_params: n_parallel 1, "
+           "kv_unified false); -np auto (4 slots, unified) does not exist",
+           window=(_d("2025-10-23"), _d("2025-11-16"))),
     # "llama : update worst-case graph for unified cache" (#17379, 2025-11-19) was folded into #17276 ("think we can
     # merge this into #17276", 2025-11-20); #17276's merge date was not found, hence the window up to 0.3.17
     Change("reserve_n_seqs_unified", _d("2025-11-20"), (17379, 17276), "all", "compute",

@@ -512,7 +512,8 @@ class _Defaults(NamedTuple):
     swa_full: bool
 
 
-def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str, str]) -> _Defaults:
+def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str, str],
+                        build: LlamaBuild = PINNED) -> _Defaults:
     """The config with the front end's defaults filled in: common/common.h common_params (+ tools/server/server.cpp)
     vs llama_context_default_params (src/llama-context.cpp); each default applied is noted in `applied`."""
 
@@ -527,6 +528,9 @@ def _front_end_defaults(config: RunConfig, frontend: Frontend, applied: dict[str
     if frontend == Frontend.SERVER:
         n_parallel = config.n_parallel if config.n_parallel is not None else -1
         kv_unified = config.kv_unified if config.kv_unified is not None else False
+        if n_parallel < 0 and not build.has("server_np_auto"):
+            # before #16736 (0.3.16 common/common.h common_params): one slot, no unified cache
+            n_parallel = default("n_parallel", 1, f"llama-server default in {build.label()}")
         if n_parallel < 0:
             # tools/server/server.cpp: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true"
             n_parallel = SERVER_AUTO_SLOTS
@@ -616,7 +620,7 @@ def resolve_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, *, m
     """Mirror llama_context::llama_context's cparams, after the front end's defaults, for `build`."""
     check_arch_known(spec.architecture, build)
     applied: dict[str, str] = {}
-    d = _front_end_defaults(config, frontend, applied)
+    d = _front_end_defaults(config, frontend, applied, build)
     if not d.kv_unified and not build.has("kv_set_rows_default"):
         # before #14959 (0.3.15 llama_context::llama_context, LLAMA_SET_ROWS=0): "non-unified KV cache requires
         # ggml_set_rows() - forcing unified KV cache"

@@ -123,3 +123,20 @@ def test_builds_before_n_cpu_moe_get_an_ngl_placement():
         assert choice is not None
         levers[b] = choice.lever
     assert levers == {"b6088": "n_gpu_layers", "b6089": "n_cpu_moe"}
+
+
+def test_llama_server_of_2025_defaults_to_one_slot():
+    """-np auto (4 slots, unified KV) came with #16736 (b7079 has it): an older llama-server runs one slot, without a
+    unified cache, when -np is not given (0.3.16 common_params: n_parallel 1, kv_unified false)."""
+    from fitter.llama.cparams import Frontend, RunConfig, resolve_context
+    from fitter.llama.model import load_model_spec
+    from tests.synth import build as synth
+
+    _, spec = load_model_spec(str(synth("gemma3")))
+    old = resolve_context(spec, RunConfig(n_ctx=4096), Frontend.SERVER, build=resolve_build("b6500"))
+    new = resolve_context(spec, RunConfig(n_ctx=4096), Frontend.SERVER, build=resolve_build("b7090"))
+    assert (old.n_seq_max, old.kv_unified) == (1, False) and "n_parallel" in old.defaults_applied
+    assert (new.n_seq_max, new.kv_unified) == (4, True)
+    given = resolve_context(spec, RunConfig(n_ctx=4096, n_parallel=4, kv_unified=True), Frontend.SERVER,
+                            build=resolve_build("b6500"))
+    assert (given.n_seq_max, given.kv_unified) == (4, True)
