@@ -52,10 +52,13 @@ def warn_ctx_train(cp, spec) -> None:
               "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
 
 
-def server_flags(model: str, cp, cfg, draft_path: str | None) -> list[str]:
-    """llama-server flags for a resolved context, one item per flag."""
-
-    return [" ".join(g) for g in fitter.served_config(cp, cfg, draft_path).to_server_args(model)]
+def server_flags(model: str, cp, cfg, draft_path: str | None, spec=None, be=None, n_gpus: int = 1) -> list[str]:
+    """llama-server flags for a resolved context, one item per flag; --no-repack only where the extra CPU buffer
+    types could take a weight (fitter.repack_applies)."""
+    groups = fitter.served_config(cp, cfg, draft_path).to_server_args(model)
+    if spec is not None and not fitter.repack_applies(spec, cfg, be, n_gpus):
+        groups = [g for g in groups if g != ["--no-repack"]]
+    return [" ".join(g) for g in groups]
 
 
 def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
@@ -203,11 +206,11 @@ class FitRun(fitter.Record, frozen=False):
         pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
                               self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
         draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return server_flags(self.path, pred.context, pcfg, draft)
+        return server_flags(self.path, pred.context, pcfg, draft, self.spec, self.be, self.n_gpus)
 
     def flags(self) -> list[str]:
         draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return server_flags(self.path, self.pred.context, self.cfg, draft)
+        return server_flags(self.path, self.pred.context, self.cfg, draft, self.spec, self.be, self.n_gpus)
 
     def conclude(self) -> None:
         """What fits instead (one change at a time) when the config, or without -c every context, does not fit."""

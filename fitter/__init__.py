@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "served_config": "fitter.llama.cparams",
     # the prediction, solver, budget, quants
     "predict": "fitter.fit.memory",
+    "repack_applies": "fitter.fit.memory",
     "predict_once": "fitter.llama.traced_graph",
     "build_differences": "fitter.fit.memory",
     "solve": "fitter.fit.solver",
@@ -135,7 +136,7 @@ __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
     "calibrate", "calibration", "check_model_path", "compare_log", "log_summary", "read_user_log", "record_log", "child_env", "child_event", "child_events", "child_preexec",
     "kill_group",
     "dry_run_check", "emit_event", "evaluate", "fit_params_binary", "fit_params_check", "fit_params_check_config", "largest_context", "lib_type_name", "load_ggml_base",
-    "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "predict_once", "prediction_for",
+    "load_model_spec", "margin_note", "default_margin", "default_host_margin", "host_margin_note", "parse_budget", "parse_log", "parse_margin", "parse_size", "predict", "predict_once", "repack_applies", "prediction_for",
     "read_header", "recommend", "resolve_build", "resolve_context", "resolve_model", "served_config", "short_abort", "signal_name",
     "signals_held", "sigterm_cleanup", "solve", "watchdog_for", "what_to_change", "why_none_fits",
     "table_ubatches", "DEFAULT_N_BATCH",
@@ -181,7 +182,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         parse_size,
     )
     from fitter.fit.margin import default_host_margin, default_margin, host_margin_note, margin_note
-    from fitter.fit.memory import build_differences, predict
+    from fitter.fit.memory import build_differences, predict, repack_applies
     from fitter.fit.quant_fit import BEST_RULE, THIS_FILE, best_fit, evaluate, why_none_fits
     from fitter.fit.solver import (
         Alternative,

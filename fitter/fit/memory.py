@@ -98,6 +98,22 @@ def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: i
                             main_gpu=config.main_gpu)
 
 
+def repack_applies(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> bool:
+    """Whether --repack / --no-repack (llama.cpp's extra CPU buffer types) can change where a weight goes, and so
+    whether llama-server needs --no-repack for this prediction. llama-model.cpp make_cpu_buft_list: a CPU weight
+    takes the first of ACCEL, the first GPU's host buffer type, the CPU's extra types (repack, AMX: MUL_MAT and
+    MUL_MAT_ID alone, ggml-cpu/repack.cpp supports_op), CPU. CUDA has a host type (CUDA_Host) that takes every
+    weight CUDA multiplies, before the extra ones; Metal has none (ggml-metal.cpp get_host_buffer_type NULL): the
+    extra types take its CPU-side matrices (-ngl below all, --n-cpu-moe, --cpu-moe, -ot =CPU; the input layer's
+    token embedding is a GET_ROWS, which they refuse); the CPU backend: every matrix."""
+    if backend == Backend.CPU:
+        return True
+    if backend != Backend.METAL:
+        return False
+    wp = placement_of(spec, config, backend, n_gpus)
+    return CPU_DEV in wp.layer_dev or any(d == CPU_DEV for _, d in wp.overrides)
+
+
 def _context_buffers(
     owner: Owner,
     spec: ModelSpec,
@@ -261,7 +277,7 @@ def predict(
                                     details=graph_details(d_header), changed=d_changed, placement=d_wp,
                                     kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
     if config.mmproj:
-        buffers += _mmproj_rows(config, backend)
+        buffers += _mmproj_rows(config, backend, header, spec)
     applied = [_applied(cal, changed)] if cal else []
     if d_cal is not None and d_cal is not cal:
         applied.append(_applied(d_cal, d_changed))
@@ -269,14 +285,15 @@ def predict(
                       calibration=applied)
 
 
-def _mmproj_rows(config: RunConfig, backend: Backend) -> list[Buffer]:
+def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: ModelSpec) -> list[Buffer]:
     """--mmproj: the projector's weights and warmup compute buffer (fitter.mtmd), on the first GPU unless
-    --no-mmproj-offload; mtmd_context_params.flash_attn_type is the server's -fa."""
-    from fitter.mtmd.memory import mmproj_buffers_of_file
+    --no-mmproj-offload; mtmd_context_params.flash_attn_type is the server's -fa. A projector whose width is not the
+    text model's is refused, as mtmd does."""
+    from fitter.mtmd.memory import mmproj_buffers_of_file, n_embd_inp
 
     assert config.mmproj is not None
     rows = mmproj_buffers_of_file(config.mmproj, backend, offload=not config.no_mmproj_offload,
-                                  flash_attn=config.flash_attn)
+                                  flash_attn=config.flash_attn, n_embd_text=n_embd_inp(header, spec.n_embd))
     return [Buffer(owner="mmproj", device=r.device, kind=r.kind, bytes=r.bytes,
                    counts=counts_against_budget(backend, r.on_device), detail=r.detail) for r in rows]
 

@@ -144,3 +144,35 @@ def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
     if proj == QWEN3VL:
         hp.deepstack_layers = [il for il in range(hp.n_layer) if f"v.deepstack.{il}.fc1.weight" in hp.tensors]
     return hp
+
+
+# clip.cpp clip_n_mmproj_embd: the width of the embeddings a projector type hands the text model, as (the tensor
+# load_tensors reads for it, the ggml dimension); the vision types whose tensor names are certain here
+_MMPROJ_EMBD: dict[str, tuple[str, int]] = {
+    "mlp": ("mm.2.weight", 1), PIXTRAL: ("mm.2.weight", 1), "lightonocr": ("mm.2.weight", 1),
+    "lfm2": ("mm.2.weight", 1), "kimivl": ("mm.2.weight", 1), "mlp_norm": ("mm.3.bias", 0),
+    QWEN2VL: ("mm.2.bias", 0), QWEN25VL: ("mm.2.bias", 0), QWEN3VL: ("mm.2.bias", 0),  # mm_1_b is mm.2.bias
+    GEMMA3: ("mm.input_projection.weight", 0), "gemma3nv": ("mm.input_projection.weight", 0),
+    GEMMA4V: ("mm.input_projection.weight", 1), "idefics3": ("mm.model.fc.weight", 1),
+    "internvl": ("mm.model.mlp.3.weight", 1),
+}
+
+
+def mmproj_n_embd(hp: ClipHparams) -> int | None:
+    """clip_n_mmproj_embd (clip.cpp): None for a type not in the table above (not checked)."""
+    where = _MMPROJ_EMBD.get(hp.proj_type)
+    t = hp.tensors.get(where[0]) if where else None
+    if where is None or t is None or len(t.shape) <= where[1]:
+        return None
+    n = int(t.shape[where[1]])
+    return n * (1 + len(hp.deepstack_layers)) if hp.proj_type == QWEN3VL else n  # main path + deepstack paths
+
+
+def check_text_model(hp: ClipHparams, n_embd_text: int) -> None:
+    """mtmd_context::mtmd_context (mtmd.cpp): the projector's width must be the text model's input width
+    (llama_model_n_embd_inp), else it throws; llama-server then fails to load the multimodal model."""
+    n_embd_clip = mmproj_n_embd(hp)
+    if n_embd_clip is not None and n_embd_text > 0 and n_embd_text != n_embd_clip:
+        raise MmprojError(f"--mmproj {hp.path}: mismatch between text model (n_embd = {n_embd_text}) and mmproj "
+                          f"(n_embd = {n_embd_clip}); llama.cpp refuses the pair (you may be using the wrong mmproj)")
+

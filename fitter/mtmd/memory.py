@@ -27,7 +27,7 @@ from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader
 from fitter.mtmd.graph import ClipGraph
-from fitter.mtmd.hparams import ClipHparams, MmprojError, load_clip_hparams
+from fitter.mtmd.hparams import ClipHparams, MmprojError, check_text_model, load_clip_hparams
 from fitter.mtmd.models import BUILDERS
 
 
@@ -63,10 +63,12 @@ def weight_bytes(hp: ClipHparams, backend: Backend, on_gpu: bool) -> int:
 
 
 def mmproj_buffers(header: GGUFHeader, path: str, backend: Backend, *, offload: bool = True,
-                   flash_attn: str = "auto") -> list[MmprojBuffer]:
+                   flash_attn: str = "auto", n_embd_text: int = 0) -> list[MmprojBuffer]:
     """The mmproj's buffers on `backend` (the text model's): weights, then compute. A projector type whose graph is
-    not mirrored gets its weights only (and says so in the row's detail)."""
+    not mirrored gets its weights only (and says so in the row's detail). `n_embd_text`: the text model's input
+    width (llama_model_n_embd_inp), which the projector's must be (0: not checked)."""
     hp = load_clip_hparams(header, path)
+    check_text_model(hp, n_embd_text)
     impl = backends.get(backend)
     on_gpu = offload and impl.is_gpu
     dev = impl.name if on_gpu else "CPU"
@@ -146,7 +148,7 @@ _CACHE: dict[tuple, list[MmprojBuffer]] = {}
 
 
 def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
-                           flash_attn: str = "auto") -> list[MmprojBuffer]:
+                           flash_attn: str = "auto", n_embd_text: int = 0) -> list[MmprojBuffer]:
     """mmproj_buffers for the file at `path` (its header read once per file version; a missing, truncated or
     foreign file is one MmprojError line naming --mmproj)."""
     from fitter.errors import GGFitError
@@ -156,7 +158,7 @@ def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
         st = os.stat(path)
     except OSError as e:
         raise MmprojError(f"--mmproj {path}: {'no such file' if isinstance(e, FileNotFoundError) else e.strerror or e}") from None
-    key = (path, st.st_ino, st.st_size, st.st_mtime_ns, backend, offload, flash_attn)
+    key = (path, st.st_ino, st.st_size, st.st_mtime_ns, backend, offload, flash_attn, n_embd_text)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -166,8 +168,20 @@ def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
         raise
     except GGFitError as e:
         raise MmprojError(f"--mmproj {path}: {str(e).removeprefix(f'{path}: ')}") from None
-    rows = mmproj_buffers(header, path, backend, offload=offload, flash_attn=flash_attn)
+    rows = mmproj_buffers(header, path, backend, offload=offload, flash_attn=flash_attn, n_embd_text=n_embd_text)
     if len(_CACHE) > 16:
         _CACHE.clear()
     _CACHE[key] = rows
     return rows
+
+
+def n_embd_inp(header: GGUFHeader, n_embd: int) -> int:
+    """llama_hparams::n_embd_inp (llama-hparams.cpp): n_embd, plus n_embd per deepstack layer (qwen3vl.cpp,
+    qwen3vlmoe.cpp: %s.n_deepstack_layers; granite.cpp, granite-swa.cpp: the distinct %s.deepstack_mapping indices)."""
+    arch, md = header.architecture, header.metadata
+    n_ds = int(md.get(f"{arch}.n_deepstack_layers", 0)) if arch in ("qwen3vl", "qwen3vlmoe") else 0
+    mapping = md.get(f"{arch}.deepstack_mapping")
+    if arch in ("granite", "granite_swa") and isinstance(mapping, list):
+        n_ds = len({int(v) for v in mapping if int(v) >= 0})
+    return n_embd * (1 + n_ds)
+

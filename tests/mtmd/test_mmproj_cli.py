@@ -15,7 +15,7 @@ M = "gemma3-270m"
 
 @pytest.fixture(scope="module")
 def mmproj() -> str:
-    return str(build_mmproj("gemma3"))
+    return str(build_mmproj("gemma3", proj_dim=640))  # 640: gemma3-270m's n_embd (mtmd refuses another width)
 
 
 def test_server_args_round_trip(mmproj: str) -> None:
@@ -33,10 +33,10 @@ def test_predict_adds_the_projector_rows_and_nothing_else(mmproj: str) -> None:
     with_mm = predict(header, spec, RunConfig(n_ctx=4096, mmproj=mmproj), Backend.CPU)
     rows = [b for b in with_mm.buffers if b.owner == "mmproj"]
     assert [b for b in with_mm.buffers if b.owner != "mmproj"] == base.buffers
-    # the pinned libmtmd's own buffers for this file (tests/mtmd/test_mmproj_memory.py checks them against it)
+    # the pinned libmtmd's own buffers for this file (tests/mtmd/oracle.py: ggfit-alloc CPU 344320, CPU 903168)
     assert [(b.device, b.kind, b.bytes, b.counts) for b in rows] == [
-        ("CPU", "model", 274688, True), ("CPU", "compute", 903168, True)]
-    assert with_mm.total_device_bytes == base.total_device_bytes + 274688 + 903168
+        ("CPU", "model", 344320, True), ("CPU", "compute", 903168, True)]
+    assert with_mm.total_device_bytes == base.total_device_bytes + 344320 + 903168
 
 
 def test_cuda_offload_puts_the_projector_on_the_first_gpu(mmproj: str) -> None:
@@ -50,7 +50,7 @@ def test_cuda_offload_puts_the_projector_on_the_first_gpu(mmproj: str) -> None:
                               Backend.CUDA).buffers if b.owner == "mmproj"]
     # --no-mmproj-offload: clip_ctx on the CPU backend, in host memory (not against the GPU's budget)
     assert [(b.device, b.kind, b.bytes, b.counts) for b in off] == [
-        ("CPU", "model", 274688, False), ("CPU", "compute", 903168, False)]
+        ("CPU", "model", 344320, False), ("CPU", "compute", 903168, False)]
 
 
 def test_fit_json_lists_the_projector(mmproj: str, capfd) -> None:
@@ -59,7 +59,7 @@ def test_fit_json_lists_the_projector(mmproj: str, capfd) -> None:
     out, _ = capfd.readouterr()
     assert e.value.code == 0
     rows = [b for b in json.loads(out)["buffers"] if b["owner"] == "mmproj"]
-    assert [(b["kind"], b["bytes"]) for b in rows] == [("model", 274688), ("compute", 903168)]
+    assert [(b["kind"], b["bytes"]) for b in rows] == [("model", 344320), ("compute", 903168)]
     assert "--mmproj" in out and mmproj in out  # the llama-server flags to run it with
 
 
@@ -69,7 +69,8 @@ def bad(tmp_path_factory, mmproj: str) -> dict[str, str]:
     data = open(mmproj, "rb").read()
     (d / "trunc.gguf").write_bytes(data[:3000])
     # a hostile header: the warmup image 2**31 - 1 pixels a side (its patches would not fit any address space)
-    out = {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M)}
+    out = {"missing": str(d / "none.gguf"), "trunc": str(d / "trunc.gguf"), "text": resolve_model(M),
+           "mismatch": str(build_mmproj("gemma3"))}  # 96 wide: mtmd_context refuses it beside a 640-wide model
     # hostile headers: one u32 key changed (the warmup image, the heads, the layers, the width)
     for name, key, value in (("huge", "clip.vision.image_size", 2**31 - 1), ("heads", "clip.vision.attention.head_count", 0),
                              ("layers", "clip.vision.block_count", 2**31 - 1),
@@ -86,7 +87,9 @@ def bad(tmp_path_factory, mmproj: str) -> dict[str, str]:
                                           ("text", "not 'clip'"), ("huge", "clip.vision.image_size 2147483647"),
                                           ("heads", "head_count 0: must be positive"),
                                           ("layers", "no tensor of layer 2"),
-                                          ("width", "not the patch embedding's width")])
+                                          ("width", "not the patch embedding's width"),
+                                          ("mismatch", "mismatch between text model (n_embd = 640) and mmproj "
+                                                       "(n_embd = 96)")])
 @pytest.mark.parametrize("command", ["fit", "quants"])
 def test_bad_mmproj_is_one_line_exit_2(command: str, which: str, phrase: str, bad: dict[str, str], capfd) -> None:
     with pytest.raises(SystemExit) as e:

@@ -1,0 +1,60 @@
+"""Issue 49, item 8: inputs a new user gives, checked against what llama.cpp does with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cli
+from fitter import Backend, RunConfig, load_model_spec, repack_applies, resolve_model
+from fitter.oracle.llama_run import LlamaParams, measure
+
+M = "gemma3-270m"
+B = ("--budget", "2GiB")
+
+
+def _run(argv: list[str], capfd) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    out, err = capfd.readouterr()
+    return int(e.value.code or 0), out, err
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("GGFIT_NO_SERVER_BUILD", "1")
+
+
+# --- --no-repack only where llama.cpp's extra CPU buffer types can take a weight -------------------------------
+
+def test_the_cpu_backend_offers_weights_to_the_extra_buffer_types():
+    """On the CPU every matrix reaches the extra types (make_cpu_buft_list): llama.cpp's own dry run here puts a model
+    buffer in one (AMX or CPU_REPACK on this machine) with use_extra_bufts, none without: --no-repack matters."""
+    m = resolve_model(M)
+    kinds = {}
+    for extra in (False, True):
+        r = measure(m, LlamaParams(n_ctx=1024, use_extra_bufts=extra), mode="dry", timeout=120)
+        assert r.status == "ok", r.message
+        kinds[extra] = {b.buffer for b in r.report.buffers if b.kind == "model"}
+    assert kinds[False] <= {"CPU", "CPU_Mapped"}
+    assert kinds[True] - {"CPU", "CPU_Mapped"}, kinds  # an extra buffer type took weights
+
+
+@pytest.mark.parametrize("backend,flags,applies", [
+    ("cpu", [], True),
+    ("metal", [], False),  # every layer on MTL0: the token embedding (GET_ROWS) alone stays on the CPU
+    ("metal", ["-ngl", "3"], True),  # CPU layers: no host buffer type before the extra ones (Metal has none)
+    ("metal", ["-ot", "ffn_up=CPU"], True),
+    ("cuda", [], False),
+    ("cuda", ["-ngl", "3"], False),  # CUDA_Host comes first in the CPU list and takes every weight CUDA multiplies
+])
+def test_no_repack_is_printed_only_where_it_applies(backend, flags, applies, capfd):
+    code, out, err = _run(["fit", M, *B, "--backend", backend, "-c", "4096", *flags, "--json"], capfd)
+    assert code == 0, err
+    printed = json.loads(out)["flags"]
+    assert ("--no-repack" in printed) == applies, printed
+    header, spec = load_model_spec(resolve_model(M))
+    cfg = RunConfig.from_server_args(flags).config
+    assert repack_applies(spec, cfg, Backend(backend)) == applies
