@@ -278,7 +278,7 @@ def fit(
         draft_type_k=draft_type_k, draft_type_v=draft_type_v, draft_n_max=draft_n_max,
         mmproj=mmproj, no_mmproj_offload=no_mmproj_offload,
         **placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
-                            tensor_split, buds),
+                            tensor_split, buds, be.value),
         lora=lora_fields(lora, lora_scaled),
     )
     path = fitter.resolve_model(model)

@@ -174,17 +174,22 @@ def lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[
 
 def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
                       no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
-                      budgets: list) -> dict[str, Any]:
+                      budgets: list, backend: str = "cuda") -> dict[str, Any]:
     """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
-    budgets (llama.cpp splits by free memory)."""
+    budgets (llama.cpp splits by free memory). A GPU the flags name without a budget is an error."""
+    from fitter.fit.budget import check_devices
+
     ts: tuple[float, ...] | None = None
     if tensor_split is not None:
         try:
             ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
         except ValueError:
             raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
-    elif len(budgets) > 1:
-        ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
+        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=ts, ts_text=tensor_split)
+    else:
+        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=None)
+        if len(budgets) > 1:
+            ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
     return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
                 no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
                 tensor_split=ts)

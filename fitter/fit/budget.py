@@ -136,6 +136,34 @@ def parse_budgets(text: str, backend: str = "cpu", **probes) -> list[Budget]:
     return out
 
 
+LLAMA_MAX_DEVICES = 16  # llama.cpp's llama_max_devices()
+
+
+def check_devices(budgets: list[Budget], backend: str, *, split_mode: str, main_gpu: int,
+                  tensor_split: tuple[float, ...] | None, ts_text: str | None = None) -> None:
+    """Every GPU the flags use has a --budget value: -ts proportions and -mg name GPUs by index, and ggfit knows
+    as many GPUs as --budget has values. What llama.cpp itself refuses, in its words: -ts with llama_max_devices()
+    values or more (common/arg.cpp), and -sm none with -mg past the devices (llama.cpp llama_model_load: "invalid
+    value for main_gpu"). (llama.cpp ignores proportions past its devices, and -mg without -sm none; ggfit refuses
+    them too: a GPU that is not there, or not budgeted, is a mistake in the command.) The CPU backend has no GPUs
+    (llama.cpp ignores -ts and -mg there)."""
+    n = len(budgets)
+    ts = ts_text or ",".join(f"{x:g}" for x in tensor_split or ())
+    named = ("Metal has one device (MTL0)" if backend == "metal" else f"--budget names {n} GPU{'s' if n != 1 else ''}"
+             + (" (one value per GPU: --budget 24GiB,24GiB)" if n == 1 else ""))
+    if tensor_split is not None and len(tensor_split) >= LLAMA_MAX_DEVICES:
+        raise BudgetError(f"-ts {ts}: got {len(tensor_split)} input configs, but system only has "
+                          f"{LLAMA_MAX_DEVICES} devices")
+    if backend == "cpu":
+        return
+    if split_mode == "none" and main_gpu >= n:
+        raise BudgetError(f"-mg {main_gpu}: invalid value for main_gpu: {main_gpu} (available devices: {n}); {named}")
+    if main_gpu >= n:
+        raise BudgetError(f"-mg {main_gpu}: GPU {main_gpu} has no budget; {named}")
+    if tensor_split is not None and len(tensor_split) > n:
+        raise BudgetError(f"-ts {ts}: {len(tensor_split)} proportions, one for a GPU without a budget; {named}")
+
+
 def parse_host_budget(text: str | None, **probes) -> Budget:
     """--host-budget: what may land in system RAM (weights left on the CPU, mapped or not, KV on the host, host
     compute and output buffers). Default (None or auto): the RAM available now (MemAvailable)."""

@@ -58,3 +58,34 @@ def test_no_repack_is_printed_only_where_it_applies(backend, flags, applies, cap
     header, spec = load_model_spec(resolve_model(M))
     cfg = RunConfig.from_server_args(flags).config
     assert repack_applies(spec, cfg, Backend(backend)) == applies
+
+
+# --- every GPU the flags use has a budget -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["--budget", "2GiB,2GiB", "-ts", "1,1,1"], "-ts 1,1,1: 3 proportions, one for a GPU without a budget; "
+                                                "--budget names 2 GPUs"),
+    (["--budget", "2GiB", "-ts", "0,1"], "-ts 0,1: 2 proportions"),
+    # llama_model_load: "invalid value for main_gpu: 5 (available devices: 1)"
+    (["--budget", "2GiB", "-sm", "none", "-mg", "5"], "-mg 5: invalid value for main_gpu: 5 (available devices: 1)"),
+    (["--budget", "2GiB,2GiB", "-sm", "none", "-mg", "2"], "invalid value for main_gpu: 2 (available devices: 2)"),
+    (["--budget", "2GiB", "-mg", "1"], "-mg 1: GPU 1 has no budget"),
+    # common/arg.cpp: llama_max_devices() is 16
+    (["--budget", "2GiB", "-ts", ",".join(["1"] * 16)], "got 16 input configs, but system only has 16 devices"),
+])
+def test_a_gpu_without_a_budget_is_an_error(argv, phrase, capfd):
+    code, out, err = _run(["fit", M, "--backend", "cuda", "-c", "4096", *argv], capfd)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("ggfit: error: ") and phrase in err, err
+
+
+def test_metal_names_its_one_device(capfd):
+    code, _, err = _run(["fit", M, "--backend", "metal", *B, "-c", "4096", "-ts", "1,1"], capfd)
+    assert code == 2 and "Metal has one device (MTL0)" in err
+
+
+@pytest.mark.parametrize("argv", [["--budget", "2GiB,2GiB", "-ts", "1,1"], ["--budget", "2GiB,2GiB", "-sm", "none",
+                                                                            "-mg", "1"]])
+def test_budgeted_gpus_are_fine(argv, capfd):
+    code, out, err = _run(["fit", M, "--backend", "cuda", "-c", "4096", *argv, "--json"], capfd)
+    assert code == 0, err
+    assert set(json.loads(out)["device_totals"]) <= {"CUDA0", "CUDA1"}
