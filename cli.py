@@ -600,6 +600,7 @@ def calibrate(
         raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
     be = backend_of(backend)
     path = fitter.resolve_model(model)
+    fitter.calibration.check_store()  # before the dry runs, not a traceback after them
     with fitter.Progress("calibrate", json_output=as_json) as progress:
         cal, rows = fitter.calibrate(path, be, progress=progress)
     where = fitter.calibration.save(cal)
@@ -624,6 +625,8 @@ def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None,
                    no_store: bool, as_json: bool) -> None:
     """`ggfit calibrate --log FILE [MODEL]`: the log's buffers next to the prediction for its build and settings."""
     ulog = fitter.read_user_log(path)
+    if not no_store:
+        fitter.calibration.check_store()
     be = fitter.Backend(backend.value) if backend else None
     try:
         cmp = fitter.compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be,

@@ -440,11 +440,11 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
     if as_json:
         print(json.dumps({"stored": str(where), "removed": [c.model_dump(mode="json") for c in gone]}, indent=2))
         return
-    what = f"for {arch}" if arch else "in all"
+    what = f" for {arch}" if arch else ""
     if not gone:
-        print(f"no calibration stored {what} ({where})")
+        print(f"no calibration stored{what} ({where})")
         return
-    print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''} {what}: "
+    print(f"removed {len(gone)} calibration{'s' if len(gone) > 1 else ''}{what}: "
           + ", ".join(f"{c.architecture} on {c.backend} (llama.cpp {c.llama_cpp[:12]})" for c in gone) + f" ({where})")
 
 

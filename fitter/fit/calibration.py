@@ -24,6 +24,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from dataclasses import field
 from pathlib import Path
 from typing import Literal
@@ -194,12 +195,46 @@ def load(arch: str, backend: str, build: str = LLAMA_CPP_COMMIT) -> Calibration 
     return entries.get(_key(arch, backend, build))
 
 
+def _unwritable(path: Path, e: OSError) -> CalibrationError:
+    why = "a directory" if path.is_dir() else (e.strerror or str(e)).lower()
+    return CalibrationError(f"cannot write the calibration store {path} ({why}); set XDG_DATA_HOME (or GGFIT_DATA) "
+                            "to a writable directory")
+
+
+def check_store() -> Path:
+    """The store can be written (its directory made or there, writable, the file not a directory): a CalibrationError
+    line before a calibration runs, not a traceback after it. Leaves no file behind."""
+    path = store_path()
+    if path.is_dir():
+        raise _unwritable(path, IsADirectoryError())
+    made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # to take away again
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".calibration-", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise _unwritable(path, e) from None
+    finally:
+        for d in made:  # innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+    return path
+
+
 def _write(path: Path, entries: dict[str, Calibration]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "entries": {k: v.model_dump(mode="json") for k, v in sorted(entries.items())}}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as e:
+        if tmp.is_file():  # a directory in place of calibration.json: the new file is not left beside it
+            tmp.unlink()
+        raise _unwritable(path, e) from None
 
 
 def save(cal: Calibration) -> Path:
@@ -246,8 +281,10 @@ def clear(arch: str | None = None) -> tuple[list[Calibration], Path]:
     path = store_path()
     entries, why = _read_store(path)
     if arch is None:
-        if path.exists():
-            path.unlink()
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise _unwritable(path, e) from None
         return sorted(entries.values(), key=lambda c: (c.architecture, c.backend)), path
     if why and not entries:
         raise CalibrationError(f"{why.split(';')[0]}; `ggfit calibrate --clear` (no architecture) removes the file")

@@ -89,3 +89,45 @@ def test_budgeted_gpus_are_fine(argv, capfd):
     code, out, err = _run(["fit", M, "--backend", "cuda", "-c", "4096", *argv, "--json"], capfd)
     assert code == 0, err
     assert set(json.loads(out)["device_totals"]) <= {"CUDA0", "CUDA1"}
+
+
+# --- calibrate: an unwritable store is one line, before any dry run, and leaves nothing -----------------------------
+
+def _no_dry_run(monkeypatch):
+    import fitter.oracle.calibrate as oc
+
+    def refuse(*a, **k):
+        raise AssertionError("the store is checked before the dry runs")
+    monkeypatch.setattr(oc, "calibrate", refuse)
+
+
+@pytest.mark.parametrize("argv", [["calibrate", M, "--backend", "cpu"],
+                                  ["calibrate", "--log", "tests/data/llama_logs/14-cuda-bunknown.log", M,
+                                   "--llama-build", "b9430"]])
+def test_calibrate_into_an_unwritable_store_is_one_line(argv, monkeypatch, capfd):
+    monkeypatch.setenv("XDG_DATA_HOME", "/proc/nope")
+    _no_dry_run(monkeypatch)
+    code, out, err = _run(argv, capfd)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ggfit: error: cannot write the calibration store /proc/nope/ggfit/calibration.json")
+
+
+def test_a_directory_in_place_of_the_store_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capfd):
+    from fitter.fit import calibration
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    store = tmp_path / "ggfit" / "calibration.json"
+    store.mkdir(parents=True)
+    _no_dry_run(monkeypatch)
+    code, _, err = _run(["calibrate", M, "--backend", "cpu"], capfd)
+    assert code == 2 and "(a directory)" in err and err.count("\n") == 1, err
+    with pytest.raises(calibration.CalibrationError, match="a directory"):
+        calibration._write(store, {})  # the writer itself, past the check: no calibration.tmp left beside it
+    with pytest.raises(calibration.CalibrationError, match="a directory"):
+        calibration.clear()
+    assert sorted(p.name for p in store.parent.iterdir()) == ["calibration.json"]
+
+
+def test_clear_with_nothing_stored_says_so_plainly(capfd):
+    code, out, _ = _run(["calibrate", "--clear"], capfd)
+    assert code == 0 and out.startswith("no calibration stored (") and "in all" not in out
