@@ -72,7 +72,9 @@ def build_of_binary(path: str | os.PathLike[str]) -> LlamaBuild:
     if not p.is_file() or not os.access(p, os.X_OK):
         raise BuildError(f"{p}: not an executable llama.cpp binary")
     try:
-        r = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=20,
+        # the file named, relative to the working directory as probe's find_llama_server takes it: str(Path(
+        # "./llama-server")) is "llama-server", which exec would look for on PATH instead
+        r = subprocess.run([os.path.abspath(p), "--version"], capture_output=True, text=True, timeout=20,
                            stdin=subprocess.DEVNULL, errors="replace")
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"{p} --version: {e}") from None

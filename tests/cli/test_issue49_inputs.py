@@ -131,3 +131,23 @@ def test_a_directory_in_place_of_the_store_is_one_line_and_leaves_nothing(tmp_pa
 def test_clear_with_nothing_stored_says_so_plainly(capfd):
     code, out, _ = _run(["calibrate", "--clear"], capfd)
     assert code == 0 and out.startswith("no calibration stored (") and "in all" not in out
+
+
+# --- --llama-server PATH: the same file for --llama-build auto as for probe ------------------------------------------
+
+@pytest.mark.parametrize("given", ["./llama-server", "llama-server"])
+def test_a_relative_llama_server_is_the_file_in_the_working_directory(given, tmp_path, monkeypatch, capfd):
+    """probe's find_llama_server takes the file relative to the working directory; so does --llama-build auto
+    (str(Path("./llama-server")) is "llama-server", which exec looked up on PATH)."""
+    exe = tmp_path / "llama-server"
+    exe.write_text('#!/bin/sh\necho "version: 9430 (0123456789ab)" >&2\necho "built with cc for x86_64" >&2\n')
+    exe.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no llama-server there
+    from search.server import find_llama_server
+
+    assert find_llama_server(given) == str(exe)
+    code, out, err = _run(["fit", M, *B, "--backend", "cpu", "-c", "4096", "--llama-build", "auto",
+                           "--llama-server", given, "--json"], capfd)
+    assert code == 0, err
+    assert json.loads(out)["llama_build"]["label"].startswith("llama.cpp b9430")
