@@ -77,6 +77,7 @@ from cli_options import (
     TrialsOpt,
     UBatch,
     backend_of,
+    check_engine_flags,
     detect_backend,
     frontend_of,
     llama_build_of,
@@ -193,6 +194,7 @@ def inspect(
 
 @app.command()
 def fit(
+    ctx: typer.Context,
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     budget: BudgetOpt = "auto",
     margin: MarginOpt = None,
@@ -243,6 +245,7 @@ def fit(
     prompt_cache_bytes: PromptCacheBytes = None,
 ) -> None:
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
+    check_engine_flags(ctx, engine.value)
     if engine == EngineName.mlx:
         fit_mlx(model, budget=budget, margin=margin, n_ctx=n_ctx, model_draft=model_draft, max_kv_size=max_kv_size,
                 kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,

@@ -193,3 +193,37 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
     return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
                 no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
                 tensor_split=ts)
+
+
+# fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is
+# llama.cpp's
+MLX_ONLY = frozenset({"max_kv_size", "kv_bits", "kv_group_size", "quantized_kv_start", "prefill_step_size",
+                      "max_tokens", "prompt_cache_bytes"})
+BOTH_ENGINES = frozenset({"model", "budget", "margin", "n_ctx", "model_draft", "draft_n_max", "as_json", "engine"})
+
+
+def check_engine_flags(ctx: typer.Context, engine: str) -> None:
+    """A flag of the other engine, given on the command line, is one line (ConfigError) instead of being ignored."""
+    def given(name: str) -> bool:
+        src = ctx.get_parameter_source(name)
+        return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    mlx = engine == "mlx"
+    wrong = [p for p in ctx.command.params if p.name and given(p.name)
+             and (p.name not in BOTH_ENGINES and p.name not in MLX_ONLY if mlx else p.name in MLX_ONLY)]
+    if not wrong:
+        return
+    shown = []
+    for p in wrong:
+        v = ctx.params.get(p.name)
+        opts = getattr(p, "secondary_opts", []) if v is False and getattr(p, "secondary_opts", []) else p.opts
+        flag = min(opts, key=len)  # -ctk, not --cache-type-k
+        shown.append(flag if isinstance(v, bool) else f"{flag} {getattr(v, 'value', v)}")
+    if mlx:
+        raise fitter.ConfigError(f"{', '.join(shown)}: llama.cpp's, not mlx-lm's: --engine mlx takes -c, -md, "
+                                 "--spec-draft-n-max and its own --max-kv-size, --kv-bits, --kv-group-size, "
+                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes")
+    raise fitter.ConfigError(f"{', '.join(shown)}: mlx-lm's (--engine mlx), not llama.cpp's"
+                             + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
+                                else ""))
+
