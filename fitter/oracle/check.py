@@ -68,11 +68,18 @@ def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float
             f"--check runs llama.cpp's dry run on this machine's CPU backend; predict with --backend cpu to compare "
             f"(asked: {pred.backend.value})"
         )
+    notes = []
+    has_draft = pred.draft_context is not None
+    if not pred.context.build.is_pinned:  # the dry run is the pinned build's: compare it with that build's prediction
+        asked = pred.context.build.label()
+        pred = _pinned_prediction(path, pred, cfg)
+        notes.append(f"the dry run is the pinned {pred.context.build.label()}, not {asked} (--llama-build): its rows "
+                     "are compared with ggfit's prediction for the pinned build; the rules that differ for "
+                     f"{asked} are listed above")
     run = measure(path, llama_params(pred.context, cfg), mode="dry", timeout=timeout, log_level="info", loras=cfg.lora)
     run.raise_for_status()
     got: dict[str, int | None] = {**measured_by_kind(run), "lora": run.report.printed_bytes("lora")}
     rows = []
-    notes = []
     plain_compute = None
     if cfg.lora:
         # llama_set_adapters_lora comes after the context, whose constructor reserved the graph without them: a dry
@@ -95,7 +102,20 @@ def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float
         if p == 0 and not m:
             continue
         rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m})
-    if pred.draft_context is not None:
+    if has_draft:
         notes.append("only the target context is measured; the draft/MTP context is not part of this dry run")
     return {"llama_cpp": f"{run.build.commit} (llama-cpp-python {run.build.llama_cpp_python})", "rows": rows,
             "wall_s": round(run.wall_s, 2), "notes": notes}
+
+
+def _pinned_prediction(path: str, pred: Prediction, cfg: RunConfig) -> Prediction:
+    """The same config (every value the other build resolved, written out) predicted with the pinned build's rules:
+    what the pinned llama.cpp's dry run is compared with."""
+    from fitter.build import PINNED
+    from fitter.fit.memory import predict
+    from fitter.llama.cparams import served_config
+    from fitter.llama.model import load_model_spec
+
+    header, spec = load_model_spec(path)
+    return predict(header, spec, served_config(pred.context, cfg, None), pred.backend, pred.frontend, build=PINNED)
+

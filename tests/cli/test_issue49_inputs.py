@@ -151,3 +151,34 @@ def test_a_relative_llama_server_is_the_file_in_the_working_directory(given, tmp
                            "--llama-server", given, "--json"], capfd)
     assert code == 0, err
     assert json.loads(out)["llama_build"]["label"].startswith("llama.cpp b9430")
+
+
+# --- the other engine's flags --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["fit", "x.gguf", "--kv-bits", "4"], "--kv-bits 4: mlx-lm's (--engine mlx), not llama.cpp's"),
+    (["fit", M, *B, "--max-kv-size", "4096", "--prefill-step-size", "512"],
+     "--max-kv-size 4096, --prefill-step-size 512: mlx-lm's"),
+    (["fit", "--engine", "mlx", "dir", "-ctk", "q8_0", "-np", "8"], "-ctk q8_0, -np 8: llama.cpp's, not mlx-lm's"),
+    (["fit", "--engine", "mlx", "dir", "--no-mmap", "-ngl", "0"], "-ngl 0, --no-mmap: llama.cpp's"),
+])
+def test_the_other_engines_flags_are_refused(argv, phrase, capfd):
+    code, _, err = _run(argv, capfd)
+    assert code == 2 and err.count("\n") == 1 and phrase in err, err
+
+
+# --- --check with another --llama-build compares like with like ---------------------------------------------------
+
+def test_check_with_another_build_compares_the_pinned_dry_run_with_the_pinned_prediction(capfd):
+    """b8999 computes logits for every token of the ubatch (+486 MiB here); the dry run is the pinned build's: its
+    rows are set beside ggfit's prediction for the pinned build, and the output says so."""
+    code, out, err = _run(["fit", M, *B, "--backend", "cpu", "-c", "8192", "--check", "--llama-build", "b8999",
+                           "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    check = doc["check"]
+    assert all(r["predicted_bytes"] == r["measured_bytes"] for r in check["rows"]), check["rows"]
+    assert any("the dry run is the pinned llama.cpp b11312" in n and "not llama.cpp b8999" in n for n in check["notes"])
+    shown = next(b["bytes"] for b in doc["buffers"] if b["owner"] == "target" and b["kind"] == "compute")
+    measured = next(r["measured_bytes"] for r in check["rows"] if r["kind"] == "compute")
+    assert shown > measured  # the table itself stays b8999's
