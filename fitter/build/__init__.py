@@ -111,6 +111,13 @@ def build_range() -> str:
     return f"b{OLDEST.number} (~{OLDEST.date}) .. b{PINNED.number} ({PINNED.date})"
 
 
+def check_date(d: _dt.date, shown: str) -> None:
+    """A build's date must lie in the range a build number (date_of_build_number) or a commit (_by_commit) is
+    dated and modelled in: one range for every form of --llama-build."""
+    if not OLDEST.date <= d <= PINNED.date:
+        raise BuildError(f"--llama-build {shown}: outside the builds ggfit can date and model ({build_range()})")
+
+
 def date_of_build_number(number: int) -> tuple[_dt.date, bool]:
     """A build number's date: exact for a known build, else interpolated between the two dated builds around it
     (llama.cpp numbers its builds by commit count: 10 to 30 a day). Before OLDEST_BUILD_NUMBER or after the pin, an
@@ -202,6 +209,7 @@ def resolve_build(value: str | None, *, number: int | None = None, commit: str |
             d = _dt.date.fromisoformat(v)
         except ValueError:
             raise BuildError(f"--llama-build {v}: not a date (YYYY-MM-DD)") from None
+        check_date(d, v)
         return LlamaBuild(date=d, how=f"a build of {v}")
     if re.fullmatch(r"[0-9a-fA-F]{7,40}", v):
         b = _by_commit(v)
@@ -225,11 +233,13 @@ def _from_parts(number: int | None, commit: str | None, date: _dt.date | None) -
         if number == PINNED_BUILD_NUMBER:
             return PINNED
         if date is not None:
+            check_date(date, f"b{number} of {date}")
             return LlamaBuild(date=date, number=number, commit=commit, how=f"build b{number} of {date}")
         d, est = date_of_build_number(number)
         return LlamaBuild(date=d, number=number, commit=commit, date_estimated=est,
                           how=f"build b{number}" + (" (date estimated from its number)" if est else ""))
     if date is not None:
+        check_date(date, f"a build of {date}")
         return LlamaBuild(date=date, commit=commit, how=f"a build of {date}")
     raise BuildError("the llama.cpp build could not be identified")
 
