@@ -423,7 +423,8 @@ def _check_inputs(study: Any, storage: str | None, out: str | Path | None) -> No
     if storage is None:
         raise StudyError(f"no study {study!r}: there are no studies yet ({db} does not exist; ggfit optimise creates it)")
     if not db.parent.is_dir():
-        raise StudyError(f"--storage {_redact(url)}: directory {db.parent} does not exist")
+        raise StudyError(f"--storage {_redact(url)}: {db.parent} is not a directory" if db.parent.exists()
+                         else f"--storage {_redact(url)}: directory {db.parent} does not exist")
     raise StudyError(f"no study {study!r}: --storage {_redact(url)} does not exist")
 
 

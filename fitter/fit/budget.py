@@ -40,7 +40,7 @@ UNITS: dict[str, int] = {
 ACCEPTED = "a number with a unit (25559MiB, 24GiB, 26800MB, 26.8GB; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
 # the unit in ASCII letters, either case (IGNORECASE would also take the Kelvin sign for a k, and cost its case
 # tables: ~0.4 ms a command)
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)(?:[eE]([+-]?\d{1,9}))?\s*([a-zA-Z]*)$")  # 25559MiB, 26.8GB, 1e3MiB
 _MAX_BYTES = 2**63
 _MAX_FRACTION = 100  # digits after the point
 
@@ -74,24 +74,30 @@ def parse_size(text: str, *, what: str = "--margin") -> int:
     m = _SIZE.match(s)
     if not m:
         raise BudgetError(f"{what} {raw!r}: not a size; use {ACCEPTED}")
-    number, unit = m.group(1), m.group(2).lower()
+    number, unit = m.group(1), m.group(3).lower()
     if unit and unit not in UNITS:
-        raise BudgetError(f"{what} {raw!r}: unknown unit '{m.group(2)}'; use {ACCEPTED}")
+        raise BudgetError(f"{what} {raw!r}: unknown unit '{m.group(3)}'; use {ACCEPTED}")
     whole, _, frac = number.partition(".")
     whole = whole.lstrip("0")
     if not unit and (whole or frac.strip("0")):  # zero is zero in every unit
         also = " or auto" if what == "--budget" else ""
-        raise BudgetError(f"{what} {s}: a size needs a unit (did you mean {number}MiB?); use {ACCEPTED}{also}")
-    if unit == "b" and "." in number:
-        raise BudgetError(f"{what} {raw!r}: bytes must be a whole number; use {ACCEPTED}")
-    if len(whole) > 20:  # 10**20 bytes and more: past _MAX_BYTES in every unit, however long the number
-        raise BudgetError(f"{what} {raw!r}: too large")
+        shown = s[: len(s) - len(m.group(3))].strip()
+        raise BudgetError(f"{what} {s}: a size needs a unit (did you mean {shown}MiB?); use {ACCEPTED}{also}")
     if len(frac) > _MAX_FRACTION:
         raise BudgetError(f"{what} {raw!r}: more than {_MAX_FRACTION} digits after the point; use {ACCEPTED}")
+    if len(whole) > 20:  # 10**20 bytes and more: past _MAX_BYTES in every unit, however long the number
+        raise BudgetError(f"{what} {raw!r}: too large (at most {(_MAX_BYTES - 1) / 2**40:,.0f} TiB)")
+    digits = int(whole + frac or "0")
+    shift = int(m.group(2) or 0) - len(frac)  # the value is digits x 10**shift units
+    if digits and len(str(digits)) + shift > 40:  # past _MAX_BYTES in every unit
+        raise BudgetError(f"{what} {raw!r}: too large (at most {(_MAX_BYTES - 1) / 2**40:,.0f} TiB)")
+    scale = 10 ** abs(max(shift, -_MAX_FRACTION - 40))
+    if unit == "b" and shift < 0 and digits % scale:
+        raise BudgetError(f"{what} {raw!r}: bytes must be a whole number; use {ACCEPTED}")
     # whole bytes, rounded down, in integers: exact for every fraction
-    value = int(whole + frac or "0") * UNITS[unit or "b"] // 10 ** len(frac)
+    value = digits * UNITS[unit or "b"] * scale if shift >= 0 else digits * UNITS[unit or "b"] // scale
     if value >= _MAX_BYTES:
-        raise BudgetError(f"{what} {raw!r}: too large")
+        raise BudgetError(f"{what} {raw!r}: too large (at most {(_MAX_BYTES - 1) / 2**40:,.0f} TiB)")
     return value
 
 

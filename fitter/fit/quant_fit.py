@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 
 from fitter.build import PINNED, LlamaBuild
+from fitter.errors import GGFitError
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
@@ -136,7 +137,11 @@ def evaluate(
             entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
                             "weights scaled from the header's tensors; compute buffers as for this model"))
         else:
-            entries.append((name, value, read_header(value), None, False, True, None))
+            try:
+                ch = read_header(value)
+            except GGFitError as e:  # the file or URL's problem, named with the flag that gave it
+                raise ConfigError(f"--candidate {name}={value}: {str(e).removeprefix(f'{value}: ')}") from None
+            entries.append((name, value, ch, None, False, True, None))
 
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)

@@ -234,8 +234,9 @@ def _enqueue_defaults(study: optuna.Study, p: _Plan) -> None:
 
 def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> None:
     if retried:
-        say(f"[ggfit] trials {', '.join(map(str, retried))} were cut short (their process died or was "
-            f"interrupted): retried first")
+        one = len(retried) == 1
+        say(f"[ggfit] trial{'' if one else 's'} {', '.join(map(str, retried))} {'was' if one else 'were'} cut short "
+            f"({'its' if one else 'their'} process died or was interrupted): retried first")
     say(f"[ggfit] study {sname} in {_redact(url)}: {p.trials_goal} probes, budget {p.budget.bytes / MiB:,.0f} MiB "
         f"- margin {p.margin_bytes / MiB:,.0f} MiB = {p.avail / MiB:,.0f} MiB; {len(p.space.dims)} searched parameters")
     for n in p.notes:

@@ -54,7 +54,8 @@ def open_storage(url: str | None = None, *, heartbeat: bool = True):
         db = Path(url[len("sqlite:///"):])
         if str(db) not in ("", ":memory:"):
             if url != default_storage_url() and not db.parent.is_dir():  # only ggfit's own directory is made
-                raise StudyError(f"--storage {url}: directory {db.parent} does not exist")
+                raise StudyError(f"--storage {url}: {db.parent} is not a directory" if db.parent.exists()
+                                 else f"--storage {url}: directory {db.parent} does not exist")
             try:
                 db.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
