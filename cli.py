@@ -84,6 +84,7 @@ from cli_options import (
     lora_fields,
     placement_fields,
     run_config,
+    split_server_flags,
 )
 from cli_output import (
     FitRun,
@@ -532,7 +533,8 @@ def _engine_study(engine: str | None, models: list[str], given: dict[str, bool])
                                  f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
     unused = [flag for flag, on in given.items() if on]
     if unused:
-        raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} do not apply to the engine study "
+        verb = "does" if len(unused) == 1 else "do"
+        raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} {verb} not apply to the engine study "
                                  "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
     return True
 
@@ -803,9 +805,12 @@ def app_for(args: list[str]) -> typer.Typer:
 def _run(argv: Optional[list[str]]) -> None:
     from fitter.gguf import header_cache  # the standard library only
 
+    ignored: list[str] = []
     try:
+        # fit, quants: a pasted llama-server command line's flags that change no memory are ignored, and said so
+        args, ignored = split_server_flags(list(sys.argv[1:] if argv is None else argv))
         with header_cache.enabled():  # a command reads a local header's parse from disk when the file is unchanged
-            rc = app_for(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="ggfit", standalone_mode=False)
+            rc = app_for(args)(args=args, prog_name="ggfit", standalone_mode=False)
     except _NoArgsIsHelp as e:  # `ggfit` / `ggfit fit` alone: the help, as click prints it
         print(e.ctx.get_help(), file=sys.stderr)
         sys.exit(2)
@@ -818,6 +823,8 @@ def _run(argv: Optional[list[str]]) -> None:
     except (KeyboardInterrupt, typer.Abort):
         print("ggfit: interrupted", file=sys.stderr)
         sys.exit(130)
+    if ignored:
+        print(f"ggfit: note: ignored (no effect on memory): {' '.join(ignored)}", file=sys.stderr)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

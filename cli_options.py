@@ -227,3 +227,83 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
                              + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
                                 else ""))
 
+
+# llama-server flags (common/arg.cpp of the pinned build, the server's and the common ones) that change no buffer
+# llama.cpp allocates: threads and CPU affinity, sampling, the HTTP server, chat templates, logging. fit and quants
+# take them, so that a llama-server command line pastes as it is, and say they ignored them. (flags, takes a value)
+_NO_MEMORY: tuple[tuple[tuple[str, ...], bool], ...] = (
+    (("-t", "--threads", "-tb", "--threads-batch", "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio",
+      "--poll", "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch",
+      "--poll-batch", "--numa", "-td", "--threads-draft", "--spec-draft-threads", "-tbd", "--threads-batch-draft",
+      "--spec-draft-threads-batch", "--threads-http"), True),
+    (("-n", "--predict", "--n-predict", "--keep", "-r", "--reverse-prompt", "--samplers", "-s", "--seed",
+      "--sampler-seq", "--sampling-seq", "--temp", "--temperature", "--top-k", "--top-p", "--min-p", "--top-nsigma",
+      "--top-n-sigma", "--xtc-probability", "--xtc-threshold", "--typical", "--typical-p", "--repeat-last-n",
+      "--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--dry-multiplier", "--dry-base",
+      "--dry-allowed-length", "--dry-penalty-last-n", "--dry-sequence-breaker", "--adaptive-target",
+      "--adaptive-decay", "--dynatemp-range", "--dynatemp-exp", "--mirostat", "--mirostat-lr", "--mirostat-ent",
+      "-l", "--logit-bias", "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file",
+      "--spec-draft-n-min", "--draft-p-min", "--spec-draft-p-min", "--draft-p-split", "--spec-draft-p-split"), True),
+    (("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx",
+      "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast", "-dt", "--defrag-thold",
+      "--cache-reuse", "-sps", "--slot-prompt-similarity", "--embd-normalize"), True),
+    (("--host", "--port", "--path", "--api-prefix", "-a", "--alias", "--tags", "--cors-origins", "--cors-methods",
+      "--cors-headers", "--ui-config", "--webui-config", "--ui-config-file", "--webui-config-file", "--tools",
+      "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--api-key", "--api-key-file",
+      "--ssl-key-file", "--ssl-cert-file", "-to", "--timeout", "--sse-ping-interval", "--slot-save-path",
+      "--media-path", "--sleep-idle-seconds"), True),
+    (("--chat-template", "--chat-template-file", "--chat-template-kwargs", "--reasoning-format", "-rea",
+      "--reasoning", "--reasoning-effort", "--reasoning-budget", "--reasoning-budget-message", "--log-file",
+      "--log-prompts-dir", "--log-colors", "-lv", "--verbosity", "--log-verbosity"), True),
+    (("--perf", "--no-perf", "-e", "--escape", "--no-escape", "-sp", "--special", "--spm-infill", "--ignore-eos",
+      "--context-shift", "--no-context-shift", "-cb", "--cont-batching", "-nocb", "--no-cont-batching",
+      "--reuse-port", "--cors-credentials", "--no-cors-credentials", "--ui", "--webui", "--no-ui", "--no-webui",
+      "-ag", "--agent", "-no-ag", "--no-agent", "--metrics", "--props", "--slots", "--no-slots", "--jinja",
+      "--no-jinja", "--skip-chat-parsing", "--no-skip-chat-parsing", "--prefill-assistant", "--no-prefill-assistant",
+      "--reasoning-preserve", "--no-reasoning-preserve", "--cache-prompt", "--no-cache-prompt", "--check-tensors",
+      "--log-disable", "--log-jsonl", "--no-log-jsonl", "-v", "--verbose", "--log-verbose", "--log-prefix",
+      "--no-log-prefix", "--log-timestamps", "--no-log-timestamps",
+      "--mlock"), False),  # --mlock: builds before -lm/--load-mode (it pins the mapped pages; no buffer changes)
+)
+NO_MEMORY_FLAGS: dict[str, bool] = {n: v for names, v in _NO_MEMORY for n in names}
+# llama-server flags that do change memory and that ggfit does not model: refused, not ignored (several would
+# otherwise read as -c / -b with a value: -cram as -c ram)
+NOT_MODELLED_FLAGS: dict[str, bool] = {n: v for names, v in (
+    (("-cram", "--cache-ram", "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cms", "--checkpoint-min-step",
+      "--kv-unified-per-slot", "-dev", "--device", "--rpc", "--override-kv", "--control-vector",
+      "--control-vector-scaled", "--image-min-tokens", "--image-max-tokens", "-fit", "--fit", "-fitt",
+      "--fit-target", "-fitc", "--fit-ctx", "-ncffn", "--n-cpu-ffn", "-lzm", "--lazy-mode", "--pooling",
+      "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "-otd", "--override-tensor-draft",
+      "--spec-draft-override-tensor", "-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe",
+      "-devd", "--device-draft", "--spec-draft-device"), True),
+    (("--no-host", "-bs", "--backend-sampling", "--rerank", "--reranking", "-cmoed", "--cpu-moe-draft",
+      "--spec-draft-cpu-moe", "--warmup", "--no-warmup"), False)) for n in names}
+SERVER_FLAG_COMMANDS = frozenset({"fit", "quants"})
+
+
+def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """fit's and quants' arguments without the llama-server flags that change no memory (NO_MEMORY_FLAGS), and those
+    flags as given (`-t 8`, `--port=8080`); a llama-server flag that changes memory and that ggfit does not model is
+    one line (ConfigError). Other arguments are left to the command's own parser."""
+    if not args or args[0] not in SERVER_FLAG_COMMANDS:
+        return args, []
+    kept, ignored = [args[0]], []
+    i = 1
+    while i < len(args):
+        a = args[i]
+        name, eq, _ = a.partition("=") if a.startswith("--") else (a, "", "")
+        if name in NOT_MODELLED_FLAGS:
+            value = "" if eq or not NOT_MODELLED_FLAGS[name] or i + 1 >= len(args) else " " + args[i + 1]
+            raise fitter.ConfigError(f"{a}{value}: a llama-server flag that changes memory, which ggfit does not "
+                                     "model; leave it out (ggfit predicts llama.cpp without it)")
+        if name not in NO_MEMORY_FLAGS:
+            kept.append(a)
+            i += 1
+            continue
+        takes = NO_MEMORY_FLAGS[name] and not eq
+        if takes and i + 1 >= len(args):
+            raise fitter.ConfigError(f"{a} needs a value")
+        ignored.append(a + (" " + args[i + 1] if takes else ""))
+        i += 2 if takes else 1
+    return kept, ignored
+

@@ -214,3 +214,98 @@ def test_every_form_of_llama_build_has_the_tables_range():
 def test_llama_build_out_of_range_is_one_line(value, capfd):
     code, _, err = _run(["fit", M, *B, "--backend", "cpu", "-c", "4096", "--llama-build", value], capfd)
     assert code == 2 and err.count("\n") == 1 and f"--llama-build {value}: outside the builds ggfit" in err, err
+
+
+# --- a pasted llama-server command line ------------------------------------------------------------------------------
+
+def test_fit_ignores_llama_server_flags_that_change_no_memory_and_says_so(capfd):
+    base = ["fit", M, *B, "--backend", "cpu", "-c", "4096", "--json"]
+    code, plain, _ = _run(base, capfd)
+    assert code == 0
+    pasted = ["-t", "8", "--port", "8080", "-cb", "--jinja", "--temp", "0.7", "--host=0.0.0.0", "-a", "gemma",
+              "--metrics", "-to", "600", "--seed", "1", "-v", "--api-key", "k", "--slots", "--top-k", "40"]
+    code, out, err = _run(base + pasted, capfd)
+    assert code == 0, err
+    assert json.loads(out) == json.loads(plain)  # the same prediction
+    assert err == ("ggfit: note: ignored (no effect on memory): -t 8 --port 8080 -cb --jinja --temp 0.7 "
+                   "--host=0.0.0.0 -a gemma --metrics -to 600 --seed 1 -v --api-key k --slots --top-k 40\n")
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["-cram", "0"], "-cram 0: a llama-server flag that changes memory, which ggfit does not model"),
+    (["--fit", "off"], "--fit off: a llama-server flag that changes memory"),
+    (["-t"], "-t needs a value"),
+])
+def test_llama_server_flags_ggfit_cannot_ignore_are_one_line(argv, phrase, capfd):
+    code, _, err = _run(["quants", M, *B, *argv], capfd)
+    assert code == 2 and err.count("\n") == 1 and phrase in err, err
+
+
+def _help_flags(binary: str) -> dict[str, bool]:
+    """llama-server --help's flags and whether each takes a value ("-t,    --threads N   number of ...")."""
+    import re
+    import subprocess
+
+    text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
+    out: dict[str, bool] = {}
+    for line in text.splitlines():
+        if not line.startswith("-"):
+            continue
+        left = re.split(r"(?<![,\s])\s{2,}", line.strip(), maxsplit=1)[0]
+        tokens = [t for t in re.split(r",?\s+", left) if t]
+        names = [t for t in tokens if t.startswith("-")]
+        for n in names:
+            out[n] = len(tokens) > len(names)
+    return out
+
+
+def test_the_flag_tables_are_the_pinned_llama_servers(llama_server):
+    """Every flag fit ignores or refuses is one of the pinned llama-server's (--mlock: older builds'), with the same
+    arity."""
+    from cli_options import NO_MEMORY_FLAGS, NOT_MODELLED_FLAGS
+
+    helped = _help_flags(llama_server)
+    for table in (NO_MEMORY_FLAGS, NOT_MODELLED_FLAGS):
+        for name, takes in table.items():
+            if name == "--mlock":
+                continue
+            assert name in helped, name
+            assert helped[name] == takes, name
+
+
+# --- wording ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["quants", M, *B, "--candidate", "bad=x"], "--candidate bad=x: no such file"),
+    (["fit", M, "--budget", "1e30MiB"], "--budget '1e30MiB': too large (at most 8,388,608 TiB)"),
+    (["fit", M, "--budget", "2GiB", "--margin", "1e3"], "--margin 1e3: a size needs a unit (did you mean 1e3MiB?)"),
+    (["optimise", M, *B, "--storage", "sqlite:////dev/null/x.db"], "/dev/null is not a directory"),
+    (["report", "s1", "--storage", "sqlite:////dev/null/x.db"], "/dev/null is not a directory"),
+    (["optimise", M, "/tmp", *B, "--engine", "llama,mlx", "--storage", "x.db"], "--storage does not apply"),
+])
+def test_the_words_of_one_line_errors(argv, phrase, capfd):
+    code, _, err = _run(argv, capfd)
+    assert code == 2 and err.count("\n") == 1 and phrase in err, err
+
+
+def test_sizes_read_as_the_readme_says():
+    from fitter.fit.budget import parse_size
+
+    assert parse_size("1.5e3MiB") == 1500 * 2**20 and parse_size("26.8GB") == 26_800_000_000
+    assert parse_size("0") == 0  # zero alone is zero in every unit (--margin 0)
+
+
+@pytest.mark.parametrize("retried,line", [
+    ([0], "[ggfit] trial 0 was cut short (its process died or was interrupted): retried first"),
+    ([3, 5], "[ggfit] trials 3, 5 were cut short (their process died or was interrupted): retried first"),
+])
+def test_cut_short_trials_are_counted_in_words(retried, line):
+    from types import SimpleNamespace
+
+    from search.study.run import _announce
+
+    said: list[str] = []
+    plan = SimpleNamespace(trials_goal=3, budget=SimpleNamespace(bytes=2**30), margin_bytes=0, avail=2**30,
+                           space=SimpleNamespace(dims=[]), notes=[])
+    _announce(said.append, plan, "s", "sqlite:///x.db", retried)
+    assert said[0] == line
