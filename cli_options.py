@@ -215,7 +215,7 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
         return
     shown = []
     for p in wrong:
-        v = ctx.params.get(p.name)
+        v = ctx.params.get(p.name or "")
         opts = getattr(p, "secondary_opts", []) if v is False and getattr(p, "secondary_opts", []) else p.opts
         flag = min(opts, key=len)  # -ctk, not --cache-type-k
         shown.append(flag if isinstance(v, bool) else f"{flag} {getattr(v, 'value', v)}")
