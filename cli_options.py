@@ -284,7 +284,7 @@ SERVER_FLAG_COMMANDS = frozenset({"fit", "quants"})
 def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
     """fit's and quants' arguments without the llama-server flags that change no memory (NO_MEMORY_FLAGS), and those
     flags as given (`-t 8`, `--port=8080`); a llama-server flag that changes memory and that ggfit does not model is
-    one line (ConfigError). Other arguments are left to the command's own parser."""
+    one line (ConfigError); `-m MODEL` is the command's MODEL. Other arguments are left to the command's parser."""
     if not args or args[0] not in SERVER_FLAG_COMMANDS:
         return args, []
     kept, ignored = [args[0]], []
@@ -292,6 +292,12 @@ def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
     while i < len(args):
         a = args[i]
         name, eq, _ = a.partition("=") if a.startswith("--") else (a, "", "")
+        if name in ("-m", "--model"):  # llama-server's model flag: the command's MODEL argument
+            if not eq and i + 1 >= len(args):
+                raise fitter.ConfigError(f"{a} needs a value")
+            kept.insert(1, a.partition("=")[2] if eq else args[i + 1])
+            i += 1 if eq else 2
+            continue
         if name in NOT_MODELLED_FLAGS:
             value = "" if eq or not NOT_MODELLED_FLAGS[name] or i + 1 >= len(args) else " " + args[i + 1]
             raise fitter.ConfigError(f"{a}{value}: a llama-server flag that changes memory, which ggfit does not "

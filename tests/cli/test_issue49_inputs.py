@@ -309,3 +309,10 @@ def test_cut_short_trials_are_counted_in_words(retried, line):
                            space=SimpleNamespace(dims=[]), notes=[])
     _announce(said.append, plan, "s", "sqlite:///x.db", retried)
     assert said[0] == line
+
+
+def test_a_pasted_m_model_is_the_model(capfd):
+    code, plain, _ = _run(["fit", M, *B, "--backend", "cpu", "-c", "4096", "--json"], capfd)
+    code2, out, err = _run(["fit", "-m", M, *B, "--backend", "cpu", "-c", "4096", "--json", "-t", "8"], capfd)
+    assert code == code2 == 0 and json.loads(out) == json.loads(plain)
+    assert err == "ggfit: note: ignored (no effect on memory): -t 8\n"
