@@ -452,8 +452,8 @@ def optimise(
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
     if mmproj and runner == RunnerName.python:  # llama-cpp-python's Llama loads no projector
         raise fitter.ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
-    if mmproj:  # a bad file: one line now, not a failed trial
-        fitter.mmproj_buffers_of_file(mmproj, fitter.Backend(backend_of(backend).value))
+    if mmproj:  # a bad file, or one of another width than the model: one line now, not a failed trial
+        fitter.check_mmproj_models(mmproj, backend_of(backend), [fitter.resolve_model(m) for m in models])
     build = llama_build_of(llama_build, llama_server if llama_build == "auto" else None)
     if trials is not None and trials < 1:
         raise fitter.ConfigError(f"--trials {trials}: use 1 or more")

@@ -123,11 +123,12 @@ _EXPORTS: dict[str, str] = {
     "PlacementChoice": "fitter.fit.solver",
     # --mmproj: a multimodal projector's buffers (fitter.mtmd)
     "mmproj_buffers_of_file": "fitter.mtmd.memory",
+    "check_mmproj_models": "fitter.mtmd.memory",
 }
 _MODULE_EXPORTS = {"calibration"}  # names that are modules, not attributes of theirs
 
 __all__ = [  # the same names as _EXPORTS (tests/test_public_api.py checks)
-    "mmproj_buffers_of_file",
+    "mmproj_buffers_of_file", "check_mmproj_models",
     "Alternative", "BEST_RULE", "THIS_FILE", "PlacementChoice", "apply_placement", "parse_budgets", "parse_host_budget",
     "solve_placement", "excess", "SPLIT_MODES", "Backend", "Budget", "ChildLog", "ConfigError", "FIT_PARAMS_FRONTEND", "FLASH_ATTN", "Frontend",
     "GGFitError", "GGML_LOG_DEBUG", "GGML_LOG_INFO", "GGML_TYPES", "KV_CACHE_TYPES", "LLAMA_CPP_COMMIT", "LayerKind",
@@ -217,7 +218,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.mlx.cache import CacheSettings as MlxCacheSettings
     from fitter.mlx.config import load_mlx_model
     from fitter.mlx.memory import MlxRun, largest_context_mlx, predict_mlx
-    from fitter.mtmd.memory import mmproj_buffers_of_file
+    from fitter.mtmd.memory import check_mmproj_models, mmproj_buffers_of_file
     from fitter.oracle._llama_child import (
         GGML_LOG_DEBUG,
         GGML_LOG_INFO,

@@ -185,3 +185,13 @@ def n_embd_inp(header: GGUFHeader, n_embd: int) -> int:
         n_ds = len({int(v) for v in mapping if int(v) >= 0})
     return n_embd * (1 + n_ds)
 
+
+def check_mmproj_models(path: str, backend: Backend, models: list[str], *, offload: bool = True) -> None:
+    """--mmproj beside each of `models` (resolved paths): a bad file, or a projector mtmd_context refuses beside a
+    model (check_text_model), as one MmprojError line before anything runs (optimise: before its first trial)."""
+    from fitter.llama.model import load_model_spec
+
+    for m in models:
+        header, spec = load_model_spec(m)
+        mmproj_buffers_of_file(path, backend, offload=offload, n_embd_text=n_embd_inp(header, spec.n_embd))
+

@@ -48,3 +48,15 @@ def test_ggfit_refuses_the_pairs_mtmd_refuses(kind: str, over: dict) -> None:
         predict(header, spec, cfg, Backend.CPU)
     # llama.cpp's own words, its numbers included
     assert said.split("error: ", 1)[1].strip() in str(e.value)
+
+
+def test_optimise_refuses_the_pair_before_its_first_trial(tmp_path, monkeypatch, capfd):
+    import cli
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["optimise", M, "--budget", "2GiB", "--runner", "server", "--mmproj", str(build_mmproj("gemma3"))])
+    err = capfd.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "mismatch between text model (n_embd = 640) and mmproj (n_embd = 96)" in err
+    assert not (tmp_path / "ggfit").exists()  # no study was created
