@@ -187,27 +187,26 @@ def test_check_with_another_build_compares_the_pinned_dry_run_with_the_pinned_pr
 # --- --llama-build: one range, the tables' own, for every form ------------------------------------------------------
 
 def test_every_form_of_llama_build_has_the_tables_range():
+    """Dates, build numbers and a log's build line: one range, the oldest build ggfit models to the pin."""
     import datetime as dt
 
-    from fitter.build import BuildError, resolve_build
-    from fitter.build.changes import ANCHORS, RELEASES
+    from fitter.build import OLDEST, PINNED, BuildError, resolve_build
 
-    dates = sorted({a.date for a in ANCHORS} | {r.date for r in RELEASES})
-    numbers = sorted({a.number for a in ANCHORS} | {r.number for r in RELEASES if r.number})
     day = dt.timedelta(days=1)
-    for ok in (dates[0], dates[-1]):
+    for ok in (OLDEST.date, PINNED.date):
         assert resolve_build(ok.isoformat()).date == ok
-    for bad in (dates[0] - day, dates[-1] + day, dt.date(2020, 1, 1), dt.date(2099, 1, 1)):
-        with pytest.raises(BuildError, match=f"--llama-build {bad}: outside the builds ggfit knows"):
+    for bad in (OLDEST.date - day, PINNED.date + day, dt.date(2020, 1, 1), dt.date(2099, 1, 1)):
+        with pytest.raises(BuildError, match=f"--llama-build {bad}: outside the builds ggfit can date and model"):
             resolve_build(bad.isoformat())
-    for ok_n in (numbers[0], numbers[-1]):
+    for ok_n in (OLDEST.number, PINNED.number):
         assert resolve_build(f"b{ok_n}").number == ok_n
-    for bad_n in (1, numbers[0] - 1, numbers[-1] + 1):
-        with pytest.raises(BuildError, match=f"--llama-build b{bad_n}: outside the builds ggfit can date"):
+    assert OLDEST.number is not None and PINNED.number is not None
+    for bad_n in (1, OLDEST.number - 1, PINNED.number + 1):
+        with pytest.raises(BuildError, match=f"--llama-build b{bad_n}: outside the builds ggfit can date and model"):
             resolve_build(f"b{bad_n}")
     # a log's or a binary's build line: the same range for its date
-    with pytest.raises(BuildError, match="outside the builds ggfit knows"):
-        resolve_build(None, number=numbers[-1] + 5, date=dates[-1] + 30 * day)
+    with pytest.raises(BuildError, match="outside the builds ggfit can date and model"):
+        resolve_build(None, number=PINNED.number + 5, date=PINNED.date + 30 * day)
 
 
 @pytest.mark.parametrize("value", ["2020-01-01", "2099-01-01", "b1"])
