@@ -19,6 +19,7 @@ from cli_verdict import (
     print_placement,
     print_recommendation,
     print_what_to_change,
+    server_flags,
     verdict_line,
     verdict_of,
     what_fits_instead,
@@ -50,15 +51,6 @@ def warn_ctx_train(cp, spec) -> None:
     if cp.n_ctx_seq > spec.n_ctx_train:
         print(f"ggfit: warning: n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({spec.n_ctx_train}) -- possible training "
               "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
-
-
-def server_flags(model: str, cp, cfg, draft_path: str | None, spec=None, be=None, n_gpus: int = 1) -> list[str]:
-    """llama-server flags for a resolved context, one item per flag; --no-repack only where the extra CPU buffer
-    types could take a weight (fitter.repack_applies)."""
-    groups = fitter.served_config(cp, cfg, draft_path).to_server_args(model)
-    if spec is not None and not fitter.repack_applies(spec, cfg, be, n_gpus):
-        groups = [g for g in groups if g != ["--no-repack"]]
-    return [" ".join(g) for g in groups]
 
 
 def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:

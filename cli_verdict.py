@@ -92,6 +92,15 @@ def batch_notes(r: Any) -> list[str]:
     return out
 
 
+def server_flags(model: str, cp, cfg, draft_path: str | None, spec=None, be=None, n_gpus: int = 1) -> list[str]:
+    """llama-server flags for a resolved context, one item per flag; --no-repack only where the extra CPU buffer
+    types could take a weight (fitter.repack_applies)."""
+    groups = fitter.served_config(cp, cfg, draft_path).to_server_args(model)
+    if spec is not None and not fitter.repack_applies(spec, cfg, be, n_gpus):
+        groups = [g for g in groups if g != ["--no-repack"]]
+    return [" ".join(g) for g in groups]
+
+
 def alternatives_json(r: Any) -> list[dict[str, Any]]:
     """The what-fits-instead list as `fit` prints it, each with its whole llama-server command."""
     out = []
@@ -101,8 +110,7 @@ def alternatives_json(r: Any) -> list[dict[str, Any]]:
             cfg = r.cfg.model_copy(update=a.update)
             drafted = cfg.spec_type != "none" and (r.rec is None or r.rec.draft)
             p = fitter.predict(r.header, r.spec, cfg, r.be, r.fe, r.draft if drafted else None, build=r.build)
-            args = fitter.served_config(p.context, cfg, r.model_draft if drafted else None).to_server_args(r.path)
-            flags = [" ".join(g) for g in args]
+            flags = server_flags(r.path, p.context, cfg, r.model_draft if drafted else None, r.spec, r.be, r.n_gpus)
         out.append({"change": a.flags, "reason": a.reason, "line": a.line, "flags": flags})
     return out
 
