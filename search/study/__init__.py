@@ -7,7 +7,7 @@ The study is plain Optuna: an RDB storage, a TPE sampler, an objective. What ggf
 
 0. Before anything is written: a budget the weights alone exceed (every model file, at the fewest layers on the
    device the space allows) ends the run at once (`NothingFits`, exit 1).
-1. The trial's parameters (search/space.py) become a `RunConfig`; `fitter.memory.predict` sizes it. A config llama.cpp
+1. The trial's parameters (search/space.py) become a `RunConfig`; `fitter.fit.memory.predict` sizes it. A config llama.cpp
    would refuse (a K cache type whose block does not divide the head size ...; the space itself never offers a
    quantized V cache without flash attention) is labelled ``invalid``; one predicted over the
    budget minus the margin is labelled ``skipped``. Neither is probed.

@@ -85,7 +85,7 @@ def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurem
 
 def same_run(a: Candidate, b: Candidate, spec, frontend: Frontend = Frontend.SERVER) -> bool:
     """Whether two candidates are the same llama.cpp run: the context llama.cpp builds (llama_context's cparams after
-    llama-server's defaults, as `fitter.config.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
+    llama-server's defaults, as `fitter.llama.cparams.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
     = on ...), the model side (-ngl, mmap, repack), the thread count run_probe passes (-t, default os.cpu_count())
     and the drafter."""
     threads = os.cpu_count() or 1  # run_probe's default

@@ -26,7 +26,7 @@ from search.workload import Workload
 
 
 class Predictor:
-    """`fitter.memory.predict` for a candidate, each model file read once."""
+    """`fitter.fit.memory.predict` for a candidate, each model file read once."""
 
     def __init__(self, backend: Backend, frontend: Frontend, build: LlamaBuild = PINNED):
         self.backend, self.frontend, self.build = backend, frontend, build
