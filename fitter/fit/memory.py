@@ -289,7 +289,8 @@ def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: 
     """--mmproj: the projector's weights and warmup compute buffer (fitter.mtmd), on the first GPU unless
     --no-mmproj-offload; mtmd_context_params.flash_attn_type is the server's -fa. A projector whose width is not the
     text model's is refused, as mtmd does."""
-    from fitter.mtmd.memory import mmproj_buffers_of_file, n_embd_inp
+    from fitter.llama.model import n_embd_inp
+    from fitter.mtmd.memory import mmproj_buffers_of_file
 
     assert config.mmproj is not None
     rows = mmproj_buffers_of_file(config.mmproj, backend, offload=not config.no_mmproj_offload,

@@ -249,3 +249,14 @@ def requantized_spec(spec: ModelSpec, header: GGUFHeader) -> ModelSpec:
 def load_model_spec(location: str, *, allow_unknown: bool = False) -> tuple[GGUFHeader, ModelSpec]:
     header = read_header(location)
     return header, model_spec_from_header(header, allow_unknown=allow_unknown)
+
+
+def n_embd_inp(header: GGUFHeader, n_embd: int) -> int:
+    """llama_hparams::n_embd_inp (llama-hparams.cpp): n_embd, plus n_embd per deepstack layer (qwen3vl.cpp,
+    qwen3vlmoe.cpp: %s.n_deepstack_layers; granite.cpp, granite-swa.cpp: the distinct %s.deepstack_mapping indices)."""
+    arch, md = header.architecture, header.metadata
+    n_ds = int(md.get(f"{arch}.n_deepstack_layers", 0)) if arch in ("qwen3vl", "qwen3vlmoe") else 0
+    mapping = md.get(f"{arch}.deepstack_mapping")
+    if arch in ("granite", "granite_swa") and isinstance(mapping, list):
+        n_ds = len({int(v) for v in mapping if int(v) >= 0})
+    return n_embd * (1 + n_ds)

@@ -175,21 +175,10 @@ def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,
     return rows
 
 
-def n_embd_inp(header: GGUFHeader, n_embd: int) -> int:
-    """llama_hparams::n_embd_inp (llama-hparams.cpp): n_embd, plus n_embd per deepstack layer (qwen3vl.cpp,
-    qwen3vlmoe.cpp: %s.n_deepstack_layers; granite.cpp, granite-swa.cpp: the distinct %s.deepstack_mapping indices)."""
-    arch, md = header.architecture, header.metadata
-    n_ds = int(md.get(f"{arch}.n_deepstack_layers", 0)) if arch in ("qwen3vl", "qwen3vlmoe") else 0
-    mapping = md.get(f"{arch}.deepstack_mapping")
-    if arch in ("granite", "granite_swa") and isinstance(mapping, list):
-        n_ds = len({int(v) for v in mapping if int(v) >= 0})
-    return n_embd * (1 + n_ds)
-
-
 def check_mmproj_models(path: str, backend: Backend, models: list[str], *, offload: bool = True) -> None:
     """--mmproj beside each of `models` (resolved paths): a bad file, or a projector mtmd_context refuses beside a
     model (check_text_model), as one MmprojError line before anything runs (optimise: before its first trial)."""
-    from fitter.llama.model import load_model_spec
+    from fitter.llama.model import load_model_spec, n_embd_inp
 
     for m in models:
         header, spec = load_model_spec(m)
