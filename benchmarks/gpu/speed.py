@@ -24,7 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from tests.synth.shapes import build_shape, fill_weights  # noqa: E402
 
-COMMON = ["-p", "512", "-n", "128", "-d", "0,4096", "-r", "3", "-fa", "1", "--repack", "0", "-o", "json"]
+RUN = ["-r", "3", "-fa", "1", "--repack", "0", "-o", "json"]
+COMMON = ["-p", "512", "-n", "128", "-d", "0,4096", *RUN]
+# a case whose flags start with "-p" replaces COMMON's -p/-n/-d (llama-bench appends repeated values)
+LONG = ["-p", "4096", "-n", "128", "-d", "0"]
+SHORT = ["-p", "512", "-n", "128", "-d", "0"]
 GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {
     "dense": [
         ("llama-8b", "Q4_K_M", ["-ngl", "99", "-ub", "512,2048"]),
@@ -35,6 +39,33 @@ GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {
     "moe": [
         ("qwen36-35b-a3b", "Q4_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "0,20"]),
         ("gpt-oss-20b", "Q4_K_M", ["-ngl", "99", "-ub", "512", "-ncmoe", "0,12"]),
+    ],
+    # more quants and partial -ngl of the dense shape
+    "dense2": [
+        ("llama-8b", "Q4_0", ["-ngl", "99", "-ub", "512"]),
+        ("llama-8b", "Q6_K", ["-ngl", "99", "-ub", "512"]),
+        ("llama-8b", "F16", ["-ngl", "99", "-ub", "512"]),
+        ("llama-8b", "Q4_K_M", ["-ngl", "8,24,30", "-ub", "512"]),
+    ],
+    # SWA, MLA and a second MoE family, all on the GPU and with experts on the CPU
+    "arch": [
+        ("gemma3-27b", "Q4_K_M", ["-ngl", "99", "-ub", "512"]),
+        ("deepseek2-30b-a3b", "Q4_K_M", ["-ngl", "99", "-ub", "512", "-ncmoe", "0,16"]),
+        ("qwen3-30b-a3b", "Q4_K_M", ["-ngl", "99", "-ub", "512", "-ncmoe", "0,24"]),
+    ],
+    # the 22,000 MiB budget at -c 131072 (issue 46): every --n-cpu-moe / -ub that fits it by ggfit's prediction, and
+    # three quants at theirs; a 4,096-token prompt, so that -ub matters
+    "budget": [
+        ("qwen36-35b-a3b", "Q4_K_M", ["-ngl", "99", "-ub", "512,1024,2048", "-ncmoe", "5,6,7,8", *LONG]),
+        ("qwen36-35b-a3b", "Q3_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "0,2", *LONG]),
+        ("qwen36-35b-a3b", "Q5_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "11,12", *LONG]),
+    ],
+    # the CPU alone (-dev none: no op offload to the GPU), 16 threads
+    "cpu": [
+        ("qwen35-0.8b", "Q4_K_M", ["-dev", "none", "-t", "16", *SHORT]),
+        ("llama-8b", "Q4_K_M", ["-dev", "none", "-t", "16", *SHORT]),
+        ("llama-8b", "Q8_0", ["-dev", "none", "-t", "16", *SHORT]),
+        ("qwen3-30b-a3b", "Q4_K_M", ["-dev", "none", "-t", "16", *SHORT]),
     ],
 }
 
@@ -65,7 +96,8 @@ def main() -> int:
                 print(f"{shape} {ftype}: filled {path.stat().st_size / 2**30:.2f} GiB in {time.time() - t:.0f} s",
                       flush=True)
             t = time.time()
-            p = subprocess.run([bench, "-m", str(path), *COMMON, *flags], capture_output=True, text=True, timeout=900)
+            common = RUN if "-p" in flags else COMMON
+            p = subprocess.run([bench, "-m", str(path), *common, *flags], capture_output=True, text=True, timeout=900)
             try:
                 recs = json.loads(p.stdout)
             except json.JSONDecodeError:

@@ -49,6 +49,18 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         full_attention_interval=4, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16,
         n_vocab=248320, n_ctx_train=262144, tie_embeddings=True,
     )),
+    # Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts (8 used) of 768, 32 heads, 4 KV heads of 128
+    "qwen3-30b-a3b": ("qwen3moe", dict(
+        n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144, n_ff_exp=768,
+        n_expert=128, n_expert_used=8, n_vocab=151936, n_ctx_train=262144,
+    )),
+    # An MLA MoE at the scale of GLM-4.7-Flash (deepseek2): 47 layers, hidden 2048, 20 heads, q LoRA 768,
+    # KV LoRA 512 + 64 RoPE dims, 64 experts (4 used) of 1536 plus one shared, one leading dense layer
+    "deepseek2-30b-a3b": ("deepseek2", dict(
+        n_layer=47, n_embd=2048, n_head=20, n_ff=10240, q_lora_rank=768, kv_lora_rank=512, qk_rope=64,
+        qk_nope=192, v_head_dim=256, n_layer_dense_lead=1, n_expert=64, n_expert_used=4, n_ff_exp=1536,
+        n_expert_shared=1, n_vocab=154880, n_ctx_train=202752,
+    )),
 }
 
 # a prime number of blocks: a tensor filled by repeating a chunk this long has no two equal rows
