@@ -754,7 +754,7 @@ def probe(
 
 @app.command()
 def hardware(
-    name: Annotated[Optional[str], typer.Argument(help="A profile to show with its sources, or auto: this machine.")] = None,
+    name: Annotated[Optional[str], typer.Argument(metavar="[NAME|auto]", help="A profile to show with its sources, or auto: this machine.")] = None,
     detect: Annotated[bool, typer.Option("--detect", help="What this machine is detected as, and its host memory bandwidth (as NAME auto).")] = False,
     sources: Annotated[bool, typer.Option("--sources", help="Where each figure comes from.")] = False,
     remeasure: Annotated[bool, typer.Option("--remeasure", help="With auto: measure the host bandwidth again (it is cached).")] = False,

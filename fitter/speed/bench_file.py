@@ -86,7 +86,7 @@ _PARAMS = re.compile(r"([0-9.]+)\s*([KMBT]?)", re.IGNORECASE)
 _BUILD = re.compile(r"^build:\s*(\S+)\s*\((\d+)\)")
 
 
-def test_label(n_prompt: int, n_gen: int, n_depth: int) -> str:
+def bench_label(n_prompt: int, n_gen: int, n_depth: int) -> str:
     """The test as markdown_printer::print_test names it: pp512, tg128, pp512+tg128, with " @ d4096" at a depth."""
     if n_prompt > 0 and n_gen == 0:
         s = f"pp{n_prompt}"
@@ -130,7 +130,7 @@ def row_of(fields: dict[str, Any], fmt: str, where: str) -> BenchRow:
         extra = {k: _typed(k, v) for k, v in fields.items() if k not in _FIELDS and k not in ("samples_ns", "samples_ts")}
     except (TypeError, ValueError) as e:
         raise BenchFileError(f"{where}: a value llama-bench would not print ({e})") from None
-    return BenchRow(test=test_label(n_p, n_g, n_d), format=fmt, extra=extra or None, **kw)
+    return BenchRow(test=bench_label(n_p, n_g, n_d), format=fmt, extra=extra or None, **kw)
 
 
 # --- markdown ------------------------------------------------------------------------------------------------
@@ -257,25 +257,35 @@ def _probe_rows(d: dict[str, Any], where: str) -> list[BenchRow]:
     if d.get("status") != "ok":
         return []
     cfg = d.get("config") or {}
-    fa = {"on": 1, "off": 0, "auto": -1}.get(str(cfg.get("flash_attn")))
-    common: dict[str, Any] = dict(model_filename=d.get("model_path"), n_gpu_layers=cfg.get("n_gpu_layers"),
-                  n_cpu_moe=cfg.get("n_cpu_moe"), n_ubatch=cfg.get("n_ubatch"), n_batch=cfg.get("n_batch"),
-                  type_k=cfg.get("type_k"), type_v=cfg.get("type_v"), flash_attn=fa,
-                  no_kv_offload=cfg.get("no_kv_offload"), no_op_offload=cfg.get("no_op_offload"), format="probe",
-                  extra={"runner": d.get("runner"), "source": where})
+    ctx = (d.get("params") or {}).get("context") or {}  # the python runner's: what llama.cpp was given
+    fa = ctx.get("flash_attn_type", {"on": 1, "off": 0, "auto": -1}.get(str(cfg.get("flash_attn"))))
+    commit = str((d.get("build") or {}).get("ggml_commit") or "").removesuffix("-dirty") or None
+    common: dict[str, Any] = dict(
+        model_filename=d.get("model_path"), n_gpu_layers=cfg.get("n_gpu_layers"), n_cpu_moe=cfg.get("n_cpu_moe"),
+        n_ubatch=ctx.get("n_ubatch", cfg.get("n_ubatch")), n_batch=ctx.get("n_batch", cfg.get("n_batch")),
+        n_threads=ctx.get("n_threads"), type_k=cfg.get("type_k"), type_v=cfg.get("type_v"), flash_attn=fa,
+        no_kv_offload=cfg.get("no_kv_offload"), no_op_offload=cfg.get("no_op_offload"), build_commit=commit,
+        format="probe", extra={"runner": d.get("runner"), "source": where})
     n_p, n_g = int(d.get("prompt_tokens") or 0), int(d.get("generated_tokens") or 0)
 
-    def spread(key: str) -> float | None:
-        s = d.get(key) or {}
-        return (s["max"] - s["min"]) / 2 if "max" in s and "min" in s else None
+    def rate(key: str) -> tuple[float | None, float | None]:
+        """The mean and the sample standard deviation of the measured runs' rates, as test::avg_ts and
+        test::stdev_ts take them over llama-bench's samples; else the probe's median alone."""
+        xs = [float(r[key]) for r in d.get("runs") or () if not r.get("warmup") and r.get(key)]
+        if not xs:
+            return (float(d[key]) if d.get(key) else None), None
+        mean = sum(xs) / len(xs)
+        sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+        return mean, sd
 
     out = []
-    if d.get("prefill_tps") and n_p:
-        out.append(BenchRow(test=test_label(n_p, 0, 0), avg_ts=float(d["prefill_tps"]),
-                            stddev_ts=spread("prefill_spread"), n_prompt=n_p, n_gen=0, n_depth=0, **common))
-    if d.get("decode_tps") and n_g:
-        out.append(BenchRow(test=test_label(0, n_g, n_p), avg_ts=float(d["decode_tps"]),
-                            stddev_ts=spread("decode_spread"), n_prompt=0, n_gen=n_g, n_depth=n_p, **common))
+    (pp, pp_sd), (tg, tg_sd) = rate("prefill_tps"), rate("decode_tps")
+    if pp and n_p:
+        out.append(BenchRow(test=bench_label(n_p, 0, 0), avg_ts=pp, stddev_ts=pp_sd, n_prompt=n_p, n_gen=0, n_depth=0,
+                            **common))
+    if tg and n_g:
+        out.append(BenchRow(test=bench_label(0, n_g, n_p), avg_ts=tg, stddev_ts=tg_sd, n_prompt=0, n_gen=n_g,
+                            n_depth=n_p, **common))
     return out
 
 

@@ -109,8 +109,8 @@ def get_profile(name: str, flag: str = "--hardware") -> HardwareProfile:
         return known[key]
     close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise HardwareError(f"{flag} {name}: no such hardware profile; {hint}`ggfit hardware` lists them "
-                        "(or --hardware auto: this machine)")
+    raise HardwareError(f"{flag} {name}: no such hardware profile; {hint}`ggfit hardware` lists them; auto "
+                        "is this machine")
 
 
 # --- what this machine is ------------------------------------------------------------------------------------
@@ -192,7 +192,11 @@ def _nvidia_names() -> tuple[list[str], str]:
     """The GPUs' names: NVML (pynvml) where it is installed, else nvidia-smi; and which said it."""
     import importlib.util
 
-    if importlib.util.find_spec("pynvml") is not None:
+    try:
+        has_nvml = importlib.util.find_spec("pynvml") is not None
+    except (ImportError, ValueError):  # a broken install, a module without a spec
+        has_nvml = False
+    if has_nvml:
         try:
             import pynvml  # type: ignore[import-not-found, unused-ignore]
 
