@@ -25,6 +25,7 @@ from fitter.ggml.backends.base import Backend
 from fitter.record import Record
 
 CPU = "cpu"
+UNKNOWN_NVIDIA = "nvidia-unknown"  # detect(): an NVIDIA GPU no profile names (no figures; not a profile get_profile knows)
 _TOOL_TIMEOUT_S = 5.0  # sysctl, ioreg, system_profiler, nvidia-smi: a hung tool must not hang ggfit
 BANDWIDTH_CACHE = "host-bandwidth.json"  # under fitter.cache.cache_root()
 
@@ -185,7 +186,9 @@ def _detect_apple(known: dict[str, HardwareProfile]) -> HardwareProfile | None:
     if same:
         best = min(same, key=lambda p: abs((p.gpu_cores or 0) - (cores or 0)))
         return best.model_copy(update={"detected_by": f"{said}; no profile {name}, the closest is {best.name}"})
-    return _cpu(known, f"{said}; no profile for {chip}: the CPU profile")
+    return HardwareProfile(name=name, chip=chip, backend=Backend.METAL, unified=True, gpu_cores=cores,
+                           detected_by=f"{said}; no profile for {chip}: its figures are unknown (`ggfit hardware` "
+                                       "lists the profiles, --hardware NAME picks one)")
 
 
 def _nvidia_names() -> tuple[list[str], str]:
@@ -214,7 +217,8 @@ def _nvidia_names() -> tuple[list[str], str]:
 
 
 def _norm(s: str) -> str:
-    return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()
+    """An NVML name without case, punctuation and the NVIDIA prefix ("NVIDIA A100-SXM4-80GB" -> "a100 sxm4 80gb")."""
+    return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip().removeprefix("nvidia ")
 
 
 def nvidia_profile(gpu: str, known: dict[str, HardwareProfile]) -> HardwareProfile | None:
@@ -234,9 +238,10 @@ def _detect_nvidia(known: dict[str, HardwareProfile]) -> HardwareProfile | None:
         return None
     said = f"{how}: {', '.join(names)}"
     p = nvidia_profile(names[0], known)
-    if p is None:
-        return _cpu(known, f"{said}; no profile has that NVML name: the CPU profile (`ggfit hardware` lists them, "
-                           "--hardware NAME picks one)")
+    if p is None:  # a GPU without a profile: still CUDA (the backend decides the memory fit), without figures
+        return HardwareProfile(name=UNKNOWN_NVIDIA, chip=names[0], backend=Backend.CUDA, n_devices=len(names),
+                               detected_by=f"{said}; no profile has that NVML name: its figures are unknown "
+                                           "(`ggfit hardware` lists the profiles, --hardware NAME picks one)")
     n = sum(1 for g in names if nvidia_profile(g, known) == p)
     return p.model_copy(update={"detected_by": said, "n_devices": n})
 
@@ -248,7 +253,8 @@ def _cpu(known: dict[str, HardwareProfile], said: str) -> HardwareProfile:
 def detect() -> HardwareProfile:
     """This machine's profile (`--hardware auto`): an Apple M chip by sysctl's brand string and its GPU cores
     (ioreg, system_profiler); an NVIDIA GPU by its NVML name (pynvml, else nvidia-smi); else `cpu`. Never raises:
-    a missing tool is a fallback, and `detected_by` says what decided."""
+    a missing tool is a fallback, and `detected_by` says what decided. A chip no profile names keeps its backend
+    (metal, cuda) with no figures: an Apple chip as apple_name names it, an NVIDIA GPU as `nvidia-unknown`."""
     known = profiles()
     try:
         if sys.platform == "darwin":

@@ -85,10 +85,12 @@ def test_apple_by_system_profiler_takes_the_closest_core_count(monkeypatch):
     assert "no profile apple-m4-pro-16, the closest is apple-m4-pro-20" in p.detected_by
 
 
-def test_an_apple_chip_without_a_profile_is_the_cpu(monkeypatch):
+def test_an_apple_chip_without_a_profile_keeps_metal_without_figures(monkeypatch):
     _fake_tools(monkeypatch, {"sysctl": "Apple M3 Max\n", "ioreg": IOREG.replace("= 20", "= 40")}, "darwin")
     p = hw.detect()
-    assert p.name == "cpu" and "no profile for Apple M3 Max" in p.detected_by
+    assert (p.name, p.chip, p.backend, p.unified, p.gpu_cores) == ("apple-m3-max-40", "Apple M3 Max", Backend.METAL,
+                                                                   True, 40)
+    assert p.memory_bandwidth_gbs is None and "no profile for Apple M3 Max: its figures are unknown" in p.detected_by
 
 
 @pytest.mark.parametrize("chip, cores, name", [("Apple M1", 7, "apple-m1-7"), ("Apple M3 Max", 40, "apple-m3-max-40"),
@@ -119,11 +121,20 @@ def test_nvidia_by_nvml(monkeypatch):
     assert (p.name, p.n_devices, p.detected_by) == ("nvidia-rtx-4090", 1, "NVML: NVIDIA GeForce RTX 4090")
 
 
-def test_an_unknown_nvidia_gpu_is_the_cpu_and_says_so(monkeypatch):
+def test_an_unknown_nvidia_gpu_keeps_cuda_without_figures(monkeypatch):
     _fake_tools(monkeypatch, {"nvidia-smi": "NVIDIA GeForce GT 710\n"}, "linux")
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     p = hw.detect()
-    assert p.name == "cpu" and p.detected_by.startswith("nvidia-smi: NVIDIA GeForce GT 710; no profile has that NVML")
+    assert (p.name, p.chip, p.backend, p.memory_bandwidth_gbs) == ("nvidia-unknown", "NVIDIA GeForce GT 710",
+                                                                   Backend.CUDA, None)
+    assert p.detected_by.startswith("nvidia-smi: NVIDIA GeForce GT 710; no profile has that NVML name")
+
+
+def test_nvml_names_match_without_case_punctuation_or_the_nvidia_prefix():
+    known = hw.profiles()
+    assert hw.nvidia_profile("nvidia geforce rtx-4090", known).name == "nvidia-rtx-4090"  # type: ignore[union-attr]
+    assert hw.nvidia_profile("GeForce RTX 4090", known).name == "nvidia-rtx-4090"  # type: ignore[union-attr]
+    assert hw.nvidia_profile("NVIDIA GeForce RTX 4090 Laptop GPU", known) is None
 
 
 def test_no_tools_at_all_is_the_cpu(monkeypatch):
