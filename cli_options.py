@@ -145,6 +145,11 @@ def hardware_of(name: str = "auto", host_bandwidth: str | None = None):
     return resolve(name, host_bandwidth)
 
 
+def backend_of_hardware(name: BackendName | None, profile):
+    """--backend when given, else the --hardware profile's (issue 46: --hardware sets the backend)."""
+    return fitter.Backend(name.value) if name else profile.backend
+
+
 def threads_of(threads: int | None) -> int:
     """-t N, or llama.cpp's default (the physical cores); 0 or less is one line, as llama.cpp's own -t needs one."""
     from fitter.speed.hardware import default_threads

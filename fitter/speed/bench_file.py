@@ -23,7 +23,9 @@ class BenchFileError(GGFitError):
 
 class BenchRow(Record):
     """One llama-bench test: its settings and its rate, by llama-bench's field names (test::get_fields); None where
-    the format does not say (the markdown table prints a column only where a value differs from the default)."""
+    the format does not say. The markdown table prints a column only where a value differs from llama-bench's
+    default: -b, -ub, -ctk, -ctv and --n-cpu-moe left out are their defaults (2048, 512, f16, f16, 0), named in
+    extra["assumed"]; the others left out (-fa, -t, -ngl on a CPU backend, ...) are None."""
 
     test: str  # as markdown_printer prints it: pp512, tg128, pp512+tg128, pp512 @ d4096
     avg_ts: float  # tokens per second: the mean over the repetitions
@@ -296,6 +298,9 @@ def _objects(items: Iterable[Any], fmt: str, path: str) -> list[BenchRow]:
             raise BenchFileError(f"{path}: item {n} is not an object")
         if "status" in d and "runner" in d and "config" in d:
             out += _probe_rows(d, f"{path}: item {n}")
+        elif "avg_ts" not in d:
+            raise BenchFileError(f"{path}: item {n} is neither a llama-bench result (it has no avg_ts) nor a ggfit "
+                                 "probe result")
         else:
             out.append(row_of(d, fmt, f"{path}: {'line' if fmt == 'jsonl' else 'item'} {n}"))
     return out

@@ -125,7 +125,8 @@ def test_jsonl_of_a_single_object_and_json_of_one_object(tmp_path, truth):
 
 @pytest.mark.parametrize("content, phrase", [
     (None, "no such file"), ("", "empty"), ("   \n", "empty"), ("hello\nworld\n", "no llama-bench results"),
-    ("[1, 2]", "item 1 is not an object"), ('[{"n_prompt": 512}]', "no avg_ts"),
+    ("[1, 2]", "item 1 is not an object"), ('[{"n_prompt": 512}]', "item 1 is neither a llama-bench result"),
+    ('{"avg_ts": 1.0, "n_prompt": "x"}', "item 1: a value llama-bench would not print"),
     ("| model | test | t/s |\n| --- | --: | --: |\n| x | pp512 | fast |\n", "t/s 'fast' is not llama-bench's"),
     ("| model | test | t/s |\n| --- | --: | --: |\n| x | warmup | 1.0 |\n", "test 'warmup' is not llama-bench's"),
     ("| model | test | t/s |\n| --- | --: | --: |\n| x | pp512 |\n", "2 cells under 3 columns"),
