@@ -752,6 +752,21 @@ def probe(
     raise typer.Exit(code)
 
 
+@app.command()
+def hardware(
+    name: Annotated[Optional[str], typer.Argument(metavar="[NAME|auto]", help="A profile to show with its sources, or auto: this machine.")] = None,
+    detect: Annotated[bool, typer.Option("--detect", help="What this machine is detected as, and its host memory bandwidth (as NAME auto).")] = False,
+    sources: Annotated[bool, typer.Option("--sources", help="Where each figure comes from.")] = False,
+    remeasure: Annotated[bool, typer.Option("--remeasure", help="With auto: measure the host bandwidth again (it is cached).")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """The speed model's hardware profiles: memory bandwidth, FP16 compute, GPU cores, memory sizes, each figure's
+    source; with auto, this machine's."""
+    from cli_hardware import show_hardware
+
+    show_hardware(name, detect=detect, sources=sources, remeasure=remeasure, as_json=as_json)
+
+
 def _usage_line(e) -> str:
     """click's usage error (unknown option, missing argument, a value that is not a number) as one line."""
     msg = " ".join(e.format_message().split())

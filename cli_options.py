@@ -115,6 +115,11 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="The sampler's se
 TrialsOpt = Annotated[Optional[int], typer.Option("--trials", help="Probes to run in all (optimise: default the study's budget; compare-engines: default 8, 2 or more, both engines' defaults first).")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help="Optuna storage URL (sqlite:///path.db, postgresql://...) or a .db path (default: sqlite under ~/.local/share/ggfit).")]
 
+# the speed model's (issue 46): the hardware whose rates are predicted, the host side of partial offload, -t
+HardwareOpt = Annotated[str, typer.Option("--hardware", metavar="NAME|auto", help="The hardware whose prefill and decode rates are predicted: a profile (ggfit hardware lists them: apple-m4-pro-20, nvidia-rtx-4090, cpu, ...) or auto (this machine: its Apple chip and GPU cores, its NVIDIA GPU, else cpu). It sets the backend when --backend is not given.")]
+HostBandwidthOpt = Annotated[Optional[str], typer.Option("--host-bandwidth", metavar="RATE", help="Host memory bandwidth for weights on the CPU: 90GB/s, 900MB/s, 1.2TB/s (default: measured once on this machine and cached, with --hardware auto).")]
+Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", help="llama.cpp's -t: CPU threads for the layers and experts on the CPU (default: llama.cpp's, the physical cores).")]
+
 
 def detect_backend() -> str:
     import platform  # only without --backend
@@ -130,6 +135,30 @@ def backend_of(name: BackendName | None):
     """--backend, or this machine's own when not given."""
 
     return fitter.Backend(name.value if name else detect_backend())
+
+
+def hardware_of(name: str = "auto", host_bandwidth: str | None = None):
+    """--hardware NAME|auto and --host-bandwidth: the HardwareProfile, its host bandwidth set (fitter.speed.hardware
+    .resolve); an unknown profile or an unreadable rate is one line (HardwareError)."""
+    from fitter.speed.hardware import resolve
+
+    return resolve(name, host_bandwidth)
+
+
+def backend_of_hardware(name: BackendName | None, profile):
+    """--backend when given, else the --hardware profile's (issue 46: --hardware sets the backend)."""
+    return fitter.Backend(name.value) if name else profile.backend
+
+
+def threads_of(threads: int | None) -> int:
+    """-t N, or llama.cpp's default (the physical cores); 0 or less is one line, as llama.cpp's own -t needs one."""
+    from fitter.speed.hardware import default_threads
+
+    if threads is None:
+        return default_threads()
+    if threads < 1:
+        raise fitter.ConfigError(f"-t {threads}: use 1 or more threads")
+    return threads
 
 
 def frontend_of(name: FrontendName):

@@ -199,6 +199,10 @@ CASES += [
     (("report", "s1", "--storage", "{db}", "--out", "/proc/nope"), "--out /proc/nope"),
     (("report", "s1", "--storage", "{db}", "--out", "{file}"), "not a directory"),
     (("report", "s1", "--storage", "{db}", "--out", "{file}/sub"), "--out"),
+    # hardware profiles
+    (("hardware", "no-such-chip"), "ggfit hardware no-such-chip: no such hardware profile"),
+    (("hardware", "--no-such-flag"), "--no-such-flag"),
+    (("hardware", "auto", "extra"), "extra"),
 ]
 
 

@@ -132,7 +132,7 @@ def test_context_above_training_warns_once(gemma):
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
-COMMANDS = ["inspect", "fit", "quants", "optimise", "report", "calibrate", "probe"]
+COMMANDS = ["inspect", "fit", "quants", "optimise", "report", "calibrate", "probe", "hardware"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
