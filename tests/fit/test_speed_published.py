@@ -55,7 +55,9 @@ def test_rows_name_known_hardware_and_shapes():
         assert r["model"] in SHAPES, r["model"]
         assert isinstance(r["tps"], float) and r["tps"] > 0
         assert r["source"].startswith("https://") and r["where"]
-        kind, n = re.fullmatch(r"(pp|tg)(\d+)", r["test"]).groups()  # type: ignore[union-attr]
+        m = re.fullmatch(r"(pp|tg)(\d+)", r["test"])
+        assert m, r["test"]
+        kind, n = m.groups()
         assert (r["n_prompt"], r["n_gen"]) == ((int(n), 0) if kind == "pp" else (0, int(n)))
         assert r["depth"] >= 0 and r["n_ubatch"] > 0 and r["flash_attn"] in (0, 1)
         assert r["backend"] == {"metal": "Metal", "cuda": "CUDA"}[str(BY_NAME[r["hardware"]]["backend"])]
