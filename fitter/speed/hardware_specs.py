@@ -84,6 +84,8 @@ _PRO6000_SM = ("https://ferreiradozezere.net/entretenimento/a-mansao-na-qual-ade
 _SPARK = "https://ai-infrastructure.net/dgx-spark/"
 _SPARK_BENCH = ("https://github.com/ggml-org/llama.cpp/blob/4c7e9893c4ca8eec35d032726d14b74fae76cff8/benches/"
                 "dgx-spark.md")
+_XD_NB = ("https://github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference/blob/7d5af5243b33c4fbea06cfaa962aa7fdee031af6/"
+          "LLaMA%203/Professional%20GPUs/")  # llama.cpp's device line in each notebook's llama-bench output
 _H200_SMI = "benchmarks/results/gpu-memory-h200.json"  # nvidia-smi on the device this project measures on
 
 
@@ -236,12 +238,13 @@ _NVIDIA: tuple[dict[str, object], ...] = (
     _nv("nvidia-a100-40gb", "NVIDIA A100 40GB PCIe", bw=1555.0, src=_GPUMAP, mem=(40,), sms=108, fp16=312.0,
         int8=624.0, pcie=32.0),
     _nv("nvidia-a100-80gb", "NVIDIA A100 80GB PCIe", bw=1935.0, src=_GPUMAP, mem=(80,), sms=108, fp16=312.0,
-        int8=624.0, pcie=32.0),
-    _nv("nvidia-l40s", "NVIDIA L40S", bw=864.0, src=_GPUMAP, mem=(48,), fp16=366.0, int8=733.0, pcie=32.0),
+        int8=624.0, pcie=32.0, nvml=("NVIDIA A100 80GB PCIe",), nvml_src=_XD_NB + "A100_PCIe_v3.ipynb"),
+    _nv("nvidia-l40s", "NVIDIA L40S", bw=864.0, src=_GPUMAP, mem=(48,), fp16=366.0, int8=733.0, pcie=32.0,
+        nvml=("NVIDIA L40S",), nvml_src=_XD_NB + "L40S_v3.ipynb"),
     _nv("nvidia-h100-sxm", "NVIDIA H100 SXM5 80GB", bw=3352.0, src=_GPUMAP, mem=(80,), sms=132, fp16=989.0,
         int8=1979.0, pcie=64.0),
     _nv("nvidia-h100-pcie", "NVIDIA H100 PCIe 80GB", bw=2048.0, src=_GPUMAP, mem=(80,), sms=114, fp16=756.0,
-        int8=1513.0, pcie=64.0),
+        int8=1513.0, pcie=64.0, nvml=("NVIDIA H100 PCIe",), nvml_src=_XD_NB + "H100_PCIe_v3.ipynb"),
     _nv("nvidia-h200", "NVIDIA H200 SXM5 141GB", bw=4800.0, src=_GPUMAP, mem=(141,), sms=132, fp16=989.0,
         int8=1979.0, pcie=64.0, nvml=("NVIDIA H200",), nvml_src=_H200_SMI),
     # unified

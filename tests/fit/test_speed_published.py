@@ -74,7 +74,7 @@ def test_rows_are_unique():
 
 # llama-bench's params column for the published files; the shapes are built sparse (header only)
 _PARAMS_B = {"llama2-7b": 6.74, "qwen2.5-coder-7b": 7.62, "qwen3-coder-30b-a3b": 30.53, "gemma3-4b": 3.88,
-             "gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83}
+             "gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83, "llama3-8b": 8.03, "llama3-70b": 70.55}
 
 
 @pytest.mark.parametrize("model", sorted({r["model"] for r in ROWS}))

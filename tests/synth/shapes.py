@@ -55,6 +55,14 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000, n_ctx_train=4096,
         rope_freq_base=10000.0,
     )),
+    # Llama 3 8B and 70B (XiongjieDai/GPU-Benchmarks-on-LLM-Inference): GQA 8 KV heads of 128, vocab 128,256,
+    # 8K training context
+    "llama3-8b": ("llama", dict(
+        n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, n_ctx_train=8192,
+    )),
+    "llama3-70b": ("llama", dict(
+        n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672, n_vocab=128256, n_ctx_train=8192,
+    )),
     # Qwen2.5-Coder-7B (llama.cpp benches/): 28 layers, 28 heads, 4 KV heads of 128, untied output
     "qwen2.5-coder-7b": ("qwen2", dict(
         n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_vocab=152064, n_ctx_train=32768,
