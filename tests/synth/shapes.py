@@ -61,6 +61,42 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         qk_nope=192, v_head_dim=256, n_layer_dense_lead=1, n_expert=64, n_expert_used=4, n_ff_exp=1536,
         n_expert_shared=1, n_vocab=154880, n_ctx_train=202752,
     )),
+    # The models of the published llama-bench tables (benchmarks/results/speed-published.json).
+    # Llama 2 7B (llama.cpp discussions #4167, #15013): 32 layers, MHA 32 heads of 128, vocab 32,000
+    "llama2-7b": ("llama", dict(
+        n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000, n_ctx_train=4096,
+        rope_freq_base=10000.0,
+    )),
+    # Llama 3 8B and 70B (XiongjieDai/GPU-Benchmarks-on-LLM-Inference): GQA 8 KV heads of 128, vocab 128,256,
+    # 8K training context
+    "llama3-8b": ("llama", dict(
+        n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, n_ctx_train=8192,
+    )),
+    "llama3-70b": ("llama", dict(
+        n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672, n_vocab=128256, n_ctx_train=8192,
+    )),
+    # Qwen2.5-Coder-7B (llama.cpp benches/): 28 layers, 28 heads, 4 KV heads of 128, untied output
+    "qwen2.5-coder-7b": ("qwen2", dict(
+        n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_vocab=152064, n_ctx_train=32768,
+        tie_embeddings=False,
+    )),
+    # Qwen3-Coder-30B-A3B (llama.cpp benches/): 48 layers, 128 experts (8 used) of 768, 32 heads,
+    # 4 KV heads of 128, vocab 151,936
+    "qwen3-coder-30b-a3b": ("qwen3moe", dict(
+        n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144, n_ff_exp=768,
+        n_expert=128, n_expert_used=8, n_vocab=151936, n_ctx_train=262144,
+    )),
+    # Gemma 3 4B (llama.cpp benches/, text model): 34 layers, 5 SWA (1024) to 1 global, 8 heads,
+    # 4 KV heads of 256
+    "gemma3-4b": ("gemma3", dict(
+        n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256, n_ff=10240, n_vocab=262208,
+        n_ctx_train=131072, sliding_window=1024, rope_freq_base=1000000.0, rope_freq_base_swa=10000.0,
+    )),
+    # gpt-oss 120B (llama.cpp benches/): gpt-oss 20B's layers, 36 of them, 128 experts (4 used)
+    "gpt-oss-120b": ("gpt-oss", dict(
+        n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_ff_exp=2880,
+        n_expert=128, n_expert_used=4, n_swa=128, n_vocab=201088, n_ctx_train=131072, rope_yarn_factor=32.0,
+    )),
 }
 
 # a prime number of blocks: a tensor filled by repeating a chunk this long has no two equal rows
