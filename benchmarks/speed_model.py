@@ -1,0 +1,258 @@
+"""The speed model against measured llama-bench rates: fit its coefficients, print its errors.
+
+    python benchmarks/speed_model.py            # errors of fitter/speed/factors.py on the truth set
+    python benchmarks/speed_model.py --fit      # fit on the training rows, write fitter/speed/factors.py, print errors
+
+The truth set: our llama-bench runs on one H200 (benchmarks/results/speed-h200.json: llama.cpp 0c1e570, CUDA,
+dense, MoE, hybrid, SWA, MLA shapes, quants, -ngl partial, --n-cpu-moe, the host CPU alone) and published
+llama-bench tables (benchmarks/results/speed-published.json: Apple M1-M5 and NVIDIA cards, each row cited). One row
+in three is held out of the fit, by a hash of its hardware, model, quant and test, so that the same rows stay out
+every time; the errors are printed for the training and the held-out rows, by family. Error = predicted /
+measured - 1. Prefill rows of the synthetic MoE shapes under --n-cpu-moe are printed apart and kept out of the fit
+(see `SYNTHETIC_ROUTING`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fitter import RunConfig, load_model_spec  # noqa: E402
+from fitter.ggml.backends.base import Backend  # noqa: E402
+from fitter.speed import factors as factors_mod  # noqa: E402
+from fitter.speed.hardware import HardwareProfile, get_profile  # noqa: E402
+from fitter.speed.model import decode_terms, prefill_terms, seconds  # noqa: E402
+from fitter.speed.work import work_of  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+H200_HOST_GBS = 90.0  # the device's host memory (DEVELOPERS.md: ~90 GB/s), its 16 cores
+H200_THREADS = 16
+# The random router of a synthetic MoE shape sends llama-bench's prompt tokens to a few experts, so that
+# ggml_backend_sched_compute_splits copies only those of the CPU-held experts to the GPU (it copies the used
+# experts alone): pp under --n-cpu-moe then runs 2-5x above what uniform routing (a real model) streams. Printed apart.
+SYNTHETIC_ROUTING = ("qwen36-35b-a3b", "qwen3-30b-a3b", "deepseek2-30b-a3b")
+
+
+@dataclass
+class Case:
+    hardware: str
+    backend: Backend
+    shape: str
+    ftype: str
+    kind: str  # decode | prefill
+    n_prompt: int
+    n_gen: int
+    depth: int
+    n_ubatch: int
+    ngl: int
+    n_cpu_moe: int
+    threads: int
+    tps: float
+    family: str  # apple | nvidia | h200 | h200-partial | cpu
+    source: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.hardware}|{self.shape}|{self.ftype}|{self.kind}|{self.n_prompt}|{self.n_gen}|{self.depth}|" \
+               f"{self.n_ubatch}|{self.ngl}|{self.n_cpu_moe}"
+
+    @property
+    def held_out(self) -> bool:
+        return int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % 3 == 0
+
+    @property
+    def fit_excluded(self) -> bool:
+        return self.kind == "prefill" and self.n_cpu_moe > 0 and self.shape in SYNTHETIC_ROUTING
+
+
+def _h200_cases() -> list[Case]:
+    d = json.load(open(RESULTS / "speed-h200.json"))
+    out = []
+    for r in d["rows"]:
+        cpu = "-dev" in r["flags"]
+        ngl = int(r["n_gpu_layers"])
+        partial = bool(r["n_cpu_moe"]) or 0 <= ngl < 99
+        out.append(Case(
+            hardware="cpu" if cpu else "nvidia-h200", backend=Backend.CPU if cpu else Backend.CUDA, shape=r["shape"],
+            ftype=r["ftype"], kind="decode" if r["n_gen"] else "prefill", n_prompt=r["n_prompt"], n_gen=r["n_gen"],
+            depth=r["n_depth"], n_ubatch=r["n_ubatch"], ngl=-1 if ngl >= 99 or cpu else ngl,
+            n_cpu_moe=r["n_cpu_moe"], threads=r["n_threads"], tps=r["avg_ts"],
+            family="cpu" if cpu else ("h200-partial" if partial else "h200"),
+            source=f"benchmarks/results/speed-h200.json ({r['group'] if 'group' in r else 'dense/moe'})"))
+    return out
+
+
+def _published_cases() -> list[Case]:
+    d = json.load(open(RESULTS / "speed-published.json"))
+    out = []
+    for r in d["rows"]:
+        hw = r["hardware"]
+        out.append(Case(
+            hardware=hw, backend=Backend.METAL if hw.startswith("apple") else Backend.CUDA, shape=r["model"],
+            ftype=r["ftype"], kind="decode" if r["n_gen"] else "prefill", n_prompt=r["n_prompt"], n_gen=r["n_gen"],
+            depth=r["depth"], n_ubatch=r.get("n_ubatch") or 512, ngl=-1, n_cpu_moe=0, threads=8, tps=r["tps"],
+            family="apple" if hw.startswith("apple") else "nvidia", source=r["source"]))
+    return out
+
+
+def cases() -> list[Case]:
+    return _h200_cases() + _published_cases()
+
+
+def _types(shape: str, ftype: str) -> dict[str, str]:
+    from fitter.fit.quants import predict_quant
+    from fitter.gguf.reader import read_header
+    from tests.synth.shapes import SHAPES, build_shape
+
+    gpt_oss = SHAPES[shape][0] == "gpt-oss"
+    q = "Q8_0" if ftype == "MXFP4" else ftype
+    types = {t.name: t.type_name.lower() for t in predict_quant(read_header(build_shape(shape)), q).tensors}
+    if gpt_oss:  # the released gpt-oss files keep their MXFP4 experts in every quant
+        types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
+    return types
+
+
+@lru_cache(maxsize=None)
+def _model(shape: str, ftype: str) -> tuple[Any, Any]:
+    from tests.synth.shapes import build_shape
+
+    return load_model_spec(str(build_shape(shape, tensor_types=_types(shape, ftype))))
+
+
+@lru_cache(maxsize=None)
+def _profile(name: str) -> HardwareProfile:
+    p = get_profile(name)
+    if name in ("nvidia-h200", "cpu"):
+        p = p.model_copy(update={"host_bandwidth_gbs": H200_HOST_GBS, "host_bandwidth_source": "the H200 host"})
+    return p
+
+
+def terms_of(c: Case) -> dict[str, float]:
+    header, spec = _model(c.shape, c.ftype)
+    cfg = RunConfig(n_gpu_layers=c.ngl, n_cpu_moe=c.n_cpu_moe, n_ubatch=c.n_ubatch, flash_attn="on")
+    work = work_of(header, spec, cfg, c.backend)
+    hw = _profile(c.hardware)
+    if c.kind == "decode":
+        t = decode_terms(work, hw, c.backend, c.depth, c.threads)
+        return {k: v * c.n_gen for k, v in t.items()}
+    return prefill_terms(work, hw, c.backend, c.n_prompt, c.n_ubatch, c.depth, c.threads, op_offload=True)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    try:
+        from scipy.optimize import nnls  # only here, offline
+
+        return nnls(a, b, maxiter=5000)[0]
+    except ImportError:  # projected least squares
+        x = np.linalg.lstsq(a, b, rcond=None)[0]
+        for _ in range(50):
+            keep = x > 0
+            x = np.zeros_like(x)
+            x[keep] = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
+            if (x >= 0).all():
+                break
+        return np.clip(x, 0, None)
+
+
+def fit(train: list[Case]) -> dict[str, dict[str, dict[str, float]]]:
+    """Coefficients per backend and kind: non-negative least squares on the relative error (each row's terms over its
+    measured seconds, against 1)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for backend in (Backend.CUDA, Backend.METAL, Backend.CPU):
+        out[backend.value] = {}
+        for kind in ("decode", "prefill"):
+            rows = [c for c in train if c.backend == backend and c.kind == kind and not c.fit_excluded]
+            if not rows:
+                continue
+            terms = [terms_of(c) for c in rows]
+            names = sorted({k for t in terms for k in t})
+            sec = np.array([(c.n_gen if kind == "decode" else c.n_prompt) / c.tps for c in rows])
+            a = np.array([[t.get(k, 0.0) for k in names] for t in terms]) / sec[:, None]
+            x = _nnls(a, np.ones(len(rows)))
+            out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x) if v > 0}
+    return out
+
+
+def predicted_tps(c: Case, coef: dict[str, dict[str, dict[str, float]]]) -> float:
+    co = coef.get(c.backend.value, {}).get(c.kind, {})
+    s = seconds(terms_of(c), co)
+    n = c.n_gen if c.kind == "decode" else c.n_prompt
+    return n / s if s > 0 else float("nan")
+
+
+def _stats(errs: list[float]) -> str:
+    if not errs:
+        return "-"
+    a = np.abs(np.array(errs))
+    return f"n={len(a):3d} median {np.median(a) * 100:5.1f}%  p90 {np.percentile(a, 90) * 100:5.1f}%  " \
+           f"worst {a.max() * 100:6.1f}%"
+
+
+def report(all_cases: list[Case], coef: dict, *, verbose: bool = False) -> dict[str, dict[str, float]]:
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    spreads: dict[str, dict[str, float]] = {}
+    for c in all_cases:
+        p = predicted_tps(c, coef)
+        e = p / c.tps - 1
+        split = "apart" if c.fit_excluded else ("held-out" if c.held_out else "train")
+        groups.setdefault((split, c.kind, c.family), []).append(e)
+        if verbose:
+            print(f"{split:8s} {c.family:12s} {c.hardware:28s} {c.shape:20s} {c.ftype:7s} {c.kind:7s} "
+                  f"p{c.n_prompt} g{c.n_gen} d{c.depth} ub{c.n_ubatch} ngl{c.ngl} ncmoe{c.n_cpu_moe}: "
+                  f"measured {c.tps:9.1f} predicted {p:9.1f} ({e * 100:+6.1f}%)")
+    for split in ("train", "held-out", "apart"):
+        for kind in ("decode", "prefill"):
+            every: list[float] = []
+            for fam in ("apple", "nvidia", "h200", "h200-partial", "cpu"):
+                es = groups.get((split, kind, fam), [])
+                every += es
+                if es:
+                    print(f"{split:8s} {kind:7s} {fam:12s} {_stats(es)}")
+            if every:
+                print(f"{split:8s} {kind:7s} {'all':12s} {_stats(every)}")
+                if split == "train":
+                    spreads[kind] = {"p80": float(np.percentile(np.abs(every), 80))}
+    return spreads
+
+
+def write_factors(coef: dict, spreads: dict, n_train: int) -> None:
+    path = ROOT / "fitter" / "speed" / "factors.py"
+    path.write_text(
+        '"""The speed model\'s coefficients per backend (fitter.speed.model), fitted by `python benchmarks/speed_model.py\n'
+        f'--fit` on {n_train} training rows of the truth set (our H200 llama-bench runs, llama.cpp 0c1e570, and the\n'
+        'published tables of benchmarks/results/speed-published.json). Generated: edit the fit, not this file.\n'
+        'SPREAD: the 80th percentile of the training rows\' relative error, the range `fit` shows."""\n\n'
+        f"COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {json.dumps(coef, indent=4, sort_keys=True)}\n\n"
+        f"SPREAD: dict[str, float] = {json.dumps({k: round(v['p80'], 4) for k, v in spreads.items()})}\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fit", action="store_true", help="fit on the training rows and write fitter/speed/factors.py")
+    ap.add_argument("-v", "--verbose", action="store_true", help="every row")
+    args = ap.parse_args()
+    every = cases()
+    if args.fit:
+        train = [c for c in every if not c.held_out]
+        coef = fit(train)
+        spreads = report(every, coef, verbose=args.verbose)
+        write_factors(coef, spreads, len([c for c in train if not c.fit_excluded]))
+        print(json.dumps(coef, indent=1))
+    else:
+        report(every, factors_mod.COEFFICIENTS, verbose=args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

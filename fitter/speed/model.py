@@ -1,0 +1,209 @@
+"""llama-bench's rates from the work per token (fitter.speed.work) and a hardware profile.
+
+A decoded token (tg at depth D) takes
+
+    sum over devices of  bytes read / bandwidth x a_bw[type]  +  FLOPs / compute x a_dq[type]  (dequantization)
+    + KV and recurrent state / bandwidth x a_kv  +  layers x a_layer  +  a_token  +  host<->GPU crossings x a_split
+
+and a ubatch of U prompt tokens (pp<N> at -ub U)
+
+    sum over devices of  U x FLOPs / compute x a_c[type]  +  attention FLOPs / compute x a_attn
+    + every weight once / bandwidth x a_read  +  CPU weights streamed to the GPU / PCIe x a_copy
+    (op offload: U >= 32 on CUDA)  +  CPU weights' FLOPs / (threads x 1 GFLOP/s) x a_cpu  +  layers x a_layer
+    + a_ubatch.
+
+Each time is linear in its coefficients `a`, fitted per backend to measured llama-bench runs
+(benchmarks/speed_model.py --fit writes fitter/speed/factors.py; `ggfit calibrate --bench` scales them to one
+machine). The largest term names the resource that bounds the rate.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from fitter.ggml.backends.base import Backend
+from fitter.llama.weights import CPU_DEV
+from fitter.record import Record
+from fitter.speed.hardware import HardwareProfile
+from fitter.speed.work import OP_OFFLOAD_MIN_BATCH, Work
+
+Kind = Literal["decode", "prefill"]
+_GB = 1e9
+_APPLE_GEN = re.compile(r"apple-m(\d)")
+
+
+class Rates(Record):
+    prefill_tps: float
+    decode_tps: float
+
+
+class SpeedPrediction(Record):
+    """llama-bench's pp<prompt_tokens> and tg at `depth`, with the range the truth set's errors give, and the resource
+    that bounds each rate."""
+
+    prefill_tps: float
+    decode_tps: float
+    prompt_tokens: int
+    depth: int
+    n_ubatch: int
+    hardware: str
+    low: Rates
+    high: Rates
+    bound: dict[str, str]  # "prefill" / "decode" -> e.g. "bandwidth (CUDA0)", "PCIe (CPU weights to CUDA0)"
+    calibrated: str = ""  # the stored calibration used, if any
+
+    def seconds(self, n_gen: int = 128) -> float:
+        """A request's time: the prompt, then n_gen decoded tokens."""
+        return self.prompt_tokens / self.prefill_tps + n_gen / self.decode_tps
+
+
+def _dev_name(backend: Backend, d: int) -> str:
+    if d == CPU_DEV:
+        return "CPU"
+    return {Backend.CUDA: "CUDA", Backend.METAL: "MTL"}.get(backend, "GPU") + str(d)
+
+
+def gpu_compute_tflops(hw: HardwareProfile) -> float:
+    """The device's compute scale: its FP16 TFLOPS, or on Apple its GPU cores (prefill tracks cores there; the
+    factor per generation is fitted), or a guess from the bandwidth where the profile has neither."""
+    if hw.backend == Backend.METAL and hw.gpu_cores:
+        return float(hw.gpu_cores)
+    if hw.fp16_tflops:
+        return hw.fp16_tflops
+    if hw.int8_tops:
+        return hw.int8_tops / 4
+    if hw.memory_bandwidth_gbs:
+        return hw.memory_bandwidth_gbs / 10
+    return 10.0
+
+
+def apple_generation(hw: HardwareProfile) -> str:
+    m = _APPLE_GEN.match(hw.name)
+    return f"m{m.group(1)}" if m else "m4"
+
+
+def host_bandwidth(hw: HardwareProfile) -> float:
+    if hw.host_bandwidth_gbs:
+        return hw.host_bandwidth_gbs
+    if hw.backend == Backend.CPU and hw.memory_bandwidth_gbs:
+        return hw.memory_bandwidth_gbs
+    return 60.0  # no figure: a dual-channel DDR5 desktop's order
+
+
+def _bandwidth(hw: HardwareProfile, d: int) -> float:
+    if d == CPU_DEV or hw.backend == Backend.CPU:
+        return host_bandwidth(hw) * _GB
+    return (hw.memory_bandwidth_gbs or host_bandwidth(hw)) * _GB
+
+
+def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, threads: int) -> dict[str, float]:
+    """Seconds per decoded token at unit coefficients, by term ("bw.k@CUDA0", "kv@CPU", "layer", ...)."""
+    out: dict[str, float] = {}
+
+    def add(k: str, v: float) -> None:
+        if v:
+            out[k] = out.get(k, 0.0) + v
+
+    c_gpu = gpu_compute_tflops(hw) * 1e12
+    for d, w in work.devices.items():
+        host = d == CPU_DEV and backend != Backend.CPU
+        bw = _bandwidth(hw, d)
+        where = "host" if host else "dev"
+        for cls, b in w.bytes_token.items():
+            add(f"bw.{cls}" if not host else "host", b / bw)
+        if host or backend == Backend.CPU:
+            add("cpu", sum(w.flops_token.values()) / (threads * 1e9))
+        else:
+            for cls, f in w.flops_token.items():
+                add(f"dq.{cls}", f / c_gpu)
+        kv = w.kv_bytes_per_pos * (depth + 1) + w.kv_swa_bytes_per_pos * (min(depth, work.n_swa or depth) + 1)
+        add(f"kv.{where}", (kv + w.state_bytes) / bw)
+        if d != CPU_DEV or backend == Backend.CPU:
+            add("layer", float(w.n_layers))
+    add("token", 1.0)
+    add("split", float(work.splits))
+    return out
+
+
+def _offloaded(backend: Backend, n_ubatch: int, op_offload: bool) -> bool:
+    # ggml_backend_sched: an op on a host weight runs on the GPU when the GPU backend's offload_op accepts it
+    # (ggml-cuda.cu: batch >= 32); ggml-metal offloads nothing (its device shares the memory)
+    return backend == Backend.CUDA and op_offload and n_ubatch >= OP_OFFLOAD_MIN_BATCH
+
+
+def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: int, pos: float, threads: int,
+                 op_offload: bool) -> dict[str, float]:
+    """Seconds for one ubatch of n_tokens whose tokens sit at mean position `pos`, at unit coefficients."""
+    out: dict[str, float] = {}
+
+    def add(k: str, v: float) -> None:
+        if v:
+            out[k] = out.get(k, 0.0) + v
+
+    c_gpu = gpu_compute_tflops(hw) * 1e12
+    gen = apple_generation(hw) if backend == Backend.METAL else ""
+    offload = _offloaded(backend, n_tokens, op_offload)
+    pcie = (hw.pcie_gbs or 16.0) * _GB
+    for d, w in work.devices.items():
+        on_cpu = d == CPU_DEV or backend == Backend.CPU
+        flops = {cls: f * n_tokens for cls, f in w.flops_token.items()}
+        if on_cpu and not (offload and d == CPU_DEV):
+            add("cpu", sum(flops.values()) / (threads * 1e9))
+        else:
+            for cls, f in flops.items():
+                add(f"c.{gen or cls}", f / c_gpu)
+            if d == CPU_DEV:  # streamed to the GPU once per ubatch
+                add("copy", sum(b for cls, b in w.bytes_all.items()) / pcie)
+            else:
+                add("read", sum(w.bytes_all.values()) / _bandwidth(hw, d))
+        n_pos = pos + 1
+        attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
+        add("attn.cpu" if on_cpu else "attn", attn / (threads * 1e9 if on_cpu else c_gpu))
+        if not on_cpu or backend == Backend.CPU:
+            add("layer", float(w.n_layers))
+    add("ubatch", 1.0)
+    add("split", float(work.splits))
+    return out
+
+
+def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: int, n_ubatch: int, depth: int,
+                  threads: int, op_offload: bool) -> dict[str, float]:
+    """Seconds for a prompt of n_prompt tokens after `depth` (llama-bench pp<n_prompt> -d depth), at unit
+    coefficients: llama_decode splits it into ubatches of n_ubatch."""
+    out: dict[str, float] = {}
+    done = 0
+    while done < n_prompt:
+        n = min(n_ubatch, n_prompt - done)
+        for k, v in ubatch_terms(work, hw, backend, n, depth + done + n / 2, threads, op_offload).items():
+            out[k] = out.get(k, 0.0) + v
+        done += n
+    return out
+
+
+def seconds(terms: dict[str, float], coef: dict[str, float]) -> float:
+    return sum(v * coef.get(k, coef.get(k.split(".")[0], 0.0)) for k, v in terms.items())
+
+
+def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, work: Work) -> str:
+    parts = {k: v * coef.get(k, coef.get(k.split(".")[0], 0.0)) for k, v in terms.items()}
+    if not parts:
+        return "unknown"
+    key = max(parts, key=lambda k: parts[k])
+    gpu = _dev_name(backend, work.gpus[0]) if work.gpus else "CPU"
+    head = key.split(".")[0]
+    return {
+        "bw": f"bandwidth ({gpu})", "kv": "KV cache reads", "dq": f"dequantization ({gpu})", "host": "host memory (CPU)",
+        "cpu": "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
+        "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
+        "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs",
+    }.get(head, head)
+
+
+def spread(x: float, rel: float) -> tuple[float, float]:
+    return x / (1 + rel), x * (1 + rel)
+
+
+def finite(x: float) -> float:
+    return x if math.isfinite(x) and x > 0 else 0.0
