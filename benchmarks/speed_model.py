@@ -44,6 +44,20 @@ H200_THREADS = 16
 SYNTHETIC_ROUTING = ("qwen36-35b-a3b", "qwen3-30b-a3b", "deepseek2-30b-a3b")
 
 
+# Each coefficient's prior: 1 / the efficiency a kernel reaches (bandwidth ~75%, matrix units ~40%), seconds for
+# the fixed costs, 1 / GFLOP/s per CPU thread; the fit moves off them only as far as the rows ask (RIDGE)
+PRIORS: dict[str, dict[str, float]] = {
+    "decode": {"bw": 1.3, "kv": 1.3, "host": 1.5, "cpu": 0.05, "layer": 2e-5, "token": 3e-4, "split": 5e-5},
+    "prefill": {"c": 2.5, "attn": 2.5, "read": 1.3, "copy": 8.0, "cpu": 0.05, "layer": 5e-5, "ubatch": 1e-3,
+                "split": 1e-4},
+}
+RIDGE = 0.05  # weight of a prior, against a measured row's 1
+RIDGE_ZERO = 0.005
+# few rows stream CPU weights: the copy's rate (pageable host memory to the GPU, ~8 GB/s on the H200 host: the
+# -ngl 8..30 rows) is held near its prior
+STRONG = {"copy": 3.0}  # terms without a prior (dequantization): kept near 0 unless the rows need them
+
+
 @dataclass
 class Case:
     hardware: str
@@ -58,6 +72,7 @@ class Case:
     ngl: int
     n_cpu_moe: int
     threads: int
+    flash_attn: bool
     tps: float
     family: str  # apple | nvidia | h200 | h200-partial | cpu
     source: str
@@ -87,7 +102,7 @@ def _h200_cases() -> list[Case]:
             hardware="cpu" if cpu else "nvidia-h200", backend=Backend.CPU if cpu else Backend.CUDA, shape=r["shape"],
             ftype=r["ftype"], kind="decode" if r["n_gen"] else "prefill", n_prompt=r["n_prompt"], n_gen=r["n_gen"],
             depth=r["n_depth"], n_ubatch=r["n_ubatch"], ngl=-1 if ngl >= 99 or cpu else ngl,
-            n_cpu_moe=r["n_cpu_moe"], threads=r["n_threads"], tps=r["avg_ts"],
+            n_cpu_moe=r["n_cpu_moe"], threads=r["n_threads"], flash_attn=True, tps=r["avg_ts"],
             family="cpu" if cpu else ("h200-partial" if partial else "h200"),
             source=f"benchmarks/results/speed-h200.json ({r['group'] if 'group' in r else 'dense/moe'})"))
     return out
@@ -101,7 +116,8 @@ def _published_cases() -> list[Case]:
         out.append(Case(
             hardware=hw, backend=Backend.METAL if hw.startswith("apple") else Backend.CUDA, shape=r["model"],
             ftype=r["ftype"], kind="decode" if r["n_gen"] else "prefill", n_prompt=r["n_prompt"], n_gen=r["n_gen"],
-            depth=r["depth"], n_ubatch=r.get("n_ubatch") or 512, ngl=-1, n_cpu_moe=0, threads=8, tps=r["tps"],
+            depth=r["depth"], n_ubatch=r.get("n_ubatch") or 512, ngl=-1, n_cpu_moe=0, threads=8,
+            flash_attn=bool(r.get("flash_attn")), tps=r["tps"],
             family="apple" if hw.startswith("apple") else "nvidia", source=r["source"]))
     return out
 
@@ -146,7 +162,8 @@ def terms_of(c: Case) -> dict[str, float]:
     if c.kind == "decode":
         t = decode_terms(work, hw, c.backend, c.depth, c.threads)
         return {k: v * c.n_gen for k, v in t.items()}
-    return prefill_terms(work, hw, c.backend, c.n_prompt, c.n_ubatch, c.depth, c.threads, op_offload=True)
+    return prefill_terms(work, hw, c.backend, c.n_prompt, c.n_ubatch, c.depth, c.threads, op_offload=True,
+                         flash_attn=c.flash_attn)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -179,14 +196,36 @@ def fit(train: list[Case]) -> dict[str, dict[str, dict[str, float]]]:
             names = sorted({k for t in terms for k in t})
             sec = np.array([(c.n_gen if kind == "decode" else c.n_prompt) / c.tps for c in rows])
             a = np.array([[t.get(k, 0.0) for k in names] for t in terms]) / sec[:, None]
-            x = _nnls(a, np.ones(len(rows)))
+            b = np.ones(len(rows))
+            # a ridge toward each term's physical prior (relative), so that sparse families keep plausible values
+            prior = [PRIORS[kind].get(k, PRIORS[kind].get(k.split(".")[0], 0.0)) for k in names]
+            w = [STRONG.get(k.split(".")[0], RIDGE) for k in names]
+            reg = np.array([[w[i] / p if p and i == j else (RIDGE_ZERO if not p and i == j else 0.0)
+                             for j in range(len(names))] for i, p in enumerate(prior)])
+            x = _nnls(np.vstack([a, reg]), np.concatenate([b, [w[i] if p else 0.0 for i, p in enumerate(prior)]]))
             out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x) if v > 0}
     return out
 
 
-def predicted_tps(c: Case, coef: dict[str, dict[str, dict[str, float]]]) -> float:
+def profile_scales(train: list[Case], coef: dict) -> dict[str, dict[str, float]]:
+    """Per profile and kind: the median of measured / predicted seconds over its training rows (the published tables
+    calibrate their own hardware as `ggfit calibrate --bench` does a user's), kept where a profile has rows."""
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for c in train:
+        if c.fit_excluded:
+            continue
+        co = coef.get(c.backend.value, {}).get(c.kind, {})
+        s = seconds(terms_of(c), co)
+        if s > 0:
+            n = c.n_gen if c.kind == "decode" else c.n_prompt
+            ratios.setdefault(c.hardware, {}).setdefault(c.kind, []).append((n / c.tps) / s)
+    return {hw: {k: float(f"{np.median(v):.4g}") for k, v in kinds.items()} for hw, kinds in sorted(ratios.items())}
+
+
+def predicted_tps(c: Case, coef: dict[str, dict[str, dict[str, float]]],
+                  scales: dict[str, dict[str, float]] | None = None) -> float:
     co = coef.get(c.backend.value, {}).get(c.kind, {})
-    s = seconds(terms_of(c), co)
+    s = seconds(terms_of(c), co) * (scales or {}).get(c.hardware, {}).get(c.kind, 1.0)
     n = c.n_gen if c.kind == "decode" else c.n_prompt
     return n / s if s > 0 else float("nan")
 
@@ -199,11 +238,13 @@ def _stats(errs: list[float]) -> str:
            f"worst {a.max() * 100:6.1f}%"
 
 
-def report(all_cases: list[Case], coef: dict, *, verbose: bool = False) -> dict[str, dict[str, float]]:
+def report(all_cases: list[Case], coef: dict, scales: dict | None = None, *,
+           verbose: bool = False) -> dict[str, dict[str, float]]:
     groups: dict[tuple[str, str, str], list[float]] = {}
     spreads: dict[str, dict[str, float]] = {}
+    print("with per-profile scales" if scales else "the generic model (no profile's own rows)")
     for c in all_cases:
-        p = predicted_tps(c, coef)
+        p = predicted_tps(c, coef, scales)
         e = p / c.tps - 1
         split = "apart" if c.fit_excluded else ("held-out" if c.held_out else "train")
         groups.setdefault((split, c.kind, c.family), []).append(e)
@@ -226,7 +267,7 @@ def report(all_cases: list[Case], coef: dict, *, verbose: bool = False) -> dict[
     return spreads
 
 
-def write_factors(coef: dict, spreads: dict, n_train: int) -> None:
+def write_factors(coef: dict, spreads: dict, scales: dict, n_train: int) -> None:
     path = ROOT / "fitter" / "speed" / "factors.py"
     path.write_text(
         '"""The speed model\'s coefficients per backend (fitter.speed.model), fitted by `python benchmarks/speed_model.py\n'
@@ -234,7 +275,9 @@ def write_factors(coef: dict, spreads: dict, n_train: int) -> None:
         'published tables of benchmarks/results/speed-published.json). Generated: edit the fit, not this file.\n'
         'SPREAD: the 80th percentile of the training rows\' relative error, the range `fit` shows."""\n\n'
         f"COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {json.dumps(coef, indent=4, sort_keys=True)}\n\n"
-        f"SPREAD: dict[str, float] = {json.dumps({k: round(v['p80'], 4) for k, v in spreads.items()})}\n")
+        f"SPREAD: dict[str, float] = {json.dumps({k: round(v['p80'], 4) for k, v in spreads.items()})}\n\n"
+        "# per hardware profile: measured / predicted seconds (decode, prefill) over its training rows\n"
+        f"PROFILE_SCALE: dict[str, dict[str, float]] = {json.dumps(scales, indent=4, sort_keys=True)}\n")
 
 
 def main() -> int:
@@ -246,11 +289,13 @@ def main() -> int:
     if args.fit:
         train = [c for c in every if not c.held_out]
         coef = fit(train)
-        spreads = report(every, coef, verbose=args.verbose)
-        write_factors(coef, spreads, len([c for c in train if not c.fit_excluded]))
-        print(json.dumps(coef, indent=1))
+        scales = profile_scales(train, coef)
+        report(every, coef, verbose=args.verbose)
+        spreads = report(every, coef, scales, verbose=args.verbose)
+        write_factors(coef, spreads, scales, len([c for c in train if not c.fit_excluded]))
     else:
         report(every, factors_mod.COEFFICIENTS, verbose=args.verbose)
+        report(every, factors_mod.COEFFICIENTS, factors_mod.PROFILE_SCALE, verbose=args.verbose)
     return 0
 
 

@@ -134,7 +134,7 @@ def _offloaded(backend: Backend, n_ubatch: int, op_offload: bool) -> bool:
 
 
 def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: int, pos: float, threads: int,
-                 op_offload: bool) -> dict[str, float]:
+                 op_offload: bool, flash_attn: bool = True) -> dict[str, float]:
     """Seconds for one ubatch of n_tokens whose tokens sit at mean position `pos`, at unit coefficients."""
     out: dict[str, float] = {}
 
@@ -154,13 +154,13 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         else:
             for cls, f in flops.items():
                 add(f"c.{gen or cls}", f / c_gpu)
-            if d == CPU_DEV:  # streamed to the GPU once per ubatch
-                add("copy", sum(b for cls, b in w.bytes_all.items()) / pcie)
+            if d == CPU_DEV:  # streamed to the GPU once per ubatch, from pageable host memory (mmap)
+                add("copy", sum(w.bytes_all.values()) / min(pcie, host_bandwidth(hw) * _GB))
             else:
                 add("read", sum(w.bytes_all.values()) / _bandwidth(hw, d))
         n_pos = pos + 1
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
-        add("attn.cpu" if on_cpu else "attn", attn / (threads * 1e9 if on_cpu else c_gpu))
+        add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
         if not on_cpu or backend == Backend.CPU:
             add("layer", float(w.n_layers))
     add("ubatch", 1.0)
@@ -169,14 +169,15 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
 
 
 def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: int, n_ubatch: int, depth: int,
-                  threads: int, op_offload: bool) -> dict[str, float]:
+                  threads: int, op_offload: bool, flash_attn: bool = True) -> dict[str, float]:
     """Seconds for a prompt of n_prompt tokens after `depth` (llama-bench pp<n_prompt> -d depth), at unit
     coefficients: llama_decode splits it into ubatches of n_ubatch."""
     out: dict[str, float] = {}
     done = 0
     while done < n_prompt:
         n = min(n_ubatch, n_prompt - done)
-        for k, v in ubatch_terms(work, hw, backend, n, depth + done + n / 2, threads, op_offload).items():
+        for k, v in ubatch_terms(work, hw, backend, n, depth + done + n / 2, threads, op_offload,
+                                 flash_attn).items():
             out[k] = out.get(k, 0.0) + v
         done += n
     return out
