@@ -1,0 +1,85 @@
+"""The speed model against llama-bench's recorded rates on the H200 (benchmarks/results/speed-h200.json, llama.cpp
+0c1e570): the orders that the measurements show, which a user's choice rests on. Error figures live in
+benchmarks/speed_model.py, not here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fitter import Backend, Frontend, RunConfig, load_model_spec
+from fitter.fit.fastest import fastest_placements
+from fitter.fit.solver import solve_placement
+from fitter.speed import predict_speed
+from fitter.speed.hardware import get_profile
+from tests.synth.shapes import build_shape
+
+ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/speed-h200.json").read_text())["rows"]
+MiB = 2**20
+
+
+def _types(shape: str, ftype: str) -> dict[str, str]:
+    from fitter.fit.quants import predict_quant
+    from fitter.gguf.reader import read_header
+
+    return {t.name: t.type_name.lower() for t in predict_quant(read_header(build_shape(shape)), ftype).tensors}
+
+
+def _model(shape: str, ftype: str):
+    return load_model_spec(str(build_shape(shape, tensor_types=_types(shape, ftype))))
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return get_profile("nvidia-h200").model_copy(update={"host_bandwidth_gbs": 90.0})
+
+
+def _measured(shape: str, ftype: str, **match) -> float:
+    rows = [r for r in ROWS if r["shape"] == shape and r["ftype"] == ftype
+            and all(r[k] == v for k, v in match.items())]
+    assert rows, (shape, ftype, match)
+    return rows[0]["avg_ts"]
+
+
+def test_quants_decode_in_the_measured_order(h200):
+    """8B on the GPU: llama-bench's tg128 falls from Q4_0 to Q4_K_M, Q8_0 and F16 as measured
+    (Q6_K, measured below Q8_0 at fewer bytes, the model puts above it: its K-quant dequantization is one class)."""
+    ftypes = ["Q4_0", "Q4_K_M", "Q8_0", "F16"]
+    measured = [_measured("llama-8b", f, n_gen=128, n_depth=0, n_gpu_layers=99) for f in ftypes]
+    assert measured == sorted(measured, reverse=True)
+    predicted = [predict_speed(*_model("llama-8b", f), RunConfig(), Backend.CUDA, h200).decode_tps for f in ftypes]
+    assert predicted == sorted(predicted, reverse=True)
+
+
+def test_experts_on_the_cpu_slow_decode_as_measured(h200):
+    header, spec = _model("qwen36-35b-a3b", "Q4_K_M")
+    rates = [predict_speed(header, spec, RunConfig(n_cpu_moe=k), Backend.CUDA, h200, threads=16).decode_tps
+             for k in (0, 5, 8, 20)]
+    assert rates == sorted(rates, reverse=True)
+    m0 = _measured("qwen36-35b-a3b", "Q4_K_M", n_gen=128, n_depth=0, n_cpu_moe=0, n_ubatch=512)
+    m20 = _measured("qwen36-35b-a3b", "Q4_K_M", n_gen=128, n_depth=0, n_cpu_moe=20, n_ubatch=512)
+    assert 1.5 < m0 / m20 and 1.5 < rates[0] / rates[3]
+
+
+def test_speed_names_its_bound_and_range(h200):
+    sp = predict_speed(*_model("llama-8b", "Q4_K_M"), RunConfig(n_gpu_layers=8), Backend.CUDA, h200, threads=16)
+    assert sp.low.decode_tps < sp.decode_tps < sp.high.decode_tps
+    assert sp.bound["decode"] in ("host memory (CPU)", "CPU compute")
+
+
+def test_fastest_placement_under_22000_mib_decodes_fastest_as_measured(h200):
+    """Qwen3.6-35B-A3B Q4_K_M at -c 131072 on a 22,000 MiB budget: of the --n-cpu-moe/-ub that fit (5-8), the
+    measured tg128 is highest at the fewest experts on the CPU, which fit-for-speed picks for a pp512 request."""
+    header, spec = _model("qwen36-35b-a3b", "Q4_K_M")
+    base = RunConfig(n_ctx=131072)
+    avail = (22000 - 1028) * MiB
+    choice, _ = solve_placement(header, spec, base, Backend.CUDA, Frontend.SERVER, avail, None, table=False)
+    assert choice is not None and choice.flags == ["--n-cpu-moe", "5"]
+    opts = fastest_placements(header, spec, base, Backend.CUDA, Frontend.SERVER, avail, None, choice, h200,
+                              prompt=512, threads=16)
+    assert opts[0].update["n_cpu_moe"] == 5
+    budget = [r for r in ROWS if r.get("group") == "budget" and r["ftype"] == "Q4_K_M" and r["n_gen"]]
+    best = max(budget, key=lambda r: r["avg_ts"] if (r["n_cpu_moe"], r["n_ubatch"]) != (5, 1024) else 0)
+    assert best["n_cpu_moe"] == 5  # (5, -ub 1024) does not fit the budget (ggfit's prediction)
