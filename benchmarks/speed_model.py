@@ -160,7 +160,7 @@ def terms_of(c: Case) -> dict[str, float]:
     work = work_of(header, spec, cfg, c.backend)
     hw = _profile(c.hardware)
     if c.kind == "decode":
-        t = decode_terms(work, hw, c.backend, c.depth, c.threads)
+        t = decode_terms(work, hw, c.backend, c.depth + c.n_gen // 2, c.threads)  # tg<n> runs from d to d + n
         return {k: v * c.n_gen for k, v in t.items()}
     return prefill_terms(work, hw, c.backend, c.n_prompt, c.n_ubatch, c.depth, c.threads, op_offload=True,
                          flash_attn=c.flash_attn)

@@ -42,7 +42,7 @@ def predict_speed(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backen
     work = work_of(header, spec, config, backend, n_gpus)
     n_ubatch = min(config.n_ubatch or DEFAULT_UBATCH, config.n_batch or DEFAULT_N_BATCH)
     dec_co, pre_co = coefficients(backend, scale)
-    dt = decode_terms(work, hw, backend, depth, threads)
+    dt = decode_terms(work, hw, backend, depth + DEFAULT_GEN // 2, threads)  # llama-bench tg128 runs d .. d + 128
     pt = prefill_terms(work, hw, backend, prompt, n_ubatch, depth, threads, op_offload=not config.no_op_offload)
     s_dec, s_pre = seconds(dt, dec_co), seconds(pt, pre_co)
     decode = finite(1.0 / s_dec) if s_dec > 0 else 0.0

@@ -6,12 +6,12 @@ SPREAD: the 80th percentile of the training rows' relative error, the range `fit
 COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     "cpu": {
         "decode": {
-            "bw.float": 1.45401,
-            "bw.k": 1.34849,
-            "bw.q8": 1.25697,
-            "kv.dev": 4.61865,
-            "layer": 5.57358e-05,
-            "token": 0.000649694
+            "bw.float": 1.4544,
+            "bw.k": 1.34031,
+            "bw.q8": 1.25208,
+            "kv.dev": 4.61456,
+            "layer": 5.58246e-05,
+            "token": 0.000650567
         },
         "prefill": {
             "attn.cpu": 0.342878,
@@ -22,46 +22,47 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     },
     "cuda": {
         "decode": {
-            "bw.float": 1.1908,
-            "bw.k": 1.23626,
-            "bw.q4": 0.622928,
-            "bw.q8": 1.0107,
-            "cpu": 0.0847359,
-            "dq.q4": 7.78371,
-            "dq.q8": 5.78609,
-            "kv.dev": 1.5278,
-            "kv.host": 5.07813,
-            "layer": 8.21845e-05,
-            "split": 7.09815e-05,
-            "token": 3.00065e-05
+            "bw.float": 1.17482,
+            "bw.k": 0.957602,
+            "bw.q4": 0.405006,
+            "bw.q8": 1.10755,
+            "cpu": 0.0829299,
+            "dq.k": 9.31161,
+            "dq.q4": 13.9728,
+            "dq.q8": 0.264211,
+            "host": 0.024603,
+            "kv.dev": 1.56682,
+            "kv.host": 5.08733,
+            "layer": 8.20632e-05,
+            "split": 7.32874e-05
         },
         "prefill": {
-            "attn": 0.514565,
-            "attn.cpu": 0.010179,
-            "attn.nofa": 1.44528,
-            "c.k": 1.17687,
-            "c.q4": 0.428988,
-            "c.q8": 0.778306,
-            "copy": 1.62814,
-            "layer": 0.000753451,
-            "read": 1.83904,
-            "split": 0.000138512,
-            "ubatch": 0.00121565
+            "attn": 0.549308,
+            "attn.cpu": 0.00963743,
+            "attn.nofa": 1.61805,
+            "c.k": 1.14772,
+            "c.q4": 0.494473,
+            "c.q8": 0.805547,
+            "copy": 1.88959,
+            "layer": 0.000600787,
+            "read": 1.22262,
+            "split": 0.000134025,
+            "ubatch": 0.00186653
         }
     },
     "metal": {
         "decode": {
-            "bw.float": 1.11584,
-            "bw.q4": 0.0361124,
-            "bw.q8": 0.0297771,
-            "dq.float": 3.07036,
-            "dq.k": 41.0351,
-            "dq.q4": 19.8333,
-            "dq.q8": 39.2128,
-            "host": 1.5016,
-            "kv.dev": 2.39731,
-            "layer": 0.000150942,
-            "token": 0.00100048
+            "bw.float": 1.09958,
+            "bw.q4": 0.0121608,
+            "bw.q8": 0.0174306,
+            "dq.float": 3.33889,
+            "dq.k": 39.4372,
+            "dq.q4": 19.9799,
+            "dq.q8": 39.2786,
+            "host": 1.50167,
+            "kv.dev": 2.60231,
+            "layer": 0.000150009,
+            "token": 0.000987846
         },
         "prefill": {
             "attn": 5.20598,
@@ -78,32 +79,32 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.115, "prefill": 0.2298}
+SPREAD: dict[str, float] = {"decode": 0.1088, "prefill": 0.2119}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
     "apple-m1-7": {
-        "decode": 0.9054,
+        "decode": 0.8445,
         "prefill": 0.9802
     },
     "apple-m1-8": {
-        "decode": 1.713,
+        "decode": 1.707,
         "prefill": 1.02
     },
     "apple-m1-max-32": {
-        "decode": 1.125,
+        "decode": 1.142,
         "prefill": 1.237
     },
     "apple-m1-pro-16": {
-        "decode": 1.14,
+        "decode": 1.139,
         "prefill": 0.8933
     },
     "apple-m1-ultra-64": {
-        "decode": 1.175,
+        "decode": 1.177,
         "prefill": 0.9137
     },
     "apple-m2-10": {
-        "decode": 1.158,
+        "decode": 1.16,
         "prefill": 1.001
     },
     "apple-m2-max-30": {
@@ -118,147 +119,147 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.011
     },
     "apple-m2-pro-19": {
-        "decode": 1.25,
+        "decode": 1.248,
         "prefill": 1.069
     },
     "apple-m2-ultra-60": {
-        "decode": 1.079,
+        "decode": 1.08,
         "prefill": 1.13
     },
     "apple-m2-ultra-76": {
-        "decode": 1.072,
+        "decode": 1.065,
         "prefill": 1.025
     },
     "apple-m3-10": {
-        "decode": 1.372,
+        "decode": 1.37,
         "prefill": 1.004
     },
     "apple-m3-max-30": {
         "prefill": 0.9738
     },
     "apple-m3-max-40": {
-        "decode": 0.9618,
+        "decode": 0.9643,
         "prefill": 0.9979
     },
     "apple-m3-pro-18": {
-        "decode": 1.228,
+        "decode": 1.23,
         "prefill": 0.9369
     },
     "apple-m3-ultra-60": {
-        "decode": 1.075,
+        "decode": 1.077,
         "prefill": 1.039
     },
     "apple-m3-ultra-80": {
         "prefill": 1.007
     },
     "apple-m4-10": {
-        "decode": 1.237,
+        "decode": 1.234,
         "prefill": 1.012
     },
     "apple-m4-max-32": {
-        "decode": 0.8812
+        "decode": 0.8811
     },
     "apple-m4-max-40": {
-        "decode": 0.9336,
+        "decode": 0.9388,
         "prefill": 0.9921
     },
     "apple-m4-pro-16": {
-        "decode": 0.8569,
+        "decode": 0.8558,
         "prefill": 0.9979
     },
     "apple-m4-pro-20": {
-        "decode": 0.9714,
+        "decode": 0.9739,
         "prefill": 1.006
     },
     "apple-m5-10": {
-        "decode": 1.019,
+        "decode": 1.018,
         "prefill": 1.002
     },
     "apple-m5-max-40": {
-        "decode": 0.7827,
+        "decode": 0.7833,
         "prefill": 0.9991
     },
     "apple-m5-pro-16": {
-        "decode": 0.7206
+        "decode": 0.7196
     },
     "cpu": {
         "decode": 0.9999,
         "prefill": 1.018
     },
     "nvidia-a100-80gb": {
-        "decode": 1.416,
-        "prefill": 1.714
+        "decode": 1.313,
+        "prefill": 1.081
     },
     "nvidia-dgx-spark": {
-        "decode": 1.027,
-        "prefill": 0.9659
+        "decode": 1.026,
+        "prefill": 0.9677
     },
     "nvidia-h100-pcie": {
-        "decode": 1.382,
-        "prefill": 1.327
+        "decode": 1.351,
+        "prefill": 1.263
     },
     "nvidia-h200": {
-        "decode": 1.022,
-        "prefill": 1.256
+        "decode": 1.023,
+        "prefill": 1.273
     },
     "nvidia-l40s": {
-        "decode": 0.9864,
-        "prefill": 1.849
+        "decode": 1.054,
+        "prefill": 1.33
     },
     "nvidia-rtx-3070": {
-        "decode": 0.9421,
-        "prefill": 0.9292
+        "decode": 0.8785,
+        "prefill": 0.9682
     },
     "nvidia-rtx-3080": {
-        "decode": 0.9964,
-        "prefill": 0.8277
+        "decode": 0.8932,
+        "prefill": 0.8583
     },
     "nvidia-rtx-3090": {
-        "decode": 1.003,
-        "prefill": 0.8327
+        "decode": 0.9988,
+        "prefill": 0.8341
     },
     "nvidia-rtx-3090-ti": {
-        "prefill": 1.044
+        "prefill": 1.049
     },
     "nvidia-rtx-4070-ti": {
-        "decode": 0.9098,
-        "prefill": 0.8997
+        "decode": 0.9104,
+        "prefill": 0.953
     },
     "nvidia-rtx-4080": {
-        "decode": 0.8996,
-        "prefill": 0.8644
+        "decode": 0.9075,
+        "prefill": 0.92
     },
     "nvidia-rtx-4090": {
-        "decode": 0.9317,
-        "prefill": 0.8025
+        "decode": 0.968,
+        "prefill": 0.8478
     },
     "nvidia-rtx-5060-ti": {
-        "decode": 1.07,
-        "prefill": 1.166
+        "decode": 1.061,
+        "prefill": 1.15
     },
     "nvidia-rtx-5070": {
-        "decode": 0.9971,
+        "decode": 0.9769,
         "prefill": 1.127
     },
     "nvidia-rtx-5070-ti": {
-        "prefill": 1.048
+        "prefill": 1.07
     },
     "nvidia-rtx-5080": {
-        "decode": 0.9073,
-        "prefill": 0.9958
+        "decode": 0.9224,
+        "prefill": 1.034
     },
     "nvidia-rtx-5090": {
-        "decode": 0.7694
+        "decode": 0.7814
     },
     "nvidia-rtx-6000-ada": {
-        "decode": 0.9272,
-        "prefill": 1.239
+        "decode": 0.9815,
+        "prefill": 1.195
     },
     "nvidia-rtx-a6000": {
-        "decode": 0.9772,
-        "prefill": 1.356
+        "decode": 0.9616,
+        "prefill": 1.074
     },
     "nvidia-rtx-pro-6000-blackwell": {
-        "prefill": 0.6384
+        "prefill": 0.6611
     }
 }

@@ -65,11 +65,15 @@ def _dev_name(backend: Backend, d: int) -> str:
     return {Backend.CUDA: "CUDA", Backend.METAL: "MTL"}.get(backend, "GPU") + str(d)
 
 
-def gpu_compute_tflops(hw: HardwareProfile) -> float:
-    """The device's compute scale: its FP16 TFLOPS, or on Apple its GPU cores (prefill tracks cores there; the
-    factor per generation is fitted), or a guess from the bandwidth where the profile has neither."""
+def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k") -> float:
+    """The device's compute scale for weights of a type class: on Apple its GPU cores (prefill tracks cores there;
+    the factor per generation is fitted); on NVIDIA a quantized matrix runs on the integer tensor cores (mmq.cu,
+    a quarter of the INT8 TOPS: GeForce cards' FP16 rate with FP32 accumulation) and an F16 one through cuBLAS at the
+    FP16 rate; else a guess from the bandwidth where the profile has neither."""
     if hw.backend == Backend.METAL and hw.gpu_cores:
         return float(hw.gpu_cores)
+    if cls != "float" and hw.int8_tops:
+        return hw.int8_tops / 4
     if hw.fp16_tflops:
         return hw.fp16_tflops
     if hw.int8_tops:
@@ -106,7 +110,6 @@ def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, 
         if v:
             out[k] = out.get(k, 0.0) + v
 
-    c_gpu = gpu_compute_tflops(hw) * 1e12
     for d, w in work.devices.items():
         host = d == CPU_DEV and backend != Backend.CPU
         bw = _bandwidth(hw, d)
@@ -117,7 +120,7 @@ def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, 
             add("cpu", sum(w.flops_token.values()) / (threads * 1e9))
         else:
             for cls, f in w.flops_token.items():
-                add(f"dq.{cls}", f / c_gpu)
+                add(f"dq.{cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
         kv = w.kv_bytes_per_pos * (depth + 1) + w.kv_swa_bytes_per_pos * (min(depth, work.n_swa or depth) + 1)
         add(f"kv.{where}", (kv + w.state_bytes) / bw)
         if d != CPU_DEV or backend == Backend.CPU:
@@ -142,7 +145,7 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         if v:
             out[k] = out.get(k, 0.0) + v
 
-    c_gpu = gpu_compute_tflops(hw) * 1e12
+    c_gpu = gpu_compute_tflops(hw, "float") * 1e12  # attention: F16 / F32 products
     gen = apple_generation(hw) if backend == Backend.METAL else ""
     offload = _offloaded(backend, n_tokens, op_offload)
     pcie = (hw.pcie_gbs or 16.0) * _GB
@@ -153,7 +156,7 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
             add("cpu", sum(flops.values()) / (threads * 1e9))
         else:
             for cls, f in flops.items():
-                add(f"c.{gen or cls}", f / c_gpu)
+                add(f"c.{gen or cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
             if d == CPU_DEV:  # streamed to the GPU once per ubatch, from pageable host memory (mmap)
                 add("copy", sum(w.bytes_all.values()) / min(pcie, host_bandwidth(hw) * _GB))
             else:
