@@ -14,10 +14,11 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "token": 0.000650567
         },
         "prefill": {
-            "attn.cpu": 0.342878,
-            "cpu": 0.0190322,
-            "layer": 5.06682e-05,
-            "ubatch": 0.00101155
+            "attn.cpu": 0.364943,
+            "cpu": 0.0183401,
+            "layer": 4.98595e-05,
+            "rec.cpu": 0.307528,
+            "ubatch": 0.000997637
         }
     },
     "cuda": {
@@ -37,17 +38,19 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "split": 7.32874e-05
         },
         "prefill": {
-            "attn": 0.549308,
-            "attn.cpu": 0.00963743,
-            "attn.nofa": 1.61805,
-            "c.k": 1.14772,
-            "c.q4": 0.494473,
-            "c.q8": 0.805547,
-            "copy": 1.88959,
-            "layer": 0.000600787,
-            "read": 1.22262,
-            "split": 0.000134025,
-            "ubatch": 0.00186653
+            "attn": 0.41953,
+            "attn.cpu": 0.00375869,
+            "attn.nofa": 4.41937,
+            "c.float": 0.161141,
+            "c.k": 1.02227,
+            "c.q4": 0.410887,
+            "c.q8": 0.741269,
+            "copy": 8.09736,
+            "layer": 0.000683664,
+            "read": 3.55748,
+            "rec": 0.257819,
+            "split": 0.000107378,
+            "ubatch": 0.00507564
         }
     },
     "metal": {
@@ -79,7 +82,7 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.1088, "prefill": 0.2119}
+SPREAD: dict[str, float] = {"decode": 0.1088, "prefill": 0.169}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
@@ -184,82 +187,82 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "cpu": {
         "decode": 0.9999,
-        "prefill": 1.018
+        "prefill": 0.9961
     },
     "nvidia-a100-80gb": {
         "decode": 1.313,
-        "prefill": 1.081
+        "prefill": 1.221
     },
     "nvidia-dgx-spark": {
         "decode": 1.026,
-        "prefill": 0.9677
+        "prefill": 1.021
     },
     "nvidia-h100-pcie": {
         "decode": 1.351,
-        "prefill": 1.263
+        "prefill": 1.354
     },
     "nvidia-h200": {
         "decode": 1.023,
-        "prefill": 1.273
+        "prefill": 1.098
     },
     "nvidia-l40s": {
         "decode": 1.054,
-        "prefill": 1.33
+        "prefill": 1.237
     },
     "nvidia-rtx-3070": {
         "decode": 0.8785,
-        "prefill": 0.9682
+        "prefill": 0.8863
     },
     "nvidia-rtx-3080": {
         "decode": 0.8932,
-        "prefill": 0.8583
+        "prefill": 0.8106
     },
     "nvidia-rtx-3090": {
         "decode": 0.9988,
-        "prefill": 0.8341
+        "prefill": 1.155
     },
     "nvidia-rtx-3090-ti": {
-        "prefill": 1.049
+        "prefill": 0.9772
     },
     "nvidia-rtx-4070-ti": {
         "decode": 0.9104,
-        "prefill": 0.953
+        "prefill": 0.9026
     },
     "nvidia-rtx-4080": {
         "decode": 0.9075,
-        "prefill": 0.92
+        "prefill": 0.7789
     },
     "nvidia-rtx-4090": {
         "decode": 0.968,
-        "prefill": 0.8478
+        "prefill": 0.8535
     },
     "nvidia-rtx-5060-ti": {
         "decode": 1.061,
-        "prefill": 1.15
+        "prefill": 1.075
     },
     "nvidia-rtx-5070": {
         "decode": 0.9769,
-        "prefill": 1.127
+        "prefill": 1.007
     },
     "nvidia-rtx-5070-ti": {
-        "prefill": 1.07
+        "prefill": 0.9462
     },
     "nvidia-rtx-5080": {
         "decode": 0.9224,
-        "prefill": 1.034
+        "prefill": 0.8944
     },
     "nvidia-rtx-5090": {
         "decode": 0.7814
     },
     "nvidia-rtx-6000-ada": {
         "decode": 0.9815,
-        "prefill": 1.195
+        "prefill": 1.213
     },
     "nvidia-rtx-a6000": {
         "decode": 0.9616,
-        "prefill": 1.074
+        "prefill": 1.08
     },
     "nvidia-rtx-pro-6000-blackwell": {
-        "prefill": 0.6611
+        "prefill": 0.6619
     }
 }

@@ -158,9 +158,11 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
             for cls, f in flops.items():
                 add(f"c.{gen or cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
             if d == CPU_DEV:  # streamed to the GPU once per ubatch, from pageable host memory (mmap)
-                add("copy", sum(w.bytes_all.values()) / min(pcie, host_bandwidth(hw) * _GB))
+                add("copy", w.bytes_matmul / min(pcie, host_bandwidth(hw) * _GB))
             else:
                 add("read", sum(w.bytes_all.values()) / _bandwidth(hw, d))
+        if w.state_bytes:  # the recurrent layers' scan: the state read and written per token
+            add("rec.cpu" if on_cpu else "rec", n_tokens * w.state_bytes / _bandwidth(hw, d))
         n_pos = pos + 1
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
         add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))

@@ -43,6 +43,7 @@ class DeviceWork:
 
     device: int  # a GPU index, or CPU_DEV
     bytes_all: dict[str, float] = field(default_factory=dict)  # every weight held (a ubatch reads them all)
+    bytes_matmul: float = 0.0  # of bytes_all: the matrices a ubatch multiplies (not the token embedding's GET_ROWS)
     bytes_token: dict[str, float] = field(default_factory=dict)  # what one decoded token reads
     flops_token: dict[str, float] = field(default_factory=dict)  # 2 x the weights a token multiplies
     expert_bytes: float = 0.0  # of bytes_all: MoE expert tensors (--n-cpu-moe / -ot moves these)
@@ -114,6 +115,7 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
                 out.add(out.bytes_token, cls, t.nbytes)
                 out.add(out.flops_token, cls, 2.0 * t.n_elements)
             continue
+        d.bytes_matmul += t.nbytes
         f = frac if _EXPERTS.search(t.name) else 1.0
         if f < 1.0:
             d.expert_bytes += t.nbytes
