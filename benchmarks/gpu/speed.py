@@ -60,6 +60,12 @@ GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {
         ("qwen36-35b-a3b", "Q3_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "0,2", *LONG]),
         ("qwen36-35b-a3b", "Q5_K_M", ["-ngl", "99", "-ub", "512,2048", "-ncmoe", "11,12", *LONG]),
     ],
+    # gpt-oss 20B (its router spreads a prompt over the experts, as a real model's does) on a 10,000 MiB budget at
+    # -c 131072: the --n-cpu-moe / -ub that fit by ggfit's prediction around its placement (13), pp4096 and tg128
+    "budget2": [
+        ("gpt-oss-20b", "Q4_K_M", ["-ngl", "99", "-ub", "512,1024,2048", "-ncmoe", str(k), *LONG, "-r", "2"])
+        for k in (13, 14, 15)
+    ],
     # the CPU alone (-dev none: no op offload to the GPU), 16 threads
     "cpu": [
         ("qwen35-0.8b", "Q4_K_M", ["-dev", "none", "-t", "16", *SHORT]),
