@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Literal
 
-from fitter.fit.budget import Budget, BudgetError, GiB, MiB
+from fitter.fit.sizes import Budget, BudgetError, GiB, MiB
 
 # Apple Silicon recommendedMaxWorkingSetSize by RAM, in MiB, as seen in llama.cpp logs
 # (research note anchors-memory.md section 6). Newer macOS reports more than older releases for

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, ProgramMemo
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr
 from fitter.ggml.graph import Program, Segment, program
+from fitter.ggml.memo import ProgramMemo
 from fitter.ggml.tensor import Tensor
 
 

@@ -7,7 +7,8 @@ everything that could change the parse is unchanged:
 - the path as given, and the file's device, inode, size, mtime and ctime (ns), from the open
   descriptor (`os.fstat`), so the entry describes the very file being read. ctime cannot be set by a
   user: any write, truncation, `touch -d` or rename onto the path moves it (or the inode);
-- ggfit's reader: a digest of the reader's and the constants' source, and of gguf-py's constants.
+- ggfit's reader: a digest of the reader's, the header records' and the constants' source, and of gguf-py's
+  constants.
 
 A file whose ctime is less than `RACY_NS` old when it is read is not stored ("racily clean", as git
 calls it): it could still change within the clock tick that stamped it, without its times moving. A
@@ -66,13 +67,15 @@ def cache_dir() -> str:
 
 
 def _code_fingerprint() -> bytes:
-    """The reader's own code: an entry written by another reader is a miss."""
+    """The reader's own code (read as files: the reader imports this module): an entry written by another reader is a
+    miss."""
     global _fingerprint
     if _fingerprint is None:
-        from fitter.gguf import constants, reader
+        from fitter.gguf import constants, header
 
+        here = os.path.dirname(__file__)
         parts = [MAGIC]
-        for path in (reader.__file__, constants.__file__, __file__, constants.SOURCE):
+        for path in (os.path.join(here, "reader.py"), header.__file__, constants.__file__, __file__, constants.SOURCE):
             if path:
                 with open(path, "rb") as f:
                     parts.append(f.read())
@@ -115,7 +118,7 @@ _LAYOUT = {"GGUFHeader": ("metadata", "tensors", "shards", "value_types", "key_o
 
 
 def _check_layout() -> None:
-    from fitter.gguf.reader import GGUFHeader, TensorInfo
+    from fitter.gguf.header import GGUFHeader, TensorInfo
 
     for cls, names in ((GGUFHeader, tuple(GGUFHeader.model_fields)),  # (a Record: not made a dataclass to ask)
                        (TensorInfo, tuple(f.name for f in dataclasses.fields(TensorInfo)))):
@@ -125,7 +128,7 @@ def _check_layout() -> None:
 
 def _encode(header: Any) -> tuple:
     """A header as plain values (pickling the enums by reference would import the gguf package, numpy and all)."""
-    from fitter.gguf.reader import SkippedArray, SkippedString
+    from fitter.gguf.header import SkippedArray, SkippedString
 
     _check_layout()
 
@@ -146,7 +149,7 @@ def _encode(header: Any) -> tuple:
 
 
 def _decode(plain: tuple) -> Any:
-    from fitter.gguf.reader import (
+    from fitter.gguf.header import (
         _GGML_TYPE_BY_ID,
         _VALUE_TYPE_BY_ID,
         GGUFHeader,

@@ -8,7 +8,7 @@ the same tensors share one chunk (`ChunkPlanning._chunks`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal_common import optimize_splits
@@ -17,8 +17,31 @@ from fitter.ggml.replay import Chunk, ChunkPlan
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, CacheTensor, Tensor
 
-if TYPE_CHECKING:
-    from fitter.ggml.backends.metal_segments import _Kind
+# what a pack reads or writes, relative to its instance (metal_segments._Plan._ref): local tensors ((instance offset,
+# index in their segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges,
+# recurrent tensors ((instance offset, layer built for, slot, size, backend), ...)
+Ref = tuple
+
+
+class Kind:
+    """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
+    node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
+
+    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover", "fp")
+
+    def __init__(self, nodes: list[Tensor]) -> None:
+        self.nodes = nodes
+        # per pack: its raw nodes as (instance offset 0 or 1, start, end) ranges of those instances' node lists
+        self.parts: list[tuple[tuple[int, int, int], ...]] = []
+        self.empty: list[bool] = []
+        self.safe: list[bool] = []
+        self.rd: list[Ref] = []
+        self.wr: list[Ref] = []
+        self.deps: list[tuple[Tensor, Tensor]] = []  # alloc deps (tensor, until) of this instance's patterns
+        self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
+        self.over = 0  # how many nodes of the next instance its last pack takes
+        self.dover = 0  # and its last alloc-dep pattern
+        self.fp = -1  # what the reorder reads of it (parts, empty, safe, rd, wr), as an interned number
 
 
 class Unsupported(Exception):
@@ -32,7 +55,7 @@ class ChunkPlanning:
     epi: Segment
     layers: list[tuple[Segment, bool]]
     insts: list[tuple[Segment, list[Tensor]]]
-    kind_of: list[_Kind]
+    kind_of: list[Kind]
     build: LlamaBuild
     gpu: int
     _by_id: dict[int, Tensor]  # the local tensors _resolve has met

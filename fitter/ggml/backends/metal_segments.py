@@ -8,7 +8,7 @@ Reordering the whole graph means building every layer (context._flatten); here e
   each layer's segment in the variant it runs (a template's first instance also emits the prologue tensors it first
   reads), the epilogue's part. A tensor local to a segment is told apart by its instance; a placeholder stands for
   the previous instance's output; each layer's recurrent state sits at its own offset (cache_ranges' layout).
-- Packs (`_Kind`) are worked out per node list and what follows it: fusions see the next instance's first nodes, as
+- Packs (`Kind`) are worked out per node list and what follows it: fusions see the next instance's first nodes, as
   copies that read this instance's output, and may take some of them.
 - The reorder (`_reorder`) walks the instances in turn. Its state as it enters one (the concurrent set, the packs
   already moved up), relative to that instance, with the kinds its look-ahead can reach, decides what it emits there:
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.backends.metal_chunks import ChunkPlanning, Unsupported
+from fitter.ggml.backends.metal_chunks import ChunkPlanning, Kind, Ref, Unsupported
 from fitter.ggml.backends.metal_common import (
     EMPTY_OPS,
     N_FORWARD,
@@ -50,33 +50,6 @@ _CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSIO
 _FINGERPRINTS: dict[tuple, int] = {}
 _WORK: dict[tuple, list] = {}
 _MEMO_MAX = 64
-
-
-# what a pack reads or writes, relative to its instance (_Plan._ref): local tensors ((instance offset, index in their
-# segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges, recurrent tensors
-# ((instance offset, layer built for, slot, size, backend), ...)
-Ref = tuple
-
-
-class _Kind:
-    """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
-    node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
-
-    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover", "fp")
-
-    def __init__(self, nodes: list[Tensor]) -> None:
-        self.nodes = nodes
-        # per pack: its raw nodes as (instance offset 0 or 1, start, end) ranges of those instances' node lists
-        self.parts: list[tuple[tuple[int, int, int], ...]] = []
-        self.empty: list[bool] = []
-        self.safe: list[bool] = []
-        self.rd: list[Ref] = []
-        self.wr: list[Ref] = []
-        self.deps: list[tuple[Tensor, Tensor]] = []  # alloc deps (tensor, until) of this instance's patterns
-        self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
-        self.over = 0  # how many nodes of the next instance its last pack takes
-        self.dover = 0  # and its last alloc-dep pattern
-        self.fp = -1  # what the reorder reads of it (parts, empty, safe, rd, wr), as an interned number
 
 
 def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
@@ -220,8 +193,8 @@ class _Plan(ChunkPlanning):
     def _kinds(self) -> None:
         """Each instance's packs (fitter.ggml.backends.metal_common.reorder's), worked out once per (node list, next
         node list, where the previous instance's last pack and last alloc-dep pattern ended in this one)."""
-        kinds: dict[tuple, _Kind] = {}
-        self.kind_of: list[_Kind] = []
+        kinds: dict[tuple, Kind] = {}
+        self.kind_of: list[Kind] = []
         start = dstart = 0
         insts = self.insts
         for q, (_, nodes) in enumerate(insts):
@@ -276,9 +249,9 @@ class _Plan(ChunkPlanning):
             q1 += 1
         return ctx, uses, back
 
-    def _kind(self, q: int, nodes: list[Tensor], start: int, dstart: int) -> _Kind:
+    def _kind(self, q: int, nodes: list[Tensor], start: int, dstart: int) -> Kind:
         seg = self.insts[q][0]
-        kind = _Kind(nodes)
+        kind = Kind(nodes)
         ctx, ctx_uses, back = self._context(q)
         uses = self._uses_at(q)
         for k, v in ctx_uses.items():
