@@ -15,3 +15,37 @@ def test_no_import_cycle_in_fitter() -> None:
 def test_a_cycle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_module_rebinds_a_global() -> None:
+    """State a process keeps lives on objects (fitter.cache.CACHES and what it holds), never in a `global` name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "fitter"
+    found = [f"{p.relative_to(root.parent)}:{n.lineno}" for p in sorted(root.rglob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.Global)]
+    assert found == []
+
+
+def test_caches_clear_by_group() -> None:
+    from fitter.cache import Caches
+
+    caches = Caches()
+    a = caches.keep({1: 2}, "compute")
+    b = caches.keep({3}, "traced")
+    caches.clear("compute")
+    assert a == {} and b == {3} and caches.groups == ["compute", "traced"]
+    a[1] = 2
+    caches.clear()
+    assert a == {} and b == set()
+
+
+def test_the_process_caches_are_cleared_before_each_test() -> None:
+    """tests/conftest.py's autouse fixture: what the fitter modules keep starts empty."""
+    from fitter.cache import CACHES
+    from fitter.gguf import header_cache
+    from fitter.llama import context, traced_graph
+
+    assert {"compute", "traced", "headers"} <= set(CACHES.groups)
+    assert not context._CACHE and not traced_graph._TRACED and not header_cache.is_enabled()

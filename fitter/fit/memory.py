@@ -12,6 +12,7 @@ from dataclasses import field
 from typing import Literal
 
 from fitter.build import PINNED, LlamaBuild
+from fitter.cache import CACHES
 from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
@@ -175,7 +176,7 @@ def _context_buffers(
     return out
 
 
-_WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = {}
+_WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = CACHES.keep({}, "weights")
 
 
 def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool,
@@ -360,7 +361,7 @@ def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, build
     return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
 
 
-_CAL_CACHE: dict[tuple[str, str, str], Calibration | None] = {}
+_CAL_CACHE: dict[tuple[str, str, str], Calibration | None] = CACHES.keep({}, "calibration")
 
 
 def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:

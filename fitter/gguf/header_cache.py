@@ -36,30 +36,44 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from fitter.cache import cache_root
+from fitter.cache import CACHES, cache_root
 
 MAGIC = b"ggfit-header-cache 3\n"
 RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
 _DIGEST = 8
 
-_on = False
-_fingerprint: bytes | None = None
+
+class _State:
+    """Whether the cache is used here (`enabled`), and the reader's code digest once worked out (_code_fingerprint).
+    Kept in fitter.cache.CACHES: clearing it turns the cache off and forgets the digest."""
+
+    __slots__ = ("on", "fingerprint")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.fingerprint: bytes | None = None
+
+    def clear(self) -> None:
+        self.on = False
+        self.fingerprint = None
+
+
+_STATE = CACHES.keep(_State(), "headers")
 
 
 @contextlib.contextmanager
 def enabled(on: bool = True) -> Iterator[None]:
     """Use (and fill) the on-disk header cache inside this block."""
-    global _on
-    before = _on
-    _on = on and not os.environ.get("GGFIT_NO_HEADER_CACHE")
+    before = _STATE.on
+    _STATE.on = on and not os.environ.get("GGFIT_NO_HEADER_CACHE")
     try:
         yield
     finally:
-        _on = before
+        _STATE.on = before
 
 
 def is_enabled() -> bool:
-    return _on
+    return _STATE.on
 
 
 def cache_dir() -> str:
@@ -69,8 +83,7 @@ def cache_dir() -> str:
 def _code_fingerprint() -> bytes:
     """The reader's own code (read as files: the reader imports this module): an entry written by another reader is a
     miss."""
-    global _fingerprint
-    if _fingerprint is None:
+    if _STATE.fingerprint is None:
         from fitter.gguf import constants, header
 
         here = os.path.dirname(__file__)
@@ -79,8 +92,8 @@ def _code_fingerprint() -> bytes:
             if path:
                 with open(path, "rb") as f:
                     parts.append(f.read())
-        _fingerprint = _digest(b"\0".join(parts))
-    return _fingerprint
+        _STATE.fingerprint = _digest(b"\0".join(parts))
+    return _STATE.fingerprint
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:

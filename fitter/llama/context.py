@@ -37,6 +37,7 @@ import gc
 from dataclasses import field
 from typing import Callable
 
+from fitter.cache import CACHES
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, flat_graph
@@ -508,7 +509,7 @@ def _terms(peak: list[tuple[str, int]], total: int, align: int) -> tuple[dict[st
     return terms, top
 
 
-_CACHE: dict[tuple, tuple] = {}
+_CACHE: dict[tuple, tuple] = CACHES.keep({}, "compute")
 _CACHE_MAX = 512
 
 # The compute buffers by content, so that the quants of one model (a new header, spec and details each) share
@@ -516,8 +517,8 @@ _CACHE_MAX = 512
 # backend. The weights' types are left out only when the graph never read them (tensor.header_types_read):
 # then any types give the same graph, placement and allocation. Weights on the CPU next to a GPU shape the
 # segments (_segment_keys), so their types stay in the key.
-_BY_CONTENT: dict[tuple, list[ComputeBuffer]] = {}
-_CONTENT_KEYS: dict[int, tuple[object, str]] = {}  # id(spec or details) -> (it, its content key)
+_BY_CONTENT: dict[tuple, list[ComputeBuffer]] = CACHES.keep({}, "compute")
+_CONTENT_KEYS: dict[int, tuple[object, str]] = CACHES.keep({}, "content-keys")  # id(spec or details) -> (it, its content key)
 # ModelSpec fields no graph builder, scheduler or allocator reads (the file and its weights' bytes);
 # bytes_by_type only gives _default_weight_type, a weight type like the header's
 _NOT_GRAPH_SPEC = {"name", "file_type", "file_type_name", "file_size", "header_size", "tensor_bytes",
@@ -536,7 +537,7 @@ def _frozen(v: object) -> object:
 
 
 _KEYED_FIELDS: dict[type, list[str]] = {}  # the fields a content key is made of, per class
-_LAST_KEYED: dict[type, tuple[tuple, str]] = {}  # per class: the last key made, and its fields' values (kept alive)
+_LAST_KEYED: dict[type, tuple[tuple, str]] = CACHES.keep({}, "content-keys")  # per class: the last key made, and its fields' values (kept alive)
 
 
 def _content_key(obj: ModelSpec | GraphDetails) -> str:

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
+from fitter.cache import CACHES
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
@@ -96,7 +97,7 @@ def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1,
     return hit
 
 
-_PLACEMENTS: dict[tuple, WeightPlacement] = {}
+_PLACEMENTS: dict[tuple, WeightPlacement] = CACHES.keep({}, "weights")
 
 
 def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, overrides: Sequence[tuple[str, str]],
@@ -207,7 +208,7 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
 # (device, shard) -> the header index of each tensor instance llama.cpp creates there, in creation order, and of
 # each tensor once (the last of a name, at its first place: a mapped range counts a tensor made twice once)
 _Groups = dict[tuple[int, int], tuple[list[int], list[int]]]
-_CREATED: dict[tuple, _Groups] = {}
+_CREATED: dict[tuple, _Groups] = CACHES.keep({}, "weights")
 
 
 def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> _Groups:

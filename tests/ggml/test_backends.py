@@ -253,6 +253,7 @@ def test_dispatcher_on_compute_tensors():
 def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> None:
     """BackendImpl.compute_size (the allocator's, ggml_nbytes outside `sized_ops`) equals alloc_size on every tensor
     the allocator placed in graphs of several architectures, f16 and quantized caches, FA on and off."""
+    from fitter.cache import CACHES
     from fitter.llama import context as C
     from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
     from fitter.llama.graph_details import graph_details
@@ -266,8 +267,7 @@ def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> Non
         header, spec = load_model_spec(str(build(arch)))
         d = graph_details(header)
         for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on"), dict(flash_attn="off")):
-            for memo in (C._CACHE, C._BY_CONTENT, _TRACED):
-                memo.clear()
+            CACHES.clear("compute", "traced")
             try:
                 cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=512, **kw), Frontend.SERVER)
             except ConfigError:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fitter.build import resolve_build
+from fitter.cache import CACHES
 from fitter.ggml.backends import metal_common
 from fitter.ggml.tensor import VIEW_OPS, Tensor
-from fitter.llama import context
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 
@@ -62,8 +62,7 @@ def _ggfit_graph(release: str, model: str, monkeypatch: pytest.MonkeyPatch) -> l
     monkeypatch.setattr("fitter.ggml.backends.metal.metal_graph_optimize", capture)
     # the whole graph, as llama.cpp prints it (not the chunks of fitter.ggml.backends.metal_segments)
     monkeypatch.setattr("fitter.ggml.backends.metal.optimize_segments", lambda *args: None)
-    for memo in (context._CACHE, context._BY_CONTENT, context._TRACED):  # built again, so that it is captured
-        memo.clear()
+    CACHES.clear("compute", "traced")  # built again, so that it is captured
     from fitter.fit.memory import predict
 
     predict(header, spec, cfg, Backend.METAL, Frontend.LIBRARY, build=resolve_build(release), calibrated=False)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from fitter.build import resolve_build
+from fitter.cache import CACHES
 from fitter.fit.memory import predict
 from fitter.ggml.backends import metal, metal_segments
-from fitter.llama import context
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from tests.synth import build
@@ -31,8 +31,7 @@ CONFIGS = (
 
 
 def _compute(path: str, cfg: RunConfig, release: str | None) -> list[tuple[str, int]] | str:
-    for memo in (context._CACHE, context._BY_CONTENT, context._TRACED):
-        memo.clear()
+    CACHES.clear("compute", "traced")
     header, spec = load_model_spec(path)
     kw = {"build": resolve_build(release)} if release else {}
     try:

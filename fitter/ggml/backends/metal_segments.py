@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fitter.build import LlamaBuild
+from fitter.cache import CACHES
 from fitter.ggml.backends.metal_chunks import ChunkPlanning, Kind, Ref, Unsupported
 from fitter.ggml.backends.metal_common import (
     EMPTY_OPS,
@@ -47,8 +48,8 @@ from fitter.ggml.tensor import VIEW_OPS, CacheTensor, Tensor
 _CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSION_MAX)
 # across graphs: each kind's fingerprint (what the reorder reads of it) -> a number, and the reorder's work by the
 # fingerprints of every instance's kind and the recurrent layout
-_FINGERPRINTS: dict[tuple, int] = {}
-_WORK: dict[tuple, list] = {}
+_FINGERPRINTS: dict[tuple, int] = CACHES.keep({}, "metal-reorder")
+_WORK: dict[tuple, list] = CACHES.keep({}, "metal-reorder")
 _MEMO_MAX = 64
 
 
