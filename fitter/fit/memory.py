@@ -17,7 +17,7 @@ from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
-from fitter.ggml.backends.metal import metal_fa_unsupported_reason
+from fitter.ggml.backends.metal.backend import metal_fa_unsupported_reason
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.context import compute_buffers
 from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context

@@ -11,7 +11,7 @@ that allocator's high-water mark.
 Here, from ModelSpec + ContextParams (+ GraphDetails, the few header facts ModelSpec lacks): the
 architecture's graph builder (fitter.llama.models, over fitter.llama.graph's shared builders and
 fitter.ggml's miniature ggml) is run one segment per distinct layer; for GPU backends the scheduler
-(fitter.ggml.sched) and CUDA's graph_optimize alloc deps (fitter.ggml.backends.cuda_fusion) place
+(fitter.ggml.sched) and CUDA's graph_optimize alloc deps (fitter.ggml.backends.cuda.fusion) place
 and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer. Once the
 allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
 cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
@@ -25,8 +25,8 @@ CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small vari
 262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
 uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) and Metal's graph_optimize
-(fitter.ggml.backends.metal_common), whose reorder crosses layers: the distinct layers' segments are reordered as the
-whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal_segments, replay.replay_chunks);
+(fitter.ggml.backends.metal.common), whose reorder crosses layers: the distinct layers' segments are reordered as the
+whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal.segments, replay.replay_chunks);
 where the layers are not one Metal split, every layer is built and the graph is allocated whole (`_flatten`).
 """
 
@@ -42,7 +42,7 @@ from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, flat_graph
 from fitter.ggml.backends.base import Backend, BackendImpl
-from fitter.ggml.backends.metal import METAL_FA_KV_F16_TYPES
+from fitter.ggml.backends.metal.backend import METAL_FA_KV_F16_TYPES
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.replay import SegmentPlan, replay_chunks, replay_plan
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -601,7 +601,7 @@ def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gp
     five: the Hadamard rotation) and against F32 (the cast before flash attention). On the CPU nothing else reads it
     (one buffer, alloc size ggml_nbytes). On Metal the scheduler reads it for FLASH_ATTN_EXT's support
     (metal_fa_unsupported_reason: all five), the reorder takes every tensor of a KV cache as one range
-    (metal_common.cache_ranges), and FLASH_ATTN_EXT's alloc size reads the views' strides only where
+    (metal.common.cache_ranges), and FLASH_ATTN_EXT's alloc size reads the views' strides only where
     ggml_metal_op_flash_attn_ext_use_kv_f16 is false: under 32 queries per stream, and in builds before #27390
     (metal_fa_kv_f16_extra), which keep their own type. So do a cache or a layer on the CPU and tensor overrides
     (the scheduler's copies). CUDA keeps its own (its flash attention's scratch depends on the type)."""

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from fitter.ggml import backends
-from fitter.ggml.backends import cuda, metal
 from fitter.ggml.backends.base import SIZE_MAX, FlashAttnShape, flash_attn_shape_of
+from fitter.ggml.backends.cuda import backend as cuda
+from fitter.ggml.backends.metal import backend as metal
 from fitter.ggml.types import nbytes, row_size
 from fitter.llama.cparams import Backend, pad
 

@@ -138,7 +138,7 @@ def test_predictions_with_replayed_runs_equal_the_walk(arch: str, backend: str,
 
 @pytest.mark.parametrize("backend", ["cpu", "metal"])
 def test_full_size_predictions_with_replayed_runs_equal_the_walk(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Qwen3.6-35B-A3B's shape: on Metal its reordered layers are chunks (fitter.ggml.backends.metal_segments)."""
+    """Qwen3.6-35B-A3B's shape: on Metal its reordered layers are chunks (fitter.ggml.backends.metal.segments)."""
     from tests.synth.shapes import build_shape
 
     assert _replays_equal_the_walk(str(build_shape("qwen36-35b-a3b")), backend, monkeypatch)

@@ -1,6 +1,6 @@
-"""Metal's reordered layers as chunks for ggml-alloc (ggfit's own): the second half of metal_segments' plan.
+"""Metal's reordered layers as chunks for ggml-alloc (ggfit's own): the second half of segments.py's plan.
 
-fitter.ggml.backends.metal_segments works out each instance's packs and the reorder's work over them. What the reorder
+fitter.ggml.backends.metal.segments works out each instance's packs and the reorder's work over them. What the reorder
 emitted while at one instance becomes a chunk (fitter.ggml.replay.Chunk) here: copies of the nodes, the alloc deps after
 their `until`, stand-ins for the tensors earlier chunks hand it. Instances whose work is the same and that are handed
 the same tensors share one chunk (`ChunkPlanning._chunks`).
@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.backends.metal_common import optimize_splits
+from fitter.ggml.backends.metal.common import optimize_splits
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import Chunk, ChunkPlan
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, CacheTensor, Tensor
 
-# what a pack reads or writes, relative to its instance (metal_segments._Plan._ref): local tensors ((instance offset,
+# what a pack reads or writes, relative to its instance (segments._Plan._ref): local tensors ((instance offset,
 # index in their segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges,
 # recurrent tensors ((instance offset, layer built for, slot, size, backend), ...)
 Ref = tuple
@@ -49,7 +49,7 @@ class Unsupported(Exception):
 
 
 class ChunkPlanning:
-    """The chunks of one graph's reordered instances (metal_segments._Plan plans with it: these are its fields)."""
+    """The chunks of one graph's reordered instances (segments._Plan plans with it: these are its fields)."""
 
     pro: Segment
     epi: Segment
@@ -90,7 +90,7 @@ class ChunkPlanning:
 
     def _outside(self, pro_tail: int, epi_head: int) -> tuple[list[Tensor], list[Tensor]]:
         """The prologue's nodes before the layers' split and the epilogue's after it, their own splits reordered apart
-        (metal_common.optimize_splits), their alloc deps in."""
+        (common.optimize_splits), their alloc deps in."""
         pro, epi = self.pro, self.epi
         head, tail = pro.nodes[:len(pro.nodes) - pro_tail], epi.nodes[epi_head:]
         for part in (head, tail):

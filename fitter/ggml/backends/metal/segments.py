@@ -1,6 +1,6 @@
 """Metal's graph_optimize over a graph built one segment per distinct layer, allocated as repeating chunks (ggfit's own).
 
-ggml_graph_optimize (fitter.ggml.backends.metal_common) reorders each Metal split, and its look-ahead crosses layers:
+ggml_graph_optimize (fitter.ggml.backends.metal.common) reorders each Metal split, and its look-ahead crosses layers:
 a node of the next layer moves up among this layer's, a fusion packs this layer's last add with the next one's norm.
 Reordering the whole graph means building every layer (context._flatten); here each distinct layer is built once:
 
@@ -13,7 +13,7 @@ Reordering the whole graph means building every layer (context._flatten); here e
 - The reorder (`_reorder`) walks the instances in turn. Its state as it enters one (the concurrent set, the packs
   already moved up), relative to that instance, with the kinds its look-ahead can reach, decides what it emits there:
   the first answer for such a state is kept and reused, as the allocator's replay reuses a layer's.
-- Chunks (fitter.ggml.backends.metal_chunks). What the reorder emitted while at one instance is a chunk
+- Chunks (fitter.ggml.backends.metal.chunks). What the reorder emitted while at one instance is a chunk
   (fitter.ggml.replay.Chunk): copies of the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier
   chunks hand it. Chunks of the same nodes read the same way that are handed the same tensors are one; ggml-alloc then
   runs chunk after chunk and jumps over repeated periods (fitter.ggml.replay.replay_chunks), which is `Gallocr.run` over
@@ -29,8 +29,8 @@ from typing import Callable
 
 from fitter.build import LlamaBuild
 from fitter.cache import CACHES
-from fitter.ggml.backends.metal_chunks import ChunkPlanning, Kind, Ref, Unsupported
-from fitter.ggml.backends.metal_common import (
+from fitter.ggml.backends.metal.chunks import ChunkPlanning, Kind, Ref, Unsupported
+from fitter.ggml.backends.metal.common import (
     EMPTY_OPS,
     N_FORWARD,
     SAFE_OPS,
@@ -39,7 +39,7 @@ from fitter.ggml.backends.metal_common import (
     pack_ends,
     reorder_walk,
 )
-from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
+from fitter.ggml.backends.metal.fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.sched import graph_uses
@@ -192,7 +192,7 @@ class _Plan(ChunkPlanning):
     # ---- packs -----------------------------------------------------------------------------------------------------
 
     def _kinds(self) -> None:
-        """Each instance's packs (fitter.ggml.backends.metal_common.reorder's), worked out once per (node list, next
+        """Each instance's packs (fitter.ggml.backends.metal.common.reorder's), worked out once per (node list, next
         node list, where the previous instance's last pack and last alloc-dep pattern ended in this one)."""
         kinds: dict[tuple, Kind] = {}
         self.kind_of: list[Kind] = []
@@ -323,7 +323,7 @@ class _Plan(ChunkPlanning):
 
     def _ref(self, q: int, ts: list[Tensor], back: dict[int, tuple[int, Tensor]]) -> Ref:
         """What a pack of instance q reads or writes (ggml_mem_range_from_tensor of each tensor's base, as
-        metal_common._ranges), relative to the instance and with no object identity in it (so that graphs of the same
+        common._ranges), relative to the instance and with no object identity in it (so that graphs of the same
         shape have the same Refs): local tensors as (instance offset, index in their segment), whether it reads the
         previous instance's output, global tensors by their index in the graph, KV ranges, recurrent tensors as
         (instance offset, layer built for, slot, size, backend)."""
@@ -371,7 +371,7 @@ class _Plan(ChunkPlanning):
     # ---- recurrent state layout ------------------------------------------------------------------------------------
 
     def _rs_layout(self) -> None:
-        """metal_common.cache_ranges' offsets of r_l / s_l, each layer's at its own place: a layer's segment stands for
+        """common.cache_ranges' offsets of r_l / s_l, each layer's at its own place: a layer's segment stands for
         every layer that runs it, so its recurrent tensors are those of the layer it was built for."""
         segs = [self.pro] + [seg for seg, _ in self.layers] + [self.epi]
         last = len(segs) - 1
@@ -414,7 +414,7 @@ class _Plan(ChunkPlanning):
 
     def _qual(self, q: int, ref: Ref) -> tuple[int, list | None]:
         """A pack's Ref at instance q: its identities as a bit set (_bit: local tensors as (instance, id), global ones
-        by id) and its buffer ranges (metal_common.Range)."""
+        by id) and its buffer ranges (common.Range)."""
         loc, prev, glob, kv, rs = ref
         bit = self._bit
         mask = 0
@@ -454,7 +454,7 @@ class _Plan(ChunkPlanning):
         return out
 
     def _reorder(self) -> list[tuple]:
-        """ggml_metal_graph_optimize_reorder (metal_common.reorder's loop) over the packs of every instance in turn,
+        """ggml_metal_graph_optimize_reorder (common.reorder's loop) over the packs of every instance in turn,
         each instance's work kept by the state it starts from (relative to it) and replayed where that repeats.
         Returns, per instance, the work kept for it: the packs it emits ((instance offset, pack) each) and the state it
         leaves; equal work is the same object."""

@@ -5,7 +5,7 @@ Mirrors ggml/src/ggml-metal/ggml-metal.cpp and ggml-metal-device.m of the pinned
 device's maxBufferLength, get_alloc_size below), ggml_metal_device_supports_op and the device's
 offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's graph_optimize (the
 concurrency reorder of ggml-metal-common.cpp, whose packs come from ggml-metal-fusion.cpp since 0.3.36) is
-fitter.ggml.backends.metal_common.
+fitter.ggml.backends.metal.common.
 
 Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
 (ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
@@ -63,8 +63,8 @@ from fitter.ggml.backends.base import (
     _op,
     flash_attn_shape_of,
 )
-from fitter.ggml.backends.metal_common import graph_optimize as metal_graph_optimize
-from fitter.ggml.backends.metal_segments import optimize_segments
+from fitter.ggml.backends.metal.common import graph_optimize as metal_graph_optimize
+from fitter.ggml.backends.metal.segments import optimize_segments
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
@@ -299,7 +299,7 @@ class MetalBackend(BackendImpl):
 
     def graph_optimize(self, segments: list) -> None:
         """ggml_backend_metal_graph_optimize: each segment is a whole placed and split graph (fitter.ggml.backends
-        .metal_common)."""
+        .metal.common)."""
         if not self.reorders_graph:
             return
         for seg in segments:
@@ -307,7 +307,7 @@ class MetalBackend(BackendImpl):
 
     def optimize_segments(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
                           keys: list[tuple], epi: Segment) -> tuple[ChunkPlan, list[Segment]] | None:
-        """graph_optimize over a graph built one segment per distinct layer (fitter.ggml.backends.metal_segments): its
+        """graph_optimize over a graph built one segment per distinct layer (fitter.ggml.backends.metal.segments): its
         chunks to allocate; None: build it whole."""
         return optimize_segments(n, pro, seg0, templates, keys, epi, self.build, self.alloc_size, self.alignment, 0)
 

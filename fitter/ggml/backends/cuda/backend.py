@@ -3,7 +3,7 @@
 Mirrors ggml/src/ggml-cuda/ggml-cuda.cu of the pinned llama.cpp 0c1e57098bba:
 ggml_backend_cuda_buffer_type (alignment 128, no max size, get_alloc_size below), the pinned host
 buffer type CUDA_Host (the CPU's rules), ggml_backend_cuda_device_supports_op / offload_op, and
-ggml_backend_cuda_graph_optimize (fitter.ggml.backends.cuda_fusion).
+ggml_backend_cuda_graph_optimize (fitter.ggml.backends.cuda.fusion).
 
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
 -------------------------------------------------------------------
@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
-from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
+from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
