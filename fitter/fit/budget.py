@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fitter.fit.margin import default_margin
 from fitter.fit.sizes import ACCEPTED, Budget, BudgetError, MiB, parse_size
+from fitter.ggml import backends
 
 __all__ = ["ACCEPTED", "DEFAULT_MARGIN_BYTES", "MiB", "Budget", "BudgetError", "available_bytes", "check_devices",
            "parse_budget", "parse_budgets", "parse_host_budget", "parse_margin", "parse_size"]
@@ -56,7 +57,7 @@ def parse_budgets(text: str, backend: str = "cpu", **probes) -> list[Budget]:
     parts = [p.strip() for p in str(text).split(",")]
     if len(parts) == 1:
         return [parse_budget(text, backend, **probes)]
-    if backend == "metal" or backend == "cpu":
+    if not backends.get(backend).is_gpu or backends.get(backend).single_device:
         raise BudgetError(f"--budget {text}: one value per GPU is for CUDA; {backend} has one device")
     if any(p.lower() == "auto" for p in parts):
         raise BudgetError(f"--budget {text}: auto reads one GPU; give a size per GPU ({ACCEPTED})")
@@ -79,13 +80,14 @@ def check_devices(budgets: list[Budget], backend: str, *, split_mode: str, main_
     them too: a GPU that is not there, or not budgeted, is a mistake in the command.) The CPU backend has no GPUs
     (llama.cpp ignores -ts and -mg there)."""
     n = len(budgets)
+    impl = backends.get(backend)
     ts = ts_text or ",".join(f"{x:g}" for x in tensor_split or ())
-    named = ("Metal has one device (MTL0)" if backend == "metal" else f"--budget names {n} GPU{'s' if n != 1 else ''}"
-             + (" (one value per GPU: --budget 24GiB,24GiB)" if n == 1 else ""))
+    named = (f"{impl.label} has one device ({impl.name})" if impl.single_device
+             else f"--budget names {n} GPU{'s' if n != 1 else ''}" + (" (one value per GPU: --budget 24GiB,24GiB)" if n == 1 else ""))
     if tensor_split is not None and len(tensor_split) >= LLAMA_MAX_DEVICES:
         raise BudgetError(f"-ts {ts}: got {len(tensor_split)} input configs, but system only has "
                           f"{LLAMA_MAX_DEVICES} devices")
-    if backend == "cpu":
+    if not impl.is_gpu:
         return
     if split_mode == "none" and main_gpu >= n:
         raise BudgetError(f"-mg {main_gpu}: invalid value for main_gpu: {main_gpu} (available devices: {n}); {named}")

@@ -609,12 +609,12 @@ def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gp
     if not cp.flash_attn or tk == _SHARED_KV_AS or tk not in _SHARED_KV or type_name(cp.type_v) != tk:
         return cp
     shared = cp.model_copy(update={"type_k": _SHARED_KV_AS, "type_v": _SHARED_KV_AS})
-    if impl.kind == Backend.CPU:
+    if not impl.is_gpu:
         return shared
-    if impl.kind != Backend.METAL or not cp.build.has("metal_fa_kv_f16_extra") or kv_host:
+    if kv_host:
         return cp
     n_tokens, _, n_seqs, _ = reserve_ubatch(cp)
-    if n_tokens // (1 if cp.kv_unified else n_seqs) < 32:  # FLASH_ATTN_EXT's queries per stream (Q's ne[1])
+    if impl.fa_alloc_reads_kv_type(cp.build, n_tokens // (1 if cp.kv_unified else n_seqs)):  # queries per stream
         return cp
     wp = placement or weight_placement(len(spec.layers), impl.kind, n_gpu_layers)
     return cp if wp.overrides or CPU_DEV in wp.layer_dev else shared

@@ -110,8 +110,8 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         # make_gpu_buft_list: the pinned build's CUDA backend registers no split buffer type
         raise ConfigError(f"-sm {split_mode}: llama.cpp fails the load here (\"device {impl.name} does not support "
                           f"split buffers\"); use -sm layer or -sm none")
-    if n_gpus > 1 and backend == Backend.METAL:
-        raise ConfigError(f"{n_gpus} GPUs (-ts, -mg): Metal has one device (MTL0)")
+    if n_gpus > 1 and impl.single_device:
+        raise ConfigError(f"{n_gpus} GPUs (-ts, -mg): {impl.label} has one device ({impl.name})")
     if main_gpu >= n_gpus:
         raise ConfigError(f"-mg {main_gpu}: there are {n_gpus} GPU(s) (0 to {n_gpus - 1})")
     if tensor_split is not None and len(tensor_split) > n_gpus:

@@ -281,3 +281,20 @@ def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> Non
                         checked += 1
                         sized += t.op in impl.sized_ops
     assert checked > 1000 and (sized or backend == "cpu")
+
+
+def test_backend_facts_live_on_the_backend_objects() -> None:
+    """What code outside the backends asks of them instead of their names (ggml-cpu, ggml-cuda, ggml-metal)."""
+    from fitter.build import PINNED, resolve_build
+
+    cpu_, cuda_, metal_ = (backends.get(b) for b in ("cpu", "cuda", "metal"))
+    assert [b.is_gpu for b in (cpu_, cuda_, metal_)] == [False, True, True]
+    assert [b.label for b in (cpu_, cuda_, metal_)] == ["CPU", "CUDA", "Metal"]
+    assert [b.single_device for b in (cpu_, cuda_, metal_)] == [False, False, True]  # MTL0 only
+    assert cuda_.has_host_buffer_type and not metal_.has_host_buffer_type  # CUDA_Host; Metal's is NULL
+    # -fa auto: Metal's supports_op (K head size below V's), the CPU runs every FA node
+    assert metal_.fa_auto_unsupported_reason(64, 128, "f16", "f16") and cpu_.fa_auto_unsupported_reason(64, 128, "f16", "f16") is None
+    # ggml_metal_op_flash_attn_ext_use_kv_f16: 32 queries per stream and more, since #27390
+    assert not metal_.fa_alloc_reads_kv_type(PINNED, 32) and metal_.fa_alloc_reads_kv_type(PINNED, 31)
+    assert metal_.fa_alloc_reads_kv_type(resolve_build("0.3.35"), 512)
+    assert cuda_.fa_alloc_reads_kv_type(PINNED, 512) and not cpu_.fa_alloc_reads_kv_type(PINNED, 512)

@@ -147,7 +147,13 @@ class BackendImpl:
     alignment = HOST_ALIGNMENT  # get_alignment of the default buffer type
     host_alignment = HOST_ALIGNMENT
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
+    # the device is the host (CPU): every buffer is the one RAM and counts against the one budget; no GPU flags
     is_gpu = False
+    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
+    single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
+    # get_host_buffer_type: pinned host memory next to the device (CUDA_Host), which takes the CPU weights it
+    # multiplies before the CPU's extra buffer types (llama-model.cpp make_cpu_buft_list)
+    has_host_buffer_type = False
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:
@@ -157,6 +163,18 @@ class BackendImpl:
         bound = copy.copy(self)
         bound.build = build
         return bound
+
+    def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
+        """Why `-fa auto` turns flash attention off for a layer with these heads and cache types
+        (llama_context::resolve_fused_ops: its FLASH_ATTN_EXT cannot run on the device); None: it stays as asked. The
+        CPU runs every FA node."""
+        return None
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """Whether FLASH_ATTN_EXT's alloc size depends on the K/V cache type beyond its block size (the views'
+        strides, a scratch per type): then two cache types of one block size are not the same compute bytes. The
+        CPU's: ggml_nbytes, never."""
+        return False
 
     def is_device_buffer(self, buffer: str) -> bool:
         """Whether llama.cpp's buffer (type) name is this device's own memory ("CUDA0"), not host memory next to it

@@ -247,6 +247,14 @@ class CUDABackend(BackendImpl):
     alignment = CUDA_ALIGNMENT
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True
+    label = "CUDA"
+    has_host_buffer_type = True  # ggml_backend_cuda_host_buffer_type (CUDA_Host)
+
+    # fa_auto_unsupported_reason: CUDA's rules are not mirrored (-fa auto stays as asked)
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """CUDA's flash attention keeps f16 copies of a quantized K/V (its scratch depends on the type)."""
+        return True
 
     def alloc_size(self, t: Any, *, cc: int = CUDA_CC_HOPPER,
                    vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT) -> int:

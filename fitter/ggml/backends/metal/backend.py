@@ -244,6 +244,18 @@ class MetalBackend(BackendImpl):
     alignment = METAL_ALIGNMENT
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True
+    label = "Metal"
+    single_device = True  # the default Metal device, MTL0
+    has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
+
+    def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
+        """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason)."""
+        return metal_fa_unsupported_reason(d_k, d_v, type_k, type_v)
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """FLASH_ATTN_EXT's alloc size reads the views' strides only where ggml_metal_op_flash_attn_ext_use_kv_f16 is
+        false: under 32 queries per stream, and in builds before #27390 (metal_fa_kv_f16_extra)."""
+        return not build.has("metal_fa_kv_f16_extra") or queries_per_stream < 32
 
     def max_size(self, *, metal_max_buffer_length: int | None = None) -> int:
         """get_max_size is the device's maxBufferLength (ggml_metal_device_init: props.max_buffer_size),
