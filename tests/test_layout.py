@@ -56,7 +56,6 @@ _NAME_TEST = r"""(==|!=|\bis|\bin) *\(?(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|
 # files that still test a name, until the fact they test is on the backend objects
 _NAME_TESTS_LEFT = {
     "fitter/fit/solver.py",  # Metal's budget rule
-    "fitter/fit/device_memory.py",  # how free memory is read (--budget auto): the probes are not on the backends yet
 }
 
 

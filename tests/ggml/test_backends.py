@@ -298,3 +298,10 @@ def test_backend_facts_live_on_the_backend_objects() -> None:
     assert not metal_.fa_alloc_reads_kv_type(PINNED, 32) and metal_.fa_alloc_reads_kv_type(PINNED, 31)
     assert metal_.fa_alloc_reads_kv_type(resolve_build("0.3.35"), 512)
     assert cuda_.fa_alloc_reads_kv_type(PINNED, 512) and not cpu_.fa_alloc_reads_kv_type(PINNED, 512)
+    # how free memory is read (--budget auto), each backend its own way
+    from fitter.ggml.backends.probes import DeviceProbes
+
+    probes = DeviceProbes(run=lambda cmd: " 80000\n" if cmd[0] == "nvidia-smi" else None, system="Linux", given=True,
+                          metal_probe=lambda: 25559 * 2**20, device=0)
+    assert cuda_.free_memory(probes).source == "nvidia-smi memory.free (GPU 0)"
+    assert metal_.free_memory(probes).bytes == 25559 * 2**20

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
 from fitter.record import Record
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 SIZE_MAX = 2**64 - 1
 HOST_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's, and CUDA_Host's
@@ -163,6 +166,12 @@ class BackendImpl:
         bound = copy.copy(self)
         bound.build = build
         return bound
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """What the device has for llama.cpp now, as `--budget auto` reads it (ggml_backend_dev_memory's counterpart
+        on this machine; fitter.fit.device_memory): each backend's <name>/memory.py, imported only then (its probes
+        import ctypes)."""
+        raise NotImplementedError
 
     def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
         """Why `-fa auto` turns flash attention off for a layer with these heads and cache types

@@ -50,7 +50,7 @@ predicted.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
@@ -69,6 +69,9 @@ from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 # ggml-metal.cpp ggml_backend_metal_buffer_type_{shared,private,mapped}_get_alignment
 METAL_ALIGNMENT = 32
@@ -251,6 +254,12 @@ class MetalBackend(BackendImpl):
     def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
         """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason)."""
         return metal_fa_unsupported_reason(d_k, d_v, type_k, type_v)
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """The default device's recommendedMaxWorkingSetSize, else the wired limit, else a table (metal/memory.py)."""
+        from fitter.ggml.backends.metal import memory  # (its probes import ctypes: only for `auto`)
+
+        return memory.free_memory(probes)
 
     def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
         """FLASH_ATTN_EXT's alloc size reads the views' strides only where ggml_metal_op_flash_attn_ext_use_kv_f16 is
