@@ -30,6 +30,7 @@ from fitter.fit.calibration import (
 )
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
+from fitter.ggml.backends.base import is_host_buffer
 from fitter.llama.cparams import Backend, FlashAttn, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
@@ -239,7 +240,7 @@ def _side(buffer: str, backend: Backend | None) -> Literal["device", "host"]:
     (CPU, CPU_Mapped, CUDA_Host). On the CPU backend every buffer is the device's."""
     if backend is not None and not backends.get(backend).is_gpu:
         return "device"
-    return "host" if buffer.startswith("CPU") or buffer.endswith("_Host") else "device"
+    return "host" if is_host_buffer(buffer) else "device"
 
 
 def log_backend(log: UserLog, given: Backend | None) -> Backend | None:

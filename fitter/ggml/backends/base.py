@@ -4,7 +4,7 @@ A ggml backend's default buffer type answers get_alignment, get_max_size and get
 (ggml/src/ggml-backend.cpp ggml_backend_buft_*), its device answers supports_op and offload_op
 (ggml_backend_dev_supports_op / ggml_backend_dev_offload_op), and llama.cpp names its buffers after
 the device ("CUDA0", "MTL0") and the host buffer type next to it ("CUDA_Host", or the CPU's).
-`BackendImpl` is that protocol with the CPU's answers as defaults; fitter.ggml.backends.{cpu,cuda,metal}
+`BackendImpl` is that protocol with the CPU's answers as defaults; fitter.ggml.backends.{cpu,cuda,metal}.backend
 override what differs, and fitter.ggml.backends.get(backend) returns the one for a Backend.
 
 `FlashAttnShape` describes one GGML_OP_FLASH_ATTN_EXT node, the op whose alloc size and support
@@ -135,6 +135,13 @@ def flash_attn_shape_of(t: Any) -> FlashAttnShape:
         v_is_view_of_k=v_is_view_of_k, n_kv_max=int(params[4]) if len(params) > 4 else 0,
         k_row_bytes=int(knb[1]) if knb else None, v_row_bytes=int(vnb[1]) if vnb else None,
     )
+
+
+def is_host_buffer(buffer: str) -> bool:
+    """Whether llama.cpp's buffer (type) name is host memory, whichever backend printed it: the CPU's ("CPU",
+    "CPU_Mapped", "CPU_REPACK") or a GPU backend's pinned host buffer type ("CUDA_Host"); else a device's own
+    ("CUDA0", "MTL0", "MTL0_Mapped", "Vulkan1")."""
+    return buffer.startswith("CPU") or buffer.endswith("_Host")
 
 
 class BackendImpl:
