@@ -291,6 +291,7 @@ def test_backend_facts_live_on_the_backend_objects() -> None:
     assert [b.is_gpu for b in (cpu_, cuda_, metal_)] == [False, True, True]
     assert [b.label for b in (cpu_, cuda_, metal_)] == ["CPU", "CUDA", "Metal"]
     assert [b.single_device for b in (cpu_, cuda_, metal_)] == [False, False, True]  # MTL0 only
+    assert [b.unified_memory for b in (cpu_, cuda_, metal_)] == [False, False, True]  # Apple Silicon
     assert cuda_.has_host_buffer_type and not metal_.has_host_buffer_type  # CUDA_Host; Metal's is NULL
     # -fa auto: Metal's supports_op (K head size below V's), the CPU runs every FA node
     assert metal_.fa_auto_unsupported_reason(64, 128, "f16", "f16") and cpu_.fa_auto_unsupported_reason(64, 128, "f16", "f16") is None

@@ -161,6 +161,9 @@ class BackendImpl:
     is_gpu = False
     label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
     single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
+    # the device's memory is the host's RAM (Apple Silicon): weights moved to the CPU (-ngl, --n-cpu-moe, -ot =CPU)
+    # stay in the same RAM and free nothing, and no host budget of its own is needed unless asked for
+    unified_memory = False
     # get_host_buffer_type: pinned host memory next to the device (CUDA_Host), which takes the CPU weights it
     # multiplies before the CPU's extra buffer types (llama-model.cpp make_cpu_buft_list)
     has_host_buffer_type = False

@@ -249,6 +249,7 @@ class MetalBackend(BackendImpl):
     is_gpu = True
     label = "Metal"
     single_device = True  # the default Metal device, MTL0
+    unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
     has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
 
     def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
