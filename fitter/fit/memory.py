@@ -344,12 +344,11 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
     impl = backends.get(backend)
     if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
-    heads = dict.fromkeys((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
-                          if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # each pair once, in layer order
-    for d_k, d_v in heads:
-        why = impl.fa_auto_unsupported_reason(d_k, d_v, config.type_k, config.type_v)
-        if why:
-            return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on {impl.label}: {why})"
+    heads = ((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
+             if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # in layer order (read only where the rules are)
+    why = impl.fa_auto_unsupported_reason(heads, config.type_k, config.type_v)
+    if why:
+        return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on {impl.label}: {why})"
     return config, None
 
 

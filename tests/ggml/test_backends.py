@@ -294,7 +294,9 @@ def test_backend_facts_live_on_the_backend_objects() -> None:
     assert [b.unified_memory for b in (cpu_, cuda_, metal_)] == [False, False, True]  # Apple Silicon
     assert cuda_.has_host_buffer_type and not metal_.has_host_buffer_type  # CUDA_Host; Metal's is NULL
     # -fa auto: Metal's supports_op (K head size below V's), the CPU runs every FA node
-    assert metal_.fa_auto_unsupported_reason(64, 128, "f16", "f16") and cpu_.fa_auto_unsupported_reason(64, 128, "f16", "f16") is None
+    assert metal_.fa_auto_unsupported_reason([(128, 128), (64, 128)], "f16", "f16") == "K head size 64 < V head size 128"
+    assert cpu_.fa_auto_unsupported_reason([(64, 128)], "f16", "f16") is None
+    assert metal_.fa_auto_unsupported_reason([(128, 128)], "f16", "f16") is None
     # ggml_metal_op_flash_attn_ext_use_kv_f16: 32 queries per stream and more, since #27390
     assert not metal_.fa_alloc_reads_kv_type(PINNED, 32) and metal_.fa_alloc_reads_kv_type(PINNED, 31)
     assert metal_.fa_alloc_reads_kv_type(resolve_build("0.3.35"), 512)

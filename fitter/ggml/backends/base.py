@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
@@ -183,10 +183,10 @@ class BackendImpl:
         import ctypes)."""
         raise NotImplementedError
 
-    def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
-        """Why `-fa auto` turns flash attention off for a layer with these heads and cache types
-        (llama_context::resolve_fused_ops: its FLASH_ATTN_EXT cannot run on the device); None: it stays as asked. The
-        CPU runs every FA node."""
+    def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
+        """Why `-fa auto` turns flash attention off for a model whose attention layers have these (K, V) head sizes,
+        in layer order, and these cache types (llama_context::resolve_fused_ops: a layer's FLASH_ATTN_EXT cannot run on
+        the device); None: it stays as asked. The CPU runs every FA node."""
         return None
 
     def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:

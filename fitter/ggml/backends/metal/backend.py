@@ -50,7 +50,7 @@ predicted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
@@ -252,9 +252,14 @@ class MetalBackend(BackendImpl):
     unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
     has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
 
-    def fa_auto_unsupported_reason(self, d_k: int, d_v: int, type_k: str, type_v: str) -> str | None:
-        """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason)."""
-        return metal_fa_unsupported_reason(d_k, d_v, type_k, type_v)
+    def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
+        """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason): the first layer's
+        heads it refuses."""
+        for d_k, d_v in dict.fromkeys(heads):  # each pair once, in layer order
+            why = metal_fa_unsupported_reason(d_k, d_v, type_k, type_v)
+            if why:
+                return why
+        return None
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         """The default device's recommendedMaxWorkingSetSize, else the wired limit, else a table (metal/memory.py)."""
