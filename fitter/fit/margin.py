@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from fitter.fit.metal_evidence import EVIDENCE, Case
+from fitter.ggml import backends
 
 MiB = 1024**2
 SAFETY_BYTES = 256 * MiB
@@ -100,7 +101,7 @@ def _note(table: dict[str, Overhead], backend: str, what: str) -> str:
 def default_host_margin(backend: str) -> int:
     """What a host budget must leave beside the predicted host bytes: the process's own resident memory outside its
     buffers plus the safety share (0 on the CPU backend, where the one --margin covers it)."""
-    return 0 if backend == "cpu" else _with_safety(HOST_OVERHEAD, backend)
+    return _with_safety(HOST_OVERHEAD, backend) if backends.get(backend).is_gpu else 0
 
 
 def host_margin_note(backend: str) -> str:

@@ -12,11 +12,11 @@ from dataclasses import field
 from typing import Literal
 
 from fitter.build import PINNED, LlamaBuild
+from fitter.cache import CACHES
 from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
-from fitter.ggml.backends.metal import metal_fa_unsupported_reason
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.context import compute_buffers
 from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
@@ -50,7 +50,7 @@ def counts_against_budget(backend: Backend, on_device: bool) -> bool:
     recommendedMaxWorkingSetSize; MTL0_Mapped wraps its tensors' whole file range (get_mapping_range,
     ggml_backend_metal_device_buffer_mapped), so it holds the token embedding's bytes too where the file puts them
     between its tensors (llama-quantize's order), and counts them then (fitter.llama.weights.weight_buffers)."""
-    return backend == Backend.CPU or on_device
+    return on_device or not backends.get(backend).is_gpu
 
 
 class Prediction(Record, frozen=False):
@@ -106,9 +106,10 @@ def repack_applies(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus:
     weight CUDA multiplies, before the extra ones; Metal has none (ggml-metal.cpp get_host_buffer_type NULL): the
     extra types take its CPU-side matrices (-ngl below all, --n-cpu-moe, --cpu-moe, -ot =CPU; the input layer's
     token embedding is a GET_ROWS, which they refuse); the CPU backend: every matrix."""
-    if backend == Backend.CPU:
+    impl = backends.get(backend)
+    if not impl.is_gpu:
         return True
-    if backend != Backend.METAL:
+    if impl.has_host_buffer_type:
         return False
     wp = placement_of(spec, config, backend, n_gpus)
     return CPU_DEV in wp.layer_dev or any(d == CPU_DEV for _, d in wp.overrides)
@@ -130,8 +131,8 @@ def _context_buffers(
     changed: list[BufferChange] | None = None,
     terms: bool = True,
 ) -> list[Buffer]:
-    cpu = backend == Backend.CPU
     impl = backends.get(backend)
+    cpu = not impl.is_gpu
     wp = placement or weight_placement(len(spec.layers), backend, n_gpu_layers)
     out: list[Buffer] = []
     # llama_context::output_reserve(n_seq_max): logits for n_seq_max outputs (+ embeddings), in the host buffer
@@ -175,7 +176,7 @@ def _context_buffers(
     return out
 
 
-_WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = {}
+_WEIGHT_CACHE: dict[tuple, tuple[GGUFHeader, list[Buffer]]] = CACHES.keep({}, "weights")
 
 
 def _weight_rows(owner: Owner, header: GGUFHeader, spec: ModelSpec, backend: Backend, config: RunConfig, load_mtp: bool,
@@ -323,7 +324,7 @@ def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, ba
     build = pred.context.build
     out = []
     for c in build.differences():
-        if c.backend != "all" and c.backend.lower() != backend.value:
+        if c.backend not in ("all", backends.get(backend).label):
             continue
         alt = predict(header, spec, config, backend, frontend, draft, build=build.flip(c.id), n_gpus=n_gpus,
                       terms=False)
@@ -335,19 +336,19 @@ def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, ba
 
 
 def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tuple[RunConfig, str | None]:
-    """-fa auto on Metal: llama_context::resolve_fused_ops turns flash attention off when a layer's
-    FLASH_ATTN_EXT cannot run on the device (ggml_metal_device_supports_op), unless a quantized V cache
-    made llama_init_from_model force it on. The CPU runs every FA node; CUDA's rules are not mirrored here."""
-    if config.flash_attn != "auto" or backend != Backend.METAL:
+    """-fa auto: llama_context::resolve_fused_ops turns flash attention off when a layer's FLASH_ATTN_EXT cannot run
+    on the device (the backend's fa_auto_unsupported_reason: Metal's ggml_metal_device_supports_op; the CPU runs every
+    FA node; CUDA's rules are not mirrored), unless a quantized V cache made llama_init_from_model force it on."""
+    if config.flash_attn != "auto":
         return config, None
+    impl = backends.get(backend)
     if config.type_v not in ("f32", "f16", "bf16"):
         return config, None  # forced on for the quantized V cache
-    heads = dict.fromkeys((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
-                          if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # each pair once, in layer order
-    for d_k, d_v in heads:
-        why = metal_fa_unsupported_reason(d_k, d_v, config.type_k, config.type_v)
-        if why:
-            return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on Metal: {why})"
+    heads = ((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
+             if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # in layer order (read only where the rules are)
+    why = impl.fa_auto_unsupported_reason(heads, config.type_k, config.type_v)
+    if why:
+        return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on {impl.label}: {why})"
     return config, None
 
 
@@ -360,7 +361,7 @@ def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, build
     return cp.model_copy(update={"n_outputs_max": cp.n_seq_max, "n_rs_seq": 0})
 
 
-_CAL_CACHE: dict[tuple[str, str, str], Calibration | None] = {}
+_CAL_CACHE: dict[tuple[str, str, str], Calibration | None] = CACHES.keep({}, "calibration")
 
 
 def _applied(cal: Calibration, changed: list[BufferChange]) -> Applied:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitter.cache import CACHES
 from fitter.fit.quant_ftypes import (
     BF16,
     COPY,
@@ -86,7 +87,7 @@ def _tensor_info_bytes(name: str, n_dims: int) -> int:
     return 8 + len(name.encode("utf-8", "surrogateescape")) + 4 + 8 * n_dims + 4 + 8
 
 
-_KV_BYTES: dict[int, tuple[GGUFHeader, int]] = {}
+_KV_BYTES: dict[int, tuple[GGUFHeader, int]] = CACHES.keep({}, "quants")
 
 
 def _input_kv_bytes(header: GGUFHeader) -> int:
@@ -150,7 +151,7 @@ def _check_header(header: GGUFHeader) -> None:
 # a row: the tensor, its shape, input type, its number of rows (ggml_nrows), the tensor as every ftype writes it where
 # llama.cpp does not quantize it (copied as it is; None where it does), and its padded input bytes
 _Row = tuple[TensorInfo, tuple[int, ...], int, int, "TensorQuant | None", int]
-_ROWS: dict[tuple, tuple[GGUFHeader, list[_Row], int, tuple[str, ...]]] = {}
+_ROWS: dict[tuple, tuple[GGUFHeader, list[_Row], int, tuple[str, ...]]] = CACHES.keep({}, "quants")
 
 
 def _tensor_rows(header: GGUFHeader, arch: str, only_copy: bool,

@@ -2,7 +2,7 @@
 
 replay_segments (replay_plan) runs fitter.ggml.alloc.Gallocr over a graph cut into segments, one per distinct
 layer (fitter.llama.context), and replay_chunks over Metal's reordered layers cut into chunks
-(fitter.ggml.backends.metal_segments); both jump over whole periods of layers (chunks) that repeat from a state met
+(fitter.ggml.backends.metal.segments); both jump over whole periods of layers (chunks) that repeat from a state met
 before, and over the part of one more period that repeats (_BoundaryState). Each segment's or chunk's program runs
 through its ProgramMemo.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, ProgramMemo
+from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr
 from fitter.ggml.graph import Program, Segment, program
+from fitter.ggml.memo import ProgramMemo
 from fitter.ggml.tensor import Tensor
 
 
@@ -244,7 +245,7 @@ def replay_plan(plan: SegmentPlan, ga: Gallocr) -> AllocResult:
 
 class Chunk:
     """A stretch of a graph whose nodes another stretch repeats (Metal's reordered layers: fitter.ggml.backends
-    .metal_segments), with the tensors it hands on: `inps` stand for tensors made before it (in the order the previous
+    .metal.segments), with the tensors it hands on: `inps` stand for tensors made before it (in the order the previous
     stretch's `outs` list them), `outs` are what later stretches read (each counted one use more, so that no count of
     this stretch frees it: ggml-alloc's own count has those later readers in it). A global tensor (the prologue's,
     emitted in some stretch) is the same object everywhere; every other one is the stretch's own."""

@@ -27,7 +27,7 @@ class Placement(Record, frozen=False):
     embeddings always on the CPU). `supports(node)` says whether the GPU runs an op, `offload(node)`
     whether it takes an op whose weight is in host memory (ggml_backend_dev_offload_op, op_offload).
     `graph_optimize` is the backend's (CUDA's keeps some tensors alive longer around fusible patterns:
-    fitter.ggml.backends.cuda_fusion; Metal's reorders each split: fitter.ggml.backends.metal_common).
+    fitter.ggml.backends.cuda.fusion; Metal's reorders each split: fitter.ggml.backends.metal.common).
     """
 
     layer_dev: list[int]
@@ -46,7 +46,7 @@ class Placement(Record, frozen=False):
     every_input: bool = True  # pass 6 copies every graph input, used or not (else only those a split reads)
     flat: bool = False  # graph_optimize moves nodes across layers (Metal): one segment for the whole graph
     # where `flat`: the backend's graph_optimize over the segments of distinct layers (n, pro, seg0, templates, keys,
-    # epi): the chunks to allocate (fitter.ggml.backends.metal_segments), or None: the graph is built whole
+    # epi): the chunks to allocate (fitter.ggml.backends.metal.segments), or None: the graph is built whole
     optimize_segments: Callable[..., Any] | None = None
 
     @property

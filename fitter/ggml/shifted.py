@@ -2,7 +2,7 @@
 
 ggml-alloc's dynamic allocator (fitter.ggml.alloc.DynAllocator) decides from sizes alone which free block a tensor
 takes (best fit), and from equal offsets alone which blocks a free joins; it keeps them in offset order. So a run of
-allocations, reuses and frees (a recorded fitter.ggml.alloc._Run) that meets the same sizes decides the same, however
+allocations, reuses and frees (a recorded fitter.ggml.memo.RecordedRun) that meets the same sizes decides the same, however
 far each buffer's upper part has moved, provided nothing below the move touches anything above it. That is what a
 larger cache does to the compute buffers: the mask (n_ctx x n_tokens) is among the first tensors placed, and every
 tensor placed after it sits one shift higher; a chunk of layers that runs above it, with the same ubatch, runs as it
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 from itertools import islice
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
-from fitter.ggml.alloc import _ALLOC as ALLOC
-from fitter.ggml.alloc import _FREE as FREE
-from fitter.ggml.alloc import _REUSE as REUSE
+from fitter.ggml.alloc import ALLOC, FREE, REUSE
 from fitter.ggml.types import pad
 
 if TYPE_CHECKING:
-    from fitter.ggml.alloc import Gallocr, _Run
+    from fitter.ggml.alloc import Gallocr
     from fitter.ggml.tensor import Tensor
 
 _UNLIMITED = ((1 << 64) - 1) // 2  # a buffer without a maximum size: one chunk, its last block past any tensor
@@ -45,14 +43,27 @@ _UNSIZED = 4  # placements unsized at the entry, at most, for a miss to count an
 _KEPT = 12  # keys a run keeps outcomes by: a sweep of n_ctx over a few ubatches, one or two each
 
 
+class _Run(Protocol):
+    """What this module reads and keeps of a recorded run (fitter.ggml.memo.RecordedRun, once closed)."""
+
+    ops: tuple[list[int], list[Tensor], list[Tensor]]  # its events (ALLOC t / REUSE t of parent p / FREE t)
+    placed: list[Tensor]  # the tensors it places, in order
+    at: list[int]  # each placement's event
+    before: list[Tensor]  # those placed before it that it frees or whose memory it reuses
+    owns: tuple[list[Tensor], list[bool]]  # each tensor's `own` after it
+    buffers: list[int]  # the buffers it touches
+    shifts: dict[tuple, Shifted] | None  # its outcomes by their entry's key (None once given up)
+    misses: int  # outcomes missed in a row before the first hit (-1 after it)
+
+
 def replay(ga: Gallocr, run: _Run) -> None:
-    """Gallocr.replay's events (its counts aside): the outcome of an earlier replay from this entry, moved, where one
+    """fitter.ggml.memo.replay's events (its counts aside): the outcome of an earlier replay from this entry, moved, where one
     matches; else replayed, and its outcome kept (until _TRIES misses without a hit)."""
     shifts = run.shifts
-    assert shifts is not None  # (_Run.close)
+    assert shifts is not None  # (RecordedRun.close)
     now = entry(ga, run)
     if now is None:
-        ga._replay(run)
+        ga._events(zip(*run.ops))
         return
     seen = shifts.get(now.key)
     if seen is not None and seen.decided(ga, run):
@@ -69,7 +80,7 @@ def replay(ga: Gallocr, run: _Run) -> None:
     watch = [i for i in unsized if run.ops[0][run.at[i]] == ALLOC] if steady and unsized else []
     watched = _watched(ga, run, watch) if watch else {}
     if not watch:
-        ga._replay(run)
+        ga._events(zip(*run.ops))
     if run.misses >= 0 and steady:  # (a ubatch's first run counts no miss)
         run.misses += 1
         if run.misses == _TRIES:

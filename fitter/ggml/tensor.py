@@ -68,7 +68,7 @@ class Tensor:
         self.memo: tuple[int, int] | None = None
 
     def clone(self) -> "Tensor":
-        """A copy of every field (another instance of the same node: fitter.ggml.backends.metal_segments)."""
+        """A copy of every field (another instance of the same node: fitter.ggml.backends.metal.segments)."""
         c = Tensor.__new__(Tensor)
         c.op, c.type, c.ne, c.nb, c.src, c.vs, c.flags, c.name = (
             self.op, self.type, self.ne, self.nb, self.src, self.vs, self.flags, self.name)
@@ -227,7 +227,7 @@ def op_weight(ctx: Context, ne: Iterable[int], name: str, small: bool = False, u
 
 class CacheTensor(Tensor):
     """A KV cache or recurrent-state tensor: `buf` says which llama.cpp buffer holds it and where (Metal's reorder
-    compares the memory ranges ops read and write: fitter.ggml.backends.metal_common)."""
+    compares the memory ranges ops read and write: fitter.ggml.backends.metal.common)."""
 
     __slots__ = ("buf",)
     buf: tuple

@@ -7,7 +7,8 @@ everything that could change the parse is unchanged:
 - the path as given, and the file's device, inode, size, mtime and ctime (ns), from the open
   descriptor (`os.fstat`), so the entry describes the very file being read. ctime cannot be set by a
   user: any write, truncation, `touch -d` or rename onto the path moves it (or the inode);
-- ggfit's reader: a digest of the reader's and the constants' source, and of gguf-py's constants.
+- ggfit's reader: a digest of the reader's, the header records' and the constants' source, and of gguf-py's
+  constants.
 
 A file whose ctime is less than `RACY_NS` old when it is read is not stored ("racily clean", as git
 calls it): it could still change within the clock tick that stamped it, without its times moving. A
@@ -35,30 +36,44 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from fitter.cache import cache_root
+from fitter.cache import CACHES, cache_root
 
 MAGIC = b"ggfit-header-cache 3\n"
 RACY_NS = 2_000_000_000  # a file changed less than this before it is read is not stored
 _DIGEST = 8
 
-_on = False
-_fingerprint: bytes | None = None
+
+class _State:
+    """Whether the cache is used here (`enabled`), and the reader's code digest once worked out (_code_fingerprint).
+    Kept in fitter.cache.CACHES: clearing it turns the cache off and forgets the digest."""
+
+    __slots__ = ("on", "fingerprint")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.fingerprint: bytes | None = None
+
+    def clear(self) -> None:
+        self.on = False
+        self.fingerprint = None
+
+
+_STATE = CACHES.keep(_State(), "headers")
 
 
 @contextlib.contextmanager
 def enabled(on: bool = True) -> Iterator[None]:
     """Use (and fill) the on-disk header cache inside this block."""
-    global _on
-    before = _on
-    _on = on and not os.environ.get("GGFIT_NO_HEADER_CACHE")
+    before = _STATE.on
+    _STATE.on = on and not os.environ.get("GGFIT_NO_HEADER_CACHE")
     try:
         yield
     finally:
-        _on = before
+        _STATE.on = before
 
 
 def is_enabled() -> bool:
-    return _on
+    return _STATE.on
 
 
 def cache_dir() -> str:
@@ -66,18 +81,19 @@ def cache_dir() -> str:
 
 
 def _code_fingerprint() -> bytes:
-    """The reader's own code: an entry written by another reader is a miss."""
-    global _fingerprint
-    if _fingerprint is None:
-        from fitter.gguf import constants, reader
+    """The reader's own code (read as files: the reader imports this module): an entry written by another reader is a
+    miss."""
+    if _STATE.fingerprint is None:
+        from fitter.gguf import constants, header
 
+        here = os.path.dirname(__file__)
         parts = [MAGIC]
-        for path in (reader.__file__, constants.__file__, __file__, constants.SOURCE):
+        for path in (os.path.join(here, "reader.py"), header.__file__, constants.__file__, __file__, constants.SOURCE):
             if path:
                 with open(path, "rb") as f:
                     parts.append(f.read())
-        _fingerprint = _digest(b"\0".join(parts))
-    return _fingerprint
+        _STATE.fingerprint = _digest(b"\0".join(parts))
+    return _STATE.fingerprint
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -115,7 +131,7 @@ _LAYOUT = {"GGUFHeader": ("metadata", "tensors", "shards", "value_types", "key_o
 
 
 def _check_layout() -> None:
-    from fitter.gguf.reader import GGUFHeader, TensorInfo
+    from fitter.gguf.header import GGUFHeader, TensorInfo
 
     for cls, names in ((GGUFHeader, tuple(GGUFHeader.model_fields)),  # (a Record: not made a dataclass to ask)
                        (TensorInfo, tuple(f.name for f in dataclasses.fields(TensorInfo)))):
@@ -125,7 +141,7 @@ def _check_layout() -> None:
 
 def _encode(header: Any) -> tuple:
     """A header as plain values (pickling the enums by reference would import the gguf package, numpy and all)."""
-    from fitter.gguf.reader import SkippedArray, SkippedString
+    from fitter.gguf.header import SkippedArray, SkippedString
 
     _check_layout()
 
@@ -146,7 +162,7 @@ def _encode(header: Any) -> tuple:
 
 
 def _decode(plain: tuple) -> Any:
-    from fitter.gguf.reader import (
+    from fitter.gguf.header import (
         _GGML_TYPE_BY_ID,
         _VALUE_TYPE_BY_ID,
         GGUFHeader,

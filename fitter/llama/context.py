@@ -11,7 +11,7 @@ that allocator's high-water mark.
 Here, from ModelSpec + ContextParams (+ GraphDetails, the few header facts ModelSpec lacks): the
 architecture's graph builder (fitter.llama.models, over fitter.llama.graph's shared builders and
 fitter.ggml's miniature ggml) is run one segment per distinct layer; for GPU backends the scheduler
-(fitter.ggml.sched) and CUDA's graph_optimize alloc deps (fitter.ggml.backends.cuda_fusion) place
+(fitter.ggml.sched) and CUDA's graph_optimize alloc deps (fitter.ggml.backends.cuda.fusion) place
 and split it; ggml-alloc (fitter.ggml.alloc) replays the segments layer by layer. Once the
 allocator's state at a layer boundary repeats with the same layers ahead, the rest of the period
 cannot raise the high-water mark and is skipped: ~1-3 ms per call for real models of 24-94 layers,
@@ -25,8 +25,8 @@ CPU for the 15 architectures ggfit models (real-size sparse GGUFs and small vari
 262144, n_ubatch 1 to 4096, every KV type, FA on/off, 1-4 sequences split or unified, MTP); CUDA
 recorded from an H200 (full, partial and zero offload, MTP) exact to the printed 0.01 MiB. Metal
 uses the same scheduler with Metal's alloc sizes (fitter.ggml.backends.metal) and Metal's graph_optimize
-(fitter.ggml.backends.metal_common), whose reorder crosses layers: the distinct layers' segments are reordered as the
-whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal_segments, replay.replay_chunks);
+(fitter.ggml.backends.metal.common), whose reorder crosses layers: the distinct layers' segments are reordered as the
+whole graph would be and allocated as repeating chunks (fitter.ggml.backends.metal.segments, replay.replay_chunks);
 where the layers are not one Metal split, every layer is built and the graph is allocated whole (`_flatten`).
 """
 
@@ -37,11 +37,12 @@ import gc
 from dataclasses import field
 from typing import Callable
 
+from fitter.cache import CACHES
 from fitter.errors import UnsupportedModelError
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, AllocResult, Gallocr, flat_graph
 from fitter.ggml.backends.base import Backend, BackendImpl
-from fitter.ggml.backends.metal import METAL_FA_KV_F16_TYPES
+from fitter.ggml.backends.metal.backend import METAL_FA_KV_F16_TYPES
 from fitter.ggml.graph import Graph, Segment
 from fitter.ggml.replay import SegmentPlan, replay_chunks, replay_plan
 from fitter.ggml.sched import GGML_SCHED_MAX_COPIES, Placement, split_graph
@@ -508,7 +509,7 @@ def _terms(peak: list[tuple[str, int]], total: int, align: int) -> tuple[dict[st
     return terms, top
 
 
-_CACHE: dict[tuple, tuple] = {}
+_CACHE: dict[tuple, tuple] = CACHES.keep({}, "compute")
 _CACHE_MAX = 512
 
 # The compute buffers by content, so that the quants of one model (a new header, spec and details each) share
@@ -516,8 +517,8 @@ _CACHE_MAX = 512
 # backend. The weights' types are left out only when the graph never read them (tensor.header_types_read):
 # then any types give the same graph, placement and allocation. Weights on the CPU next to a GPU shape the
 # segments (_segment_keys), so their types stay in the key.
-_BY_CONTENT: dict[tuple, list[ComputeBuffer]] = {}
-_CONTENT_KEYS: dict[int, tuple[object, str]] = {}  # id(spec or details) -> (it, its content key)
+_BY_CONTENT: dict[tuple, list[ComputeBuffer]] = CACHES.keep({}, "compute")
+_CONTENT_KEYS: dict[int, tuple[object, str]] = CACHES.keep({}, "content-keys")  # id(spec or details) -> (it, its content key)
 # ModelSpec fields no graph builder, scheduler or allocator reads (the file and its weights' bytes);
 # bytes_by_type only gives _default_weight_type, a weight type like the header's
 _NOT_GRAPH_SPEC = {"name", "file_type", "file_type_name", "file_size", "header_size", "tensor_bytes",
@@ -536,7 +537,7 @@ def _frozen(v: object) -> object:
 
 
 _KEYED_FIELDS: dict[type, list[str]] = {}  # the fields a content key is made of, per class
-_LAST_KEYED: dict[type, tuple[tuple, str]] = {}  # per class: the last key made, and its fields' values (kept alive)
+_LAST_KEYED: dict[type, tuple[tuple, str]] = CACHES.keep({}, "content-keys")  # per class: the last key made, and its fields' values (kept alive)
 
 
 def _content_key(obj: ModelSpec | GraphDetails) -> str:
@@ -600,7 +601,7 @@ def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gp
     five: the Hadamard rotation) and against F32 (the cast before flash attention). On the CPU nothing else reads it
     (one buffer, alloc size ggml_nbytes). On Metal the scheduler reads it for FLASH_ATTN_EXT's support
     (metal_fa_unsupported_reason: all five), the reorder takes every tensor of a KV cache as one range
-    (metal_common.cache_ranges), and FLASH_ATTN_EXT's alloc size reads the views' strides only where
+    (metal.common.cache_ranges), and FLASH_ATTN_EXT's alloc size reads the views' strides only where
     ggml_metal_op_flash_attn_ext_use_kv_f16 is false: under 32 queries per stream, and in builds before #27390
     (metal_fa_kv_f16_extra), which keep their own type. So do a cache or a layer on the CPU and tensor overrides
     (the scheduler's copies). CUDA keeps its own (its flash attention's scratch depends on the type)."""
@@ -608,12 +609,12 @@ def _shared_kv_types(spec: ModelSpec, cp: ContextParams, impl: BackendImpl, n_gp
     if not cp.flash_attn or tk == _SHARED_KV_AS or tk not in _SHARED_KV or type_name(cp.type_v) != tk:
         return cp
     shared = cp.model_copy(update={"type_k": _SHARED_KV_AS, "type_v": _SHARED_KV_AS})
-    if impl.kind == Backend.CPU:
+    if not impl.is_gpu:
         return shared
-    if impl.kind != Backend.METAL or not cp.build.has("metal_fa_kv_f16_extra") or kv_host:
+    if kv_host:
         return cp
     n_tokens, _, n_seqs, _ = reserve_ubatch(cp)
-    if n_tokens // (1 if cp.kv_unified else n_seqs) < 32:  # FLASH_ATTN_EXT's queries per stream (Q's ne[1])
+    if impl.fa_alloc_reads_kv_type(cp.build, n_tokens // (1 if cp.kv_unified else n_seqs)):  # queries per stream
         return cp
     wp = placement or weight_placement(len(spec.layers), impl.kind, n_gpu_layers)
     return cp if wp.overrides or CPU_DEV in wp.layer_dev else shared

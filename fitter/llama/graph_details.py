@@ -11,6 +11,7 @@ import functools
 from dataclasses import field
 from typing import Any
 
+from fitter.cache import CACHES
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.record import Record
 
@@ -52,7 +53,7 @@ class GraphDetails(Record):
         return il is None or il in layers
 
 
-_DETAILS: dict[int, tuple[Any, GraphDetails]] = {}  # id(header) -> (header, details): read once per header
+_DETAILS: dict[int, tuple[Any, GraphDetails]] = CACHES.keep({}, "details")  # id(header) -> (header, details): read once per header
 _LAST: list[GraphDetails | None] = [None]  # the details graph_details read last
 TYPE_FIELDS = frozenset({"layer_types", "global_types"})  # the weights' types; the other fields shape the graph alone
 # the other fields (each one's values made by _read_details alike, so == is sameness)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from fitter.cache import CACHES
 from fitter.errors import GGFitError, GGUFError, SourceError
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
@@ -41,7 +42,7 @@ class LoraAdapter(Record):
     alora_invocation_tokens: int = 0  # adapter.alora.invocation_tokens: host memory only (a std::vector)
 
 
-_ADAPTERS: dict[tuple, LoraAdapter] = {}
+_ADAPTERS: dict[tuple, LoraAdapter] = CACHES.keep({}, "lora")
 
 
 def read_lora(path: str, scale: float = 1.0) -> LoraAdapter:
@@ -170,7 +171,7 @@ def lora_buffers(adapter: LoraAdapter, header: GGUFHeader, spec: ModelSpec, back
     return out
 
 
-_BUFFERS: dict[tuple, tuple[LoraAdapter, GGUFHeader, list[LoraBuffer]]] = {}
+_BUFFERS: dict[tuple, tuple[LoraAdapter, GGUFHeader, list[LoraBuffer]]] = CACHES.keep({}, "lora")
 
 
 def lora_details(details: GraphDetails, adapters: Sequence[LoraAdapter]) -> GraphDetails:
@@ -198,4 +199,4 @@ def lora_details(details: GraphDetails, adapters: Sequence[LoraAdapter]) -> Grap
     return out
 
 
-_DETAILS: dict[tuple, tuple] = {}
+_DETAILS: dict[tuple, tuple] = CACHES.keep({}, "lora")

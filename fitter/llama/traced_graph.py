@@ -13,6 +13,7 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Callable, Iterator
 
+from fitter.cache import CACHES
 from fitter.ggml.alloc import AllocResult, Gallocr
 from fitter.ggml.graph import Segment
 from fitter.ggml.symbolic import MONOMIALS, Sym, form, monomials
@@ -222,8 +223,8 @@ def _take(at: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
 
 
 _AT_TOKENS_MAX = 8  # tokens values a traced graph keeps its tensors at: `fit` asks 5 ubatches, a study a few
-_TRACED: dict[tuple, _Traced] = {}
-_TRACED_BY_CONTENT: dict[tuple, _Traced] = {}  # those that read no weight's type, by content (_allocated)
+_TRACED: dict[tuple, _Traced] = CACHES.keep({}, "traced")
+_TRACED_BY_CONTENT: dict[tuple, _Traced] = CACHES.keep({}, "traced")  # those that read no weight's type, by content (_allocated)
 # dropped at exit, before the interpreter's last collection walks them (~10 ms off a `fit`)
 atexit.register(_TRACED.clear)
 atexit.register(_TRACED_BY_CONTENT.clear)

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
+from fitter.cache import CACHES
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.reader import GGUFHeader, TensorInfo
@@ -96,7 +97,7 @@ def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1,
     return hit
 
 
-_PLACEMENTS: dict[tuple, WeightPlacement] = {}
+_PLACEMENTS: dict[tuple, WeightPlacement] = CACHES.keep({}, "weights")
 
 
 def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, overrides: Sequence[tuple[str, str]],
@@ -109,8 +110,8 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         # make_gpu_buft_list: the pinned build's CUDA backend registers no split buffer type
         raise ConfigError(f"-sm {split_mode}: llama.cpp fails the load here (\"device {impl.name} does not support "
                           f"split buffers\"); use -sm layer or -sm none")
-    if n_gpus > 1 and backend == Backend.METAL:
-        raise ConfigError(f"{n_gpus} GPUs (-ts, -mg): Metal has one device (MTL0)")
+    if n_gpus > 1 and impl.single_device:
+        raise ConfigError(f"{n_gpus} GPUs (-ts, -mg): {impl.label} has one device ({impl.name})")
     if main_gpu >= n_gpus:
         raise ConfigError(f"-mg {main_gpu}: there are {n_gpus} GPU(s) (0 to {n_gpus - 1})")
     if tensor_split is not None and len(tensor_split) > n_gpus:
@@ -207,7 +208,7 @@ def tensor_instances(header: GGUFHeader, spec: ModelSpec, *, load_mtp: bool = Fa
 # (device, shard) -> the header index of each tensor instance llama.cpp creates there, in creation order, and of
 # each tensor once (the last of a name, at its first place: a mapped range counts a tensor made twice once)
 _Groups = dict[tuple[int, int], tuple[list[int], list[int]]]
-_CREATED: dict[tuple, _Groups] = {}
+_CREATED: dict[tuple, _Groups] = CACHES.keep({}, "weights")
 
 
 def _created(header: GGUFHeader, spec: ModelSpec, load_mtp: bool, pl: WeightPlacement | None) -> _Groups:

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from fitter.cache import CACHES
 from fitter.ggml import backends
 from fitter.ggml.alloc import SIZE_MAX, Gallocr
 from fitter.ggml.backends.base import Backend, BackendImpl
@@ -144,7 +145,7 @@ def _gpu_reserve(hp: ClipHparams, impl: BackendImpl, flash_attn: bool, size: int
     return ga.sizes(), fa_ok
 
 
-_CACHE: dict[tuple, list[MmprojBuffer]] = {}
+_CACHE: dict[tuple, list[MmprojBuffer]] = CACHES.keep({}, "mmproj")
 
 
 def mmproj_buffers_of_file(path: str, backend: Backend, *, offload: bool = True,

@@ -30,6 +30,7 @@ from fitter.fit.calibration import (
 )
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
+from fitter.ggml.backends.base import is_host_buffer
 from fitter.llama.cparams import Backend, FlashAttn, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from fitter.oracle.check import llama_params
@@ -194,7 +195,7 @@ def _full_commit(short: str) -> str:
 # --- calibrate --log: a user's own log, compared with the prediction for its build --------------------------
 
 _KIND_ORDER = ("model", "kv", "rs", "output", "context", "compute", "state", "lora", "other")
-_BACKEND_OF_LOG = {"Metal": Backend.METAL, "CUDA": Backend.CUDA, "CPU": Backend.CPU}
+_BACKEND_OF_LOG = {impl.label: kind for kind, impl in backends.BACKENDS.items()}  # "Metal" -> Backend.METAL, ...
 
 
 class LogRow(BaseModel):
@@ -237,9 +238,9 @@ class LogComparison(BaseModel):
 def _side(buffer: str, backend: Backend | None) -> Literal["device", "host"]:
     """llama.cpp's buffer name: the device's own memory (CUDA0, MTL0, MTL0_Mapped, Vulkan1) or host memory
     (CPU, CPU_Mapped, CUDA_Host). On the CPU backend every buffer is the device's."""
-    if backend == Backend.CPU:
+    if backend is not None and not backends.get(backend).is_gpu:
         return "device"
-    return "host" if buffer.startswith("CPU") or buffer.endswith("_Host") else "device"
+    return "host" if is_host_buffer(buffer) else "device"
 
 
 def log_backend(log: UserLog, given: Backend | None) -> Backend | None:
@@ -328,7 +329,7 @@ def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig
         if any(layer.kind.value == "swa" for layer in spec.layers):
             assumed["swa_full"] = "false (llama.cpp's common default; not in the log)"
     ngl = -1
-    if backend != Backend.CPU:
+    if backends.get(backend).is_gpu:
         if s.offloaded_layers is not None and s.total_layers is not None and s.offloaded_layers < s.total_layers:
             ngl = s.offloaded_layers
         elif s.offloaded_layers is None and "--n-gpu-layers" in log.command_flags:

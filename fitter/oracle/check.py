@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fitter.ggml import backends
 from fitter.llama.cparams import ConfigError, ContextParams, RunConfig
 from fitter.oracle.llama_run import LlamaParams, LlamaRun, measure
 
@@ -63,7 +64,7 @@ def measured_by_kind(run: LlamaRun) -> dict[str, int | None]:
 
 
 def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float = 300.0) -> dict[str, Any]:
-    if pred.backend.value != "cpu":
+    if backends.get(pred.backend).is_gpu:
         raise ConfigError(
             f"--check runs llama.cpp's dry run on this machine's CPU backend; predict with --backend cpu to compare "
             f"(asked: {pred.backend.value})"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fitter.errors import GGFitError
+from fitter.ggml.backends.base import is_host_buffer
 from fitter.llama.cparams import Frontend, RunConfig
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def parse_fit_print(text: str) -> dict[str, dict[str, int]]:
 
 def _device_of(buffer: str) -> str:
     """A buffer's device as llama-fit-params names it: the host for every CPU-side buffer type."""
-    if buffer.startswith("CPU") or buffer.endswith("_Host"):
+    if is_host_buffer(buffer):
         return "Host"
     return buffer.removesuffix("_Mapped")
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from fitter.build.identify import build_in_text
 from fitter.errors import GGFitError
+from fitter.ggml.backends.base import is_host_buffer
 from fitter.oracle.llama_log import LlamaReport, clean_line, mib_to_bytes, parse_log
 
 MAX_LOG_BYTES = 64 << 20  # read at most this much of a log (a server's log of days): bounded memory
@@ -209,7 +210,7 @@ _INIT = (("ggml_metal_init", "Metal"), ("ggml_metal_device_init", "Metal"), ("gg
 
 
 def _backend_of(buffer: str) -> str | None:
-    if buffer.endswith("_Host") or buffer.startswith("CPU"):
+    if is_host_buffer(buffer):
         return "CPU" if buffer.startswith("CPU") else None  # a GPU backend's pinned host memory: not a device
     for prefix, name in _BACKEND_OF:
         if buffer.startswith(prefix):

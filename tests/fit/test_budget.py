@@ -19,8 +19,10 @@ from fitter.fit.budget import (
     parse_margin,
     parse_size,
 )
-from fitter.fit.device_memory import auto_budget, metal_recommended_max_working_set, nvml_free_bytes
+from fitter.fit.device_memory import auto_budget
 from fitter.ggml import backends as cb
+from fitter.ggml.backends.cuda.memory import nvml_free_bytes
+from fitter.ggml.backends.metal.memory import metal_recommended_max_working_set
 
 MiB = 2**20
 GiB = 2**30

@@ -90,7 +90,7 @@ def _draft_device_mib(out: dict) -> float:
 def test_august_draft_steps(target):
     """The draft's reported footprints (3,777.71 / 3,445.71 / 2,275.68 MiB) step by 332.03 and 1,170.03 MiB: with
     whole-ubatch logits, the LM head's 970 / 1,940 MiB cannot reuse the KQ mask's freed block, because Metal's
-    graph_optimize reordered the split so that a live tensor sits above it (fitter.ggml.backends.metal_common)."""
+    graph_optimize reordered the split so that a live tensor sits above it (fitter.ggml.backends.metal.common)."""
     draft = seed_file("qwen35-0.8b", "Q4_K_S")
     mib = {(c, ub): _draft_device_mib(fit(target, "-c", c, "-ub", ub, *DRAFT_ARGS, "-md", draft,
                                           "--llama-build", PRE_23861))

@@ -4,6 +4,7 @@ with the fast one."""
 
 from __future__ import annotations
 
+from fitter.cache import CACHES
 from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
@@ -16,8 +17,7 @@ def compute_sweep(path: str, backend: str, points: tuple[tuple[int, int], ...], 
     caches: every graph built and traced anew. `metal_max_buffer_length`: as compute_buffers' (buffers in chunks)."""
     header, spec = load_model_spec(path)
     d = graph_details(header)
-    for memo in (C._CACHE, C._BY_CONTENT, C._TRACED):
-        memo.clear()
+    CACHES.clear("compute", "traced")
     out = []
     for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on")):
         for n_ctx, n_ubatch in points:

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from fitter.ggml import backends
-from fitter.ggml.backends import cuda, metal
 from fitter.ggml.backends.base import SIZE_MAX, FlashAttnShape, flash_attn_shape_of
+from fitter.ggml.backends.cuda import backend as cuda
+from fitter.ggml.backends.metal import backend as metal
 from fitter.ggml.types import nbytes, row_size
 from fitter.llama.cparams import Backend, pad
 
@@ -253,6 +254,7 @@ def test_dispatcher_on_compute_tensors():
 def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> None:
     """BackendImpl.compute_size (the allocator's, ggml_nbytes outside `sized_ops`) equals alloc_size on every tensor
     the allocator placed in graphs of several architectures, f16 and quantized caches, FA on and off."""
+    from fitter.cache import CACHES
     from fitter.llama import context as C
     from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
     from fitter.llama.graph_details import graph_details
@@ -266,8 +268,7 @@ def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> Non
         header, spec = load_model_spec(str(build(arch)))
         d = graph_details(header)
         for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on"), dict(flash_attn="off")):
-            for memo in (C._CACHE, C._BY_CONTENT, _TRACED):
-                memo.clear()
+            CACHES.clear("compute", "traced")
             try:
                 cp = resolve_context(spec, RunConfig(n_ctx=4096, n_ubatch=512, **kw), Frontend.SERVER)
             except ConfigError:
@@ -280,3 +281,30 @@ def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> Non
                         checked += 1
                         sized += t.op in impl.sized_ops
     assert checked > 1000 and (sized or backend == "cpu")
+
+
+def test_backend_facts_live_on_the_backend_objects() -> None:
+    """What code outside the backends asks of them instead of their names (ggml-cpu, ggml-cuda, ggml-metal)."""
+    from fitter.build import PINNED, resolve_build
+
+    cpu_, cuda_, metal_ = (backends.get(b) for b in ("cpu", "cuda", "metal"))
+    assert [b.is_gpu for b in (cpu_, cuda_, metal_)] == [False, True, True]
+    assert [b.label for b in (cpu_, cuda_, metal_)] == ["CPU", "CUDA", "Metal"]
+    assert [b.single_device for b in (cpu_, cuda_, metal_)] == [False, False, True]  # MTL0 only
+    assert [b.unified_memory for b in (cpu_, cuda_, metal_)] == [False, False, True]  # Apple Silicon
+    assert cuda_.has_host_buffer_type and not metal_.has_host_buffer_type  # CUDA_Host; Metal's is NULL
+    # -fa auto: Metal's supports_op (K head size below V's), the CPU runs every FA node
+    assert metal_.fa_auto_unsupported_reason([(128, 128), (64, 128)], "f16", "f16") == "K head size 64 < V head size 128"
+    assert cpu_.fa_auto_unsupported_reason([(64, 128)], "f16", "f16") is None
+    assert metal_.fa_auto_unsupported_reason([(128, 128)], "f16", "f16") is None
+    # ggml_metal_op_flash_attn_ext_use_kv_f16: 32 queries per stream and more, since #27390
+    assert not metal_.fa_alloc_reads_kv_type(PINNED, 32) and metal_.fa_alloc_reads_kv_type(PINNED, 31)
+    assert metal_.fa_alloc_reads_kv_type(resolve_build("0.3.35"), 512)
+    assert cuda_.fa_alloc_reads_kv_type(PINNED, 512) and not cpu_.fa_alloc_reads_kv_type(PINNED, 512)
+    # how free memory is read (--budget auto), each backend its own way
+    from fitter.ggml.backends.probes import DeviceProbes
+
+    probes = DeviceProbes(run=lambda cmd: " 80000\n" if cmd[0] == "nvidia-smi" else None, system="Linux", given=True,
+                          metal_probe=lambda: 25559 * 2**20, device=0)
+    assert cuda_.free_memory(probes).source == "nvidia-smi memory.free (GPU 0)"
+    assert metal_.free_memory(probes).bytes == 25559 * 2**20

@@ -1,6 +1,6 @@
 """ggfit's compute graph against llama.cpp's, node by node (recorded by benchmarks/eras/graph_nodes.py).
 
-Metal reorders each split before ggml-alloc sizes it (fitter.ggml.backends.metal_common), so a Metal prediction
+Metal reorders each split before ggml-alloc sizes it (fitter.ggml.backends.metal.common), so a Metal prediction
 needs the graph itself right, not only its tensors' sizes and lifetimes: the same ops in the same order, views
 included, each node used as often (the fusion checks read the use counts). llama.cpp's own list
 (GGML_SCHED_DEBUG=2: ggml_backend_sched_print_assignments) is compared with the graph ggfit hands to Metal's
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fitter.build import resolve_build
-from fitter.ggml.backends import metal_common
+from fitter.cache import CACHES
+from fitter.ggml.backends.metal import common as metal_common
 from fitter.ggml.tensor import VIEW_OPS, Tensor
-from fitter.llama import context
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 
@@ -59,11 +59,10 @@ def _ggfit_graph(release: str, model: str, monkeypatch: pytest.MonkeyPatch) -> l
         seen.append(list(nodes))
         return inner(nodes, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("fitter.ggml.backends.metal.metal_graph_optimize", capture)
-    # the whole graph, as llama.cpp prints it (not the chunks of fitter.ggml.backends.metal_segments)
-    monkeypatch.setattr("fitter.ggml.backends.metal.optimize_segments", lambda *args: None)
-    for memo in (context._CACHE, context._BY_CONTENT, context._TRACED):  # built again, so that it is captured
-        memo.clear()
+    monkeypatch.setattr("fitter.ggml.backends.metal.backend.metal_graph_optimize", capture)
+    # the whole graph, as llama.cpp prints it (not the chunks of fitter.ggml.backends.metal.segments)
+    monkeypatch.setattr("fitter.ggml.backends.metal.backend.optimize_segments", lambda *args: None)
+    CACHES.clear("compute", "traced")  # built again, so that it is captured
     from fitter.fit.memory import predict
 
     predict(header, spec, cfg, Backend.METAL, Frontend.LIBRARY, build=resolve_build(release), calibrated=False)

@@ -1,4 +1,4 @@
-"""Metal's graph_optimize reorder (fitter.ggml.backends.metal_common) on small graphs, each expectation read off
+"""Metal's graph_optimize reorder (fitter.ggml.backends.metal.common) on small graphs, each expectation read off
 ggml-metal-common.cpp's ggml_metal_graph_optimize_reorder and ggml_mem_ranges_check. The reorder on real graphs is
 checked through what it changes, the compute buffer: tests/fit/test_seed_figures.py (the August draft's steps) and
 tests/oracle/test_user_log.py (a Metal llama-server log of b8999, exact)."""
@@ -6,7 +6,7 @@ tests/oracle/test_user_log.py (a Metal llama-server log of b8999, exact)."""
 from __future__ import annotations
 
 from fitter.build import PINNED, resolve_build
-from fitter.ggml.backends.metal_common import cache_ranges, reorder
+from fitter.ggml.backends.metal.common import cache_ranges, reorder
 from fitter.ggml.sched import graph_uses
 from fitter.ggml.tensor import IS_WEIGHT, CacheTensor, Tensor
 from fitter.ggml.types import F32

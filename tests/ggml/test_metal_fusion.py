@@ -1,4 +1,4 @@
-"""Metal's fusion table (fitter.ggml.backends.metal_fusion): how many nodes graph_optimize packs as one fused group
+"""Metal's fusion table (fitter.ggml.backends.metal.fusion): how many nodes graph_optimize packs as one fused group
 (ggml_metal_fusion_max, STRUCTURAL mode) and what the fused kernels keep alive (ggml_metal_fusion_add_alloc_deps).
 Metal cannot run here: every expected value is worked out from ggml/src/ggml-metal/ggml-metal-fusion.cpp and
 ggml_can_fuse_subgraph_ext (ggml.c) of the pinned build, on graphs built with ggfit's own op constructors."""
@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import pytest
 
-from fitter.ggml.backends.metal_fusion import FUSIONS, fusion_alloc_deps, fusion_max
+from fitter.ggml.backends.metal.fusion import FUSIONS, fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Graph
 from fitter.ggml.tensor import (
     FLAG_OUTPUT,

@@ -1,4 +1,4 @@
-"""Metal's reorder over segments and its chunks (fitter.ggml.backends.metal_segments) against the whole graph.
+"""Metal's reorder over segments and its chunks (fitter.ggml.backends.metal.segments) against the whole graph.
 
 Building every layer and reordering the graph whole (context._flatten, checked node for node against llama.cpp by
 test_graph_nodes) is the reference; the chunks must give the same compute buffers, byte for byte, on every
@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from fitter.build import resolve_build
+from fitter.cache import CACHES
 from fitter.fit.memory import predict
-from fitter.ggml.backends import metal, metal_segments
-from fitter.llama import context
+from fitter.ggml.backends.metal import backend as metal
+from fitter.ggml.backends.metal import segments as metal_segments
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from tests.synth import build
@@ -31,8 +32,7 @@ CONFIGS = (
 
 
 def _compute(path: str, cfg: RunConfig, release: str | None) -> list[tuple[str, int]] | str:
-    for memo in (context._CACHE, context._BY_CONTENT, context._TRACED):
-        memo.clear()
+    CACHES.clear("compute", "traced")
     header, spec = load_model_spec(path)
     kw = {"build": resolve_build(release)} if release else {}
     try:

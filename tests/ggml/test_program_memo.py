@@ -1,4 +1,4 @@
-"""A program's recorded runs (fitter.ggml.alloc.ProgramMemo) against the allocator's walk over its nodes.
+"""A program's recorded runs (fitter.ggml.memo.ProgramMemo) against the allocator's walk over its nodes.
 
 A replayed run must leave every allocator and every tensor as Gallocr.process_program would: the same buffer sizes,
 peaks and addresses. The reference is the walk itself, forced for every run; ggml-alloc.c against llama.cpp is what
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.ggml import alloc
-from fitter.ggml.alloc import Gallocr, ProgramMemo
+from fitter.ggml import memo as M
+from fitter.ggml.alloc import Gallocr
 from fitter.ggml.graph import Segment, program
+from fitter.ggml.memo import ProgramMemo
 from fitter.ggml.tensor import FLAG_OUTPUT, Tensor, contig_nb
 from fitter.ggml.types import F32
 from tests.ggml.sweep import compute_sweep
@@ -25,13 +26,13 @@ def _t(op: str, ne: list[int], src: tuple, name: str, ext: bool = False) -> Tens
 def _count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one per run replayed."""
     replays: list[int] = []
-    inner = Gallocr.replay
+    inner = M.replay
 
     def spy(ga: Gallocr, run) -> None:
         replays.append(1)
         inner(ga, run)
 
-    monkeypatch.setattr(Gallocr, "replay", spy)
+    monkeypatch.setattr(M, "replay", spy)
     return replays
 
 
@@ -121,7 +122,7 @@ def _replays_equal_the_walk(path: str, backend: str, monkeypatch: pytest.MonkeyP
     the walk forced: the compute buffers, peaks included, are equal. Returns how many runs were replays."""
     replays = _count_replays(monkeypatch)
     got = compute_sweep(path, backend, SWEEP)
-    monkeypatch.setattr(alloc.ProgramMemo, "run", lambda memo, ga: ga.process_program(memo.prog))
+    monkeypatch.setattr(M.ProgramMemo, "run", lambda memo, ga: ga.process_program(memo.prog))
     assert got == compute_sweep(path, backend, SWEEP)
     return len(replays)
 
@@ -137,7 +138,7 @@ def test_predictions_with_replayed_runs_equal_the_walk(arch: str, backend: str,
 
 @pytest.mark.parametrize("backend", ["cpu", "metal"])
 def test_full_size_predictions_with_replayed_runs_equal_the_walk(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Qwen3.6-35B-A3B's shape: on Metal its reordered layers are chunks (fitter.ggml.backends.metal_segments)."""
+    """Qwen3.6-35B-A3B's shape: on Metal its reordered layers are chunks (fitter.ggml.backends.metal.segments)."""
     from tests.synth.shapes import build_shape
 
     assert _replays_equal_the_walk(str(build_shape("qwen36-35b-a3b")), backend, monkeypatch)

@@ -11,8 +11,9 @@ import pytest
 
 from fitter.ggml import alloc
 from fitter.ggml import shifted as S
-from fitter.ggml.alloc import Gallocr, ProgramMemo
+from fitter.ggml.alloc import Gallocr
 from fitter.ggml.graph import Segment, program
+from fitter.ggml.memo import ProgramMemo, RecordedRun
 from fitter.ggml.tensor import FLAG_OUTPUT, Tensor, contig_nb
 from fitter.ggml.types import F32
 from tests.ggml.sweep import compute_sweep
@@ -161,18 +162,18 @@ def test_a_runs_net_effect_on_the_live_tensors_is_its_events_one_by_one() -> Non
     for _ in range(400):
         before = [_t("NONE", [4, 1, 1, 1], (), f"b{i}") for i in range(5)]
         mine = [_t("NONE", [4, 1, 1, 1], (), f"r{i}") for i in range(6)]
-        run = alloc._Run()
+        run = RecordedRun()
         ops, ts, ps = run.ops
         owned = list(before)  # what an event may free or a placement take the place of
         for t in mine:
             while owned and rnd.random() < 0.4:  # frees
                 x = owned.pop(rnd.randrange(len(owned)))
-                ops.append(alloc._FREE), ts.append(x), ps.append(x)
+                ops.append(alloc.FREE), ts.append(x), ps.append(x)
             if owned and rnd.random() < 0.5:  # in place of a parent
                 p = owned.pop(rnd.randrange(len(owned)))
-                ops.append(alloc._REUSE), ts.append(t), ps.append(p)
+                ops.append(alloc.REUSE), ts.append(t), ps.append(p)
             else:
-                ops.append(alloc._ALLOC), ts.append(t), ps.append(t)
+                ops.append(alloc.ALLOC), ts.append(t), ps.append(t)
             owned.append(t)
         others = [_t("NONE", [4, 1, 1, 1], (), f"o{i}") for i in range(3)]
         pool = before + others + mine

@@ -192,7 +192,6 @@ def test_prediction_is_memoized() -> None:
     header, spec = load_model_spec(str(build_shape("llama-8b")))
     d = graph_details(header)
     cp = resolve_context(spec, _cfg(32768, 512, "on"), Frontend.LIBRARY)
-    compute._CACHE.clear()
     first = compute.compute_buffers(spec, cp, details=d)
     assert compute.compute_buffers(spec, cp, details=d) is first
     other = compute.compute_buffers(spec, resolve_context(spec, _cfg(32768, 1024, "on"), Frontend.LIBRARY), details=d)

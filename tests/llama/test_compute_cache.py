@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fitter.cache import CACHES
 from fitter.fit.quant_fit import quantized_header
 from fitter.fit.quants import predict_quant
 from fitter.llama import context as C
@@ -19,9 +20,7 @@ FTYPES = ("Q4_K_M", "Q8_0", "Q2_K", "Q6_K", "BF16")
 
 
 def _fresh(spec, cp, backend, ngl, details):
-    C._CACHE.clear()
-    C._BY_CONTENT.clear()
-    C._TRACED.clear()
+    CACHES.clear("compute", "traced")
     return C.compute_buffers(spec, cp, backend, ngl, details=details)
 
 
@@ -44,9 +43,7 @@ def test_quants_share_a_replay_only_when_types_are_unread(arch: str, backend: st
     if shared:  # the types were never read: every quant has the same buffers
         assert all(w == want[0] for w in want)
 
-    C._CACHE.clear()
-    C._BY_CONTENT.clear()
-    C._TRACED.clear()
+    CACHES.clear("compute", "traced")
     replays = []
     real = C._allocated
     monkeypatch.setattr(C, "_allocated", lambda *a, **k: replays.append(1) or real(*a, **k))
@@ -87,8 +84,7 @@ def test_a_quant_s_content_key_is_its_model_s_made_once(monkeypatch: pytest.Monk
     """requantized_spec's copy and graph_details' share hold the model's very objects in every keyed field: their
     content key is the model's, without a repr made again; any keyed field that differs makes its own key."""
     def fresh_key(obj) -> str:
-        C._CONTENT_KEYS.clear()
-        C._LAST_KEYED.clear()
+        CACHES.clear("content-keys")
         return C._content_key(obj)
 
     header, spec = load_model_spec(str(build("qwen35moe")))

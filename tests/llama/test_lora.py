@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fitter.cache import CACHES
 from fitter.fit.memory import predict
 from fitter.ggml.backends.base import Backend
 from fitter.llama import context as C
@@ -178,8 +179,7 @@ def test_an_adapter_keys_every_graph_cache(monkeypatch: pytest.MonkeyPatch) -> N
         got = C.compute_buffers(spec, cp, details=dl)
         with monkeypatch.context() as m:
             m.setattr(C, "_allocated", lambda c, ga, det, key, *a, **kw: real(c, ga, det, None, *a))
-            m.setattr(C, "_CACHE", {})
-            m.setattr(C, "_BY_CONTENT", {})
+            CACHES.clear("compute")
             assert C.compute_buffers(spec, cp, details=dl) == got
 
 

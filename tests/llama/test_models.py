@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fitter.cache import CACHES
 from fitter.errors import UnsupportedModelError
 from fitter.llama import context
 from fitter.llama.cparams import Frontend, RunConfig, resolve_context
@@ -52,7 +53,7 @@ def test_builds_do_not_share_state():
     cfg = RunConfig(n_ctx=4096, n_ubatch=512)
 
     def sizes(header, spec, backend):
-        context._CACHE.clear()
+        CACHES.clear("compute")
         cp = resolve_context(spec, cfg, Frontend.LIBRARY)
         return [b.bytes for b in context.compute_buffers(spec, cp, backend, details=graph_details(header))]
 

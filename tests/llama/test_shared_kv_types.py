@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from fitter.bundled import resolve_model
+from fitter.cache import CACHES
 from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.graph_details import graph_details
@@ -35,14 +36,15 @@ SMALL = ((4096, 1, 1, True), (4096, 16, 4, False))  # and fewer, on the CPU
 
 
 def _own(spec, cp, details, mtp, monkeypatch: pytest.MonkeyPatch, backend: str = "metal", **opts):
-    """The compute buffers of cp's own types: the rule off, no cache, no traced graph."""
+    """The compute buffers of cp's own types: the rule off, no cache, no traced graph (none kept after it either: what
+    it made is not what the rule gives)."""
     with monkeypatch.context() as m:
         m.setattr(C, "_shared_kv_types", lambda spec, cp, *a: cp)
-        m.setattr(C, "_CACHE", {})
-        m.setattr(C, "_BY_CONTENT", {})
-        m.setattr(C, "_TRACED", {})
-        m.setattr(C, "_TRACED_BY_CONTENT", {})
-        return C.compute_buffers(spec, cp, backend, details=details, mtp=mtp, **opts)
+        CACHES.clear("compute", "content-keys", "traced")
+        try:
+            return C.compute_buffers(spec, cp, backend, details=details, mtp=mtp, **opts)
+        finally:
+            CACHES.clear("compute", "content-keys", "traced")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "metal"])

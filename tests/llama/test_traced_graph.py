@@ -13,6 +13,7 @@ import operator
 
 import pytest
 
+from fitter.cache import CACHES
 from fitter.ggml.symbolic import MONOMIALS, N_MONO, Sym, form, holds, monomials, trace
 from fitter.llama import context as C
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
@@ -52,8 +53,7 @@ def _scratch(spec, cp, backend, ngl, details, mtp, monkeypatch: pytest.MonkeyPat
     with monkeypatch.context() as m:
         real = C._allocated
         m.setattr(C, "_allocated", lambda c, ga, d, key, *a, **kw: real(c, ga, d, None, *a))
-        m.setattr(C, "_CACHE", {})
-        m.setattr(C, "_BY_CONTENT", {})
+        CACHES.clear("compute")  # (not the traced graphs: the caller counts their reuse)
         return C.compute_buffers(spec, cp, backend, ngl, details=details, mtp=mtp, **opts)
 
 
@@ -63,7 +63,6 @@ def test_a_reused_graph_equals_one_built_from_scratch(arch: str, backend: str, m
     mtp_kw = {"n_nextn": 1} if arch in ("qwen35", "qwen35moe", "glm4moe", "deepseek2") else {}
     header, spec = load_model_spec(str(build(arch, **mtp_kw)))
     d = graph_details(header)
-    C._TRACED.clear()
     traced = _count_traces(monkeypatch)
     ran = runs = 0
     for kw in CONFIGS:
@@ -76,8 +75,7 @@ def test_a_reused_graph_equals_one_built_from_scratch(arch: str, backend: str, m
         for mtp in (False, True) if mtp_kw else (False,):
             for n_ctx in SWEEP:
                 cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, **kw), Frontend.SERVER)
-                C._CACHE.clear()
-                C._BY_CONTENT.clear()
+                CACHES.clear("compute")
                 got = C.compute_buffers(spec, cp, backend, ngl, details=d, mtp=mtp)
                 runs += 1
                 assert got == _scratch(spec, cp, backend, ngl, d, mtp, monkeypatch), (kw, mtp, n_ctx)
@@ -102,7 +100,7 @@ def test_a_graph_reused_for_another_ubatch_equals_one_built_from_scratch(arch: s
     traced = _count_traces(monkeypatch)
     ran = 0
     for kw in (dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn="on"), dict(n_parallel=4, kv_unified=False)):
-        C._TRACED.clear()
+        CACHES.clear("traced")
         before = len(traced)
         for n_ctx, n_ubatch in UB_SWEEP + UB_OTHER:
             try:
@@ -110,8 +108,7 @@ def test_a_graph_reused_for_another_ubatch_equals_one_built_from_scratch(arch: s
                                      Frontend.SERVER)
             except ConfigError:  # a quantized cache the heads' sizes refuse
                 break
-            C._CACHE.clear()
-            C._BY_CONTENT.clear()
+            CACHES.clear("compute")
             got = C.compute_buffers(spec, cp, backend, details=d)
             assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx, n_ubatch)
             if mtp:  # the MTP draft context's graph (its own trace)
@@ -128,7 +125,6 @@ def test_qwen35moe_full_size_reuses_one_graph_for_every_n_ctx_past_the_ubatch(mo
 
     header, spec = load_model_spec(str(build_shape("qwen36-35b-a3b")))
     d = graph_details(header)
-    C._TRACED.clear()
     traced = _count_traces(monkeypatch)
     for n_ctx in (4096, 262144, 65536, 4352):
         cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=2048, type_k="q8_0", type_v="q8_0"), Frontend.SERVER)
@@ -142,8 +138,6 @@ def test_predict_once_traces_nothing_and_reuses_what_is_kept(backend: str, monke
     from scratch gives; a graph traced before it is still reused inside it; tracing is back on after it."""
     header, spec = load_model_spec(str(build("qwen35moe")))
     d = graph_details(header)
-    for memo in (C._TRACED, C._TRACED_BY_CONTENT, C._CACHE, C._BY_CONTENT):
-        memo.clear()
     traced = _count_traces(monkeypatch)
 
     def cp(n_ctx: int, **kw):
@@ -170,8 +164,6 @@ def test_the_quants_of_one_model_share_a_graph(backend: str, monkeypatch: pytest
     types = {k: {il: 12 for il in v} for k, v in d.layer_types.items()}  # every layer weight Q4_K
     other = (spec.model_copy(update={"name": "another quant", "file_size": spec.file_size // 2}),
              d.model_copy(update={"layer_types": types}))
-    for memo in (C._TRACED, C._TRACED_BY_CONTENT, C._CACHE, C._BY_CONTENT):
-        memo.clear()
     traced = _count_traces(monkeypatch)
     for (sp, dd), n_ctx in (((spec, d), 4096), (other, 8192), (other, 2560)):
         cp = resolve_context(sp, RunConfig(n_ctx=n_ctx, n_ubatch=512), Frontend.SERVER)
@@ -234,15 +226,13 @@ def test_placements_reuse_a_graph_exactly(arch: str, flags: dict, monkeypatch: p
     header, spec = load_model_spec(str(build(arch)))
     d = graph_details(header)
     kw = {k: v for k, v in flags.items() if k != "n_gpus"}
-    C._TRACED.clear()
     traced = _count_traces(monkeypatch)
     for i, n_ctx in enumerate(SWEEP):
         cfg = RunConfig(n_ctx=n_ctx, **({"n_ubatch": (512, 2048, 256)[i % 3]} | kw))  # and the ubatch, unless set
         cp = resolve_context(spec, cfg, Frontend.SERVER)
         wp = placement_of(spec, cfg, Backend.CUDA, flags.get("n_gpus", 1))
         opts = dict(placement=wp, kv_host=cfg.no_kv_offload, op_offload=not cfg.no_op_offload)
-        C._CACHE.clear()
-        C._BY_CONTENT.clear()
+        CACHES.clear("compute")
         got = C.compute_buffers(spec, cp, "cuda", details=d, **opts)
         assert got == _scratch(spec, cp, "cuda", -1, d, False, monkeypatch, **opts), n_ctx
     assert len(traced) <= 3  # the sweep reuses a traced graph
@@ -258,12 +248,10 @@ def test_older_builds_reuse_a_graph_exactly(release: str, arch: str, backend: st
     build_ = resolve_build(release)
     header, spec = load_model_spec(str(build(arch)))
     d = graph_details(header)
-    C._TRACED.clear()
     for kw in (dict(), dict(flash_attn="off", n_parallel=2, kv_unified=False)):
         for i, n_ctx in enumerate(SWEEP):
             n_ubatch = (512, 256, 2048, 1024)[i % 4]  # the ubatch too: 0.3.16 pads the mask's rows to 64
             cp = resolve_context(spec, RunConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, **kw), Frontend.SERVER, build=build_)
-            C._CACHE.clear()
-            C._BY_CONTENT.clear()
+            CACHES.clear("compute")
             got = C.compute_buffers(spec, cp, backend, details=d)
             assert got == _scratch(spec, cp, backend, -1, d, False, monkeypatch), (kw, n_ctx, n_ubatch)

@@ -2,8 +2,8 @@
 
 One protocol, `BackendImpl` (fitter.ggml.backends.base: alignment, max size, get_alloc_size,
 supports_op and the reasons behind it, offload_op, graph_optimize, buffer names, whether weights map
-host memory), one module per backend, and this registry. Adding a backend: one module and one line
-in BACKENDS.
+host memory, host or device, how free memory is read), one folder per backend (cpu/, cuda/, metal/, as upstream's
+ggml-cpu, ggml-cuda, ggml-metal), and this registry. Adding a backend: one folder and one line in BACKENDS.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A ggml backend's default buffer type answers get_alignment, get_max_size and get
 (ggml/src/ggml-backend.cpp ggml_backend_buft_*), its device answers supports_op and offload_op
 (ggml_backend_dev_supports_op / ggml_backend_dev_offload_op), and llama.cpp names its buffers after
 the device ("CUDA0", "MTL0") and the host buffer type next to it ("CUDA_Host", or the CPU's).
-`BackendImpl` is that protocol with the CPU's answers as defaults; fitter.ggml.backends.{cpu,cuda,metal}
+`BackendImpl` is that protocol with the CPU's answers as defaults; fitter.ggml.backends.{cpu,cuda,metal}.backend
 override what differs, and fitter.ggml.backends.get(backend) returns the one for a Backend.
 
 `FlashAttnShape` describes one GGML_OP_FLASH_ATTN_EXT node, the op whose alloc size and support
@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
 from fitter.record import Record
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 SIZE_MAX = 2**64 - 1
 HOST_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's, and CUDA_Host's
@@ -134,6 +137,13 @@ def flash_attn_shape_of(t: Any) -> FlashAttnShape:
     )
 
 
+def is_host_buffer(buffer: str) -> bool:
+    """Whether llama.cpp's buffer (type) name is host memory, whichever backend printed it: the CPU's ("CPU",
+    "CPU_Mapped", "CPU_REPACK") or a GPU backend's pinned host buffer type ("CUDA_Host"); else a device's own
+    ("CUDA0", "MTL0", "MTL0_Mapped", "Vulkan1")."""
+    return buffer.startswith("CPU") or buffer.endswith("_Host")
+
+
 class BackendImpl:
     """One backend: its default buffer type, the host buffer type next to it, and its device's op rules.
 
@@ -147,7 +157,16 @@ class BackendImpl:
     alignment = HOST_ALIGNMENT  # get_alignment of the default buffer type
     host_alignment = HOST_ALIGNMENT
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
+    # the device is the host (CPU): every buffer is the one RAM and counts against the one budget; no GPU flags
     is_gpu = False
+    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
+    single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
+    # the device's memory is the host's RAM (Apple Silicon): weights moved to the CPU (-ngl, --n-cpu-moe, -ot =CPU)
+    # stay in the same RAM and free nothing, and no host budget of its own is needed unless asked for
+    unified_memory = False
+    # get_host_buffer_type: pinned host memory next to the device (CUDA_Host), which takes the CPU weights it
+    # multiplies before the CPU's extra buffer types (llama-model.cpp make_cpu_buft_list)
+    has_host_buffer_type = False
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:
@@ -157,6 +176,24 @@ class BackendImpl:
         bound = copy.copy(self)
         bound.build = build
         return bound
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """What the device has for llama.cpp now, as `--budget auto` reads it (ggml_backend_dev_memory's counterpart
+        on this machine; fitter.fit.device_memory): each backend's <name>/memory.py, imported only then (its probes
+        import ctypes)."""
+        raise NotImplementedError
+
+    def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
+        """Why `-fa auto` turns flash attention off for a model whose attention layers have these (K, V) head sizes,
+        in layer order, and these cache types (llama_context::resolve_fused_ops: a layer's FLASH_ATTN_EXT cannot run on
+        the device); None: it stays as asked. The CPU runs every FA node."""
+        return None
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """Whether FLASH_ATTN_EXT's alloc size depends on the K/V cache type beyond its block size (the views'
+        strides, a scratch per type): then two cache types of one block size are not the same compute bytes. The
+        CPU's: ggml_nbytes, never."""
+        return False
 
     def is_device_buffer(self, buffer: str) -> bool:
         """Whether llama.cpp's buffer (type) name is this device's own memory ("CUDA0"), not host memory next to it

@@ -1,6 +1,6 @@
-"""Metal's reordered layers as chunks for ggml-alloc (ggfit's own): the second half of metal_segments' plan.
+"""Metal's reordered layers as chunks for ggml-alloc (ggfit's own): the second half of segments.py's plan.
 
-fitter.ggml.backends.metal_segments works out each instance's packs and the reorder's work over them. What the reorder
+fitter.ggml.backends.metal.segments works out each instance's packs and the reorder's work over them. What the reorder
 emitted while at one instance becomes a chunk (fitter.ggml.replay.Chunk) here: copies of the nodes, the alloc deps after
 their `until`, stand-ins for the tensors earlier chunks hand it. Instances whose work is the same and that are handed
 the same tensors share one chunk (`ChunkPlanning._chunks`).
@@ -8,17 +8,40 @@ the same tensors share one chunk (`ChunkPlanning._chunks`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.backends.metal_common import optimize_splits
+from fitter.ggml.backends.metal.common import optimize_splits
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import Chunk, ChunkPlan
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, CacheTensor, Tensor
 
-if TYPE_CHECKING:
-    from fitter.ggml.backends.metal_segments import _Kind
+# what a pack reads or writes, relative to its instance (segments._Plan._ref): local tensors ((instance offset,
+# index in their segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges,
+# recurrent tensors ((instance offset, layer built for, slot, size, backend), ...)
+Ref = tuple
+
+
+class Kind:
+    """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
+    node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
+
+    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover", "fp")
+
+    def __init__(self, nodes: list[Tensor]) -> None:
+        self.nodes = nodes
+        # per pack: its raw nodes as (instance offset 0 or 1, start, end) ranges of those instances' node lists
+        self.parts: list[tuple[tuple[int, int, int], ...]] = []
+        self.empty: list[bool] = []
+        self.safe: list[bool] = []
+        self.rd: list[Ref] = []
+        self.wr: list[Ref] = []
+        self.deps: list[tuple[Tensor, Tensor]] = []  # alloc deps (tensor, until) of this instance's patterns
+        self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
+        self.over = 0  # how many nodes of the next instance its last pack takes
+        self.dover = 0  # and its last alloc-dep pattern
+        self.fp = -1  # what the reorder reads of it (parts, empty, safe, rd, wr), as an interned number
 
 
 class Unsupported(Exception):
@@ -26,13 +49,13 @@ class Unsupported(Exception):
 
 
 class ChunkPlanning:
-    """The chunks of one graph's reordered instances (metal_segments._Plan plans with it: these are its fields)."""
+    """The chunks of one graph's reordered instances (segments._Plan plans with it: these are its fields)."""
 
     pro: Segment
     epi: Segment
     layers: list[tuple[Segment, bool]]
     insts: list[tuple[Segment, list[Tensor]]]
-    kind_of: list[_Kind]
+    kind_of: list[Kind]
     build: LlamaBuild
     gpu: int
     _by_id: dict[int, Tensor]  # the local tensors _resolve has met
@@ -67,7 +90,7 @@ class ChunkPlanning:
 
     def _outside(self, pro_tail: int, epi_head: int) -> tuple[list[Tensor], list[Tensor]]:
         """The prologue's nodes before the layers' split and the epilogue's after it, their own splits reordered apart
-        (metal_common.optimize_splits), their alloc deps in."""
+        (common.optimize_splits), their alloc deps in."""
         pro, epi = self.pro, self.epi
         head, tail = pro.nodes[:len(pro.nodes) - pro_tail], epi.nodes[epi_head:]
         for part in (head, tail):

@@ -1,6 +1,6 @@
 """Metal's graph_optimize over a graph built one segment per distinct layer, allocated as repeating chunks (ggfit's own).
 
-ggml_graph_optimize (fitter.ggml.backends.metal_common) reorders each Metal split, and its look-ahead crosses layers:
+ggml_graph_optimize (fitter.ggml.backends.metal.common) reorders each Metal split, and its look-ahead crosses layers:
 a node of the next layer moves up among this layer's, a fusion packs this layer's last add with the next one's norm.
 Reordering the whole graph means building every layer (context._flatten); here each distinct layer is built once:
 
@@ -8,12 +8,12 @@ Reordering the whole graph means building every layer (context._flatten); here e
   each layer's segment in the variant it runs (a template's first instance also emits the prologue tensors it first
   reads), the epilogue's part. A tensor local to a segment is told apart by its instance; a placeholder stands for
   the previous instance's output; each layer's recurrent state sits at its own offset (cache_ranges' layout).
-- Packs (`_Kind`) are worked out per node list and what follows it: fusions see the next instance's first nodes, as
+- Packs (`Kind`) are worked out per node list and what follows it: fusions see the next instance's first nodes, as
   copies that read this instance's output, and may take some of them.
 - The reorder (`_reorder`) walks the instances in turn. Its state as it enters one (the concurrent set, the packs
   already moved up), relative to that instance, with the kinds its look-ahead can reach, decides what it emits there:
   the first answer for such a state is kept and reused, as the allocator's replay reuses a layer's.
-- Chunks (fitter.ggml.backends.metal_chunks). What the reorder emitted while at one instance is a chunk
+- Chunks (fitter.ggml.backends.metal.chunks). What the reorder emitted while at one instance is a chunk
   (fitter.ggml.replay.Chunk): copies of the nodes, the alloc deps after their `until`, stand-ins for the tensors earlier
   chunks hand it. Chunks of the same nodes read the same way that are handed the same tensors are one; ggml-alloc then
   runs chunk after chunk and jumps over repeated periods (fitter.ggml.replay.replay_chunks), which is `Gallocr.run` over
@@ -28,8 +28,9 @@ from __future__ import annotations
 from typing import Callable
 
 from fitter.build import LlamaBuild
-from fitter.ggml.backends.metal_chunks import ChunkPlanning, Unsupported
-from fitter.ggml.backends.metal_common import (
+from fitter.cache import CACHES
+from fitter.ggml.backends.metal.chunks import ChunkPlanning, Kind, Ref, Unsupported
+from fitter.ggml.backends.metal.common import (
     EMPTY_OPS,
     N_FORWARD,
     SAFE_OPS,
@@ -38,7 +39,7 @@ from fitter.ggml.backends.metal_common import (
     pack_ends,
     reorder_walk,
 )
-from fitter.ggml.backends.metal_fusion import fusion_alloc_deps, fusion_max
+from fitter.ggml.backends.metal.fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.sched import graph_uses
@@ -47,36 +48,9 @@ from fitter.ggml.tensor import VIEW_OPS, CacheTensor, Tensor
 _CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSION_MAX)
 # across graphs: each kind's fingerprint (what the reorder reads of it) -> a number, and the reorder's work by the
 # fingerprints of every instance's kind and the recurrent layout
-_FINGERPRINTS: dict[tuple, int] = {}
-_WORK: dict[tuple, list] = {}
+_FINGERPRINTS: dict[tuple, int] = CACHES.keep({}, "metal-reorder")
+_WORK: dict[tuple, list] = CACHES.keep({}, "metal-reorder")
 _MEMO_MAX = 64
-
-
-# what a pack reads or writes, relative to its instance (_Plan._ref): local tensors ((instance offset, index in their
-# segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges, recurrent tensors
-# ((instance offset, layer built for, slot, size, backend), ...)
-Ref = tuple
-
-
-class _Kind:
-    """One instance's packs: a segment's node list (one variant) followed by a given next instance. Per pack its raw
-    node range, whether its op is empty / movable, and what it reads and writes (`Ref`)."""
-
-    __slots__ = ("nodes", "parts", "empty", "safe", "rd", "wr", "deps", "spill", "over", "dover", "fp")
-
-    def __init__(self, nodes: list[Tensor]) -> None:
-        self.nodes = nodes
-        # per pack: its raw nodes as (instance offset 0 or 1, start, end) ranges of those instances' node lists
-        self.parts: list[tuple[tuple[int, int, int], ...]] = []
-        self.empty: list[bool] = []
-        self.safe: list[bool] = []
-        self.rd: list[Ref] = []
-        self.wr: list[Ref] = []
-        self.deps: list[tuple[Tensor, Tensor]] = []  # alloc deps (tensor, until) of this instance's patterns
-        self.spill: list[tuple[Tensor, Tensor]] = []  # and those of its last one, ending in the next instance
-        self.over = 0  # how many nodes of the next instance its last pack takes
-        self.dover = 0  # and its last alloc-dep pattern
-        self.fp = -1  # what the reorder reads of it (parts, empty, safe, rd, wr), as an interned number
 
 
 def optimize_segments(n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment], keys: list[tuple],
@@ -218,10 +192,10 @@ class _Plan(ChunkPlanning):
     # ---- packs -----------------------------------------------------------------------------------------------------
 
     def _kinds(self) -> None:
-        """Each instance's packs (fitter.ggml.backends.metal_common.reorder's), worked out once per (node list, next
+        """Each instance's packs (fitter.ggml.backends.metal.common.reorder's), worked out once per (node list, next
         node list, where the previous instance's last pack and last alloc-dep pattern ended in this one)."""
-        kinds: dict[tuple, _Kind] = {}
-        self.kind_of: list[_Kind] = []
+        kinds: dict[tuple, Kind] = {}
+        self.kind_of: list[Kind] = []
         start = dstart = 0
         insts = self.insts
         for q, (_, nodes) in enumerate(insts):
@@ -276,9 +250,9 @@ class _Plan(ChunkPlanning):
             q1 += 1
         return ctx, uses, back
 
-    def _kind(self, q: int, nodes: list[Tensor], start: int, dstart: int) -> _Kind:
+    def _kind(self, q: int, nodes: list[Tensor], start: int, dstart: int) -> Kind:
         seg = self.insts[q][0]
-        kind = _Kind(nodes)
+        kind = Kind(nodes)
         ctx, ctx_uses, back = self._context(q)
         uses = self._uses_at(q)
         for k, v in ctx_uses.items():
@@ -349,7 +323,7 @@ class _Plan(ChunkPlanning):
 
     def _ref(self, q: int, ts: list[Tensor], back: dict[int, tuple[int, Tensor]]) -> Ref:
         """What a pack of instance q reads or writes (ggml_mem_range_from_tensor of each tensor's base, as
-        metal_common._ranges), relative to the instance and with no object identity in it (so that graphs of the same
+        common._ranges), relative to the instance and with no object identity in it (so that graphs of the same
         shape have the same Refs): local tensors as (instance offset, index in their segment), whether it reads the
         previous instance's output, global tensors by their index in the graph, KV ranges, recurrent tensors as
         (instance offset, layer built for, slot, size, backend)."""
@@ -397,7 +371,7 @@ class _Plan(ChunkPlanning):
     # ---- recurrent state layout ------------------------------------------------------------------------------------
 
     def _rs_layout(self) -> None:
-        """metal_common.cache_ranges' offsets of r_l / s_l, each layer's at its own place: a layer's segment stands for
+        """common.cache_ranges' offsets of r_l / s_l, each layer's at its own place: a layer's segment stands for
         every layer that runs it, so its recurrent tensors are those of the layer it was built for."""
         segs = [self.pro] + [seg for seg, _ in self.layers] + [self.epi]
         last = len(segs) - 1
@@ -440,7 +414,7 @@ class _Plan(ChunkPlanning):
 
     def _qual(self, q: int, ref: Ref) -> tuple[int, list | None]:
         """A pack's Ref at instance q: its identities as a bit set (_bit: local tensors as (instance, id), global ones
-        by id) and its buffer ranges (metal_common.Range)."""
+        by id) and its buffer ranges (common.Range)."""
         loc, prev, glob, kv, rs = ref
         bit = self._bit
         mask = 0
@@ -480,7 +454,7 @@ class _Plan(ChunkPlanning):
         return out
 
     def _reorder(self) -> list[tuple]:
-        """ggml_metal_graph_optimize_reorder (metal_common.reorder's loop) over the packs of every instance in turn,
+        """ggml_metal_graph_optimize_reorder (common.reorder's loop) over the packs of every instance in turn,
         each instance's work kept by the state it starts from (relative to it) and replayed where that repeats.
         Returns, per instance, the work kept for it: the packs it emits ((instance offset, pack) each) and the state it
         leaves; equal work is the same object."""

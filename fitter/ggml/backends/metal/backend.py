@@ -5,7 +5,7 @@ Mirrors ggml/src/ggml-metal/ggml-metal.cpp and ggml-metal-device.m of the pinned
 device's maxBufferLength, get_alloc_size below), ggml_metal_device_supports_op and the device's
 offload_op (matmuls only). The host buffer next to it is the CPU's. Metal's graph_optimize (the
 concurrency reorder of ggml-metal-common.cpp, whose packs come from ggml-metal-fusion.cpp since 0.3.36) is
-fitter.ggml.backends.metal_common.
+fitter.ggml.backends.metal.common.
 
 Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
 (ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
@@ -50,7 +50,7 @@ predicted.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
@@ -63,12 +63,15 @@ from fitter.ggml.backends.base import (
     _op,
     flash_attn_shape_of,
 )
-from fitter.ggml.backends.metal_common import graph_optimize as metal_graph_optimize
-from fitter.ggml.backends.metal_segments import optimize_segments
+from fitter.ggml.backends.metal.common import graph_optimize as metal_graph_optimize
+from fitter.ggml.backends.metal.segments import optimize_segments
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 # ggml-metal.cpp ggml_backend_metal_buffer_type_{shared,private,mapped}_get_alignment
 METAL_ALIGNMENT = 32
@@ -244,6 +247,30 @@ class MetalBackend(BackendImpl):
     alignment = METAL_ALIGNMENT
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True
+    label = "Metal"
+    single_device = True  # the default Metal device, MTL0
+    unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
+    has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
+
+    def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
+        """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason): the first layer's
+        heads it refuses."""
+        for d_k, d_v in dict.fromkeys(heads):  # each pair once, in layer order
+            why = metal_fa_unsupported_reason(d_k, d_v, type_k, type_v)
+            if why:
+                return why
+        return None
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """The default device's recommendedMaxWorkingSetSize, else the wired limit, else a table (metal/memory.py)."""
+        from fitter.ggml.backends.metal import memory  # (its probes import ctypes: only for `auto`)
+
+        return memory.free_memory(probes)
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """FLASH_ATTN_EXT's alloc size reads the views' strides only where ggml_metal_op_flash_attn_ext_use_kv_f16 is
+        false: under 32 queries per stream, and in builds before #27390 (metal_fa_kv_f16_extra)."""
+        return not build.has("metal_fa_kv_f16_extra") or queries_per_stream < 32
 
     def max_size(self, *, metal_max_buffer_length: int | None = None) -> int:
         """get_max_size is the device's maxBufferLength (ggml_metal_device_init: props.max_buffer_size),
@@ -299,7 +326,7 @@ class MetalBackend(BackendImpl):
 
     def graph_optimize(self, segments: list) -> None:
         """ggml_backend_metal_graph_optimize: each segment is a whole placed and split graph (fitter.ggml.backends
-        .metal_common)."""
+        .metal.common)."""
         if not self.reorders_graph:
             return
         for seg in segments:
@@ -307,7 +334,7 @@ class MetalBackend(BackendImpl):
 
     def optimize_segments(self, n: int, pro: Segment, seg0: Segment, templates: dict[tuple, Segment],
                           keys: list[tuple], epi: Segment) -> tuple[ChunkPlan, list[Segment]] | None:
-        """graph_optimize over a graph built one segment per distinct layer (fitter.ggml.backends.metal_segments): its
+        """graph_optimize over a graph built one segment per distinct layer (fitter.ggml.backends.metal.segments): its
         chunks to allocate; None: build it whole."""
         return optimize_segments(n, pro, seg0, templates, keys, epi, self.build, self.alloc_size, self.alignment, 0)
 

@@ -3,7 +3,7 @@
 Mirrors ggml/src/ggml-cuda/ggml-cuda.cu of the pinned llama.cpp 0c1e57098bba:
 ggml_backend_cuda_buffer_type (alignment 128, no max size, get_alloc_size below), the pinned host
 buffer type CUDA_Host (the CPU's rules), ggml_backend_cuda_device_supports_op / offload_op, and
-ggml_backend_cuda_graph_optimize (fitter.ggml.backends.cuda_fusion).
+ggml_backend_cuda_graph_optimize (fitter.ggml.backends.cuda.fusion).
 
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
 -------------------------------------------------------------------
@@ -36,14 +36,17 @@ the CUDA context itself. Only measurement tells these.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
-from fitter.ggml.backends.cuda_fusion import cuda_alloc_deps
+from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alignment
 CUDA_ALIGNMENT = 128
@@ -247,6 +250,20 @@ class CUDABackend(BackendImpl):
     alignment = CUDA_ALIGNMENT
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True
+    label = "CUDA"
+    has_host_buffer_type = True  # ggml_backend_cuda_host_buffer_type (CUDA_Host)
+
+    # fa_auto_unsupported_reason: CUDA's rules are not mirrored (-fa auto stays as asked)
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """Free VRAM of the device: nvidia-smi, else NVML (cuda/memory.py)."""
+        from fitter.ggml.backends.cuda import memory  # (its probes import ctypes: only for `auto`)
+
+        return memory.free_memory(probes)
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """CUDA's flash attention keeps f16 copies of a quantized K/V (its scratch depends on the type)."""
+        return True
 
     def alloc_size(self, t: Any, *, cc: int = CUDA_CC_HOPPER,
                    vec_pairs: frozenset[tuple[str, str]] = CUDA_FA_VEC_PAIRS_DEFAULT) -> int:

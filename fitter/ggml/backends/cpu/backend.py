@@ -8,10 +8,21 @@ buffer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fitter.ggml.backends.base import Backend, BackendImpl
+
+if TYPE_CHECKING:
+    from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 
 class CPUBackend(BackendImpl):
     """The CPU alone (the defaults of BackendImpl are the CPU's)."""
 
     kind = Backend.CPU
+
+    def free_memory(self, probes: DeviceProbes) -> FreeMemory:
+        """The host's available RAM: MemAvailable, vm_stat (cpu/memory.py)."""
+        from fitter.ggml.backends.cpu import memory  # (its probes import ctypes: only for `auto`)
+
+        return memory.free_memory(probes)

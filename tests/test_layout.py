@@ -1,0 +1,72 @@
+"""The layout of fitter/: no module imports, directly or through others, a module that imports it back
+(benchmarks/import_cycles.py prints the cycles; every import counts, in a function or under TYPE_CHECKING too)."""
+
+from __future__ import annotations
+
+from benchmarks.import_cycles import cycles, import_graph
+
+
+def test_no_import_cycle_in_fitter() -> None:
+    graph = import_graph()
+    assert "fitter.ggml.alloc" in graph and graph["fitter.gguf.reader"]  # the walk found the modules and their imports
+    assert cycles(graph) == []
+
+
+def test_a_cycle_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_module_rebinds_a_global() -> None:
+    """State a process keeps lives on objects (fitter.cache.CACHES and what it holds), never in a `global` name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "fitter"
+    found = [f"{p.relative_to(root.parent)}:{n.lineno}" for p in sorted(root.rglob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.Global)]
+    assert found == []
+
+
+def test_caches_clear_by_group() -> None:
+    from fitter.cache import Caches
+
+    caches = Caches()
+    a = caches.keep({1: 2}, "compute")
+    b = caches.keep({3}, "traced")
+    caches.clear("compute")
+    assert a == {} and b == {3} and caches.groups == ["compute", "traced"]
+    a[1] = 2
+    caches.clear()
+    assert a == {} and b == set()
+
+
+def test_the_process_caches_are_cleared_before_each_test() -> None:
+    """tests/conftest.py's autouse fixture: what the fitter modules keep starts empty."""
+    from fitter.cache import CACHES
+    from fitter.gguf import header_cache
+    from fitter.llama import context, traced_graph
+
+    assert {"compute", "traced", "headers"} <= set(CACHES.groups)
+    assert not context._CACHE and not traced_graph._TRACED and not header_cache.is_enabled()
+
+
+# a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...)
+_NAME_TEST = r"""(==|!=|\bis|\bin) *\(?(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])|(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["']) *(==|!=)"""
+# files that still test a name, until the fact they test is on the backend objects
+_NAME_TESTS_LEFT = {
+    "fitter/fit/solver.py",  # Metal's budget rule
+}
+
+
+def test_no_backend_name_test_outside_the_backends() -> None:
+    """What differs between backends is an attribute or method of their objects (fitter/ggml/backends/<name>/):
+    host or device, one device, a host buffer type, -fa auto's rules, the buffer names."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{p.relative_to(root)}:{i}" for p in sorted((root / "fitter").rglob("*.py"))
+             if "ggml/backends/" not in p.as_posix() and str(p.relative_to(root)) not in _NAME_TESTS_LEFT
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(_NAME_TEST, line)]
+    assert found == []
