@@ -1,5 +1,5 @@
 """The speed model's coefficients per backend (fitter.speed.model), fitted by `python benchmarks/speed_model.py
---fit` on 413 training rows of the truth set (our H200 llama-bench runs, llama.cpp 0c1e570, and the
+--fit` on 424 training rows of the truth set (our H200 llama-bench runs, llama.cpp 0c1e570, and the
 published tables of benchmarks/results/speed-published.json). Generated: edit the fit, not this file.
 SPREAD: the 80th percentile of the training rows' relative error, the range `fit` shows."""
 
@@ -23,34 +23,32 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     },
     "cuda": {
         "decode": {
-            "bw.float": 1.17482,
-            "bw.k": 0.957602,
-            "bw.q4": 0.405006,
-            "bw.q8": 1.10755,
-            "cpu": 0.0829299,
-            "dq.k": 9.31161,
-            "dq.q4": 13.9728,
-            "dq.q8": 0.264211,
-            "host": 0.024603,
-            "kv.dev": 1.56682,
-            "kv.host": 5.08733,
-            "layer": 8.20632e-05,
-            "split": 7.32874e-05
+            "bw.float": 1.17503,
+            "bw.k": 0.957963,
+            "bw.q4": 0.406005,
+            "bw.q8": 1.10823,
+            "cpu": 0.0859544,
+            "dq.k": 9.30618,
+            "dq.q4": 13.9669,
+            "dq.q8": 0.246848,
+            "kv.dev": 1.56636,
+            "kv.host": 4.90061,
+            "layer": 8.1976e-05,
+            "split": 7.17506e-05
         },
         "prefill": {
-            "attn": 0.41953,
-            "attn.cpu": 0.00375869,
-            "attn.nofa": 4.41937,
-            "c.float": 0.161141,
-            "c.k": 1.02227,
-            "c.q4": 0.410887,
-            "c.q8": 0.741269,
-            "copy": 8.09736,
-            "layer": 0.000683664,
-            "read": 3.55748,
-            "rec": 0.257819,
-            "split": 0.000107378,
-            "ubatch": 0.00507564
+            "attn": 0.419932,
+            "attn.cpu": 0.00479111,
+            "attn.nofa": 4.40518,
+            "c.float": 0.163968,
+            "c.k": 1.02502,
+            "c.q4": 0.410603,
+            "c.q8": 0.741077,
+            "copy": 7.04453,
+            "layer": 0.000682772,
+            "read": 3.55489,
+            "rec": 0.264986,
+            "ubatch": 0.00503425
         }
     },
     "metal": {
@@ -82,7 +80,7 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.1088, "prefill": 0.169}
+SPREAD: dict[str, float] = {"decode": 0.1041, "prefill": 0.1725}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
@@ -191,71 +189,71 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "nvidia-a100-80gb": {
         "decode": 1.313,
-        "prefill": 1.221
+        "prefill": 1.219
     },
     "nvidia-dgx-spark": {
-        "decode": 1.026,
+        "decode": 1.025,
         "prefill": 1.021
     },
     "nvidia-h100-pcie": {
         "decode": 1.351,
-        "prefill": 1.354
+        "prefill": 1.355
     },
     "nvidia-h200": {
-        "decode": 1.023,
-        "prefill": 1.098
+        "decode": 1.029,
+        "prefill": 1.12
     },
     "nvidia-l40s": {
         "decode": 1.054,
         "prefill": 1.237
     },
     "nvidia-rtx-3070": {
-        "decode": 0.8785,
-        "prefill": 0.8863
+        "decode": 0.8786,
+        "prefill": 0.8856
     },
     "nvidia-rtx-3080": {
-        "decode": 0.8932,
-        "prefill": 0.8106
+        "decode": 0.8933,
+        "prefill": 0.8101
     },
     "nvidia-rtx-3090": {
         "decode": 0.9988,
-        "prefill": 1.155
+        "prefill": 1.154
     },
     "nvidia-rtx-3090-ti": {
-        "prefill": 0.9772
+        "prefill": 0.9786
     },
     "nvidia-rtx-4070-ti": {
-        "decode": 0.9104,
-        "prefill": 0.9026
+        "decode": 0.9105,
+        "prefill": 0.9021
     },
     "nvidia-rtx-4080": {
-        "decode": 0.9075,
-        "prefill": 0.7789
+        "decode": 0.9077,
+        "prefill": 0.7788
     },
     "nvidia-rtx-4090": {
-        "decode": 0.968,
-        "prefill": 0.8535
+        "decode": 0.9683,
+        "prefill": 0.8534
     },
     "nvidia-rtx-5060-ti": {
         "decode": 1.061,
-        "prefill": 1.075
+        "prefill": 1.076
     },
     "nvidia-rtx-5070": {
-        "decode": 0.9769,
-        "prefill": 1.007
+        "decode": 0.9767,
+        "prefill": 1.008
     },
     "nvidia-rtx-5070-ti": {
-        "prefill": 0.9462
+        "prefill": 0.9475
     },
     "nvidia-rtx-5080": {
-        "decode": 0.9224,
-        "prefill": 0.8944
+        "decode": 0.9223,
+        "prefill": 0.8957
     },
     "nvidia-rtx-5090": {
-        "decode": 0.7814
+        "decode": 0.7816
     },
     "nvidia-rtx-6000-ada": {
-        "decode": 0.9815,
+        "decode": 0.9817,
         "prefill": 1.213
     },
     "nvidia-rtx-a6000": {
@@ -263,6 +261,6 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.08
     },
     "nvidia-rtx-pro-6000-blackwell": {
-        "prefill": 0.6619
+        "prefill": 0.6631
     }
 }

@@ -23,8 +23,9 @@ import math
 import re
 from typing import Literal
 
+from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
-from fitter.llama.weights import CPU_DEV
+from fitter.llama.weights import CPU_DEV, device_buffer_name
 from fitter.record import Record
 from fitter.speed.hardware import HardwareProfile
 from fitter.speed.work import OP_OFFLOAD_MIN_BATCH, Work
@@ -60,9 +61,12 @@ class SpeedPrediction(Record):
 
 
 def _dev_name(backend: Backend, d: int) -> str:
-    if d == CPU_DEV:
-        return "CPU"
-    return {Backend.CUDA: "CUDA", Backend.METAL: "MTL"}.get(backend, "GPU") + str(d)
+    impl = backends.get(backend)
+    return "CPU" if d == CPU_DEV or not impl.is_gpu else device_buffer_name(impl, d)
+
+
+def _gpu(backend: Backend) -> bool:
+    return backends.get(backend).is_gpu
 
 
 def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k") -> float:
@@ -70,7 +74,7 @@ def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k") -> float:
     the factor per generation is fitted); on NVIDIA a quantized matrix runs on the integer tensor cores (mmq.cu,
     a quarter of the INT8 TOPS: GeForce cards' FP16 rate with FP32 accumulation) and an F16 one through cuBLAS at the
     FP16 rate; else a guess from the bandwidth where the profile has neither."""
-    if hw.backend == Backend.METAL and hw.gpu_cores:
+    if backends.get(hw.backend).unified_memory and hw.gpu_cores:  # Apple
         return float(hw.gpu_cores)
     if cls != "float" and hw.int8_tops:
         return hw.int8_tops / 4
@@ -91,13 +95,13 @@ def apple_generation(hw: HardwareProfile) -> str:
 def host_bandwidth(hw: HardwareProfile) -> float:
     if hw.host_bandwidth_gbs:
         return hw.host_bandwidth_gbs
-    if hw.backend == Backend.CPU and hw.memory_bandwidth_gbs:
+    if not _gpu(hw.backend) and hw.memory_bandwidth_gbs:
         return hw.memory_bandwidth_gbs
     return 60.0  # no figure: a dual-channel DDR5 desktop's order
 
 
 def _bandwidth(hw: HardwareProfile, d: int) -> float:
-    if d == CPU_DEV or hw.backend == Backend.CPU:
+    if d == CPU_DEV or not _gpu(hw.backend):
         return host_bandwidth(hw) * _GB
     return (hw.memory_bandwidth_gbs or host_bandwidth(hw)) * _GB
 
@@ -111,19 +115,19 @@ def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, 
             out[k] = out.get(k, 0.0) + v
 
     for d, w in work.devices.items():
-        host = d == CPU_DEV and backend != Backend.CPU
+        host = d == CPU_DEV and _gpu(backend)
         bw = _bandwidth(hw, d)
         where = "host" if host else "dev"
         for cls, b in w.bytes_token.items():
             add(f"bw.{cls}" if not host else "host", b / bw)
-        if host or backend == Backend.CPU:
+        if host or not _gpu(backend):
             add("cpu", sum(w.flops_token.values()) / (threads * 1e9))
         else:
             for cls, f in w.flops_token.items():
                 add(f"dq.{cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
         kv = w.kv_bytes_per_pos * (depth + 1) + w.kv_swa_bytes_per_pos * (min(depth, work.n_swa or depth) + 1)
         add(f"kv.{where}", (kv + w.state_bytes) / bw)
-        if d != CPU_DEV or backend == Backend.CPU:
+        if d != CPU_DEV or not _gpu(backend):
             add("layer", float(w.n_layers))
     add("token", 1.0)
     add("split", float(work.splits))
@@ -131,9 +135,9 @@ def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, 
 
 
 def _offloaded(backend: Backend, n_ubatch: int, op_offload: bool) -> bool:
-    # ggml_backend_sched: an op on a host weight runs on the GPU when the GPU backend's offload_op accepts it
-    # (ggml-cuda.cu: batch >= 32); ggml-metal offloads nothing (its device shares the memory)
-    return backend == Backend.CUDA and op_offload and n_ubatch >= OP_OFFLOAD_MIN_BATCH
+    # ggml_backend_sched: a matmul on a host weight runs on the GPU when the GPU backend's offload_op accepts it
+    # (ggml_backend_dev_offload_op: a batch of op_offload_min_batch_size (32) or more; Metal: matmuls only)
+    return _gpu(backend) and op_offload and n_ubatch >= OP_OFFLOAD_MIN_BATCH
 
 
 def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: int, pos: float, threads: int,
@@ -146,11 +150,11 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
             out[k] = out.get(k, 0.0) + v
 
     c_gpu = gpu_compute_tflops(hw, "float") * 1e12  # attention: F16 / F32 products
-    gen = apple_generation(hw) if backend == Backend.METAL else ""
+    gen = apple_generation(hw) if backends.get(backend).unified_memory else ""
     offload = _offloaded(backend, n_tokens, op_offload)
     pcie = (hw.pcie_gbs or 16.0) * _GB
     for d, w in work.devices.items():
-        on_cpu = d == CPU_DEV or backend == Backend.CPU
+        on_cpu = d == CPU_DEV or not _gpu(backend)
         flops = {cls: f * n_tokens for cls, f in w.flops_token.items()}
         if on_cpu and not (offload and d == CPU_DEV):
             add("cpu", sum(flops.values()) / (threads * 1e9))
@@ -166,7 +170,7 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         n_pos = pos + 1
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
         add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
-        if not on_cpu or backend == Backend.CPU:
+        if not on_cpu or not _gpu(backend):
             add("layer", float(w.n_layers))
     add("ubatch", 1.0)
     add("split", float(work.splits))

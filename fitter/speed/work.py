@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 from fitter.ggml.types import row_size
 from fitter.gguf.reader import GGUFHeader
@@ -139,7 +140,7 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
             d.attn_flops_per_pos += fl
     layer_devs = [wp.default_dev(il) for il in range(spec.n_layer)]
     splits = sum(1 for a, b in zip(layer_devs, layer_devs[1:]) if (a == CPU_DEV) != (b == CPU_DEV))
-    if any(d.expert_bytes and d.device == CPU_DEV for d in devs.values()) and backend != Backend.CPU:
+    if any(d.expert_bytes and d.device == CPU_DEV for d in devs.values()) and backends.get(backend).is_gpu:
         splits += 2 * sum(1 for il in range(spec.n_layer) if _layer_experts_on_cpu(wp, il))
     return Work(devices=devs, n_swa=spec.n_swa, n_layer=spec.n_layer, n_expert=spec.n_expert,
                 n_expert_used=spec.n_expert_used, splits=splits)
