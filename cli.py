@@ -391,7 +391,7 @@ def quants(
         print(json.dumps({"backend": be.value, "llama_cpp": fitter.build_label() if build.is_pinned else build.label(),
                           "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
-                          "candidates": [c.model_dump(mode="json") for c in cands],
+                          "candidates": [speed.candidate_json(c) for c in cands],
                           "best": best.name if best else None, "best_rule": fitter.BEST_RULE, "none_fits": none,
                           "speed": speed.settings_json()},
                          indent=2))

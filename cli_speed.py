@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 import fitter
-from fitter.llama.weights import CPU_DEV
 
 ROUGH = "no published figures for this GPU: rough"
 
@@ -49,6 +48,7 @@ class Speed:
         self.prompt, self.depth, self.build = prompt, depth, build or fitter.PINNED
         self.note = ""
         self.notes: list[str] = []  # quants: the notes of its rates
+        self.rated: dict[str, tuple[float, float]] = {}  # quants: (prefill, decode) by candidate name
         self.calibrated = ""
         self._host_done = False
         self._cal: Any = False  # not looked up yet
@@ -92,7 +92,7 @@ class Speed:
         """The config's SpeedPrediction and the notes that go with it, or None (and `note`: why). `bench`: a
         llama-bench row's test (its prompt, depth and threads) with `scale` instead of the stored calibration."""
         from fitter.speed import predict_speed
-        from fitter.speed.work import work_of
+        from fitter.speed.machine import host_needed
 
         p = self.profile
         if self.off or p is None:
@@ -102,7 +102,7 @@ class Speed:
             self.note = (f"speed not predicted: --backend {backend.value} on {on}; "
                          "--hardware NAME names the device whose rates to predict")
             return None
-        needed = backend.value == "cpu" or _weights_on_host(work_of(header, spec, config, backend, n_gpus))
+        needed = host_needed(header, spec, config, backend, n_gpus)
         hw = self._host(needed)
         cal = self.calibration() if bench is None else None
         prompt, depth, threads = ((max(bench.n_prompt or 0, 1), bench.n_depth or 0, bench.n_threads or self.threads)
@@ -118,18 +118,22 @@ class Speed:
 
 
     def rates(self, backend: Any) -> Any:
-        """quant_fit.evaluate's `rate`: a fitting quant's (prefill, decode) rates, or None (no rates here)."""
+        """quant_fit.evaluate's `rate`: each fitting quant's (prefill, decode) rates, kept in `rated` by name."""
         if self.off or self.profile is None:
             return None
 
-        def rate(header: Any, spec: Any, config: Any) -> tuple[float, float] | None:
+        def rate(name: str, header: Any, spec: Any, config: Any) -> None:
             res = self.predict(header, spec, config, backend)
-            if res is None:
-                return None
-            self.notes = list(dict.fromkeys([*self.notes, *res[1]]))
-            self.calibrated = res[0].calibrated
-            return res[0].prefill_tps, res[0].decode_tps
+            if res is not None:
+                self.notes = list(dict.fromkeys([*self.notes, *res[1]]))
+                self.calibrated = res[0].calibrated
+                self.rated[name] = (res[0].prefill_tps, res[0].decode_tps)
         return rate
+
+    def candidate_json(self, c: Any) -> dict[str, Any]:
+        """A quants candidate as JSON, with its rates (None where it does not fit or none can be said)."""
+        pre, dec = self.rated.get(c.name, (None, None))
+        return {**c.model_dump(mode="json"), "prefill_tps": pre, "decode_tps": dec}
 
     def settings_json(self) -> dict[str, Any] | None:
         """What quants' rates are (its JSON's "speed"), or None with --no-speed."""
@@ -144,16 +148,6 @@ def _detect() -> Any:
     from fitter.speed.hardware import detect
 
     return detect()
-
-
-def _weights_on_host(work: Any) -> bool:
-    """Weights that a token reads from host memory: a layer, experts, or more than 1% of its bytes (the token
-    embedding's one row always is)."""
-    w = work.devices.get(CPU_DEV)
-    if w is None:
-        return False
-    total = sum(sum(d.bytes_token.values()) for d in work.devices.values())
-    return bool(w.n_layers or w.expert_bytes or sum(w.bytes_token.values()) > 0.01 * total)
 
 
 def speed_line(res: Any, label: str = "speed") -> str:
@@ -198,7 +192,7 @@ def speed_json(res: Any) -> dict[str, Any] | None:
 
 def print_quants(cands: list, best: Any, speed: Speed) -> None:
     """quants' table: each quant's sizes, and where it fits and rates can be said, its prefill and decode rates."""
-    rated = any(c.prefill_tps is not None for c in cands)
+    rated = bool(speed.rated)
     head = f"{'prefill t/s':>13}{'decode t/s':>12}" if rated else ""
     print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{head}{'headroom':>11}{'largest -c':>12}  verdict")
     for c in cands:
@@ -208,8 +202,8 @@ def print_quants(cands: list, best: Any, speed: Speed) -> None:
         mark = "*" if best is not None and c.name == best.name else " "
         rates = ""
         if rated:
-            rates = (f"{rate(c.prefill_tps):>13}{rate(c.decode_tps or 0):>12}" if c.prefill_tps is not None
-                     else f"{'-':>13}{'-':>12}")
+            pre, dec = speed.rated.get(c.name, (None, None))
+            rates = f"{rate(pre):>13}{rate(dec):>12}" if pre is not None and dec is not None else f"{'-':>13}{'-':>12}"
         print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
               f"{rates}{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
     if rated and speed.profile is not None:

@@ -38,8 +38,6 @@ class Candidate(Record, frozen=False):
     needs_imatrix: bool = False
     exact: bool = True  # False: a size-only candidate, its weights scaled from the header's tensors
     note: str | None = None
-    prefill_tps: float | None = None  # the speed model's pp rate at this config (evaluate's `rate`; fits only)
-    decode_tps: float | None = None
 
 
 _GGML_TYPES = {int(t): t for t in GGMLQuantizationType}  # by id: calling the enum costs microseconds a tensor
@@ -114,10 +112,10 @@ def evaluate(
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
     include_imatrix: bool = True,
     build: LlamaBuild = PINNED,
-    rate: Callable[[GGUFHeader, ModelSpec, RunConfig], tuple[float, float] | None] | None = None,
+    rate: Callable[[str, GGUFHeader, ModelSpec, RunConfig], object] | None = None,
 ) -> list[Candidate]:
-    """Every predicted ftype and every given candidate at the requested settings, sorted by file size; `rate` gives
-    a fitting one's (prefill, decode) rates at the config it was predicted with (cli_speed: the speed model's)."""
+    """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
+    called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates)."""
     available = budget_bytes - margin_bytes
     # (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
     entries: list[tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]] = []
@@ -161,17 +159,14 @@ def evaluate(
                               draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build, hint=hint,
                               asked=asked)
         hint = next_hint(asked, big.n_ctx // CTX_STEP, hint)
-        rates = None
         if rate is not None and total <= available:
             cp = pred.context
-            rates = rate(h, s, cfg.model_copy(update={"n_ctx": cp.n_ctx, "n_batch": cp.n_batch,
-                                                      "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
-                                                      "type_v": cp.type_v}))
+            rate(name, h, s, cfg.model_copy(update={"n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+                                                    "type_k": cp.type_k, "type_v": cp.type_v}))
         out.append(Candidate(
             name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
             headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,
             fits=total <= available, needs_imatrix=needs_im, exact=exact, note=note,
-            prefill_tps=rates[0] if rates else None, decode_tps=rates[1] if rates else None,
         ))
     out.sort(key=lambda c: c.file_bytes)
     return out
