@@ -50,7 +50,6 @@ class Speed:
         self.notes: list[str] = []  # quants: the notes of its rates
         self.rated: dict[str, tuple[float, float]] = {}  # quants: (prefill, decode) by candidate name
         self.calibrated = ""
-        self._host_done = False
         self._cal: Any = False  # not looked up yet
 
     def backend(self, given: Any) -> Any:
@@ -63,21 +62,18 @@ class Speed:
         return self.auto or (self.profile is not None and _detect().name == self.profile.name)
 
     def _host(self, needed: bool) -> Any:
-        """The profile with its host bandwidth: --host-bandwidth, else (needed, this machine) measured once, else on
-        unified memory the chip's own; else unknown (the model assumes a desktop's)."""
-        from fitter.speed.hardware import measure_host_bandwidth
+        """The profile with its host bandwidth: --host-bandwidth, else on unified memory the chip's own, else (needed,
+        this machine) measured once; else unknown (the model assumes a desktop's)."""
+        from fitter.speed.machine import with_host
 
         p = self.profile
+        assert p is not None
         if self.host_gbs is not None:
             return p.model_copy(update={"host_bandwidth_gbs": self.host_gbs,
                                         "host_bandwidth_source": f"--host-bandwidth {self.host_flag}"})
-        if p.unified and p.memory_bandwidth_gbs:
-            return p.model_copy(update={"host_bandwidth_gbs": p.memory_bandwidth_gbs,
-                                        "host_bandwidth_source": "unified memory: the chip's memory bandwidth"})
-        if needed and not self._host_done and self._this_machine():
-            gbs, src = measure_host_bandwidth()
-            self.profile = p = p.model_copy(update={"host_bandwidth_gbs": gbs, "host_bandwidth_source": src})
-            self._host_done = True
+        p = with_host(p, needed and self._this_machine())
+        if p.host_bandwidth_gbs:
+            self.profile = p  # measured once per command
         return p
 
     def calibration(self) -> Any:
@@ -276,8 +272,9 @@ def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: boo
             skipped.append(f"{row.test}: {e}")
             continue
         res = speed.predict(header, spec, cfg, be, n_gpus, bench=row)
-        if res is None:
-            skipped.append(f"{row.test}: {speed.note}")
+        if res is None:  # a GPU row on another machine's profile
+            skipped.append(f"{row.test} of {row.model_type or name}: ran on {be.value}, which {hw.name} is not "
+                           "(--hardware NAME: the machine that ran it)")
             continue
         sp = res[0]
         predicted = sp.prefill_tps if kind == "prefill" else sp.decode_tps

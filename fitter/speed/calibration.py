@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Literal
 
 from fitter.build import LlamaBuild
 from fitter.cache import cache_root
@@ -201,10 +202,10 @@ def config_of_row(row, backend) -> tuple:
     ot = () if row.tensor_buft_overrides in (None, "", "none") else tuple(
         x for x in row.tensor_buft_overrides.split(";") if x)
     n_ctx = (row.n_prompt or 0) + (row.n_gen or 0) + (row.n_depth or 0)
+    fa: Literal["on", "off", "auto"] = "on" if row.flash_attn == 1 else "off" if row.flash_attn == 0 else "auto"
     cfg = RunConfig(
         n_ctx=max(n_ctx, 1), n_batch=row.n_batch, n_ubatch=row.n_ubatch, type_k=row.type_k or "f16",
-        type_v=row.type_v or "f16", flash_attn={1: "on", 0: "off"}.get(row.flash_attn if row.flash_attn is not None
-                                                                      else -1, "auto"),
+        type_v=row.type_v or "f16", flash_attn=fa,
         n_parallel=1, n_gpu_layers=-1 if ngl is None or ngl >= 99 or backend.value == "cpu" else ngl,
         n_cpu_moe=row.n_cpu_moe or 0, override_tensor=ot, no_kv_offload=bool(row.no_kv_offload),
         no_op_offload=bool(row.no_op_offload), split_mode=row.split_mode or "layer", main_gpu=row.main_gpu or 0,
