@@ -190,3 +190,20 @@ def test_calibrate_bench_skips_rows_of_another_model_and_refuses_none(capfd, mea
     assert code == 2 and err.count("\n") == 1 and "empty" in err
     code, _, err = run(capfd, "calibrate", "--bench", PROBE, "--log", PROBE)
     assert code == 2 and "use one at a time" in err
+
+
+def test_ggfits_placement_gets_its_own_rates(capfd, measured):
+    argv = ("fit", M, "--budget", "200MiB", "--margin", "0", "-c", "8192", "--hardware", "nvidia-h200",
+            "--host-budget", "8GiB", "--host-bandwidth", "50GB/s")
+    code, out, err = run(capfd, *argv)
+    assert code == 0, err  # not as given: ggfit's placement fits (exit 0)
+    lines = out.splitlines()
+    placed = next(i for i, ln in enumerate(lines) if ln.startswith("placement for -c 8192"))
+    rated = [i for i, ln in enumerate(lines) if ln.startswith("speed with this placement (nvidia-h200")]
+    assert len(rated) == 1 and rated[0] > placed
+    code, out, _ = run(capfd, *argv, "--json")
+    d = json.loads(out)
+    assert KEYS <= set(d["speed"]) and KEYS <= set(d["placement"]["speed"])
+    # layers moved to the CPU: decode reads them at host bandwidth, slower than with every layer on the H200
+    assert d["placement"]["speed"]["decode_tps"] < d["speed"]["decode_tps"]
+    assert not measured  # --host-bandwidth given
