@@ -104,7 +104,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
-from cli_speed import Speed, calibrate_bench, print_quants
+from cli_speed import Speed, calibrate_bench, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
@@ -626,6 +626,8 @@ def calibrate(
             raise fitter.ConfigError("--list and --clear: use one at a time")
         if list_:
             calibrate_list(fitter.calibration, model, as_json)
+            if not as_json:
+                list_speed_calibrations()
         else:
             calibrate_clear(fitter.calibration, model, as_json)
         return

@@ -314,6 +314,18 @@ def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: boo
               f"{cal.hardware} use it")
 
 
+def list_speed_calibrations() -> None:
+    """`calibrate --list`'s speed lines: each stored scale (calibrate --bench)."""
+    from fitter.speed import calibration as sc
+
+    cals = sc.stored()
+    for cal in cals:
+        print(f"speed on {cal.hardware}, llama.cpp {cal.llama_cpp[:12]}: prefill x{cal.prefill:.3f}, decode "
+              f"x{cal.decode:.3f}, {cal.label.removeprefix('calibrated ')} of {cal.source}")
+    if cals:
+        print(f"speed calibrations stored in {sc.store_path()}")
+
+
 def _skip_summary(skipped: list[str]) -> list[str]:
     """The "TEST of MODEL: why" lines by reason: "32 rows (of llama 8B F16, qwen35 0.8B F16): why"."""
     out: dict[str, list[str]] = {}

@@ -25,6 +25,7 @@ KEYS = {"prefill_tps", "decode_tps", "prompt_tokens", "depth", "low", "high", "b
 def _machine(monkeypatch, tmp_path):
     fake_specs.use(monkeypatch)
     monkeypatch.setenv("GGFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GGFIT_DATA", str(tmp_path / "data"))  # the memory calibrations: none
     monkeypatch.setattr(hw, "_tool", lambda argv: None)
     monkeypatch.setattr(hw, "_detect_nvidia", lambda known: None)  # this machine: the CPU
 
@@ -171,6 +172,8 @@ def test_calibrate_bench_stores_a_scale_that_fit_applies(capfd, measured):
     assert "calibrated from 2 llama-bench rows" in next(ln for ln in out.splitlines() if ln.startswith("speed"))
     other = fit_json(capfd, "--hardware", "nvidia-h200")["speed"]  # another hardware: not this calibration
     assert other["calibrated"] is None
+    code, out, _ = run(capfd, "calibrate", "--list")
+    assert code == 0 and "speed on cpu, llama.cpp 0c1e57098bba: prefill x" in out
 
 
 def test_calibrate_bench_prints_measured_against_predicted(capfd, measured):
