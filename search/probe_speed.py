@@ -26,7 +26,8 @@ def _backend(profile: Any, system_info: str | None) -> Backend:
 def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_tokens: int, *, threads: int,
                     system_info: str | None = None, build_commit: str | None = None) -> dict[str, Any] | None:
     """{"prefill_tps", "decode_tps", "prompt_tokens", "depth", "hardware", "backend", "calibrated"} for the probe's
-    config, or None where the model cannot say (an unknown architecture, a config it refuses)."""
+    config, or None where the model cannot say (an unknown architecture, a config it refuses): the probe's own
+    result stands whatever the speed model makes of it."""
     from fitter.speed import calibration, predict_speed
     from fitter.speed.machine import detect, host_needed, with_host
 
@@ -46,7 +47,9 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
         n = max(int(prompt_tokens), 1)
         pre = predict_speed(header, spec, cfg, be, hw, prompt=n, depth=0, **kw)
         dec = predict_speed(header, spec, cfg, be, hw, prompt=n, depth=n, **kw)
-    except (GGFitError, ValueError, ArithmeticError):
+    except GGFitError:
+        return None
+    except Exception:  # a prediction never fails a probe that ran  # noqa: BLE001
         return None
     return {"prefill_tps": pre.prefill_tps, "decode_tps": dec.decode_tps, "prompt_tokens": n, "depth": n,
             "hardware": hw.name, "backend": be.value, "calibrated": pre.calibrated or None}
