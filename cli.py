@@ -39,6 +39,8 @@ from cli_options import (
     FrontendOpt,
     GenTokensOpt,
     GpuLayers,
+    HardwareOpt,
+    HostBandwidthOpt,
     HostBudgetOpt,
     KvBits,
     KvGroupSize,
@@ -58,6 +60,7 @@ from cli_options import (
     NoMmap,
     NoMmprojOffload,
     NoOpOffload,
+    NoSpeedOpt,
     OverrideTensor,
     Parallel,
     PrefillStep,
@@ -70,10 +73,13 @@ from cli_options import (
     RunnerOpt,
     SeedOpt,
     SpecType,
+    SpeedDepthOpt,
+    SpeedPromptOpt,
     SplitModeOpt,
     StorageOpt,
     SwaFull,
     TensorSplit,
+    Threads,
     TrialsOpt,
     UBatch,
     backend_of,
@@ -98,6 +104,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
+from cli_speed import Speed, calibrate_bench, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
@@ -235,6 +242,12 @@ def fit(
     llama_build: LlamaBuildOpt = None,
     llama_server: LlamaServerOpt = None,
     llama_bin: Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")] = None,
+    hardware: HardwareOpt = "auto",
+    host_bandwidth: HostBandwidthOpt = None,
+    threads: Threads = None,
+    speed_prompt: SpeedPromptOpt = 512,
+    speed_depth: SpeedDepthOpt = 0,
+    no_speed: NoSpeedOpt = False,
     as_json: AsJson = False,
     engine: EngineOpt = EngineName.llama,
     max_kv_size: MaxKvSize = None,
@@ -253,12 +266,13 @@ def fit(
                 prefill_step_size=prefill_step_size, max_tokens=max_tokens, prompt_cache_bytes=prompt_cache_bytes,
                 draft_n_max=draft_n_max, as_json=as_json)
         return
-    be, fe = backend_of(backend), frontend_of(frontend)
     fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
     if fit_params is not None and llama_build is None:
         build = fitter.build_of_binary(fit_params)
     else:
         build = llama_build_of(llama_build, llama_server)
+    speed = Speed(hardware, host_bandwidth, threads, speed_prompt, speed_depth, off=no_speed, build=build)
+    be, fe = speed.backend(backend), frontend_of(frontend)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
     buds = fitter.parse_budgets(budget, be.value)
@@ -290,7 +304,8 @@ def fit(
     draft = fitter.load_model_spec(fitter.resolve_model(model_draft)) if model_draft else None
     r = FitRun(path=path, header=header, spec=spec, cfg=cfg, be=be, fe=fe, bud=bud, margin_bytes=margin_bytes,
                 available=available, draft=draft, model_draft=model_draft, build=build, margin_default=margin is None,
-                host=host, n_gpus=len(buds), per_device=per_device, asked={"-b": n_batch, "-ub": n_ubatch})
+                host=host, n_gpus=len(buds), per_device=per_device, asked={"-b": n_batch, "-ub": n_ubatch},
+                speed=speed)
     # -c given: one config, each of its graphs (and each placement's, where it does not fit) predicted once
     with contextlib.nullcontext() if n_ctx is None else fitter.predict_once():
         r.solve(solve_ctx=n_ctx is None, n_batch=n_batch, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
@@ -340,12 +355,20 @@ def quants(
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
     llama_build: LlamaBuildOpt = None,
     llama_server: LlamaServerOpt = None,
+    hardware: HardwareOpt = "auto",
+    host_bandwidth: HostBandwidthOpt = None,
+    threads: Threads = None,
+    speed_prompt: SpeedPromptOpt = 512,
+    speed_depth: SpeedDepthOpt = 0,
+    no_speed: NoSpeedOpt = False,
     as_json: AsJson = False,
 ) -> None:
-    """Every quant's file size and device total at these settings, from one header, before downloading."""
+    """Every quant's file size, device total and predicted prefill and decode rates at these settings, from one
+    header, before downloading."""
 
-    be, fe = backend_of(backend), frontend_of(frontend)
     build = llama_build_of(llama_build, llama_server)
+    speed = Speed(hardware, host_bandwidth, threads, speed_prompt, speed_depth, off=no_speed, build=build)
+    be, fe = speed.backend(backend), frontend_of(frontend)
     cfg = run_config(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
                       flash_attn=flash_attn.value, n_parallel=n_parallel, draft_model=model_draft,
                       spec_type="draft-simple" if model_draft else "none", n_gpu_layers=n_gpu_layers,
@@ -361,15 +384,16 @@ def quants(
 
         warn_ctx_train(fitter.resolve_context(spec, cfg, fe), spec)
     cands = fitter.evaluate(header, spec, cfg, be, fe, bud.bytes, margin_bytes, candidates=candidate or [], draft=draft,
-                            include_imatrix=not no_imatrix, build=build)
+                            include_imatrix=not no_imatrix, build=build, rate=speed.rates(be))
     best = fitter.best_fit(cands)
     if as_json:
         none = fitter.why_none_fits(cands, cands[0].n_ctx, be.value, spec.n_expert > 0) if cands and not best else None
         print(json.dumps({"backend": be.value, "llama_cpp": fitter.build_label() if build.is_pinned else build.label(),
                           "budget_bytes": bud.bytes, "margin_bytes": margin_bytes,
                           "header_bytes_fetched": header.bytes_fetched,
-                          "candidates": [c.model_dump(mode="json") for c in cands],
-                          "best": best.name if best else None, "best_rule": fitter.BEST_RULE, "none_fits": none},
+                          "candidates": [speed.candidate_json(c) for c in cands],
+                          "best": best.name if best else None, "best_rule": fitter.BEST_RULE, "none_fits": none,
+                          "speed": speed.settings_json()},
                          indent=2))
         raise typer.Exit(1 if none else 0)  # as the text: 1 when nothing fits
     ctx = cands[0].n_ctx if cands else 0
@@ -377,14 +401,7 @@ def quants(
         print(f"rules of {build.label()} ({build.how})")
     print(f"{spec.architecture}, {spec.n_params / 1e9:.2f} B parameters; backend {be.value}, -c {ctx}, "
           f"-ctk {cfg.type_k} -ctv {cfg.type_v}; budget {mib(bud.bytes)} - margin {mib(margin_bytes)} = {mib(available)}")
-    print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{'headroom':>11}{'largest -c':>12}  verdict")
-    for c in cands:
-        verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
-        flag = (" (this file)" if c.source == fitter.THIS_FILE else " (imatrix)" if c.needs_imatrix
-                else "" if c.exact else " (size only)")
-        mark = "*" if best is not None and c.name == best.name else " "
-        print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
-              f"{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
+    print_quants(cands, best, speed)
     if best:
         print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom {best.headroom_bytes / 2**20:,.0f} MiB "
               f"({fitter.BEST_RULE})")
@@ -578,26 +595,39 @@ def calibrate(
     clear: Annotated[bool, typer.Option("--clear", help="Remove the stored calibrations (all, or MODEL's architecture's).")] = False,
     log: Annotated[Optional[str], typer.Option("--log", metavar="FILE", help="A llama-server, llama-cli or llama-fit-params log of your own llama.cpp: compare every buffer it printed with the prediction for its build and settings, and store the compute residual for that build and backend. MODEL is then optional (default: the model the log names, if it is on this machine); --backend defaults to the log's.")] = None,
     llama_build: LlamaBuildOpt = None,
-    no_store: Annotated[bool, typer.Option("--no-store", help="With --log: compare only, store nothing.")] = False,
+    no_store: Annotated[bool, typer.Option("--no-store", help="With --log or --bench: compare only, store nothing.")] = False,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="FILE", help="llama-bench's output (-o md, csv, json, jsonl, sql) or a ggfit probe --json result, run on this machine: each row's rate against the speed model's, and this machine's scale of the prefill and decode rates stored for --hardware and the rows' llama.cpp build (fit and quants then use it). MODEL: the model the rows ran (default: each row's model_filename, where it is on this machine).")] = None,
+    hardware: HardwareOpt = "auto",
+    host_bandwidth: HostBandwidthOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them. With --log, learn them from
-    a log of your own llama.cpp instead."""
+    a log of your own llama.cpp instead; with --bench, calibrate the speed model from llama-bench's rates."""
 
+    if bench is not None:
+        if log is not None or list_ or clear:
+            raise fitter.ConfigError("--bench with --log, --list or --clear: use one at a time")
+        speed = Speed(hardware, host_bandwidth, build=llama_build_of(llama_build) if llama_build else None)
+        calibrate_bench(bench, model, speed, no_store=no_store, as_json=as_json)
+        return
+    if hardware != "auto" or host_bandwidth is not None:
+        raise fitter.ConfigError("--hardware and --host-bandwidth go with --bench FILE (the speed calibration)")
     if log is not None:
         if list_ or clear:
             raise fitter.ConfigError("--log with --list or --clear: use one at a time")
         _calibrate_log(log, model, backend, llama_build, no_store, as_json)
         return
     if llama_build is not None or no_store:
-        raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE "
+        raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE or --bench FILE "
                                  "(without it, calibrate measures the llama.cpp installed here)")
     if list_ or clear:
         if list_ and clear:
             raise fitter.ConfigError("--list and --clear: use one at a time")
         if list_:
             calibrate_list(fitter.calibration, model, as_json)
+            if not as_json:
+                list_speed_calibrations()
         else:
             calibrate_clear(fitter.calibration, model, as_json)
         return

@@ -119,6 +119,9 @@ StorageOpt = Annotated[Optional[str], typer.Option("--storage", metavar="URL", h
 HardwareOpt = Annotated[str, typer.Option("--hardware", metavar="NAME|auto", help="The hardware whose prefill and decode rates are predicted: a profile (ggfit hardware lists them: apple-m4-pro-20, nvidia-rtx-4090, cpu, ...) or auto (this machine: its Apple chip and GPU cores, its NVIDIA GPU, else cpu). It sets the backend when --backend is not given.")]
 HostBandwidthOpt = Annotated[Optional[str], typer.Option("--host-bandwidth", metavar="RATE", help="Host memory bandwidth for weights on the CPU: 90GB/s, 900MB/s, 1.2TB/s (default: measured once on this machine and cached, with --hardware auto).")]
 Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", help="llama.cpp's -t: CPU threads for the layers and experts on the CPU (default: llama.cpp's, the physical cores).")]
+SpeedPromptOpt = Annotated[int, typer.Option("--speed-prompt", metavar="N", help="The prompt of the predicted prefill rate: llama-bench's pp<N> (default 512).")]
+SpeedDepthOpt = Annotated[int, typer.Option("--speed-depth", metavar="D", help="Context depth of the predicted rates: llama-bench's -d (default 0).")]
+NoSpeedOpt = Annotated[bool, typer.Option("--no-speed", help="Predict no prefill and decode rates (and detect no hardware).")]
 
 
 def detect_backend() -> str:
@@ -261,7 +264,7 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
 # llama.cpp allocates: threads and CPU affinity, sampling, the HTTP server, chat templates, logging. fit and quants
 # take them, so that a llama-server command line pastes as it is, and say they ignored them. (flags, takes a value)
 _NO_MEMORY: tuple[tuple[tuple[str, ...], bool], ...] = (
-    (("-t", "--threads", "-tb", "--threads-batch", "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio",
+    (("-tb", "--threads-batch", "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio",
       "--poll", "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch",
       "--poll-batch", "--numa", "-td", "--threads-draft", "--spec-draft-threads", "-tbd", "--threads-batch-draft",
       "--spec-draft-threads-batch", "--threads-http"), True),

@@ -13,6 +13,7 @@ import typer
 
 import fitter
 from cli_options import detect_backend
+from cli_speed import fit_speed, print_speed, speed_json
 from cli_verdict import (
     alternatives_json,
     batch_notes,
@@ -91,6 +92,7 @@ class FitRun(fitter.Record, frozen=False):
     host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
     n_gpus: int = 1
     per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
+    speed: Any = None  # cli_speed.Speed: --hardware and the rates' settings (None: no rates)
 
     @property
     def avail(self) -> Any:
@@ -244,8 +246,8 @@ class FitRun(fitter.Record, frozen=False):
             "host_budget_source": self.host.source if self.host is not None else None,
             "host_margin_bytes": self.host_margin if self.host is not None else None,
             "host_margin_source": fitter.host_margin_note(self.be.value) if self.host is not None else None,
-            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags()}
-                          if self.placement is not None else None),
+            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags(),
+                           "speed": speed_json(fit_speed(self, placed=True))} if self.placement is not None else None),
             "placement_note": self.placement_why or None,
             "table_placement": ({**self.table_placement.model_dump(mode="json"), "flags": self.table_placement.flags}
                                 if self.table_placement is not None else None),
@@ -255,6 +257,9 @@ class FitRun(fitter.Record, frozen=False):
                         "flags": (self.flags() if self.fits else self.placement_flags()
                                   if self.placement is not None else None)},
         }
+        out["speed"] = speed_json(fit_speed(self))
+        if out["speed"] is None and self.speed is not None and self.speed.note:
+            out["speed_note"] = self.speed.note
         if self.measured is not None:
             out["check"] = self.measured
         if self.fit_params is not None:
@@ -286,6 +291,7 @@ def print_fit(r: FitRun) -> None:
             raise typer.Exit(r.exit_code)
     print()
     print_breakdown(pred, r.available, r.avail if r.per_device else None)
+    print_speed(r)
     print_calibration(pred)
     if r.measured is not None:
         print()
@@ -302,6 +308,8 @@ def print_fit(r: FitRun) -> None:
               f"{mib(r.host_margin)} host margin ({fitter.host_margin_note(r.be.value)}): "
               + ("fits" if ha is not None and hb <= ha else "does NOT fit"))
     print_placement(r)
+    if r.placement is not None:
+        print_speed(r, placed=True)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:

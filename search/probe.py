@@ -162,6 +162,11 @@ def run_probe(
                                _test=_test, progress=progress)
     if lock["path"]:
         res.timings["lock_wait_s"] = lock["waited_s"]
+    if res.ok and res.prompt_tokens:  # the speed model's rates beside the measured ones (issue 46)
+        from search.probe_speed import predicted_rates
+
+        res.predicted = predicted_rates(path, config, res.prompt_tokens, threads=threads,
+                                        system_info=res.build.system_info, build_commit=res.build.ggml_commit)
     return res
 
 

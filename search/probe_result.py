@@ -123,6 +123,9 @@ class ProbeResult(BaseModel):
     draft_accepted: int | None = None
     acceptance_rate: float | None = None
 
+    # the speed model's rates for this config on this machine (search.probe_speed; None: not predicted)
+    predicted: dict[str, Any] | None = None
+
     peak_rss_bytes: int | None = None  # the child's RSS high-water mark (wait4 ru_maxrss)
     budget_bytes: int | None = None
     budget: dict[str, Any] = Field(default_factory=dict)  # how the limit was applied (enforced, limit, baseline)
@@ -153,6 +156,10 @@ class ProbeResult(BaseModel):
         parts = [f"ok: prefill {self.prefill_tps:.1f} tok/s, decode {self.decode_tps:.1f} tok/s, "
                  f"TTFT {(self.ttft_s or 0.0) * 1e3:.0f} ms ({self.prompt_tokens} prompt + {self.generated_tokens} generated tokens"
                  f", median of {len([r for r in self.runs if not r.warmup])})"]
+        p = self.predicted
+        if p and p.get("prefill_tps") and p.get("decode_tps"):
+            parts.append(f"predicted prefill {p['prefill_tps']:.1f} tok/s, decode {p['decode_tps']:.1f} tok/s "
+                         f"({p.get('hardware')})")
         if self.peak_rss_bytes:
             parts.append(f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB")
         if self.speculation == "on" and self.acceptance_rate is not None:

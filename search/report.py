@@ -92,8 +92,10 @@ def _objectives(study) -> list[str]:
 def trial_table(study) -> str:
     """The trial table as fixed-width text."""
     objectives = _objectives(study)
-    rows = [["#", "state", "status", *objectives, "predicted", "flags", "reason"]]
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    rated = _predicted_rates(trials)
+    rows = [["#", "state", "status", *objectives, *(f"{m} predicted" for m in rated), "predicted", "flags", "reason"]]
+    for t in trials:
         info = _info(t)
         ua = t.user_attrs
         vals = []
@@ -109,12 +111,18 @@ def trial_table(study) -> str:
             status += " (model miss)"
         pred = f"{ua['predicted_bytes'] / MiB:,.0f} MiB" if ua.get("predicted_bytes") else "-"
         reason = "" if info.status == "ok" else (info.reason or "")
+        vals += [_fmt(ua.get(f"predicted_{m}"), m) if ua.get(f"predicted_{m}") else "-" for m in rated]
         rows.append([str(t.number), t.state.name, status, *vals, pred, info.flags, reason[:90]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
     return "\n".join(lines)
+
+
+def _predicted_rates(trials) -> list[str]:
+    """The rates the speed model predicted for some trial (search.probe_speed: predicted_prefill_tps, ...)."""
+    return [m for m in ("prefill_tps", "decode_tps") if any(t.user_attrs.get(f"predicted_{m}") for t in trials)]
 
 
 def _summary(study) -> list[str]:
@@ -379,7 +387,8 @@ def write_plots(study, out: str | Path) -> tuple[list[str], list[str]]:
 def write_trials_csv(study, path: str | Path) -> str:
     objectives = _objectives(study)
     keys = ["number", "state", "status", "probed", *objectives, "predicted_bytes", "available_bytes", "model_miss",
-            "duplicate_of", "flags", "model", "reason"]
+            "duplicate_of", "flags", "model", "reason", "predicted_prefill_tps", "predicted_decode_tps",
+            "predicted_hardware"]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(keys)

@@ -9,7 +9,7 @@ run through the memory model at the requested settings.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
@@ -112,8 +112,10 @@ def evaluate(
     draft: tuple[GGUFHeader, ModelSpec] | None = None,
     include_imatrix: bool = True,
     build: LlamaBuild = PINNED,
+    rate: Callable[[str, GGUFHeader, ModelSpec, RunConfig], object] | None = None,
 ) -> list[Candidate]:
-    """Every predicted ftype and every given candidate at the requested settings, sorted by file size."""
+    """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
+    called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates)."""
     available = budget_bytes - margin_bytes
     # (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
     entries: list[tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]] = []
@@ -157,6 +159,10 @@ def evaluate(
                               draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build, hint=hint,
                               asked=asked)
         hint = next_hint(asked, big.n_ctx // CTX_STEP, hint)
+        if rate is not None and total <= available:
+            cp = pred.context
+            rate(name, h, s, cfg.model_copy(update={"n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+                                                    "type_k": cp.type_k, "type_v": cp.type_v}))
         out.append(Candidate(
             name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
             headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,

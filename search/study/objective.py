@@ -229,6 +229,9 @@ class Objective:
         mets = _metrics(res, cand, self.share)
         for k, v in mets.items():
             trial.set_user_attr(k, v)
+        for k, v in (res.predicted or {}).items():  # the speed model's rates beside the measured (issue 46)
+            if k in ("prefill_tps", "decode_tps", "hardware"):
+                trial.set_user_attr(f"predicted_{k}", v)
         missing = [m for m in self.d.objectives if m not in mets]
         if res.status == "ok" and missing:
             trial.set_user_attr("status", "error")

@@ -221,19 +221,31 @@ def test_fit_ignores_llama_server_flags_that_change_no_memory_and_says_so(capfd)
     base = ["fit", M, *B, "--backend", "cpu", "-c", "4096", "--json"]
     code, plain, _ = _run(base, capfd)
     assert code == 0
-    pasted = ["-t", "8", "--port", "8080", "-cb", "--jinja", "--temp", "0.7", "--host=0.0.0.0", "-a", "gemma",
+    pasted = ["-tb", "8", "--port", "8080", "-cb", "--jinja", "--temp", "0.7", "--host=0.0.0.0", "-a", "gemma",
               "--metrics", "-to", "600", "--seed", "1", "-v", "--api-key", "k", "--slots", "--top-k", "40"]
     code, out, err = _run(base + pasted, capfd)
     assert code == 0, err
     assert json.loads(out) == json.loads(plain)  # the same prediction
-    assert err == ("ggfit: note: ignored (no effect on memory): -t 8 --port 8080 -cb --jinja --temp 0.7 "
+    assert err == ("ggfit: note: ignored (no effect on memory): -tb 8 --port 8080 -cb --jinja --temp 0.7 "
                    "--host=0.0.0.0 -a gemma --metrics -to 600 --seed 1 -v --api-key k --slots --top-k 40\n")
+
+
+def test_fit_takes_t_for_the_speed_model_not_as_an_ignored_flag(capfd):
+    """-t is llama.cpp's threads: the speed model's CPU side reads it (issue 46), so it is no longer ignored."""
+    base = ["fit", M, *B, "--backend", "cpu", "-c", "4096", "--json", "--hardware", "cpu",
+            "--host-bandwidth", "50GB/s"]
+    code, plain, _ = _run(base + ["-t", "1"], capfd)
+    code2, out, err = _run(base + ["-t", "8"], capfd)
+    assert code == code2 == 0 and not err
+    one, eight = json.loads(plain), json.loads(out)
+    assert one.pop("speed") != eight.pop("speed") and one == eight  # the rates move, the memory does not
 
 
 @pytest.mark.parametrize("argv,phrase", [
     (["-cram", "0"], "-cram 0: a llama-server flag that changes memory, which ggfit does not model"),
     (["--fit", "off"], "--fit off: a llama-server flag that changes memory"),
-    (["-t"], "-t needs a value"),
+    (["-tb"], "-tb needs a value"),
+    (["-t"], "-t' requires an argument"),
 ])
 def test_llama_server_flags_ggfit_cannot_ignore_are_one_line(argv, phrase, capfd):
     code, _, err = _run(["quants", M, *B, *argv], capfd)
@@ -312,6 +324,6 @@ def test_cut_short_trials_are_counted_in_words(retried, line):
 
 def test_a_pasted_m_model_is_the_model(capfd):
     code, plain, _ = _run(["fit", M, *B, "--backend", "cpu", "-c", "4096", "--json"], capfd)
-    code2, out, err = _run(["fit", "-m", M, *B, "--backend", "cpu", "-c", "4096", "--json", "-t", "8"], capfd)
+    code2, out, err = _run(["fit", "-m", M, *B, "--backend", "cpu", "-c", "4096", "--json", "-tb", "8"], capfd)
     assert code == code2 == 0 and json.loads(out) == json.loads(plain)
-    assert err == "ggfit: note: ignored (no effect on memory): -t 8\n"
+    assert err == "ggfit: note: ignored (no effect on memory): -tb 8\n"
