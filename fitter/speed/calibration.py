@@ -24,6 +24,7 @@ from fitter.build import LlamaBuild
 from fitter.cache import cache_root
 from fitter.errors import GGFitError
 from fitter.fit.calibration import build_key
+from fitter.ggml import backends
 from fitter.record import Record
 
 FORMAT = 1  # of speed-calibration.json
@@ -206,7 +207,7 @@ def config_of_row(row, backend) -> tuple:
     cfg = RunConfig(
         n_ctx=max(n_ctx, 1), n_batch=row.n_batch, n_ubatch=row.n_ubatch, type_k=row.type_k or "f16",
         type_v=row.type_v or "f16", flash_attn=fa,
-        n_parallel=1, n_gpu_layers=-1 if ngl is None or ngl >= 99 or backend.value == "cpu" else ngl,
+        n_parallel=1, n_gpu_layers=-1 if ngl is None or ngl >= 99 or not backends.get(backend).is_gpu else ngl,
         n_cpu_moe=row.n_cpu_moe or 0, override_tensor=ot, no_kv_offload=bool(row.no_kv_offload),
         no_op_offload=bool(row.no_op_offload), split_mode=row.split_mode or "layer", main_gpu=row.main_gpu or 0,
         tensor_split=ts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 from fitter.llama.weights import CPU_DEV
 from fitter.speed import hardware
@@ -25,7 +26,7 @@ def weights_on_host(work: Work) -> bool:
 
 def host_needed(header: Any, spec: Any, config: Any, backend: Backend, n_gpus: int = 1) -> bool:
     """Whether this config's rates depend on the host memory's bandwidth."""
-    return backend == Backend.CPU or weights_on_host(work_of(header, spec, config, backend, n_gpus))
+    return not backends.get(backend).is_gpu or weights_on_host(work_of(header, spec, config, backend, n_gpus))
 
 
 def with_host(p: HardwareProfile, needed: bool) -> HardwareProfile:
