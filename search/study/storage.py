@@ -113,7 +113,7 @@ def _file_id(path: str) -> dict[str, Any]:
 def study_name(study_def: StudyDef, models: Sequence[str], *, budget_bytes: int, margin_bytes: int,
                backend: Backend, runner: str, drafts: Sequence[str] = ()) -> str:
     """``<study>-<model stem>-<10 hex>``: stable for the same models, device, budget, runner and study definition."""
-    payload = {
+    payload: dict[str, Any] = {
         "models": [_file_id(m) for m in models], "drafts": [_file_id(d) for d in drafts],
         "device": device_id(backend), "budget": budget_bytes, "margin": margin_bytes, "runner": runner,
         "study": study_def.model_dump(mode="json"),
