@@ -32,7 +32,7 @@ from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
 from search.study.objective import Objective, Predictor, Prober, TrialLines, _Unneeded, quiet_trial_failures
-from search.study.prior import SpeedPrior
+from search.study.prior import DEFAULT_FIRST, SpeedPrior
 from search.study.results import StudyResult, _summarise, count_trials
 from search.study.storage import (
     StudyInterrupted,
@@ -251,10 +251,13 @@ def _speed_prior(p: _Plan, hardware: HardwareProfile | None) -> SpeedPrior | Non
     return prior
 
 
-def _enqueue_prior(study: optuna.Study, p: _Plan, prior: SpeedPrior) -> None:
-    """The predicted-fastest configs first (the sampler then learns from their measurements)."""
-    for params in prior.first(p.space):
+def _enqueue_prior(study: optuna.Study, p: _Plan, prior: SpeedPrior) -> int:
+    """The predicted-fastest configs first (the sampler then learns from their measurements), no more than the probes
+    to spend; how many were queued."""
+    first = prior.first(p.space, min(DEFAULT_FIRST, p.trials_goal))
+    for params in first:
         study.enqueue_trial(params, skip_if_exists=True)
+    return len(first)
 
 
 def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> None:
@@ -324,7 +327,7 @@ def run_study(
     ``enqueue_defaults=False`` leaves out the first trial, llama.cpp's defaults projected into the space.
 
     `hardware` (a `fitter.speed` profile) makes the speed model the study's prior: the predicted-fastest configs
-    are enqueued first (before llama.cpp's defaults) and a config predicted below `speed_cut` (default: the study
+    are enqueued first (before llama.cpp's defaults, which are left out when the prior's picks use up the probes) and a config predicted below `speed_cut` (default: the study
     file's ``speed_cut``, 0.5; 0 disables) times the best predicted is pruned unprobed (status ``slow``).
     """
     backend = Backend(backend)
@@ -351,9 +354,8 @@ def run_study(
         retried = recover_stale(study)
         c0 = count_trials(study.get_trials(deepcopy=False))
         prior = _speed_prior(p, hardware)
-        if prior is not None and c0.total == 0:
-            _enqueue_prior(study, p, prior)
-        if enqueue_defaults and c0.total == 0:
+        queued = _enqueue_prior(study, p, prior) if prior is not None and c0.total == 0 else 0
+        if enqueue_defaults and c0.total == 0 and queued < p.trials_goal:  # room left: llama.cpp's defaults next
             _enqueue_defaults(study, p)
         _announce(say, p, sname, url, retried)
         finished0 = c0.total - c0.running

@@ -116,3 +116,15 @@ def test_speed_cut_out_of_range_is_one_line(tmp_path, gemma):
 
     with pytest.raises(StudyError, match="--speed-cut 1.5"):
         _run(tmp_path, gemma, speed_cut=1.5)
+
+
+def test_no_trial_is_left_queued_when_the_prior_uses_up_the_probes(tmp_path, gemma):
+    """With 2 probes to spend, the prior queues its 2 fastest picks and not llama.cpp's defaults, which would stay
+    queued ("running or queued") after the goal is reached."""
+    f = tmp_path / "prior.toml"
+    f.write_text(STUDY.format(objective="prefill_tps", trials=2, cut=0.0))
+    storage = optuna.storages.InMemoryStorage()
+    res = run_study(gemma, load_study(f), budget=4096 * MiB, margin=256 * MiB, storage=storage, probe=_fake_probe(),
+                    progress=None, compare_defaults=False, seed=3, hardware=CPU)
+    c = count_trials(optuna.load_study(study_name=res.study_name, storage=storage).get_trials(deepcopy=False))
+    assert (c.probes, c.running) == (2, 0)
