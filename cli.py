@@ -460,10 +460,12 @@ def optimise(
     no_mmproj_offload: NoMmprojOffload = False,
     llama_build: LlamaBuildOpt = None,
     engine: EnginesOpt = None,
+    speed_cut: Annotated[Optional[float], typer.Option("--speed-cut", help="Skip configs the speed model predicts below this share of the best predicted (0: off; default: the study file's speed_cut, 0.5).")] = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
     from search.study import NothingFits, run_study  # optuna: only for this command
+    from search.study.prior import study_hardware
 
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
@@ -507,7 +509,7 @@ def optimise(
                                backend=backend_of(backend).value, storage=storage, n_trials=trials, runner=runner.value,
                                drafts=draft or (), llama_server=llama_server, seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,
-                               llama_build=build)
+                               llama_build=build, hardware=study_hardware(), speed_cut=speed_cut)
     except NothingFits as e:  # does not fit: exit 1, as fit says it
         print(f"ggfit: {e}", file=sys.stderr)
         raise typer.Exit(1) from None

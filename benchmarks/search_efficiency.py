@@ -15,6 +15,13 @@
    trial (which happens to be the grid's best here and would make every run succeed at probe 1); its best config
    judged by the truth table.
 
+5. Recorded (``--recorded``, no probe run): the speed model as the study's prior (search/study/prior.py), replayed on
+   the real H200 studies of benchmarks/results/gpu-studies-h200.json (prefill, decode) and
+   gpu-experts-study-h200.json (--n-cpu-moe x context x ubatch at a 32K prompt), on the nvidia-h200 profile with a
+   90 GB/s host: probes until the best measured config (and one within 3%) in the recorded order vs in the prior's
+   predicted order over the same recorded configs, where the prior's first pick of the whole space stands, and how
+   many recorded probes the --speed-cut would have skipped (and whether the measured best is among them).
+
 Figures: probes until the incumbent (the best config measured so far) is within 3% of the grid's best (by truth
 value), and probes wasted on OOM. Target: within 3% in at most 30% of the grid's probes. Probe noise on a shared
 2-core machine is high; read the noise section before the 3% figures.
@@ -71,6 +78,112 @@ def key_of(model_path: str, config, threads, p_min) -> str:
     return Candidate(model_path=model_path, config=config, threads=threads, draft_p_min=p_min).key()
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _recorded_studies() -> list[tuple[str, dict, int, list[tuple[dict, float]]]]:
+    """(name, study file dict, available bytes, [(params, measured objective)] in probe order, duplicates left out)."""
+    out = []
+    for st in json.loads((RESULTS / "gpu-studies-h200.json").read_text())["studies"]:
+        for o in (st.get("optuna") or {}).values():
+            g = o["user_attrs"]["ggfit"]
+            seen, rows = set(), []
+            for t in sorted(o["trials"], key=lambda t: t["number"]):
+                key = json.dumps(t["params"], sort_keys=True)
+                if t["status"] == "ok" and t["duplicate_of"] is None and key not in seen:
+                    seen.add(key)
+                    rows.append((t["params"], t["values"][0]))
+            out.append((st["study"], g["study"], g["available_bytes"], rows))
+    # the experts study: its tail of trial lines (probe order) and its best trial (from the result's JSON)
+    row = json.loads((RESULTS / "gpu-experts-study-h200.json").read_text())["rows"][0]
+    import re
+    import tomllib
+
+    avail = int(re.search(r"budget - margin = ([\d,]+) MiB", row["stdout"])[1].replace(",", "")) * MiB
+    best = json.loads(row["stdout"][row["stdout"].index("{"):row["stdout"].index("}") + 1])
+    rows = [({"n_ctx": best["n_ctx"], "n_ubatch": best["n_ubatch"], "kv_type": best["type_k"],
+              "n_cpu_moe": best["n_cpu_moe"]}, float(re.search(r"best: trial \d+: prefill_tps ([\d.]+)", row["stdout"])[1]))]
+    for m in re.finditer(r"\[ggfit\] trial #\d+: ok: prefill_tps ([\d.]+) tok/s .*\| -c (\d+) -b \d+ -ub (\d+)"
+                         r"(?: -ctk (\S+) -ctv \S+)? -fa on --n-cpu-moe (\d+)", row["stderr_tail"]):
+        rows.append(({"n_ctx": int(m[2]), "n_ubatch": int(m[3]), "kv_type": m[4] or "f16", "n_cpu_moe": int(m[5])},
+                     float(m[1])))
+    defn = tomllib.loads((Path(__file__).resolve().parent / "gpu" / "experts-study.toml").read_text())
+    out.append(("experts-study (trial #10, the best, then the tail #15-#20)", defn, avail, rows))
+    return out
+
+
+def _first_at(values: list[float], at_least: float) -> int | None:
+    return next((i + 1 for i, v in enumerate(values) if v >= at_least), None)
+
+
+def replay_recorded(cut: float, as_json: str | None) -> None:
+    """Section 5 of the module docstring."""
+    from fitter.speed.hardware import get_profile
+    from search.study.define import StudyDef
+    from search.study.prior import SpeedPrior
+    from tests.synth.shapes import build_shape, q4_k_m_types
+
+    model = str(build_shape("qwen36-35b-a3b", tensor_types=q4_k_m_types("qwen36-35b-a3b")))
+    hw = get_profile("nvidia-h200").model_copy(update={"host_bandwidth_gbs": 90.0})
+    report = []
+    for name, defn, avail, rows in _recorded_studies():
+        d = StudyDef.model_validate({**defn, "speed_cut": cut})
+        pred = Predictor(Backend.CUDA, Frontend.SERVER)
+        spec = pred.spec(model)[1]
+        sp = SearchSpace(d.space, models=[model], n_ctx_train=spec.n_ctx_train,
+                         ctx_need=d.workload.prompt_tokens + d.workload.gen_tokens)
+        prior = SpeedPrior(pred, hw, d, avail=avail, cut=cut)
+        ranked = prior.rank(sp)
+        best_pred = prior.best or 0.0
+        score = [prior.score(prior.predict(sp.candidate(p)) or {"prefill_tps": 0, "decode_tps": 0}) for p, _ in rows]
+        meas = [v for _, v in rows]
+        best = max(meas)
+        by_pred = [meas[i] for i in sorted(range(len(rows)), key=lambda i: -score[i])]
+        skipped = [i for i in range(len(rows)) if score[i] < cut * best_pred]
+        top = sp.candidate(ranked[0][1]) if ranked else None
+        near = [v for (p, v) in rows if top is not None and
+                all(p.get(k) == ranked[0][1].get(k) for k in ranked[0][1] if k != "threads")]
+        r = {"study": name, "recorded_probes": len(rows), "best_measured": round(best, 1),
+             "probes_to_best_recorded_order": _first_at(meas, best),
+             "probes_to_best_prior_order": _first_at(by_pred, best),
+             "probes_to_3pct_recorded_order": _first_at(meas, 0.97 * best),
+             "probes_to_3pct_prior_order": _first_at(by_pred, 0.97 * best),
+             "prior_first_pick": top.short() if top else None,
+             "prior_first_pick_measured_vs_best": round(max(near) / best, 3) if near else None,
+             "space_configs_predicted_to_fit": len(ranked),
+             "space_configs_below_cut": sum(1 for s_, _ in ranked if s_ < cut * best_pred),
+             "recorded_probes_the_cut_skips": len(skipped),
+             "cut_skips_the_measured_best": any(meas[i] == best for i in skipped),
+             "skipped_measured_vs_best": sorted(round(meas[i] / best, 2) for i in skipped),
+             "predicted_vs_measured_rank_corr": round(_spearman(score, meas), 2)}
+        if name.startswith("experts"):  # the best is put first above; the recording does not say its probe number
+            r.update({k: None for k in r if k.endswith("_recorded_order")})
+            r["recorded_order_note"] = ("the best was trial #10 of 21 (4 skipped, 1 duplicate, 16 probes), so probe 7 "
+                                        "to 11: #15 was probe 12")
+        report.append(r)
+        print(json.dumps(r), flush=True)
+    if as_json:
+        Path(as_json).write_text(json.dumps(report, indent=2))
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    def ranks(x: list[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        for pos, i in enumerate(order):
+            r[i] = float(pos)
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return cov / math.sqrt(va * vb) if va and vb else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter prompt, fewer repeats and seeds")
@@ -80,7 +193,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=6, help="top grid configs re-probed for noise")
     ap.add_argument("--json", type=str, default=None)
     ap.add_argument("--grid-cache", type=str, default=None, help="save/reuse the grid's measurements (JSON)")
+    ap.add_argument("--recorded", action="store_true", help="only section 5: the speed prior on the recorded H200 "
+                                                            "studies (no probe)")
+    ap.add_argument("--speed-cut", type=float, default=0.5, help="the cut replayed by --recorded")
     a = ap.parse_args()
+    if a.recorded:
+        replay_recorded(a.speed_cut, a.json)
+        return
     if a.quick:
         a.seeds, a.real_runs, a.noise_repeats, a.top = min(a.seeds, 8), min(a.real_runs, 1), 2, 4
     prompt, repeats = (128, 2) if a.quick else (256, 3)

@@ -18,6 +18,13 @@ The study is plain Optuna: an RDB storage, a TPE sampler, an objective. What ggf
    reuses that measurement instead of probing again (``duplicate_of``); one that another worker is probing at
    that moment is waited for.
 
+The speed model as prior (prior.py; `run_study(hardware=...)`, `optimise` uses this machine's profile): before the
+sampler proposes anything, the three predicted-fastest configs of the space (by the study's objective: prefill at
+the workload's prompt, decode after it, a request's rate for both) are enqueued, then llama.cpp's defaults; a config
+predicted below ``speed_cut`` (study file, --speed-cut; default 0.5, 0 disables) times the best predicted is PRUNED
+unprobed with status ``slow`` and a violated ``predicted_slow`` constraint. Every trial keeps
+``predicted_prefill_tps`` and ``predicted_decode_tps`` beside the measured rates.
+
 How failures reach the sampler (optuna 5.0.0, read in optuna/samplers/_tpe/sampler.py): TPESampler only learns from
 COMPLETE and PRUNED trials (plus RUNNING ones under constant liar); FAIL trials are invisible to it. `_split_trials`
 checks feasibility before state: a COMPLETE or PRUNED trial whose constraint values sum to more than 0 is infeasible,
@@ -53,7 +60,8 @@ budget and margin, the runner and the study definition, so the same run on the s
 same study and any change starts a new one. ``optuna-dashboard <storage URL>`` shows it live.
 
 The package: define.py (the study file, prompt lengths), storage.py (storage, names, workers, recovery), objective.py
-(the objective class and the trial callback), results.py (counts, result, best trial), compare.py (the comparison
+(the objective class and the trial callback), prior.py (the speed prior), engine_speed.py (compare-engines'
+predicted ratio), results.py (counts, result, best trial), compare.py (the comparison
 with llama.cpp's defaults), run.py (`run_study`: setup, optimisation, summary).
 """
 

@@ -26,6 +26,7 @@ if not STUDIES_DIR.is_dir():
 Metric = Literal["prefill_tps", "decode_tps", "ttft_s", "acceptance", "served_share"]
 DIRECTIONS: dict[str, str] = {"prefill_tps": "maximize", "decode_tps": "maximize", "ttft_s": "minimize",
                               "acceptance": "maximize", "served_share": "maximize"}
+SPEED_CUT = 0.5  # the study file's default speed_cut (--speed-cut)
 UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_s": "s", "acceptance": "", "served_share": ""}
 
 
@@ -97,6 +98,8 @@ class StudyDef(BaseModel):
     prompt_lengths: PromptLengths | None = None
     pick: PickDef = Field(default_factory=PickDef)
     sampler: SamplerDef = Field(default_factory=SamplerDef)
+    speed_cut: float = Field(SPEED_CUT, ge=0, lt=1, description="prune configs the speed model predicts below this "
+                             "share of the best predicted (0: probe them all); needs a hardware profile")
 
     @field_validator("objectives")
     @classmethod

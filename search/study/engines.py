@@ -33,11 +33,14 @@ from fitter import (
     predict,
     predict_mlx,
 )
+from fitter.speed.hardware import HardwareProfile
 from search.runner_mlx import MlxFlags, mlx_probe, served_probe
 from search.runner_openai import OpenAIProbe
 from search.server import find_llama_server, server_command
 from search.space import StudyError
+from search.study.engine_speed import EnginePrediction, predict_engines
 from search.study.objective import quiet_trial_failures
+from search.study.prior import study_hardware
 
 LLAMA_UBATCH = (64, 128, 256, 512)
 MLX_STEP = (64, 256, 2048)
@@ -88,6 +91,7 @@ class EngineReport(BaseModel):
     best: dict[str, EngineTrial]  # engine -> its best ok trial
     winner: str | None
     ratio: float | None  # winner's decode tok/s over the other engine's best
+    predicted: EnginePrediction | None = None  # both engines' decode from the bandwidth model, before any probe
 
     def text(self) -> str:
         rows = [["#", "engine", "flags", "status", "predicted MiB", "decode tok/s", "prefill tok/s", "peak RSS MiB"]]
@@ -109,6 +113,11 @@ class EngineReport(BaseModel):
             lines.append(f"winner: {name} (the other engine had no config that fits and runs)")
         else:
             lines.append("no engine had a config that fits and runs")
+        if self.predicted is not None:
+            m = self.best.get("mlx"), self.best.get("llama")
+            measured = (f"; measured {(m[0].decode_tps or 0) / (m[1].decode_tps or 1):.2f}x"
+                        if m[0] and m[1] else "")
+            lines.append(self.predicted.line() + measured)
         return "\n".join(lines)
 
 
@@ -206,12 +215,18 @@ class _Objective:
 def compare_engines(gguf: str, mlx_dir: str, *, available_bytes: int, n_trials: int = 8, prompt_tokens: int = 64,
                     gen_tokens: int = 16, seed: int = 0, timeout: float = 300.0,
                     llama_server: str | None = None, threads: int | None = None,
-                    progress: Callable[[str], None] | None = _say_stderr) -> EngineReport:
+                    progress: Callable[[str], None] | None = _say_stderr,
+                    hardware: HardwareProfile | None = None) -> EngineReport:
     """The engine study. Refuses (StudyError, one line) a GGUF and an MLX directory that are not the same model.
-    `progress` gets one line as each trial starts a server and one as it ends (stderr by default; None: quiet)."""
+    `progress` gets one line as each trial starts a server and one as it ends (stderr by default; None: quiet).
+    Before any probe, the decode ratio the bandwidth model predicts on `hardware` (default: this machine's profile)
+    is said and kept in the report (search/study/engine_speed.py)."""
     objective = _Objective(gguf, mlx_dir, available_bytes=available_bytes, n_trials=n_trials,
                            prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, timeout=timeout,
                            llama_server=llama_server, threads=threads, say=progress or (lambda line: None))
+    predicted = _predicted(objective, hardware)
+    if predicted is not None:
+        objective.say(f"[ggfit] {predicted.line()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # before create_study: no "A new study created" line
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, n_trials // 2))
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -230,4 +245,14 @@ def compare_engines(gguf: str, mlx_dir: str, *, available_bytes: int, n_trials: 
     if winner and len(best) == 2:
         other = next(e for e in best if e != winner)
         ratio = (best[winner].decode_tps or 0) / (best[other].decode_tps or 1)
-    return EngineReport(trials=trials, best=best, winner=winner, ratio=ratio)
+    return EngineReport(trials=trials, best=best, winner=winner, ratio=ratio, predicted=predicted)
+
+
+def _predicted(o: _Objective, hardware: HardwareProfile | None) -> EnginePrediction | None:
+    hw = hardware or study_hardware()
+    if hw is None:
+        return None
+    try:
+        return predict_engines(o.header, o.spec, o.mlx_model, hw, n_ctx=o.n_ctx, threads=o.threads)
+    except (ValueError, ZeroDivisionError, KeyError):  # a model the speed model cannot size: no prediction
+        return None

@@ -20,6 +20,7 @@ from fitter import PINNED, Backend, ConfigError, Frontend, LlamaBuild, MiB, Prog
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef
+from search.study.prior import SpeedPrior
 from search.study.results import STATUS_LABELS, _fmt, _spreads, best_text, count_trials
 from search.study.storage import GRACE_S, _probing_elsewhere, cut_short
 from search.workload import Workload
@@ -93,8 +94,9 @@ class Objective:
 
     def __init__(self, study: optuna.Study, space: SearchSpace, predictor: Predictor, d: StudyDef, *, avail: int,
                  trials_goal: int, prober: Prober, share: ServedShare, worker: dict[str, Any],
-                 live: Progress | None = None, feasibility: bool = True):
+                 live: Progress | None = None, feasibility: bool = True, prior: SpeedPrior | None = None):
         self.study, self.space, self.predictor, self.d = study, space, predictor, d
+        self.prior = prior
         self.avail, self.trials_goal, self.prober, self.share = avail, trials_goal, prober, share
         self.worker, self.live, self.feasibility = worker, live, feasibility
         self.current: int | None = None
@@ -115,6 +117,7 @@ class Objective:
         cand = self.space.candidate(self.space.suggest(trial))
         self._start(trial, cand)
         over = self._predict(trial, cand)
+        self._speed(trial, cand)
         prev = self._known(cand.key(), trial.number)
         if prev is not None:
             return self._reuse(trial, prev)
@@ -155,6 +158,21 @@ class Objective:
             trial.set_user_attr("reason", why)
             raise optuna.TrialPruned(why)
         return over
+
+    def _speed(self, trial: optuna.Trial, cand: Candidate) -> None:
+        """The speed model's rates into the user attrs (beside the measured ones); prunes a config predicted below
+        the --speed-cut share of the best predicted, unprobed."""
+        if self.prior is None:
+            return
+        rates = self.prior.predict(cand)
+        for k in ("prefill_tps", "decode_tps"):
+            trial.set_user_attr(f"predicted_{k}", None if rates is None else round(rates[k], 2))
+        why = self.prior.below_cut(cand)
+        trial.set_constraint("predicted_slow", 1.0 if why else 0.0)
+        if why:
+            trial.set_user_attr("status", "slow")
+            trial.set_user_attr("reason", why)
+            raise optuna.TrialPruned(why)
 
     def _known(self, key: str, number: int):
         """A finished trial that probed `key`. When an earlier trial (another worker's) is probing it right

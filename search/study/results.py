@@ -40,6 +40,7 @@ COUNT_PARTS: dict[str, str] = {
     "oom": "probed out of memory",
     "failed": "failed (crash, timeout or error)",
     "skipped": "skipped (predicted over budget)",
+    "slow": "skipped (predicted below the --speed-cut)",
     "invalid": "invalid (llama.cpp refuses the flags)",
     "duplicate": "duplicate (reused an earlier trial's probe)",
     "retried": "stale or interrupted (run again as a later trial)",
@@ -49,7 +50,7 @@ COUNT_PARTS: dict[str, str] = {
 
 
 # How a trial's outcome line names its status
-STATUS_LABELS = {"skipped": "skipped (predicted over budget)", "oom": "out of memory",
+STATUS_LABELS = {"skipped": "skipped (predicted over budget)", "slow": "skipped (predicted slow)", "oom": "out of memory",
                  "unneeded": "not probed (goal reached)"}
 
 
@@ -61,6 +62,7 @@ class TrialCounts(BaseModel):
     oom: int = 0
     failed: int = 0
     skipped: int = 0
+    slow: int = 0
     invalid: int = 0
     duplicate: int = 0
     retried: int = 0
@@ -85,7 +87,7 @@ def trial_part(t, retried: set[int] | frozenset[int] = frozenset()) -> str:
         return "unneeded" if status == "unneeded" else "failed"  # a stale trial past its retries, an exception
     if ua.get("duplicate_of") is not None:
         return "duplicate"
-    if status in ("skipped", "invalid"):
+    if status in ("skipped", "slow", "invalid"):
         return status
     if ua.get("probed") and status in ("ok", "oom"):
         return status

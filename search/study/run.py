@@ -25,12 +25,14 @@ from fitter import (
     parse_margin,
     resolve_model,
 )
+from fitter.speed.hardware import HardwareProfile
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.signals import Terminated
 from search.space import Candidate, SearchSpace, StudyError
 from search.study.compare import compare_with_defaults
 from search.study.define import LengthDistribution, ServedShare, StudyDef, load_study
 from search.study.objective import Objective, Predictor, Prober, TrialLines, _Unneeded, quiet_trial_failures
+from search.study.prior import DEFAULT_FIRST, SpeedPrior
 from search.study.results import StudyResult, _summarise, count_trials
 from search.study.storage import (
     StudyInterrupted,
@@ -232,6 +234,32 @@ def _enqueue_defaults(study: optuna.Study, p: _Plan) -> None:
         study.enqueue_trial(seed_point, skip_if_exists=True)
 
 
+def _speed_prior(p: _Plan, hardware: HardwareProfile | None) -> SpeedPrior | None:
+    """The speed model on `hardware` as the study's prior (None: no profile, or no speed objective)."""
+    if hardware is None:
+        return None
+    prior = SpeedPrior(p.predictor, hardware, p.d, avail=p.avail, cut=p.d.speed_cut)
+    if not prior.active:
+        return None
+    ranked = prior.rank(p.space)
+    if prior.best is None:
+        return None
+    cut = sum(1 for s, _ in ranked if s < prior.cut * prior.best) if prior.cuts else 0
+    p.notes.append(f"speed prior ({hardware.name}): {len(ranked)} configs predicted to fit, the fastest first; "
+                   + (f"{cut} predicted below {prior.cut:g} x the best predicted are skipped unprobed (--speed-cut)"
+                      if prior.cuts else "no --speed-cut"))
+    return prior
+
+
+def _enqueue_prior(study: optuna.Study, p: _Plan, prior: SpeedPrior) -> int:
+    """The predicted-fastest configs first (the sampler then learns from their measurements), no more than the probes
+    to spend; how many were queued."""
+    first = prior.first(p.space, min(DEFAULT_FIRST, p.trials_goal))
+    for params in first:
+        study.enqueue_trial(params, skip_if_exists=True)
+    return len(first)
+
+
 def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> None:
     if retried:
         one = len(retried) == 1
@@ -278,6 +306,8 @@ def run_study(
     probe: Callable[..., ProbeResult] = run_probe,
     enqueue_defaults: bool = True,
     llama_build: LlamaBuild = PINNED,
+    hardware: HardwareProfile | None = None,
+    speed_cut: float | None = None,
 ) -> StudyResult:
     """Run (or resume, or join) the study and return its best config, measured against llama.cpp's defaults.
 
@@ -295,10 +325,18 @@ def run_study(
     For benchmarks: ``feasibility=False`` probes every valid proposal whatever its prediction (the sampler then learns
     the budget from OOMs only); ``probe`` replaces `run_probe` (same signature), e.g. a lookup in measured results;
     ``enqueue_defaults=False`` leaves out the first trial, llama.cpp's defaults projected into the space.
+
+    `hardware` (a `fitter.speed` profile) makes the speed model the study's prior: the predicted-fastest configs
+    are enqueued first (before llama.cpp's defaults, which are left out when the prior's picks use up the probes) and a config predicted below `speed_cut` (default: the study
+    file's ``speed_cut``, 0.5; 0 disables) times the best predicted is pruned unprobed (status ``slow``).
     """
     backend = Backend(backend)
     p = _plan(model, study_def, budget=budget, margin=margin, backend=backend, frontend=frontend, n_trials=n_trials,
               runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build)
+    if speed_cut is not None:
+        if not 0 <= speed_cut < 1:
+            raise StudyError(f"--speed-cut {speed_cut:g}: use a share from 0 (off) to below 1")
+        p.d = p.d.model_copy(update={"speed_cut": speed_cut})
     d, say = p.d, _Say(progress, live)
     if feasibility:
         _check_weights(p)
@@ -315,13 +353,15 @@ def run_study(
         study = _open_study(p, sname, st, url, seed, backend, runner)
         retried = recover_stale(study)
         c0 = count_trials(study.get_trials(deepcopy=False))
-        if enqueue_defaults and c0.total == 0:
+        prior = _speed_prior(p, hardware)
+        queued = _enqueue_prior(study, p, prior) if prior is not None and c0.total == 0 else 0
+        if enqueue_defaults and c0.total == 0 and queued < p.trials_goal:  # room left: llama.cpp's defaults next
             _enqueue_defaults(study, p)
         _announce(say, p, sname, url, retried)
         finished0 = c0.total - c0.running
         if c0.probes < p.trials_goal and finished0 < p.cap:
             objective = Objective(study, p.space, p.predictor, d, avail=p.avail, trials_goal=p.trials_goal,
-                                  prober=prober, share=p.share, worker=_worker(), live=live, feasibility=feasibility)
+                                  prober=prober, share=p.share, worker=_worker(), live=live, feasibility=feasibility, prior=prior)
             _optimise(study, p, objective, say, finished0)
         else:
             say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")

@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from fitter import Backend
 from search.signals import Terminated
 from search.space import StudyError
-from search.study.define import StudyDef
+from search.study.define import SPEED_CUT, StudyDef
 
 HEARTBEAT_S = 10  # RDBStorage heartbeat interval
 GRACE_S = 60  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
@@ -113,11 +113,13 @@ def _file_id(path: str) -> dict[str, Any]:
 def study_name(study_def: StudyDef, models: Sequence[str], *, budget_bytes: int, margin_bytes: int,
                backend: Backend, runner: str, drafts: Sequence[str] = ()) -> str:
     """``<study>-<model stem>-<10 hex>``: stable for the same models, device, budget, runner and study definition."""
-    payload = {
+    payload: dict[str, Any] = {
         "models": [_file_id(m) for m in models], "drafts": [_file_id(d) for d in drafts],
         "device": device_id(backend), "budget": budget_bytes, "margin": margin_bytes, "runner": runner,
         "study": study_def.model_dump(mode="json"),
     }
+    if study_def.speed_cut == SPEED_CUT:  # the default leaves the names of studies made before it unchanged
+        del payload["study"]["speed_cut"]
     h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(models[0]).stem)[:48]
     return f"{study_def.name}-{stem}-{h}"
