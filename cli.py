@@ -104,7 +104,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
-from cli_speed import Speed, calibrate_bench, list_speed_calibrations, print_quants
+from cli_speed import Speed, calibrate_bench, choose_fastest, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
@@ -310,6 +310,7 @@ def fit(
     with contextlib.nullcontext() if n_ctx is None else fitter.predict_once():
         r.solve(solve_ctx=n_ctx is None, n_batch=n_batch, n_ubatch=n_ubatch, kv_given=bool(type_k or type_v))
         r.solve_placement()
+        choose_fastest(r)
         r.conclude()
         if not build.is_pinned:
             r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,

@@ -13,7 +13,7 @@ import typer
 
 import fitter
 from cli_options import detect_backend
-from cli_speed import fit_speed, print_speed, speed_json
+from cli_speed import fastest_json, fit_speed, print_fastest, print_speed, speed_json
 from cli_verdict import (
     alternatives_json,
     batch_notes,
@@ -93,6 +93,7 @@ class FitRun(fitter.Record, frozen=False):
     n_gpus: int = 1
     per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
     speed: Any = None  # cli_speed.Speed: --hardware and the rates' settings (None: no rates)
+    speed_options: Any = None  # fit for speed: the placements that fit, fastest first (cli_speed.choose_fastest)
 
     @property
     def avail(self) -> Any:
@@ -247,7 +248,8 @@ class FitRun(fitter.Record, frozen=False):
             "host_margin_bytes": self.host_margin if self.host is not None else None,
             "host_margin_source": fitter.host_margin_note(self.be.value) if self.host is not None else None,
             "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags(),
-                           "speed": speed_json(fit_speed(self, placed=True))} if self.placement is not None else None),
+                           "speed": speed_json(fit_speed(self, placed=True)), "by_speed": fastest_json(self)}
+                          if self.placement is not None else None),
             "placement_note": self.placement_why or None,
             "table_placement": ({**self.table_placement.model_dump(mode="json"), "flags": self.table_placement.flags}
                                 if self.table_placement is not None else None),
@@ -310,6 +312,7 @@ def print_fit(r: FitRun) -> None:
     print_placement(r)
     if r.placement is not None:
         print_speed(r, placed=True)
+        print_fastest(r)
     if r.fits:
         print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
     else:

@@ -176,6 +176,53 @@ def print_speed(r: Any, placed: bool = False) -> None:
         print(r.speed.note)
 
 
+def choose_fastest(r: Any) -> None:
+    """Fit for speed (fitter.fit.fastest): of the neighbours of ggfit's placement that fit, the fastest for one
+    request (--speed-prompt tokens, then 128 decoded); `fit` prints and proposes it, and keeps the ranking."""
+    sp = r.speed
+    if r.placement is None or sp is None or sp.off or sp.profile is None or r.be != sp.profile.backend:
+        return
+    from fitter.fit.fastest import fastest_placements
+    from fitter.speed.machine import host_needed
+
+    base = r.placement_cfg
+    hw = sp._host(host_needed(r.header, r.spec, base, r.be, r.n_gpus))
+    cal = sp.calibration()
+    opts = fastest_placements(
+        r.header, r.spec, base, r.be, r.fe, r.avail, r.host_avail, r.placement, hw, prompt=sp.prompt, depth=sp.depth,
+        threads=sp.threads, scale=cal.scale if cal else None, ubatch_fixed=r.asked.get("-ub") is not None,
+        draft=r.draft if (r.rec is None or r.rec.draft) else None, n_gpus=r.n_gpus, build=r.build)
+    if not opts:
+        return
+    r.speed_options = opts
+    best = opts[0]
+    r.placement_cfg = base.model_copy(update=best.update)
+    r.placement = r.placement.model_copy(update={
+        "value": best.update[r.placement.lever], "total_device_bytes": best.device_bytes,
+        "host_bytes": best.host_bytes, "headroom_bytes": best.headroom_bytes,
+        "host_headroom_bytes": None if r.host_avail is None else r.host_avail - best.host_bytes})
+
+
+def print_fastest(r: Any, shown: int = 5) -> None:
+    """The ranking behind fit-for-speed's choice: what each placement that fits costs against the fastest."""
+    opts = getattr(r, "speed_options", None)
+    if not opts:
+        return
+    sp = opts[0].speed
+    print(f"fastest placement that fits ({sp.hardware}, one request: pp{sp.prompt_tokens} then tg128 at depth "
+          f"{sp.depth}), of {len(opts)}:")
+    for o in opts[:shown]:
+        print("  " + o.line(opts[0]))
+
+
+def fastest_json(r: Any) -> list[dict[str, Any]] | None:
+    opts = getattr(r, "speed_options", None)
+    if not opts:
+        return None
+    return [{"flags": o.flags, "update": o.update, "headroom_bytes": o.headroom_bytes, "seconds": o.seconds,
+             "prefill_tps": o.speed.prefill_tps, "decode_tps": o.speed.decode_tps} for o in opts]
+
+
 def speed_json(res: Any) -> dict[str, Any] | None:
     if res is None:
         return None

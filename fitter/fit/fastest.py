@@ -32,6 +32,8 @@ class SpeedOption(Record):
     update: dict[str, int]  # RunConfig fields: n_cpu_moe / n_gpu_layers, n_ubatch
     flags: list[str]
     headroom_bytes: int
+    device_bytes: int
+    host_bytes: int
     speed: SpeedPrediction
     seconds: float  # one request: the prompt, then n_gen decoded tokens
 
@@ -58,6 +60,7 @@ def fastest_placements(header: GGUFHeader, spec: ModelSpec, base: RunConfig, bac
                        available: Available, host_available: int | None, choice: PlacementChoice,
                        hw: HardwareProfile, *, prompt: int, depth: int = 0, threads: int = 8,
                        n_gen: int = DEFAULT_GEN, scale: dict[str, float] | None = None, ubatch_fixed: bool = False,
+                       draft: tuple[GGUFHeader, ModelSpec] | None = None, n_gpus: int = 1,
                        build: LlamaBuild = PINNED) -> list[SpeedOption]:
     """Every neighbour of `choice` that fits (device and host), fastest first. `ubatch_fixed`: the user gave -ub."""
     ubs = (base.n_ubatch,) if ubatch_fixed and base.n_ubatch else UBATCHES
@@ -72,15 +75,16 @@ def fastest_placements(header: GGUFHeader, spec: ModelSpec, base: RunConfig, bac
                 upd["n_cpu_moe"] = choice.n_cpu_moe
             cfg = base.model_copy(update=upd)
             try:
-                p = predict(header, spec, cfg, backend, frontend, build=build, terms=False)
+                p = predict(header, spec, cfg, backend, frontend, draft, build=build, n_gpus=n_gpus, terms=False)
             except ConfigError:
                 continue
             if excess(p, available) > 0 or (host_available is not None and p.host_bytes > host_available):
                 continue
             sp = predict_speed(header, spec, cfg, backend, hw, prompt=prompt, depth=depth, threads=threads,
-                               scale=scale)
+                               n_gpus=n_gpus, scale=scale)
             if sp.prefill_tps <= 0 or sp.decode_tps <= 0:
                 continue
             out.append(SpeedOption(update=upd, flags=_flags(choice.lever, value, ub, choice.n_cpu_moe),
-                                   headroom_bytes=-excess(p, available), speed=sp, seconds=sp.seconds(n_gen)))
+                                   headroom_bytes=-excess(p, available), device_bytes=p.total_device_bytes,
+                                   host_bytes=p.host_bytes, speed=sp, seconds=sp.seconds(n_gen)))
     return sorted(out, key=lambda o: o.seconds)
