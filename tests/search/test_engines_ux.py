@@ -57,7 +57,8 @@ def test_progress_lines_and_a_table(pair, fake_servers, capfd):
     out, err = capfd.readouterr()
     assert e.value.code == 0, err
     assert "A new study created" not in err and "Traceback" not in err
-    lines = err.strip().splitlines()
+    first, *lines = err.strip().splitlines()
+    assert first.startswith("[ggfit] predicted before any probe (")  # the speed model's MLX / llama.cpp ratio
     assert lines[0].startswith("[ggfit] trial 1 of 3: llama.cpp -ub 512: starting llama-server (predicted ")
     assert lines[1].startswith("[ggfit] trial 1 of 3: llama.cpp -ub 512: ok: decode ")
     assert lines[2].startswith("[ggfit] trial 2 of 3: MLX --prefill-step-size 2048: starting mlx_lm.server")
