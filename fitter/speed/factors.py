@@ -37,18 +37,17 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "split": 7.17506e-05
         },
         "prefill": {
-            "attn": 0.419932,
-            "attn.cpu": 0.00479111,
-            "attn.nofa": 4.40518,
-            "c.float": 0.163968,
-            "c.k": 1.02502,
-            "c.q4": 0.410603,
-            "c.q8": 0.741077,
-            "copy": 7.04453,
-            "layer": 0.000682772,
-            "read": 3.55489,
-            "rec": 0.264986,
-            "ubatch": 0.00503425
+            "attn": 0.375337,
+            "attn.cpu": 0.00484642,
+            "attn.nofa": 4.74222,
+            "c.float": 0.170098,
+            "c.k": 0.977846,
+            "c.q4": 0.323026,
+            "c.q8": 0.676067,
+            "copy": 6.99529,
+            "layer": 0.000164532,
+            "layer_token": 1.57593e-06,
+            "read": 3.20313
         }
     },
     "metal": {
@@ -80,20 +79,20 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.1041, "prefill": 0.1725}
+SPREAD: dict[str, float] = {"decode": 0.1043, "prefill": 0.1755}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
     "apple-m1-7": {
-        "decode": 0.8445,
+        "decode": 0.8347,
         "prefill": 0.9802
     },
     "apple-m1-8": {
-        "decode": 1.707,
+        "decode": 1.706,
         "prefill": 1.02
     },
     "apple-m1-max-32": {
-        "decode": 1.142,
+        "decode": 1.133,
         "prefill": 1.237
     },
     "apple-m1-pro-16": {
@@ -120,7 +119,7 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.011
     },
     "apple-m2-pro-19": {
-        "decode": 1.248,
+        "decode": 1.247,
         "prefill": 1.069
     },
     "apple-m2-ultra-60": {
@@ -128,11 +127,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.13
     },
     "apple-m2-ultra-76": {
-        "decode": 1.065,
+        "decode": 1.063,
         "prefill": 1.025
     },
     "apple-m3-10": {
-        "decode": 1.37,
+        "decode": 1.369,
         "prefill": 1.004
     },
     "apple-m3-max-30": {
@@ -158,14 +157,14 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.012
     },
     "apple-m4-max-32": {
-        "decode": 0.8811
+        "decode": 0.8803
     },
     "apple-m4-max-40": {
         "decode": 0.9388,
         "prefill": 0.9921
     },
     "apple-m4-pro-16": {
-        "decode": 0.8558,
+        "decode": 0.8557,
         "prefill": 0.9979
     },
     "apple-m4-pro-20": {
@@ -177,11 +176,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.002
     },
     "apple-m5-max-40": {
-        "decode": 0.7833,
+        "decode": 0.7832,
         "prefill": 0.9991
     },
     "apple-m5-pro-16": {
-        "decode": 0.7196
+        "decode": 0.7195
     },
     "cpu": {
         "decode": 0.9999,
@@ -189,78 +188,78 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "nvidia-a100-80gb": {
         "decode": 1.313,
-        "prefill": 1.219
+        "prefill": 1.218
     },
     "nvidia-dgx-spark": {
         "decode": 1.025,
-        "prefill": 1.021
+        "prefill": 1.014
     },
     "nvidia-h100-pcie": {
-        "decode": 1.351,
-        "prefill": 1.355
+        "decode": 1.33,
+        "prefill": 1.309
     },
     "nvidia-h200": {
         "decode": 1.029,
-        "prefill": 1.12
+        "prefill": 1.075
     },
     "nvidia-l40s": {
         "decode": 1.054,
-        "prefill": 1.237
+        "prefill": 1.269
     },
     "nvidia-rtx-3070": {
         "decode": 0.8786,
-        "prefill": 0.8856
+        "prefill": 0.8963
     },
     "nvidia-rtx-3080": {
         "decode": 0.8933,
-        "prefill": 0.8101
+        "prefill": 0.8135
     },
     "nvidia-rtx-3090": {
-        "decode": 0.9988,
-        "prefill": 1.154
+        "decode": 0.9835,
+        "prefill": 1.16
     },
     "nvidia-rtx-3090-ti": {
-        "prefill": 0.9786
+        "prefill": 1.032
     },
     "nvidia-rtx-4070-ti": {
         "decode": 0.9105,
-        "prefill": 0.9021
+        "prefill": 0.9136
     },
     "nvidia-rtx-4080": {
-        "decode": 0.9077,
-        "prefill": 0.7788
+        "decode": 0.8978,
+        "prefill": 0.7831
     },
     "nvidia-rtx-4090": {
         "decode": 0.9683,
-        "prefill": 0.8534
+        "prefill": 0.844
     },
     "nvidia-rtx-5060-ti": {
         "decode": 1.061,
-        "prefill": 1.076
+        "prefill": 1.181
     },
     "nvidia-rtx-5070": {
         "decode": 0.9767,
-        "prefill": 1.008
+        "prefill": 1.084
     },
     "nvidia-rtx-5070-ti": {
-        "prefill": 0.9475
+        "prefill": 0.9946
     },
     "nvidia-rtx-5080": {
         "decode": 0.9223,
-        "prefill": 0.8957
+        "prefill": 0.9251
     },
     "nvidia-rtx-5090": {
         "decode": 0.7816
     },
     "nvidia-rtx-6000-ada": {
         "decode": 0.9817,
-        "prefill": 1.213
+        "prefill": 1.2
     },
     "nvidia-rtx-a6000": {
-        "decode": 0.9616,
-        "prefill": 1.08
+        "decode": 0.9463,
+        "prefill": 1.102
     },
     "nvidia-rtx-pro-6000-blackwell": {
-        "prefill": 0.6631
+        "prefill": 0.659
     }
 }

@@ -171,7 +171,8 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
         add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
         if not on_cpu or not _gpu(backend):
-            add("layer", float(w.n_layers))
+            add("layer", float(w.n_layers))  # per ubatch: the kernels' launches and syncs
+            add("layer_token", float(w.n_layers * n_tokens))  # per token: the small ops (norms, routing, activations)
     add("ubatch", 1.0)
     add("split", float(work.splits))
     return out
@@ -192,12 +193,22 @@ def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: i
     return out
 
 
+def coefficient(coef: dict[str, float], key: str) -> float:
+    """A term's coefficient; a type class or generation the fit never saw ("bw.iq", "c.m6") takes the median of its
+    family's ("bw.*", "c.*"), a term of no fitted family 0."""
+    if key in coef:
+        return coef[key]
+    family = key.split(".")[0] + "."
+    same = sorted(v for k, v in coef.items() if k.startswith(family))
+    return same[len(same) // 2] if same else 0.0
+
+
 def seconds(terms: dict[str, float], coef: dict[str, float]) -> float:
-    return sum(v * coef.get(k, coef.get(k.split(".")[0], 0.0)) for k, v in terms.items())
+    return sum(v * coefficient(coef, k) for k, v in terms.items())
 
 
 def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, work: Work) -> str:
-    parts = {k: v * coef.get(k, coef.get(k.split(".")[0], 0.0)) for k, v in terms.items()}
+    parts = {k: v * coefficient(coef, k) for k, v in terms.items()}
     if not parts:
         return "unknown"
     key = max(parts, key=lambda k: parts[k])
@@ -207,7 +218,8 @@ def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, 
         "bw": f"bandwidth ({gpu})", "kv": "KV cache reads", "dq": f"dequantization ({gpu})", "host": "host memory (CPU)",
         "cpu": "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
         "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
-        "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs",
+        "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "layer_token": "small ops per token",
+        "rec": "recurrent state",
     }.get(head, head)
 
 
