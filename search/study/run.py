@@ -227,13 +227,6 @@ def _open_study(p: _Plan, sname: str, st, url: str, seed: int | None, backend: B
     return study
 
 
-def _enqueue_defaults(study: optuna.Study, p: _Plan) -> None:
-    """llama.cpp's own defaults, as close as the space allows, go first (Optuna's enqueue_trial idiom)."""
-    seed_point = p.space.nearest({**_DEFAULTS, "quant": Path(p.models[0]).name})
-    if seed_point:
-        study.enqueue_trial(seed_point, skip_if_exists=True)
-
-
 def _speed_prior(p: _Plan, hardware: HardwareProfile | None) -> SpeedPrior | None:
     """The speed model on `hardware` as the study's prior (None: no profile, or no speed objective)."""
     if hardware is None:
@@ -251,13 +244,31 @@ def _speed_prior(p: _Plan, hardware: HardwareProfile | None) -> SpeedPrior | Non
     return prior
 
 
-def _enqueue_prior(study: optuna.Study, p: _Plan, prior: SpeedPrior) -> int:
+class _Queue:
+    """The first trials (the prior's predicted-fastest configs, then llama.cpp's defaults), queued one at a time: the
+    next goes in only when no trial is waiting, so that a trial cut short and queued again (storage.retry) still runs
+    first on resume, before any of these (Optuna runs the waiting trials by number)."""
+
+    def __init__(self, points: list[dict[str, Any]]) -> None:
+        self.points = points
+
+    def next(self, study: optuna.Study) -> None:
+        if self.points and not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            study.enqueue_trial(self.points.pop(0), skip_if_exists=True)
+
+    def __call__(self, study: optuna.Study, trial: Any) -> None:  # an optimize callback: after each trial
+        self.next(study)
+
+
+def _first_points(p: _Plan, prior: SpeedPrior | None, defaults: bool) -> list[dict[str, Any]]:
     """The predicted-fastest configs first (the sampler then learns from their measurements), no more than the probes
-    to spend; how many were queued."""
-    first = prior.first(p.space, min(DEFAULT_FIRST, p.trials_goal))
-    for params in first:
-        study.enqueue_trial(params, skip_if_exists=True)
-    return len(first)
+    to spend, then llama.cpp's defaults where room is left."""
+    first = prior.first(p.space, min(DEFAULT_FIRST, p.trials_goal)) if prior is not None else []
+    if defaults and len(first) < p.trials_goal:
+        seed_point = p.space.nearest({**_DEFAULTS, "quant": Path(p.models[0]).name})
+        if seed_point:
+            first.append(seed_point)
+    return first
 
 
 def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> None:
@@ -271,10 +282,11 @@ def _announce(say: _Say, p: _Plan, sname: str, url: str, retried: list[int]) -> 
         say(f"[ggfit] note: {n}")
 
 
-def _optimise(study: optuna.Study, p: _Plan, objective: Objective, say: _Say, finished0: int) -> None:
+def _optimise(study: optuna.Study, p: _Plan, objective: Objective, say: _Say, finished0: int, queue: _Queue) -> None:
     try:
         with quiet_trial_failures():
-            study.optimize(objective, n_trials=p.cap - finished0, callbacks=[TrialLines(p.d, p.trials_goal, p.cap, say)],
+            study.optimize(objective, n_trials=p.cap - finished0,
+                           callbacks=[TrialLines(p.d, p.trials_goal, p.cap, say), queue],
                            gc_after_trial=False, catch=(_Unneeded,))
     except KeyboardInterrupt as e:
         again = _interrupted(study, objective.current, e)
@@ -354,15 +366,14 @@ def run_study(
         retried = recover_stale(study)
         c0 = count_trials(study.get_trials(deepcopy=False))
         prior = _speed_prior(p, hardware)
-        queued = _enqueue_prior(study, p, prior) if prior is not None and c0.total == 0 else 0
-        if enqueue_defaults and c0.total == 0 and queued < p.trials_goal:  # room left: llama.cpp's defaults next
-            _enqueue_defaults(study, p)
+        queue = _Queue(_first_points(p, prior, enqueue_defaults) if c0.total == 0 else [])
+        queue.next(study)
         _announce(say, p, sname, url, retried)
         finished0 = c0.total - c0.running
         if c0.probes < p.trials_goal and finished0 < p.cap:
             objective = Objective(study, p.space, p.predictor, d, avail=p.avail, trials_goal=p.trials_goal,
                                   prober=prober, share=p.share, worker=_worker(), live=live, feasibility=feasibility, prior=prior)
-            _optimise(study, p, objective, say, finished0)
+            _optimise(study, p, objective, say, finished0, queue)
         else:
             say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")
 
