@@ -89,6 +89,8 @@ class Case:
 
     @property
     def held_out(self) -> bool:
+        if self.family == "cpu-here":
+            return True  # this machine's few rows: held out whole, a check of the CPU terms fitted on the H200 host
         return int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % 3 == 0
 
     @property
@@ -127,8 +129,27 @@ def _published_cases() -> list[Case]:
     return out
 
 
+def _cpu_here_cases() -> list[Case]:
+    """`ggfit probe` on this machine's CPU (benchmarks/cpu_speed.py): pp512 from depth 0, tg128 after it."""
+    path = RESULTS / "speed-cpu-here.json"
+    if not path.exists():
+        return []
+    d = json.load(open(path))
+    out = []
+    for r in d["rows"]:
+        if r.get("status") != "ok":
+            continue
+        for kind, n_prompt, n_gen, depth, tps in (("prefill", 512, 0, 0, r["prefill_tps"]),
+                                                  ("decode", 0, 128, r["depth_decode"], r["decode_tps"])):
+            out.append(Case(hardware="cpu-here", backend=Backend.CPU, shape=r["shape"], ftype=r["ftype"], kind=kind,
+                            n_prompt=n_prompt, n_gen=n_gen, depth=depth, n_ubatch=512, ngl=-1, n_cpu_moe=0,
+                            threads=r["threads"], flash_attn=True, tps=tps, family="cpu-here",
+                            source="benchmarks/results/speed-cpu-here.json"))
+    return out
+
+
 def cases() -> list[Case]:
-    return _h200_cases() + _published_cases()
+    return _h200_cases() + _published_cases() + _cpu_here_cases()
 
 
 def _types(shape: str, ftype: str) -> dict[str, str]:
@@ -146,13 +167,21 @@ def _types(shape: str, ftype: str) -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def _model(shape: str, ftype: str) -> tuple[Any, Any]:
-    from tests.synth.shapes import build_shape
+    from tests.synth.shapes import SHAPES, build_shape
 
+    if shape not in SHAPES:  # a bundled model (Gemma 3 270M)
+        from fitter import resolve_model
+
+        return load_model_spec(resolve_model(shape))
     return load_model_spec(str(build_shape(shape, tensor_types=_types(shape, ftype))))
 
 
 @lru_cache(maxsize=None)
 def _profile(name: str) -> HardwareProfile:
+    if name == "cpu-here":
+        d = json.load(open(RESULTS / "speed-cpu-here.json"))
+        return get_profile("cpu").model_copy(update={"host_bandwidth_gbs": d["host_bandwidth_gbs"],
+                                                     "host_bandwidth_source": d["host_bandwidth_source"]})
     p = get_profile(name)
     if name in ("nvidia-h200", "cpu"):
         p = p.model_copy(update={"host_bandwidth_gbs": H200_HOST_GBS, "host_bandwidth_source": "the H200 host"})
@@ -260,7 +289,7 @@ def report(all_cases: list[Case], coef: dict, scales: dict | None = None, *,
     for split in ("train", "held-out", "apart"):
         for kind in ("decode", "prefill"):
             every: list[float] = []
-            for fam in ("apple", "nvidia", "h200", "h200-partial", "cpu"):
+            for fam in ("apple", "nvidia", "h200", "h200-partial", "cpu", "cpu-here"):
                 es = groups.get((split, kind, fam), [])
                 every += es
                 if es:
