@@ -28,12 +28,9 @@ CASES = [("gemma3-270m", None), ("qwen35-0.8b", "Q4_K_M"), ("gemma3-4b", "Q4_K_M
 def _model(shape: str, ftype: str | None) -> str:
     if ftype is None:
         return shape  # a bundled model
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    from speed import types_for  # the device script's quantized types
+    from tests.synth.shapes import build_shape, fill_weights, quant_types
 
-    from tests.synth.shapes import build_shape, fill_weights
-
-    path = build_shape(shape, tensor_types=types_for(shape, ftype))
+    path = build_shape(shape, tensor_types=quant_types(shape, ftype))
     marker = path.with_suffix(".filled")
     if not marker.exists():
         fill_weights(path)

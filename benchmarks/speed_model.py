@@ -152,28 +152,15 @@ def cases() -> list[Case]:
     return _h200_cases() + _published_cases() + _cpu_here_cases()
 
 
-def _types(shape: str, ftype: str) -> dict[str, str]:
-    from fitter.fit.quants import predict_quant
-    from fitter.gguf.reader import read_header
-    from tests.synth.shapes import SHAPES, build_shape
-
-    gpt_oss = SHAPES[shape][0] == "gpt-oss"
-    q = "Q8_0" if ftype == "MXFP4" else ftype
-    types = {t.name: t.type_name.lower() for t in predict_quant(read_header(build_shape(shape)), q).tensors}
-    if gpt_oss:  # the released gpt-oss files keep their MXFP4 experts in every quant
-        types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
-    return types
-
-
 @lru_cache(maxsize=None)
 def _model(shape: str, ftype: str) -> tuple[Any, Any]:
-    from tests.synth.shapes import SHAPES, build_shape
+    from tests.synth.shapes import SHAPES, build_shape, quant_types
 
     if shape not in SHAPES:  # a bundled model (Gemma 3 270M)
         from fitter import resolve_model
 
         return load_model_spec(resolve_model(shape))
-    return load_model_spec(str(build_shape(shape, tensor_types=_types(shape, ftype))))
+    return load_model_spec(str(build_shape(shape, tensor_types=quant_types(shape, ftype))))
 
 
 @lru_cache(maxsize=None)

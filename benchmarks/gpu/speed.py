@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.synth.shapes import build_shape, fill_weights  # noqa: E402
+from tests.synth.shapes import build_shape, fill_weights, quant_types  # noqa: E402
 
 RUN = ["-r", "3", "-fa", "1", "--repack", "0", "-o", "json"]
 COMMON = ["-p", "512", "-n", "128", "-d", "0,4096", *RUN]
@@ -77,15 +77,8 @@ GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {
 
 
 def types_for(shape: str, ftype: str) -> dict[str, str]:
-    """Per-tensor types of the shape quantized to `ftype`, as fitter.fit.quants predicts llama-quantize would."""
-    from fitter.fit.quants import predict_quant
-    from fitter.gguf.reader import read_header
-
-    pred = predict_quant(read_header(build_shape(shape)), ftype)
-    types = {t.name: t.type_name.lower() for t in pred.tensors}
-    if shape.startswith("gpt-oss"):  # the released gpt-oss files keep their MXFP4 experts in every quant
-        types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
-    return types
+    """Per-tensor types of the shape quantized to `ftype` (tests.synth.shapes.quant_types)."""
+    return quant_types(shape, ftype)
 
 
 def main() -> int:

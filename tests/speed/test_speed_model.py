@@ -14,21 +14,14 @@ from fitter.fit.fastest import fastest_placements
 from fitter.fit.solver import solve_placement
 from fitter.speed import predict_speed
 from fitter.speed.hardware import get_profile
-from tests.synth.shapes import build_shape
+from tests.synth.shapes import build_shape, quant_types
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/speed-h200.json").read_text())["rows"]
 MiB = 2**20
 
 
-def _types(shape: str, ftype: str) -> dict[str, str]:
-    from fitter.fit.quants import predict_quant
-    from fitter.gguf.reader import read_header
-
-    return {t.name: t.type_name.lower() for t in predict_quant(read_header(build_shape(shape)), ftype).tensors}
-
-
 def _model(shape: str, ftype: str):
-    return load_model_spec(str(build_shape(shape, tensor_types=_types(shape, ftype))))
+    return load_model_spec(str(build_shape(shape, tensor_types=quant_types(shape, ftype))))
 
 
 @pytest.fixture(scope="module")

@@ -108,17 +108,23 @@ def build_shape(name: str, **overrides: Any) -> Path:
     return build(arch, **{**params, "sparse": True, **overrides})
 
 
-def q4_k_m_types(name: str) -> dict[str, str]:
-    """Per-tensor types of the shape quantized to Q4_K_M, as fitter.fit.quants predicts llama-quantize
-    would choose them from the F16 header (the header of a real Q4_K_M file of the model)."""
+def quant_types(name: str, ftype: str = "Q4_K_M") -> dict[str, str]:
+    """Per-tensor types of the shape quantized to `ftype`, as fitter.fit.quants predicts llama-quantize would choose
+    them from the F16 header (the header of a real file of the model in that quant). The released gpt-oss files keep
+    their MXFP4 experts in every quant; `MXFP4` names those files (the rest Q8_0, as llama-bench's size shows)."""
     from fitter.fit.quants import predict_quant
     from fitter.gguf.reader import read_header
 
-    pred = predict_quant(read_header(build_shape(name)), "Q4_K_M")
+    q = "Q8_0" if ftype == "MXFP4" else ftype
+    pred = predict_quant(read_header(build_shape(name)), q)
     types = {t.name: t.type_name.lower() for t in pred.tensors}
-    if SHAPES[name][0] == "gpt-oss":  # the released gpt-oss files keep their MXFP4 experts in every quant
+    if SHAPES[name][0] == "gpt-oss":
         types.update({n: "mxfp4" for n in types if n.endswith("_exps.weight")})
     return types
+
+
+def q4_k_m_types(name: str) -> dict[str, str]:
+    return quant_types(name, "Q4_K_M")
 
 
 def fill_weights(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
