@@ -9,8 +9,8 @@ build the `python` probe runner loads, so both runners measure the same code. It
 sdist already extracted into the cache, else `pip download --no-deps --no-binary :all:
 llama-cpp-python==0.3.36` (served from pip's cache when offline) extracted into the cache.
 
-Only the `llama-server` and `llama-fit-params` targets are built (the second is seconds more, and is what
-`ggfit fit --check --llama-bin` runs): CMake, Release, `-DGGML_NATIVE=ON`, static libraries (the
+Only the `llama-server`, `llama-fit-params` and `ggml-rpc-server` targets are built (the second is what
+`ggfit fit --check --llama-bin` runs; the third is llama.cpp's rpc-server, with GGML_RPC=ON): CMake, Release, `-DGGML_NATIVE=ON`, static libraries (the
 binary is self-contained and cannot pick up another libllama), no curl/OpenSSL, no web UI (nothing is
 downloaded at build time), build info stamped with the pinned commit. The result is
 `${GGFIT_CACHE:-~/.cache/ggfit}/llama-server-<commit>/bin/llama-server` (and llama-fit-params beside it),
@@ -47,6 +47,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # else CMake fetches the web UI from a Hugging Face bucket
+    "-DGGML_RPC=ON",  # llama-server --rpc and ggml-rpc-server (issue 47); no RPC device exists until --rpc names one
 )
 
 
@@ -66,7 +67,8 @@ def server_binary(commit: str = PINNED_COMMIT) -> Path:
     return server_dir(commit) / "bin" / "llama-server"
 
 
-TOOLS = ("llama-server", "llama-fit-params")  # llama-fit-params: `ggfit fit --check --llama-bin` (tests)
+# llama-fit-params: `ggfit fit --check --llama-bin` (tests); ggml-rpc-server: tools/rpc, the remote side of --rpc
+TOOLS = ("llama-server", "llama-fit-params", "ggml-rpc-server")
 
 
 def _usable(binary: Path) -> bool:
