@@ -23,31 +23,29 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
     },
     "cuda": {
         "decode": {
-            "bw.float": 1.17503,
-            "bw.k": 0.957963,
-            "bw.q4": 0.406005,
-            "bw.q8": 1.10823,
-            "cpu": 0.0859544,
-            "dq.k": 9.30618,
-            "dq.q4": 13.9669,
-            "dq.q8": 0.246848,
-            "kv.dev": 1.56636,
-            "kv.host": 4.90061,
-            "layer": 8.1976e-05,
-            "split": 7.17506e-05
+            "bw.float": 1.17525,
+            "bw.k": 0.963397,
+            "bw.q4": 0.848676,
+            "bw.q8": 1.12319,
+            "cpu": 0.0859617,
+            "dq.k": 9.09748,
+            "kv.dev": 1.60622,
+            "kv.host": 4.90211,
+            "layer": 8.1731e-05,
+            "split": 7.21447e-05
         },
         "prefill": {
-            "attn": 0.375337,
-            "attn.cpu": 0.00484642,
-            "attn.nofa": 4.74222,
-            "c.float": 0.170098,
-            "c.k": 0.977846,
-            "c.q4": 0.323026,
-            "c.q8": 0.676067,
-            "copy": 6.99529,
-            "layer": 0.000164532,
-            "layer_token": 1.57593e-06,
-            "read": 3.20313
+            "attn": 1.0881,
+            "attn.cpu": 0.00488496,
+            "c.float": 0.209422,
+            "c.k": 0.987487,
+            "c.q4": 0.434654,
+            "c.q8": 1.45665,
+            "copy": 6.99323,
+            "kq": 5.89511,
+            "layer_token": 1.77093e-06,
+            "read": 2.86902,
+            "rec": 0.193827
         }
     },
     "metal": {
@@ -65,27 +63,28 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "token": 0.000987846
         },
         "prefill": {
-            "attn": 5.20598,
-            "attn.nofa": 8.78074,
-            "c.m1": 4.9393,
-            "c.m2": 3.83124,
-            "c.m3": 3.91331,
-            "c.m4": 3.22738,
-            "c.m5": 2.94484,
-            "layer": 7.47936e-05,
-            "read": 0.234176,
-            "ubatch": 0.00120147
+            "attn": 5.21731,
+            "attn.nofa": 6.74675,
+            "c.m1": 4.94697,
+            "c.m2": 3.83759,
+            "c.m3": 3.90552,
+            "c.m4": 3.23927,
+            "c.m5": 2.95334,
+            "kq": 3.09849,
+            "layer": 7.52256e-05,
+            "read": 0.124916,
+            "ubatch": 0.00120516
         }
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.1043, "prefill": 0.1755}
+SPREAD: dict[str, float] = {"decode": 0.106, "prefill": 0.1737}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
     "apple-m1-7": {
         "decode": 0.8347,
-        "prefill": 0.9802
+        "prefill": 0.9793
     },
     "apple-m1-8": {
         "decode": 1.706,
@@ -101,26 +100,26 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "apple-m1-ultra-64": {
         "decode": 1.177,
-        "prefill": 0.9137
+        "prefill": 0.9141
     },
     "apple-m2-10": {
         "decode": 1.16,
-        "prefill": 1.001
+        "prefill": 1.003
     },
     "apple-m2-max-30": {
         "decode": 1.059,
-        "prefill": 1.011
+        "prefill": 1.013
     },
     "apple-m2-max-38": {
         "decode": 1.172,
-        "prefill": 1.084
+        "prefill": 1.083
     },
     "apple-m2-pro-16": {
-        "prefill": 1.011
+        "prefill": 1.012
     },
     "apple-m2-pro-19": {
         "decode": 1.247,
-        "prefill": 1.069
+        "prefill": 1.068
     },
     "apple-m2-ultra-60": {
         "decode": 1.08,
@@ -128,29 +127,29 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "apple-m2-ultra-76": {
         "decode": 1.063,
-        "prefill": 1.025
+        "prefill": 1.027
     },
     "apple-m3-10": {
         "decode": 1.369,
-        "prefill": 1.004
+        "prefill": 1.007
     },
     "apple-m3-max-30": {
-        "prefill": 0.9738
+        "prefill": 0.9617
     },
     "apple-m3-max-40": {
         "decode": 0.9643,
-        "prefill": 0.9979
+        "prefill": 0.9974
     },
     "apple-m3-pro-18": {
         "decode": 1.23,
-        "prefill": 0.9369
+        "prefill": 0.9426
     },
     "apple-m3-ultra-60": {
         "decode": 1.077,
-        "prefill": 1.039
+        "prefill": 1.043
     },
     "apple-m3-ultra-80": {
-        "prefill": 1.007
+        "prefill": 1.01
     },
     "apple-m4-10": {
         "decode": 1.234,
@@ -161,11 +160,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "apple-m4-max-40": {
         "decode": 0.9388,
-        "prefill": 0.9921
+        "prefill": 0.9928
     },
     "apple-m4-pro-16": {
         "decode": 0.8557,
-        "prefill": 0.9979
+        "prefill": 0.9972
     },
     "apple-m4-pro-20": {
         "decode": 0.9739,
@@ -187,79 +186,79 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 0.9961
     },
     "nvidia-a100-80gb": {
-        "decode": 1.313,
-        "prefill": 1.218
+        "decode": 1.316,
+        "prefill": 1.2
     },
     "nvidia-dgx-spark": {
-        "decode": 1.025,
-        "prefill": 1.014
+        "decode": 0.9658,
+        "prefill": 1.129
     },
     "nvidia-h100-pcie": {
         "decode": 1.33,
-        "prefill": 1.309
+        "prefill": 1.125
     },
     "nvidia-h200": {
-        "decode": 1.029,
-        "prefill": 1.075
+        "decode": 1.03,
+        "prefill": 1.09
     },
     "nvidia-l40s": {
-        "decode": 1.054,
-        "prefill": 1.269
+        "decode": 1.052,
+        "prefill": 1.248
     },
     "nvidia-rtx-3070": {
-        "decode": 0.8786,
-        "prefill": 0.8963
+        "decode": 0.8794,
+        "prefill": 0.9299
     },
     "nvidia-rtx-3080": {
-        "decode": 0.8933,
-        "prefill": 0.8135
+        "decode": 0.8944,
+        "prefill": 0.8657
     },
     "nvidia-rtx-3090": {
-        "decode": 0.9835,
-        "prefill": 1.16
+        "decode": 0.9333,
+        "prefill": 1.212
     },
     "nvidia-rtx-3090-ti": {
-        "prefill": 1.032
+        "prefill": 0.968
     },
     "nvidia-rtx-4070-ti": {
-        "decode": 0.9105,
-        "prefill": 0.9136
+        "decode": 0.9089,
+        "prefill": 0.885
     },
     "nvidia-rtx-4080": {
-        "decode": 0.8978,
-        "prefill": 0.7831
+        "decode": 0.8675,
+        "prefill": 0.7691
     },
     "nvidia-rtx-4090": {
-        "decode": 0.9683,
-        "prefill": 0.844
+        "decode": 0.889,
+        "prefill": 0.8027
     },
     "nvidia-rtx-5060-ti": {
-        "decode": 1.061,
-        "prefill": 1.181
+        "decode": 0.8758,
+        "prefill": 1.075
     },
     "nvidia-rtx-5070": {
-        "decode": 0.9767,
-        "prefill": 1.084
+        "decode": 0.8341,
+        "prefill": 1.002
     },
     "nvidia-rtx-5070-ti": {
-        "prefill": 0.9946
+        "prefill": 0.9341
     },
     "nvidia-rtx-5080": {
-        "decode": 0.9223,
-        "prefill": 0.9251
+        "decode": 0.7771,
+        "prefill": 0.8773
     },
     "nvidia-rtx-5090": {
-        "decode": 0.7816
+        "decode": 0.6891
     },
     "nvidia-rtx-6000-ada": {
-        "decode": 0.9817,
-        "prefill": 1.2
+        "decode": 0.9754,
+        "prefill": 1.007
     },
     "nvidia-rtx-a6000": {
-        "decode": 0.9463,
-        "prefill": 1.102
+        "decode": 0.9395,
+        "prefill": 1.082
     },
     "nvidia-rtx-pro-6000-blackwell": {
-        "prefill": 0.659
+        "prefill": 0.6428
     }
 }

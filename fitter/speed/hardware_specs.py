@@ -79,9 +79,14 @@ _D15013 = "https://github.com/ggml-org/llama.cpp/discussions/15013"
 _PR4766 = "https://github.com/ggml-org/llama.cpp/pull/4766"
 _RTX3060 = "https://www.rtechsl.com/shop/rtx3060-12g-994"
 _PRO6000 = "https://hardware-corner.net/rtx-5090-vs-rtx-pro-6000-spec-comparison-20250321"
-_PRO6000_SM = ("https://ferreiradozezere.net/entretenimento/a-mansao-na-qual-adele-viveu-nao-e-vendida-por-ser-assombrada"
-               "/2388/?random-post=1")
+_PRO6000_SM = "https://www.topcpu.net/es/news/nvidia-launches-96gb-rtx-5090-model-with-a-whopping-price-tag-of-10000"
+# NVIDIA's announcement: 101 tensor TFLOPS, GeForce Ampere's headline figure (sparse FP16 = dense INT8, as gpumap's
+# RTX 3070 row, 163, shows)
+_RTX3060_TENSOR = "https://mmntech.ca/2021/01/12/nvidia-announces-rtx-3060-as-successor-to-legendary-gtx-1060"
 _SPARK = "https://ai-infrastructure.net/dgx-spark/"
+# GB10's GPU: "1 petaFLOP of FP4 with sparsity, on par with an RTX 5070" (Hot Chips 2025); the RTX 5070's row in
+# gpumap (988 FP4 sparse) gives 247 INT8 / 62 FP16 dense, so GB10 is taken at 250 / 62
+_SPARK_TENSOR = "https://meterpreter.org/a-supercomputer-on-your-desk-nvidia-unveils-the-dgx-spark-ai-superchip"
 _SPARK_BENCH = ("https://github.com/ggml-org/llama.cpp/blob/4c7e9893c4ca8eec35d032726d14b74fae76cff8/benches/"
                 "dgx-spark.md")
 _XD_NB = ("https://github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference/blob/7d5af5243b33c4fbea06cfaa962aa7fdee031af6/"
@@ -178,13 +183,13 @@ _APPLE: tuple[dict[str, object], ...] = (
 def _nv(name: str, chip: str, *, bw: float, src: str, mem: tuple[int, ...], mem_src: str | None = None,
         sms: int | None = None, fp16: float | None = None, int8: float | None = None, pcie: float | None = None,
         nvml: tuple[str, ...] = (), nvml_src: str | None = None, sm_src: str | None = None,
-        unified: bool = False) -> dict[str, object]:
+        compute_src: str | None = None, unified: bool = False) -> dict[str, object]:
     """One NVIDIA profile; every figure given is sourced from ``src`` unless a field's own source is named."""
     spec: dict[str, object] = {"name": name, "chip": chip, "backend": "cuda", "unified": unified,
                                "memory_bandwidth_gbs": bw, "memory_gib": mem}
     sources = {"memory_bandwidth_gbs": src, "memory_gib": mem_src or src}
-    for key, value, key_src in (("gpu_cores", sms, sm_src or src), ("fp16_tflops", fp16, src),
-                                ("int8_tops", int8, src), ("pcie_gbs", pcie, src)):
+    for key, value, key_src in (("gpu_cores", sms, sm_src or src), ("fp16_tflops", fp16, compute_src or src),
+                                ("int8_tops", int8, compute_src or src), ("pcie_gbs", pcie, src)):
         if value is not None:
             spec[key] = value
             sources[key] = key_src
@@ -197,7 +202,8 @@ def _nv(name: str, chip: str, *, bw: float, src: str, mem: tuple[int, ...], mem_
 
 _NVIDIA: tuple[dict[str, object], ...] = (
     # GeForce RTX 30 (Ampere)
-    _nv("nvidia-rtx-3060", "NVIDIA GeForce RTX 3060 12 GB", bw=360.0, src=_GPUMAP, mem=(12,), sms=28, pcie=32.0),
+    _nv("nvidia-rtx-3060", "NVIDIA GeForce RTX 3060 12 GB", bw=360.0, src=_GPUMAP, mem=(12,), sms=28, pcie=32.0,
+        int8=101.0, compute_src=_RTX3060_TENSOR),
     _nv("nvidia-rtx-3070", "NVIDIA GeForce RTX 3070", bw=448.0, src=_GPUMAP, mem=(8,), sms=46, fp16=40.6, int8=163.0,
         pcie=32.0),
     _nv("nvidia-rtx-3080", "NVIDIA GeForce RTX 3080 10 GB", bw=760.0, src=_GPUMAP, mem=(10,), sms=68, fp16=59.5,
@@ -249,7 +255,7 @@ _NVIDIA: tuple[dict[str, object], ...] = (
         int8=1979.0, pcie=64.0, nvml=("NVIDIA H200",), nvml_src=_H200_SMI),
     # unified
     _nv("nvidia-dgx-spark", "NVIDIA DGX Spark (GB10 Grace Blackwell)", bw=273.0, src=_SPARK, mem=(128,),
-        nvml=("NVIDIA GB10",), nvml_src=_SPARK_BENCH, unified=True),
+        fp16=62.0, int8=250.0, compute_src=_SPARK_TENSOR, nvml=("NVIDIA GB10",), nvml_src=_SPARK_BENCH, unified=True),
 )
 
 _CPU: dict[str, object] = {

@@ -168,8 +168,11 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         if w.state_bytes:  # the recurrent layers' scan: the state read and written per token
             add("rec.cpu" if on_cpu else "rec", n_tokens * w.state_bytes / _bandwidth(hw, d))
         n_pos = pos + 1
-        attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * min(n_pos, work.n_swa or n_pos))
+        n_swa = min(n_pos, work.n_swa or n_pos)
+        attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * n_swa)
         add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
+        if not (on_cpu or flash_attn):  # the KQ matrix goes through memory: bound by bandwidth at long prompts
+            add("kq", n_tokens * (w.kq_bytes_per_pos * n_pos + w.kq_swa_bytes_per_pos * n_swa) / _bandwidth(hw, d))
         if not on_cpu or not _gpu(backend):
             add("layer", float(w.n_layers))  # per ubatch: the kernels' launches and syncs
             add("layer_token", float(w.n_layers * n_tokens))  # per token: the small ops (norms, routing, activations)
@@ -219,7 +222,7 @@ def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, 
         "cpu": "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
         "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
         "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "layer_token": "small ops per token",
-        "rec": "recurrent state",
+        "rec": "recurrent state", "kq": "attention scores (KQ) in memory",
     }.get(head, head)
 
 

@@ -54,6 +54,10 @@ class DeviceWork:
     state_bytes: float = 0.0  # recurrent state read and written per token
     attn_flops_per_pos: float = 0.0  # QK and KV products per earlier position (full layers)
     attn_swa_flops_per_pos: float = 0.0
+    # without flash attention (llm_graph_context::build_attn_mha) KQ is an F32 matrix of n_head rows per query and
+    # earlier position, written by the product and read and written again by ggml_soft_max_ext: bytes per position
+    kq_bytes_per_pos: float = 0.0
+    kq_swa_bytes_per_pos: float = 0.0
 
     def add(self, table: dict[str, float], cls: str, v: float) -> None:
         table[cls] = table.get(cls, 0.0) + v
@@ -132,12 +136,15 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
             continue
         kv = _kv_row_bytes(spec, config, il)
         fl = 2.0 * lay.n_head * (lay.n_embd_head_k + lay.n_embd_head_v)
+        kq = 4.0 * lay.n_head
         if lay.kind == LayerKind.SWA:
             d.kv_swa_bytes_per_pos += kv
             d.attn_swa_flops_per_pos += fl
+            d.kq_swa_bytes_per_pos += kq
         else:
             d.kv_bytes_per_pos += kv
             d.attn_flops_per_pos += fl
+            d.kq_bytes_per_pos += kq
     layer_devs = [wp.default_dev(il) for il in range(spec.n_layer)]
     splits = sum(1 for a, b in zip(layer_devs, layer_devs[1:]) if (a == CPU_DEV) != (b == CPU_DEV))
     if any(d.expert_bytes and d.device == CPU_DEV for d in devs.values()) and backends.get(backend).is_gpu:
