@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Callable, Literal
 
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 from fitter.llama.weights import CPU_DEV, device_buffer_name
 from fitter.record import Record
 from fitter.speed.hardware import HardwareProfile
-from fitter.speed.work import OP_OFFLOAD_MIN_BATCH, Work
+from fitter.speed.work import OP_OFFLOAD_MIN_BATCH, DeviceWork, Work, experts_used
+
+# (layer, ubatch tokens) -> the fraction of that layer's experts the ubatch uses; None: even routing (experts_used)
+ExpertUse = Callable[[int, int], float]
 
 Kind = Literal["decode", "prefill"]
 _GB = 1e9
@@ -140,8 +143,16 @@ def _offloaded(backend: Backend, n_ubatch: int, op_offload: bool) -> bool:
     return _gpu(backend) and op_offload and n_ubatch >= OP_OFFLOAD_MIN_BATCH
 
 
+def _copied(w: DeviceWork, work: Work, n_tokens: int, expert_use: ExpertUse | None) -> float:
+    """Bytes of the host's weights a ubatch copies to the GPU: ggml_backend_sched_compute_splits copies the inputs of
+    an offloaded op whole, but of a MUL_MAT_ID's experts only those the ubatch's ids use."""
+    dense = w.bytes_matmul - w.expert_bytes
+    even = experts_used(work.n_expert, work.n_expert_used, n_tokens)
+    return dense + sum(b * (expert_use(il, n_tokens) if expert_use else even) for il, b in w.expert_bytes_layer.items())
+
+
 def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: int, pos: float, threads: int,
-                 op_offload: bool, flash_attn: bool = True) -> dict[str, float]:
+                 op_offload: bool, flash_attn: bool = True, expert_use: ExpertUse | None = None) -> dict[str, float]:
     """Seconds for one ubatch of n_tokens whose tokens sit at mean position `pos`, at unit coefficients."""
     out: dict[str, float] = {}
 
@@ -162,7 +173,7 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
             for cls, f in flops.items():
                 add(f"c.{gen or cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
             if d == CPU_DEV:  # streamed to the GPU once per ubatch, from pageable host memory (mmap)
-                add("copy", w.bytes_matmul / min(pcie, host_bandwidth(hw) * _GB))
+                add("copy", _copied(w, work, n_tokens, expert_use) / min(pcie, host_bandwidth(hw) * _GB))
             else:
                 add("read", sum(w.bytes_all.values()) / _bandwidth(hw, d))
         if w.state_bytes:  # the recurrent layers' scan: the state read and written per token
@@ -182,7 +193,8 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
 
 
 def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: int, n_ubatch: int, depth: int,
-                  threads: int, op_offload: bool, flash_attn: bool = True) -> dict[str, float]:
+                  threads: int, op_offload: bool, flash_attn: bool = True,
+                  expert_use: ExpertUse | None = None) -> dict[str, float]:
     """Seconds for a prompt of n_prompt tokens after `depth` (llama-bench pp<n_prompt> -d depth), at unit
     coefficients: llama_decode splits it into ubatches of n_ubatch."""
     out: dict[str, float] = {}
@@ -190,7 +202,7 @@ def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: i
     while done < n_prompt:
         n = min(n_ubatch, n_prompt - done)
         for k, v in ubatch_terms(work, hw, backend, n, depth + done + n / 2, threads, op_offload,
-                                 flash_attn).items():
+                                 flash_attn, expert_use).items():
             out[k] = out.get(k, 0.0) + v
         done += n
     return out

@@ -48,6 +48,7 @@ class DeviceWork:
     bytes_token: dict[str, float] = field(default_factory=dict)  # what one decoded token reads
     flops_token: dict[str, float] = field(default_factory=dict)  # 2 x the weights a token multiplies
     expert_bytes: float = 0.0  # of bytes_all: MoE expert tensors (--n-cpu-moe / -ot moves these)
+    expert_bytes_layer: dict[int, float] = field(default_factory=dict)  # expert_bytes by layer
     n_layers: int = 0  # repeating layers whose attention runs here
     kv_bytes_per_pos: float = 0.0  # KV bytes one token reads per earlier position (full-attention layers)
     kv_swa_bytes_per_pos: float = 0.0  # the same for sliding-window layers (capped at the window)
@@ -124,6 +125,8 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
         f = frac if _EXPERTS.search(t.name) else 1.0
         if f < 1.0:
             d.expert_bytes += t.nbytes
+            il = _layer_of(t.name)
+            d.expert_bytes_layer[il] = d.expert_bytes_layer.get(il, 0.0) + t.nbytes
         d.add(d.bytes_token, cls, t.nbytes * f)
         d.add(d.flops_token, cls, 2.0 * t.n_elements * f)
     state = _state_bytes(spec)
@@ -151,6 +154,18 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
         splits += 2 * sum(1 for il in range(spec.n_layer) if _layer_experts_on_cpu(wp, il))
     return Work(devices=devs, n_swa=spec.n_swa, n_layer=spec.n_layer, n_expert=spec.n_expert,
                 n_expert_used=spec.n_expert_used, splits=splits)
+
+
+def _layer_of(name: str) -> int:
+    return int(name.split(".")[1]) if name.startswith("blk.") else -1
+
+
+def experts_used(n_expert: int, n_expert_used: int, n_tokens: int) -> float:
+    """The fraction of a layer's experts that a ubatch of n_tokens routes to, when each token picks n_expert_used of
+    n_expert independently and evenly (a trained router, on average): 1 - (1 - k/n)^U."""
+    if not n_expert:
+        return 1.0
+    return 1.0 - (1.0 - n_expert_used / n_expert) ** n_tokens
 
 
 def _layer_experts_on_cpu(wp, il: int) -> bool:

@@ -76,3 +76,34 @@ def test_fastest_placement_under_22000_mib_decodes_fastest_as_measured(h200):
     budget = [r for r in ROWS if r.get("group") == "budget" and r["ftype"] == "Q4_K_M" and r["n_gen"]]
     best = max(budget, key=lambda r: r["avg_ts"] if (r["n_cpu_moe"], r["n_ubatch"]) != (5, 1024) else 0)
     assert best["n_cpu_moe"] == 5  # (5, -ub 1024) does not fit the budget (ggfit's prediction)
+
+
+def test_a_small_ubatch_copies_only_the_experts_it_routes_to(h200):
+    """ggml_backend_sched_compute_splits copies a MUL_MAT_ID's used experts alone: with even routing a 512-token
+    ubatch of 8-of-256 uses every expert, a 32-token one about 64% of them (1 - (1 - 8/256)^32)."""
+    from fitter.speed.model import ubatch_terms
+    from fitter.speed.work import experts_used, work_of
+
+    assert experts_used(256, 8, 512) == pytest.approx(1.0, abs=1e-6)
+    assert experts_used(256, 8, 32) == pytest.approx(1 - (31 / 32) ** 32)
+    header, spec = _model("qwen36-35b-a3b", "Q4_K_M")
+    work = work_of(header, spec, RunConfig(n_cpu_moe=10), Backend.CUDA)
+    cpu = work.devices[min(work.devices)]
+    dense = cpu.bytes_matmul - cpu.expert_bytes
+    copy = {u: ubatch_terms(work, h200, Backend.CUDA, u, 0, 16, op_offload=True)["copy"] for u in (32, 512)}
+    rate = cpu.bytes_matmul / copy[512]  # bytes per second of the copy term
+    assert copy[512] * rate == pytest.approx(cpu.bytes_matmul, rel=1e-6)
+    assert copy[32] * rate == pytest.approx(dense + cpu.expert_bytes * experts_used(256, 8, 32), rel=1e-6)
+
+
+def test_without_flash_attention_the_scores_go_through_memory(h200):
+    """build_attn_mha without flash attention writes KQ (F32, n_head per query and position) to memory: a 'kq' term
+    that grows with the positions attended, absent with flash attention."""
+    from fitter.speed.model import ubatch_terms
+    from fitter.speed.work import work_of
+
+    work = work_of(*_model("llama-8b", "Q4_K_M"), RunConfig(), Backend.CUDA)
+    near = ubatch_terms(work, h200, Backend.CUDA, 512, 256, 16, op_offload=True, flash_attn=False)["kq"]
+    far = ubatch_terms(work, h200, Backend.CUDA, 512, 4096 + 256, 16, op_offload=True, flash_attn=False)["kq"]
+    assert far / near == pytest.approx((4096 + 257) / 257)
+    assert "kq" not in ubatch_terms(work, h200, Backend.CUDA, 512, 256, 16, op_offload=True, flash_attn=True)
