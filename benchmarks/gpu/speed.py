@@ -5,8 +5,8 @@
 Each group is a list of (shape, ftype, llama-bench flags); each case runs the pinned llama-bench as llama.cpp's own
 tables do: pp512 and tg128 (`-p 512 -n 128`), at depth 0 and 4096 (`-d`), `-r 3` repetitions after its warm-up run,
 flash attention on, `--repack 0` (the host's AMX CPU), on the full-size synthetic shapes filled with random valid
-blocks (tests/synth/shapes.py fill_weights: MoE routing spreads over the experts as with real weights), quantized as
-fitter.fit.quants predicts llama-quantize would. Each file is deleted after its cases (the disk holds ~60 GB).
+blocks (tests/synth/shapes.py fill_weights; their MoE routers send a prompt to few experts, not to all as a trained
+router does: benchmarks/synthetic_routing.py), quantized as fitter.fit.quants predicts llama-quantize would. Each file is deleted after its cases (the disk holds ~60 GB).
 Rows: llama-bench's own JSON records (build_commit, gpu_info, model_size, n_ubatch, n_gpu_layers, n_cpu_moe, n_prompt,
 n_gen, n_depth, avg_ts, stddev_ts, samples_ts, ...) plus the shape and ftype.
 """
