@@ -94,7 +94,9 @@ def trial_table(study) -> str:
     objectives = _objectives(study)
     trials = study.get_trials(deepcopy=False)
     rated = _predicted_rates(trials)
-    rows = [["#", "state", "status", *objectives, *(f"{m} predicted" for m in rated), "predicted", "flags", "reason"]]
+    workers = _workers(trials)
+    rows = [["#", "state", "status", *objectives, *(f"{m} predicted" for m in rated), "predicted",
+             *(["worker"] if workers else []), "flags", "reason"]]
     for t in trials:
         info = _info(t)
         ua = t.user_attrs
@@ -112,12 +114,20 @@ def trial_table(study) -> str:
         pred = f"{ua['predicted_bytes'] / MiB:,.0f} MiB" if ua.get("predicted_bytes") else "-"
         reason = "" if info.status == "ok" else (info.reason or "")
         vals += [_fmt(ua.get(f"predicted_{m}"), m) if ua.get(f"predicted_{m}") else "-" for m in rated]
-        rows.append([str(t.number), t.state.name, status, *vals, pred, info.flags, reason[:90]])
+        who = [workers.get(t.number, "-")] if workers else []
+        rows.append([str(t.number), t.state.name, status, *vals, pred, *who, info.flags, reason[:90]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
     return "\n".join(lines)
+
+
+def _workers(trials) -> dict[int, str]:
+    """Trial number -> the worker (host:pid) that ran it, when more than one worker ran the study's trials (several
+    processes or hosts on one storage); empty otherwise, and the table has no worker column."""
+    who = {t.number: f"{w.get('host')}:{w.get('pid')}" for t in trials if (w := t.user_attrs.get("worker"))}
+    return who if len(set(who.values())) > 1 else {}
 
 
 def _predicted_rates(trials) -> list[str]:

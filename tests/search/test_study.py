@@ -680,6 +680,13 @@ def test_two_workers_share_a_postgres_study(tmp_path, postgres, moe_quants):
     assert all(n >= 1 for n in by_worker.values()), by_worker
     assert 10 <= len(probed) <= 11  # the goal, plus at most one trial the other worker had already started
     assert all(t.state.is_finished() for t in trials)
+    from search.report import trial_table
+
+    table = trial_table(study).splitlines()
+    assert "worker" in table[0].split()
+    for t in probed:  # the report names the worker of each trial
+        w = t.user_attrs["worker"]
+        assert any(ln.split()[0] == str(t.number) and f"{w['host']}:{w['pid']}" in ln for ln in table[1:]), table
     keys = [t.user_attrs["key"] for t in probed]
     dup = len(keys) - len(set(keys))
     print(f"workers {by_worker}, probed {len(probed)}, same config probed twice: {dup}")
