@@ -36,6 +36,7 @@ class Backend(str, Enum):
     CPU = "cpu"
     CUDA = "cuda"
     METAL = "metal"
+    RPC = "rpc"  # devices of rpc-servers on other hosts (--rpc), the main host's CPU beside them
 
 
 class BackendError(GGFitError):
