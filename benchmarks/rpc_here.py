@@ -59,7 +59,7 @@ CASES: list[tuple[int, dict[str, Any]]] = [
 ]
 _ALLOC = re.compile(r"\[alloc_buffer\] device: (\d+), size: (\d+) -> remote_ptr: \w+, remote_size: (\d+)")
 _USING = re.compile(r"using device (\S+) \((\S+)\) \([^)]*\) - (\d+) MiB free")
-_BUILD = re.compile(r"build: (\d+) \((\w+)\)")
+_BUILD = re.compile(r"build:? (\d+) \((\w+)\)")
 _KIND_ORDER = {"model": 0, "kv": 1, "rs": 1, "compute": 2}
 
 
@@ -126,6 +126,7 @@ def server_flags(cfg: dict[str, Any]) -> list[str]:
 def start_servers(procs: Procs, bindir: Path, n: int, logdir: Path) -> list[tuple[str, Path, dict[str, Any]]]:
     """n CPU rpc-servers; each answered ggfit's protocol client (hello, device count, memory) before use."""
     out = []
+    logdir.mkdir(parents=True, exist_ok=True)
     for i in range(n):
         port = free_port()
         log = logdir / f"rpc-{i}.log"
@@ -148,7 +149,7 @@ def _wait_ready(p: subprocess.Popen, log: Path, timeout: float) -> str:
     t0 = time.time()
     while time.time() - t0 < timeout:
         text = log.read_text(errors="replace")
-        if "server is listening" in text or "main: model loaded" in text and "all slots are idle" in text:
+        if "listening on http" in text:  # llama_server: the model is loaded and warmed up
             return "ok"
         if p.poll() is not None:
             return "exit"
@@ -179,7 +180,7 @@ def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict
     offsets = [log.stat().st_size for _, log, _ in servers]
     log = logdir / f"server-{time.time_ns()}.log"
     cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(free_port()),
-           "-fit", "off", "--no-repack", "--rpc", ",".join(eps), *server_flags(cfg)]
+           "-fit", "off", "--no-repack", "-lv", "4", "--rpc", ",".join(eps), *server_flags(cfg)]
     p = procs.start(cmd, log)
     status = _wait_ready(p, log, 180)
     procs.stop(p)

@@ -32,6 +32,7 @@ class RPCBackend(BackendImpl):
     is_gpu = True  # ggml_backend_rpc_device_get_type: GGML_BACKEND_DEVICE_TYPE_GPU
     label = "RPC"
     has_host_buffer_type = False
+    keeps_layer_pins = True  # checked against real loads (an RPC dry run allocates nothing on the servers)
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")
