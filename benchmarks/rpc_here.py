@@ -123,14 +123,15 @@ def server_flags(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
-def start_servers(procs: Procs, bindir: Path, n: int, logdir: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+def start_servers(procs: Procs, bindir: Path, n: int, logdir: Path,
+                  server_args: tuple[str, ...] = ()) -> list[tuple[str, Path, dict[str, Any]]]:
     """n CPU rpc-servers; each answered ggfit's protocol client (hello, device count, memory) before use."""
     out = []
     logdir.mkdir(parents=True, exist_ok=True)
     for i in range(n):
         port = free_port()
         log = logdir / f"rpc-{i}.log"
-        procs.start([str(bindir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1"], log,
+        procs.start([str(bindir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1", *server_args], log,
                     {"GGML_RPC_DEBUG": "1"})
         ep = f"127.0.0.1:{port}"
         for _ in range(100):
@@ -175,12 +176,13 @@ def pair_device(lines: list[dict[str, Any]], allocs: list[int]) -> tuple[list[di
 
 
 def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict[str, Any],
-                logdir: Path) -> dict[str, Any]:
+                logdir: Path, main_args: tuple[str, ...] = ()) -> dict[str, Any]:
     eps = [ep for ep, _, _ in servers]
     offsets = [log.stat().st_size for _, log, _ in servers]
     log = logdir / f"server-{time.time_ns()}.log"
     cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(free_port()),
-           "-fit", "off", "--no-repack", "-lv", "4", "--rpc", ",".join(eps), *server_flags(cfg)]
+           "-fit", "off", "--no-repack", "-lv", "4", "--rpc", ",".join(eps), *server_flags(cfg),
+           *main_args]
     p = procs.start(cmd, log)
     status = _wait_ready(p, log, 180)
     procs.stop(p)
@@ -220,8 +222,8 @@ def dry_run(bindir: Path, eps: list[str], model: str, cfg: dict[str, Any]) -> di
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    bindir = server_dir() / "bin"
-    if not (bindir / "ggml-rpc-server").exists():
+    bindir = Path(args.bindir) if args.bindir else server_dir() / "bin"
+    if not (bindir / "ggml-rpc-server").exists() and not args.bindir:
         bindir = build_llama_server().parent
     procs = Procs()
     rows: list[dict[str, Any]] = []
@@ -231,14 +233,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="ggfit-rpc-") as tmp:
             logdir = Path(tmp)
             for n in sorted({n for n, _ in CASES}):
-                servers = start_servers(procs, bindir, n, logdir / f"s{n}")
+                servers = start_servers(procs, bindir, n, logdir / f"s{n}", tuple(args.server_args.split()))
                 probes.append({"servers": n, "answers": [a for _, _, a in servers]})
                 for label in args.only or MODELS:
                     path = model_path(label)
                     for n_cases, cfg in CASES:
                         if n_cases != n:
                             continue
-                        row = measure_one(procs, bindir, servers, path, cfg, logdir)
+                        main_args = tuple(args.main_args.split())
+                        if args.rpc_devices_only:  # the main process's own GPUs left out
+                            main_args += ("-dev", ",".join(f"RPC{i}" for i in range(n)))
+                        row = measure_one(procs, bindir, servers, path, cfg, logdir, main_args)
                         row.update(model=label, servers=n)
                         rows.append(row)
                         print(f"{label:<14} {n} servers {cfg}: {row['status']} {row['problems'] or ''}", flush=True)
@@ -251,7 +256,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.stop_all()
     builds = {json.dumps(r["build"]) for r in rows if r.get("build")}
     return {"llama_cpp": {"commit": PINNED_COMMIT, "builds_seen": sorted(builds), "binaries": str(bindir)},
-            "what": "CPU rpc-servers on 127.0.0.1 (GGML_RPC_DEBUG=1), llama-server --rpc real loads to warm-up",
+            "what": "rpc-servers on 127.0.0.1 (GGML_RPC_DEBUG=1), llama-server --rpc real loads to warm-up",
+            "server_args": args.server_args, "main_args": args.main_args,
             "models": {k: {"builder": v[0], "overrides": v[1]} for k, v in MODELS.items()},
             "protocol": probes, "rows": rows, "dry_runs": dry}
 
@@ -261,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--only", action="append", choices=list(MODELS))
     ap.add_argument("--no-dry", action="store_true", help="skip llama-fit-params")
+    ap.add_argument("--bindir", help="llama-server, llama-fit-params and ggml-rpc-server of another build (CUDA)")
+    ap.add_argument("--server-args", default="", help="more rpc-server flags, e.g. '-d CPU' or '-d CUDA0'")
+    ap.add_argument("--main-args", default="", help="more llama-server flags")
+    ap.add_argument("--rpc-devices-only", action="store_true", help="llama-server -dev RPC0,...: no local GPU")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run()'s finally
     result = run(args)
