@@ -153,3 +153,16 @@ def test_budget_auto_reads_every_server(fake_server) -> None:
 def test_a_local_gpu_beside_rpc_devices_is_refused() -> None:
     r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "8GiB", "--no-speed")
     assert r.returncode == 2 and "not modelled yet" in r.stderr
+
+
+def test_the_python_probe_runner_refuses_rpc() -> None:
+    r = subprocess.run([sys.executable, "cli.py", "probe", "gemma3-270m", "--rpc", "127.0.0.1:50052", "-c", "512"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "the python runner loads no RPC devices; use --runner server" in r.stderr
+
+
+def test_server_flags_read_rpc_back() -> None:
+    from fitter.llama.cparams import RunConfig
+
+    cfg, _, unknown = RunConfig.from_server_args(["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-c", "4096"])
+    assert cfg.rpc == "10.0.0.2:50052,10.0.0.3:50052" and not unknown
