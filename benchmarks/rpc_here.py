@@ -190,7 +190,7 @@ def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict
     rep = parse_log(text)
     row: dict[str, Any] = {"status": status, "command": cmd[1:], "config": cfg,
                            "devices": [{"name": n, "endpoint": e, "free_mib": int(f)} for n, e, f in _USING.findall(text)]}
-    lines = [{"buffer_type": b.buffer, "kind": b.kind, "label": b.label, "mib": b.mib, "bytes": b.bytes, "exact": False}
+    lines: list[dict[str, Any]] = [{"buffer_type": b.buffer, "kind": b.kind, "label": b.label, "mib": b.mib, "bytes": b.bytes, "exact": False}
              for b in rep.buffers]
     problems = []
     for i, ep in enumerate(eps):

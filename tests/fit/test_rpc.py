@@ -83,7 +83,7 @@ def test_the_protocol_reads_each_servers_devices_in_order(fake_server) -> None:
     a = fake_server([(5 * 2**30, 8 * 2**30)])
     b = fake_server([(1 * 2**30, 2 * 2**30), (3 * 2**30, 4 * 2**30)])
     devs = query_devices([a, b])
-    assert [(d.endpoint, d.index, d.free, d.total) for d in devs] == [
+    assert [(d.endpoint, d.device, d.free, d.total) for d in devs] == [
         (a, 0, 5 * 2**30, 8 * 2**30), (b, 0, 2**30, 2 * 2**30), (b, 1, 3 * 2**30, 4 * 2**30)]
 
 

@@ -115,7 +115,7 @@ def test_the_protocol_client_read_every_server() -> None:
         assert len(p["answers"]) == p["servers"]
         for a in p["answers"]:
             (dev,) = a["devices"]
-            assert dev["index"] == 0 and dev["free"] > 0 and dev["total"] >= dev["free"]
+            assert dev["device"] == 0 and dev["free"] > 0 and dev["total"] >= dev["free"]
     for r in ROWS:
         (answers,) = [p["answers"] for p in DATA["protocol"] if p["servers"] == r["servers"]]
         for d, a in zip(row_devices(r["devices"]), answers):

@@ -25,7 +25,7 @@ class RPCError(GGFitError):
 
 class RemoteDevice(NamedTuple):
     endpoint: str  # HOST:PORT as --rpc gives it
-    index: int  # the device's number on its server (its buffer type is RPC<index>[endpoint])
+    device: int  # the device's number on its server (its buffer type is RPC<device>[endpoint])
     free: int
     total: int
 
