@@ -105,7 +105,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
-from cli_rpc import device_budgets, rpc_backend, rpc_budgets
+from cli_rpc import device_budgets, host_totals, rpc_backend, rpc_budgets
 from cli_speed import Speed, calibrate_bench, choose_fastest, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
@@ -325,7 +325,7 @@ def fit(
     elif check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
     if as_json:
-        print(json.dumps(r.as_json(), indent=2))
+        print(json.dumps({**r.as_json(), **({"hosts": host_totals(r.pred, rpc)} if rpc else {})}, indent=2))
         raise typer.Exit(r.exit_code)  # the text's exit code: 1 when nothing fits (FitRun.verdict)
     print_fit(r)
 

@@ -48,3 +48,19 @@ def device_budgets(be: Any, buds: list[Budget]) -> dict[str, int]:
 
     name = backends.get(be).name.rstrip("0123456789")
     return {f"{name}{i}": b.bytes for i, b in enumerate(buds)}
+
+
+def host_totals(pred: Any, rpc: str | None) -> dict[str, Any] | None:
+    """`--json`'s "hosts" with --rpc: what each rpc-server holds (its devices' buffers) and what the main host keeps
+    (the host buffers: token embedding, logits, host compute; mapped weights by their tensors' bytes)."""
+    if not rpc:
+        return None
+    from fitter.ggml.backends.rpc.protocol import parse_endpoints
+
+    per_device = pred.device_totals()
+    hosts: dict[str, Any] = {ep: {"devices": {}, "bytes": 0} for ep in parse_endpoints(rpc)}
+    for i, ep in enumerate(hosts):  # one device per server, RPC0, RPC1, ... in --rpc order
+        n = per_device.get(f"RPC{i}", 0)
+        hosts[ep]["devices"][f"RPC{i}"] = n
+        hosts[ep]["bytes"] += n
+    return {**hosts, "main": {"bytes": pred.host_bytes}}

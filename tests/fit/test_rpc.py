@@ -166,3 +166,15 @@ def test_server_flags_read_rpc_back() -> None:
 
     cfg, _, unknown = RunConfig.from_server_args(["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-c", "4096"])
     assert cfg.rpc == "10.0.0.2:50052,10.0.0.3:50052" and not unknown
+
+
+def test_json_gives_what_each_host_holds() -> None:
+    import json
+
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "2GiB", "-c", "4096", "--json",
+               "--no-speed")
+    d = json.loads(r.stdout)
+    assert set(d["hosts"]) == {"127.0.0.1:1", "127.0.0.1:2", "main"}
+    assert d["hosts"]["127.0.0.1:2"]["devices"] == {"RPC1": d["device_totals"]["RPC1"]}
+    assert d["hosts"]["main"]["bytes"] == sum(b["tensor_bytes"] or b["bytes"] if b["device"].endswith("_Mapped")
+                                              else b["bytes"] for b in d["buffers"] if not b["counts"])
