@@ -216,9 +216,8 @@ def dry_run(bindir: Path, eps: list[str], model: str, cfg: dict[str, Any]) -> di
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, start_new_session=True)
     except subprocess.TimeoutExpired:
         return {"command": cmd[1:], "status": "timeout"}
-    out = (r.stdout + r.stderr).splitlines()
-    keep = [ln for ln in out if "MiB" in ln or "RPC" in ln or "error" in ln.lower()]
-    return {"command": cmd[1:], "status": "ok" if r.returncode == 0 else f"exit {r.returncode}", "lines": keep[-60:]}
+    keep = r.stdout.splitlines() + [ln for ln in r.stderr.splitlines() if "MiB" in ln or "error" in ln.lower()]
+    return {"command": cmd[1:], "status": "ok" if r.returncode == 0 else f"exit {r.returncode}", "lines": keep[:60]}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
