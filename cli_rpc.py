@@ -16,6 +16,8 @@ from fitter.fit.sizes import Budget
 def rpc_backend(rpc: str | None, be: Any) -> Any:
     """The backend with --rpc: the CPU main host becomes `rpc`; a local GPU beside RPC devices is not modelled yet."""
     if rpc is None:
+        if be.value == "rpc":
+            raise fitter.ConfigError("--backend rpc: name the servers with --rpc HOST:PORT[,HOST:PORT...]")
         return be
     from fitter.ggml.backends.rpc.protocol import parse_endpoints
 

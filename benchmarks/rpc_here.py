@@ -142,7 +142,8 @@ def start_servers(procs: Procs, bindir: Path, n: int, logdir: Path,
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"rpc-server {ep} did not answer: {log.read_text()[-2000:]}")
-        out.append((ep, log, {"devices": [d._asdict() for d in devs]}))
+        out.append((ep, log, {"devices": [d._asdict() for d in devs], "pid": procs.procs[-1].pid,
+                                "idle_rss": rss_bytes(procs.procs[-1].pid)}))
     return out
 
 
@@ -156,6 +157,14 @@ def _wait_ready(p: subprocess.Popen, log: Path, timeout: float) -> str:
             return "exit"
         time.sleep(0.2)
     return "timeout"
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        m = re.search(r"^VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
 
 
 def remote_allocs(log: Path, offset: int) -> list[int]:
@@ -185,6 +194,8 @@ def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict
            *main_args]
     p = procs.start(cmd, log)
     status = _wait_ready(p, log, 180)
+    rss = [rss_bytes(a["pid"]) for _, _, a in servers]  # each rpc-server holding this load's buffers
+    main_rss = rss_bytes(p.pid)
     procs.stop(p)
     text = log.read_text(errors="replace")
     rep = parse_log(text)
@@ -201,6 +212,7 @@ def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict
             problems.append(f"{ep}: {err}")
     row["measured"] = lines
     row["problems"] = problems
+    row["rss"] = {"servers": rss, "main": main_rss}  # VmRSS after the warm-up: the margins' evidence
     if status != "ok":
         row["log_tail"] = text.splitlines()[-30:]
     m = _BUILD.search(text)

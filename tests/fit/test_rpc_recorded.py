@@ -146,3 +146,17 @@ def test_llama_cpps_dry_run_drops_the_layer_pins(dry: dict, monkeypatch) -> None
     want = predicted_mib(predict(header, spec, cfg, Backend.RPC, FIT_PARAMS_FRONTEND))
     assert {dev: want[dev] for dev in got} == got and {d for d in got if d.startswith("RPC")} == {
         d for d in want if d.startswith("RPC")}
+
+
+def test_the_rpc_margins_cover_what_the_processes_held() -> None:
+    """fitter.fit.margin's RPC figures: no rpc-server held more than 45 MiB beyond its buffers after a load and
+    warm-up, nor the main llama-server more than 51 MiB beyond its host buffers (VmRSS), and one of each came close."""
+    from fitter.fit.margin import HOST_OVERHEAD, OVERHEAD
+
+    server, main = [], []
+    for r in ROWS:
+        for d, rss in zip(row_devices(r["devices"]), r["rss"]["servers"]):
+            server.append(rss - sum(m["bytes"] for m in r["measured"] if m["buffer_type"].endswith(f"[{d['endpoint']}]")))
+        main.append(r["rss"]["main"] - sum(m["bytes"] for m in r["measured"] if "[" not in m["buffer_type"]))
+    assert OVERHEAD["rpc"].bytes - 2**20 < max(server) <= OVERHEAD["rpc"].bytes
+    assert HOST_OVERHEAD["rpc"].bytes - 2**20 < max(main) <= HOST_OVERHEAD["rpc"].bytes
