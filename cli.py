@@ -105,7 +105,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
-from cli_rpc import device_budgets, host_totals, rpc_backend, rpc_budgets
+from cli_rpc import device_budgets, host_totals, rpc_backend, rpc_budgets, split_note
 from cli_speed import Speed, calibrate_bench, choose_fastest, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
@@ -324,9 +324,13 @@ def fit(
         r.fit_params = fitter.fit_params_check(fit_params, path, ccfg, cpred)
     elif check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
+    split = split_note(r) if rpc else None  # several RPC devices: the -ts that fits the largest context
     if as_json:
-        print(json.dumps({**r.as_json(), **({"hosts": host_totals(r.pred, rpc)} if rpc else {})}, indent=2))
+        extra = {"hosts": host_totals(r.pred, rpc), "split": split and split[1]} if rpc else {}
+        print(json.dumps({**r.as_json(), **extra}, indent=2))
         raise typer.Exit(r.exit_code)  # the text's exit code: 1 when nothing fits (FitRun.verdict)
+    if split:
+        print(split[0] + "\n")
     print_fit(r)
 
 

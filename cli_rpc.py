@@ -66,3 +66,25 @@ def host_totals(pred: Any, rpc: str | None) -> dict[str, Any] | None:
         hosts[ep]["devices"][f"RPC{i}"] = n
         hosts[ep]["bytes"] += n
     return {**hosts, "main": {"bytes": pred.host_bytes}}
+
+
+def split_note(r: Any) -> tuple[str, dict[str, Any]] | None:
+    """With several RPC devices: the -ts that fits the largest context at the prediction's -ub and K/V types
+    (fitter.fit.split), beside what the budgets' own split (llama.cpp's default, by free memory) fits."""
+    if not r.per_device or r.pred is None:
+        return None
+    from fitter.fit.split import propose_split
+
+    cp = r.pred.context
+    base = r.cfg.model_copy(update={"n_ubatch": cp.n_ubatch, "n_batch": cp.n_batch, "type_k": cp.type_k,
+                                    "type_v": cp.type_v, "spec_type": "none", "draft_model": None})
+    sp = propose_split(r.header, r.spec, base, r.be, r.fe, r.avail, build=r.build)
+    if not sp.n_ctx:
+        return ("split: no -ts fits every device within its budget at -ub "
+                f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}", {"tensor_split": None, "n_ctx": 0})
+    ts = ",".join(f"{x:g}" for x in sp.tensor_split)
+    totals = sp.pred.device_totals() if sp.pred else {}
+    text = (f"split: -ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
+            f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}: " + ", ".join(
+                f"{d} {totals.get(d, 0) / 2**20:,.2f} of {a / 2**20:,.2f} MiB" for d, a in r.avail.items()))
+    return text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals}

@@ -56,6 +56,7 @@ CASES: list[tuple[int, dict[str, Any]]] = [
     (3, {"n_ctx": 8192, "n_ubatch": 512}),
     (3, {"n_ctx": 4096, "n_ubatch": 128, "tensor_split": [2.0, 1.0, 1.0]}),
     (3, {"n_ctx": 2048, "n_ubatch": 512, "flash_attn": "off"}),
+    (3, {"n_ctx": 32768, "n_ubatch": 512, "tensor_split": [13.0, 5.0, 1.0]}),  # fitter.fit.split's for Gemma 3
 ]
 _ALLOC = re.compile(r"\[alloc_buffer\] device: (\d+), size: (\d+) -> remote_ptr: \w+, remote_size: (\d+)")
 _USING = re.compile(r"using device (\S+) \((\S+)\) \([^)]*\) - (\d+) MiB free")

@@ -178,3 +178,28 @@ def test_json_gives_what_each_host_holds() -> None:
     assert d["hosts"]["127.0.0.1:2"]["devices"] == {"RPC1": d["device_totals"]["RPC1"]}
     assert d["hosts"]["main"]["bytes"] == sum(b["tensor_bytes"] or b["bytes"] if b["device"].endswith("_Mapped")
                                               else b["bytes"] for b in d["buffers"] if not b["counts"])
+
+
+def test_the_proposed_split_fits_a_longer_context_than_the_budgets_split() -> None:
+    """Three 300 MiB RPC devices, Gemma 3 270M (its 170 MiB tied output on the last device): llama.cpp's split by
+    the budgets (equal) fits -c 14080; fitter.fit.split moves layers off the last device and fits the training
+    context, every device within its budget."""
+    from fitter.bundled import resolve_model
+    from fitter.fit.memory import predict
+    from fitter.fit.solver import largest_context
+    from fitter.fit.split import propose_split
+    from fitter.llama.cparams import Backend, Frontend, RunConfig
+    from fitter.llama.model import load_model_spec
+
+    header, spec = load_model_spec(resolve_model("gemma3-270m"))
+    avail = {f"RPC{i}": 300 * 2**20 for i in range(3)}
+    base = RunConfig(n_ubatch=512, rpc="a:1,b:2,c:3")
+    sp = propose_split(header, spec, base, Backend.RPC, Frontend.SERVER, avail)
+    assert sp.tensor_split == (13.0, 5.0, 1.0) and sp.n_ctx == spec.n_ctx_train == 32768
+    pred = predict(header, spec, base.model_copy(update={"n_ctx": sp.n_ctx, "tensor_split": sp.tensor_split}),
+                   Backend.RPC, Frontend.SERVER)
+    assert all(pred.device_totals()[d] <= a for d, a in avail.items())
+    even = largest_context(header, spec, base.model_copy(update={"tensor_split": (1.0, 1.0, 1.0)}), Backend.RPC,
+                           Frontend.SERVER, avail, n_ubatch=512, type_k="f16", type_v="f16", with_draft=False,
+                           draft=None, ctx_max=spec.n_ctx_train)
+    assert even.n_ctx == 14080
