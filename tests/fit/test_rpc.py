@@ -137,9 +137,9 @@ def test_budget_auto_with_a_silent_host_exits_2() -> None:
         port = s.getsockname()[1]
     r = _ggfit("fit", "gemma3-270m", "--rpc", f"127.0.0.1:{port}", "--budget", "auto", "-c", "4096", "--no-speed")
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [
-        f"ggfit: error: --rpc 127.0.0.1:{port}: the rpc-server does not answer ([Errno 111] Connection refused); "
-        f"start it there (rpc-server -H 0.0.0.0 -p {port}) or leave it out"]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"ggfit: error: --rpc 127.0.0.1:{port}: the rpc-server does not answer (")
+    assert line.endswith(f"start it there (rpc-server -H 0.0.0.0 -p {port}) or leave it out")
 
 
 def test_budget_auto_reads_every_server(fake_server) -> None:
