@@ -41,6 +41,9 @@ def rpc_budgets(rpc: str, budget: str) -> list[Budget]:
     if len(buds) == 1:
         return [buds[0].model_copy(update={"source": f"{buds[0].source} (RPC{i} {ep})"})
                 for i, ep in enumerate(endpoints)]
+    if len(buds) != len(endpoints):  # one device per server (auto asks how many each has)
+        raise fitter.ConfigError(f"--budget {budget}: {len(buds)} values for {len(endpoints)} RPC servers; give one "
+                                 "per device in --rpc order (RPC0, RPC1, ...), one for all, or auto")
     return buds
 
 

@@ -56,7 +56,11 @@ def propose_split(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend:
     """The -ts (whole layers per device, in `available`'s order: llama.cpp's device order) that fits the largest
     context at `base`'s -ub and K/V types; n_ctx 0 where none fits even CTX_STEP."""
     devices = list(available)
-    n_layers = len(spec.layers) + 1  # the repeating layers and the output layer (llama_model::load_tensors)
+    # the offloaded layers, the output layer counted (llama_model::load_tensors: act_gpu_layers)
+    n_all = len(spec.layers) + 1
+    n_layers = n_all if base.n_gpu_layers < 0 else min(base.n_gpu_layers, n_all)
+    if n_layers < len(devices):
+        return Split((), 0, None)
     preds: dict[tuple, Prediction] = {}
 
     def pred(counts: tuple[int, ...], n_ctx: int) -> Prediction:

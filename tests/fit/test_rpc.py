@@ -203,3 +203,8 @@ def test_the_proposed_split_fits_a_longer_context_than_the_budgets_split() -> No
                            Frontend.SERVER, avail, n_ubatch=512, type_k="f16", type_v="f16", with_draft=False,
                            draft=None, ctx_max=spec.n_ctx_train)
     assert even.n_ctx == 14080
+
+
+def test_a_budget_per_device_must_name_every_server() -> None:
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB", "--no-speed")
+    assert r.returncode == 2 and "3 values for 2 RPC servers" in r.stderr
