@@ -69,6 +69,7 @@ from cli_options import (
     PromptTokensOpt,
     QuantizedKvStart,
     Repack,
+    Rpc,
     RunnerName,
     RunnerOpt,
     SeedOpt,
@@ -104,6 +105,7 @@ from cli_output import (
     print_log_side,
     warn_ctx_train,
 )
+from cli_rpc import device_budgets, host_totals, rpc_backend, rpc_budgets, split_note
 from cli_speed import Speed, calibrate_bench, choose_fastest, list_speed_calibrations, print_quants
 from fitter import GGFitError
 
@@ -226,6 +228,7 @@ def fit(
     split_mode: SplitModeOpt = "layer",
     main_gpu: MainGpu = 0,
     tensor_split: TensorSplit = None,
+    rpc: Rpc = None,
     lora: Lora = None,
     lora_scaled: LoraScaled = None,
     host_budget: HostBudgetOpt = None,
@@ -272,21 +275,20 @@ def fit(
     else:
         build = llama_build_of(llama_build, llama_server)
     speed = Speed(hardware, host_bandwidth, threads, speed_prompt, speed_depth, off=no_speed, build=build)
-    be, fe = speed.backend(backend), frontend_of(frontend)
+    be, fe = rpc_backend(rpc, speed.backend(backend)), frontend_of(frontend)
     if spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {spec_type}: ggfit models draft-simple and draft-mtp")
-    buds = fitter.parse_budgets(budget, be.value)
+    buds = rpc_budgets(rpc, budget) if rpc else fitter.parse_budgets(budget, be.value)
     bud = buds[main_gpu] if split_mode == "none" and main_gpu < len(buds) else buds[0]
     margin_bytes = fitter.parse_margin(margin, be.value)
     available = fitter.available_bytes(bud, margin_bytes)  # a margin that leaves nothing is the user's error
     # one budget per GPU: each device within its own (the layers split by the budgets unless -ts says otherwise)
-    per_device = ({f"CUDA{i}": b.bytes for i, b in enumerate(buds)} if len(buds) > 1 and split_mode != "none"
-                  else None)
+    per_device = device_budgets(be, buds) if len(buds) > 1 and split_mode != "none" else None
     for b in buds[1:]:
         fitter.available_bytes(b, margin_bytes)
     # system RAM next to the GPU (default: what is available now); on the CPU everything is the one budget, and a
     # Mac's unified memory is the Metal budget already (a host budget there only when given)
-    host = (fitter.parse_host_budget(host_budget) if be.value == "cuda" or (host_budget and be.value != "cpu")
+    host = (fitter.parse_host_budget(host_budget) if be.value in ("cuda", "rpc") or (host_budget and be.value != "cpu")
             else None)
     cfg = run_config(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k or "f16", type_v=type_v or "f16",
@@ -297,7 +299,7 @@ def fit(
         mmproj=mmproj, no_mmproj_offload=no_mmproj_offload,
         **placement_fields(n_cpu_moe, cpu_moe, override_tensor, no_kv_offload, no_op_offload, split_mode, main_gpu,
                             tensor_split, buds, be.value),
-        lora=lora_fields(lora, lora_scaled),
+        lora=lora_fields(lora, lora_scaled), rpc=rpc,
     )
     path = fitter.resolve_model(model)
     header, spec = fitter.load_model_spec(path)
@@ -322,9 +324,13 @@ def fit(
         r.fit_params = fitter.fit_params_check(fit_params, path, ccfg, cpred)
     elif check:
         r.measured = fitter.dry_run_check(path, r.pred, cfg)
+    split = split_note(r) if rpc else None  # several RPC devices: the -ts that fits the largest context
     if as_json:
-        print(json.dumps(r.as_json(), indent=2))
+        extra = {"hosts": host_totals(r.pred, rpc), "split": split and split[1]} if rpc else {}
+        print(json.dumps({**r.as_json(), **extra}, indent=2))
         raise typer.Exit(r.exit_code)  # the text's exit code: 1 when nothing fits (FitRun.verdict)
+    if split:
+        print(split[0] + "\n")
     print_fit(r)
 
 

@@ -19,6 +19,7 @@ class BackendName(str, Enum):
     metal = "metal"
     cuda = "cuda"
     cpu = "cpu"
+    rpc = "rpc"
 
 
 class FrontendName(str, Enum):
@@ -79,6 +80,7 @@ NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Kee
 NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
 SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
 MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
+Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers (rpc-server), as llama-server reads them: their devices RPC0, RPC1, ... come before local ones; --budget per device or auto (asks each server).")]
 TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]
 Mmproj = Annotated[Optional[str], typer.Option("-mm", "--mmproj", metavar="FILE", help="A multimodal projector (mmproj GGUF): its weights and compute buffer are counted.")]
@@ -302,7 +304,7 @@ NO_MEMORY_FLAGS: dict[str, bool] = {n: v for names, v in _NO_MEMORY for n in nam
 # otherwise read as -c / -b with a value: -cram as -c ram)
 NOT_MODELLED_FLAGS: dict[str, bool] = {n: v for names, v in (
     (("-cram", "--cache-ram", "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cms", "--checkpoint-min-step",
-      "--kv-unified-per-slot", "-dev", "--device", "--rpc", "--override-kv", "--control-vector",
+      "--kv-unified-per-slot", "-dev", "--device", "--override-kv", "--control-vector",
       "--control-vector-scaled", "--image-min-tokens", "--image-max-tokens", "-fit", "--fit", "-fitt",
       "--fit-target", "-fitc", "--fit-ctx", "-ncffn", "--n-cpu-ffn", "-lzm", "--lazy-mode", "--pooling",
       "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "-otd", "--override-tensor-draft",

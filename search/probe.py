@@ -205,6 +205,8 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
         raise ProbeError(f"{shown}: not a llama-server flag the python runner takes (it takes "
                          f"{', '.join(n for n in SERVER_FLAGS if n.startswith('-') and not n.startswith('--'))} and their long "
                          "names); use --runner server to hand it to llama-server")
+    if config.rpc and runner != "server":  # llama-cpp-python's loader registers no RPC device
+        raise ProbeError(f"--rpc {config.rpc}: the {runner} runner loads no RPC devices; use --runner server")
     budget_bytes = None
     if budget is not None:
         budget_bytes = parse_size(budget, what="--budget")

@@ -10,6 +10,7 @@ be, and a safety share for what varies between machines (driver, GPU, other proc
 | CUDA | 527 MiB CUDA context + 245 MiB CUDA pool and cuBLAS workspace | H200, driver 580.159, CUDA 13: cudaMemGetInfo around 15 real loads and decodes (benchmarks/results/gpu-load-h200.json: context 526.8 MiB every time, pool 84..245 MiB after the first decode) |
 | Metal | the whole margin, from the evidence | fitter.fit.metal_evidence: configs that ran bound what Metal holds outside the buffers from above (budget - predicted total), configs that ran out of memory from below; the margin is the smallest upper bound, in whole MiB, and must exceed every lower bound. Today: at most 628.47 MiB by the b9430 seed on a 32 GB M4 (Qwen3.6-35B-A3B Q4_K_M, q8_0, -c 262144 -ub 2048 ran: 24,930.53 MiB predicted of the 25,559 MiB working set); the configs that ran out of memory only say more than -1,114.52 MiB (a public log's macOS breakdown prints a negative `unaccounted`: free memory is read before the allocations, so no log measures it) |
 | CPU | 48 MiB | llama-server's resident memory beyond its buffers after a decode, measured here (pinned build, gemma3-270m: 12 MiB of program text, 30 MiB of heap and thread stacks) |
+| RPC | 45 MiB per CPU rpc-server | the largest VmRSS beyond its buffers of 56 CPU rpc-servers after a load and warm-up here (benchmarks/results/rpc-cpu-here.json; buffers never touched make the figure lower, so it is what a server held at least) |
 
 The safety share is 256 MiB on CUDA and the CPU. Metal gets none on top: the evidence bounds the whole margin, and
 a share on top of the smallest upper bound would reject the config that ran.
@@ -19,6 +20,7 @@ beyond its host buffers and the weights it keeps on the CPU, plus the safety sha
 
 | backend | outside the host buffers | evidence |
 |---|---|---|
+| RPC | 51 MiB | the main llama-server's largest VmRSS beyond its host buffers over the same 28 loads with CPU rpc-servers |
 | CUDA | 747 MiB | H200 host, pinned llama-server with `-lm none` (weights read into process memory, not mapped), Qwen3.6-35B-A3B Q4_K_M shape, `--n-cpu-moe 11 -c 262144`: peak RSS 6,501.3 MiB after a 4,096-token prefill and a decode, against 5,754.6 MiB of predicted host bytes (CPU experts, host buffers) (benchmarks/results/gpu-hostrss-h200.json) |
 """
 
@@ -41,12 +43,15 @@ class Overhead(NamedTuple):
 OVERHEAD: dict[str, Overhead] = {
     "cuda": Overhead(772 * MiB, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)"),
     "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
+    "rpc": Overhead(45 * MiB, "a CPU rpc-server's resident memory beyond its buffers (measured here)"),
 }
 
 
 HOST_OVERHEAD: dict[str, Overhead] = {
     "cuda": Overhead(747 * MiB, "llama-server's resident memory beyond its host buffers (CUDA runtime, heap; "
                                 "measured on the H200 host)"),
+    "rpc": Overhead(51 * MiB, "the main llama-server's resident memory beyond its host buffers, beside CPU "
+                              "rpc-servers (measured here)"),
 }
 
 

@@ -92,7 +92,8 @@ class Prediction(Record, frozen=False):
 def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> WeightPlacement:
     """Where llama.cpp puts each layer and tensor for these flags (-ngl, -ot, --cpu-moe, --n-cpu-moe, -sm, -mg, -ts).
     There are at least as many GPUs as -ts has proportions and -mg needs."""
-    n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1)
+    n_rpc = len(config.rpc.split(",")) if config.rpc else 0  # one device per rpc-server unless told more (n_gpus)
+    n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1, n_rpc)
     return weight_placement(len(spec.layers), backend, config.n_gpu_layers, overrides=config.tensor_overrides(),
                             n_gpus=n_gpus, tensor_split=config.tensor_split, split_mode=config.split_mode,
                             main_gpu=config.main_gpu)

@@ -12,7 +12,17 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from fitter.ggml.graph import Segment
-from fitter.ggml.tensor import FLAG_INPUT, FLAG_OUTPUT, HOST, IS_WEIGHT, ON_HOST, VIEW_OPS, Tensor, nbytes_strided
+from fitter.ggml.tensor import (
+    FLAG_INPUT,
+    FLAG_OUTPUT,
+    HOST,
+    IS_WEIGHT,
+    LAYER_PIN,
+    ON_HOST,
+    VIEW_OPS,
+    Tensor,
+    nbytes_strided,
+)
 from fitter.record import Record
 
 GGML_SCHED_MAX_COPIES = 4  # ggml-backend.h: copies of the inputs with pipeline parallelism
@@ -44,6 +54,7 @@ class Placement(Record, frozen=False):
     n_gpus: int = 1  # GPU backends: 0, then 2, 3, ... (in llama.cpp's priority order, the CPU last)
     n_copies: int = 1  # pipeline parallelism (several GPUs, every layer offloaded): GGML_SCHED_MAX_COPIES
     every_input: bool = True  # pass 6 copies every graph input, used or not (else only those a split reads)
+    pin_layer_norms: bool = False  # LAYER_PIN nodes preset to their layer's device (a real load's scheduler)
     flat: bool = False  # graph_optimize moves nodes across layers (Metal): one segment for the whole graph
     # where `flat`: the backend's graph_optimize over the segments of distinct layers (n, pro, seg0, templates, keys,
     # epi): the chunks to allocate (fitter.ggml.backends.metal.segments), or None: the graph is built whole
@@ -87,7 +98,8 @@ def _pass1_assign(seq: list[Segment], nodes: list[Tensor], pl: Placement) -> Non
             leaf.be = HOST if leaf.flags & FLAG_INPUT else -1
     for node in nodes:
         # a user assignment is kept ("do not overwrite user assignments"): -nkvo's attention output (llama-graph.cpp)
-        node.be = HOST if node.flags & ON_HOST else _backend_id_from_cur(pl, node)
+        if node.be == -1:
+            node.be = HOST if node.flags & ON_HOST else _backend_id_from_cur(pl, node)
 
 
 def _expand(pl: Placement, order: Iterable[Tensor], gpu_only: bool) -> None:
@@ -298,7 +310,9 @@ def split_graph(seq: list[Segment], pl: Placement, copy_size: Callable[[Tensor],
         for leaf in seg.leafs:
             leaf.be = -1
         for node in seg.nodes:
-            node.be = -1
+            # llama_context::graph_get_cb's ggml_backend_sched_set_tensor_backend: a layer's norm on its device
+            pin = pl.pin_layer_norms and node.flags & LAYER_PIN and pl.sup(seg.dev, node)
+            node.be = seg.dev if pin else -1
         nodes += seg.nodes
     _pass1_assign(seq, nodes, pl)
     _pass2_expand(nodes, pl)

@@ -25,6 +25,10 @@ FLAG_INPUT = 1  # ggml_set_input
 FLAG_OUTPUT = 2  # ggml_set_output
 # ggml_backend_sched_set_tensor_backend(sched, t, backend_cpu): a user assignment, kept by every pass of the scheduler
 ON_HOST = 4
+# llama_context::graph_get_cb: a layer's "norm" (build_norm with a weight or bias) set to its layer's device under
+# full offload or a ubatch below 32 tokens; kept by a real load's scheduler, dropped by a dry run's (sched_reserve_size
+# resets it): the scheduler presets it where Placement.pin_layer_norms
+LAYER_PIN = 8
 IS_WEIGHT = 2  # Tensor.w of a weight tensor (a model tensor in a WEIGHTS buffer)
 # Tensor.w of a LoRA adapter's tensor: pre-allocated beside its base weight, but in a buffer whose usage is not
 # GGML_BACKEND_BUFFER_USAGE_WEIGHTS (llama_adapter_lora_init_impl sets none): the scheduler neither places ops by it

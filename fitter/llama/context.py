@@ -743,6 +743,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
                    op_offload=op_offload, kv_host=kv_host, weight_override=override, n_gpus=len(gpus),
                    n_copies=GGML_SCHED_MAX_COPIES if pipeline else 1,
                    every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph,
+                   pin_layer_norms=impl.keeps_layer_pins and (n_layer_all_on_gpu or c.n_tokens < 32),
                    optimize_segments=getattr(impl, "optimize_segments", None))
     n_extra = len(gpus) - 1
     max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)

@@ -37,7 +37,7 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
     "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
-    "tensor_split": "-ts", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
+    "tensor_split": "-ts", "rpc": "--rpc", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
 }
 
 # common/common.h: the tensor-name patterns --cpu-moe and --n-cpu-moe turn into overrides to the CPU buffer type
@@ -94,6 +94,7 @@ class RunConfig(Record):
     split_mode: SplitMode = "layer"  # -sm
     main_gpu: int = 0  # -mg
     tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per GPU
+    rpc: str | None = None  # --rpc HOST:PORT,...: rpc-servers whose devices (RPC0, ...) come first (Backend.RPC)
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
     lora: tuple[tuple[str, float], ...] = ()
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
@@ -144,7 +145,8 @@ class RunConfig(Record):
         return out + [list(g) for g in extra]
 
     def placement_args(self) -> list[list[str]]:
-        out: list[list[str]] = [["-ot", o] for o in self.override_tensor]
+        out: list[list[str]] = [["--rpc", self.rpc]] if self.rpc else []
+        out += [["-ot", o] for o in self.override_tensor]
         if self.cpu_moe:
             out.append(["--cpu-moe"])
         if self.n_cpu_moe:
@@ -260,6 +262,7 @@ _FLAG_TABLE: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-sm", "--split-mode"), "split_mode", "str"),
     (("-mg", "--main-gpu"), "main_gpu", "int"),
     (("-ts", "--tensor-split"), "tensor_split", "floats"),
+    (("--rpc",), "rpc", "str"),
     (("--lora",), "lora", "lora"),
     (("--lora-scaled",), "lora", "lora_scaled"),
     (("-mm", "--mmproj"), "mmproj", "str"),

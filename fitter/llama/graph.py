@@ -17,6 +17,7 @@ from fitter.ggml.tensor import (
     FLAG_OUTPUT,
     HOST,
     IS_ADAPTER,
+    LAYER_PIN,
     ON_HOST,
     Context,
     Tensor,
@@ -333,6 +334,8 @@ class GraphContext:
     def build_norm(self, cur: Tensor, with_weight: bool = True, bias: bool = False, kind: str = "rms", name: str = "norm") -> Tensor:
         ctx0 = self.ctx0
         cur = rms_norm(ctx0, cur, name) if kind == "rms" else norm(ctx0, cur, name)
+        if (with_weight or bias) and ctx0.layer is not None:  # cb(cur, "norm", il)
+            cur.flags |= LAYER_PIN
         if with_weight:
             cur = mul(ctx0, cur, None, name + "op_weight")
         if bias:

@@ -1,4 +1,4 @@
-"""The backends: each one's buffer types, alloc sizes and op support (ggml-cpu, ggml-cuda, ggml-metal).
+"""The backends: each one's buffer types, alloc sizes and op support (ggml-cpu, ggml-cuda, ggml-metal, ggml-rpc).
 
 One protocol, `BackendImpl` (fitter.ggml.backends.base: alignment, max size, get_alloc_size,
 supports_op and the reasons behind it, offload_op, graph_optimize, buffer names, whether weights map
@@ -14,11 +14,13 @@ from fitter.ggml.backends.base import Backend, BackendError, BackendImpl
 from fitter.ggml.backends.cpu import CPUBackend
 from fitter.ggml.backends.cuda import CUDABackend
 from fitter.ggml.backends.metal import MetalBackend
+from fitter.ggml.backends.rpc import RPCBackend
 
 BACKENDS: dict[Backend, BackendImpl] = {
     Backend.CPU: CPUBackend(),
     Backend.CUDA: CUDABackend(),
     Backend.METAL: MetalBackend(),
+    Backend.RPC: RPCBackend(),
 }
 
 
@@ -29,7 +31,7 @@ def get(backend: Backend | str) -> BackendImpl:
     try:
         return BACKENDS[Backend(str(backend).lower())]
     except ValueError:
-        raise BackendError(f"backend '{backend}': use cpu, cuda or metal") from None
+        raise BackendError(f"backend '{backend}': use cpu, cuda, metal or rpc") from None
 
 
 def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:

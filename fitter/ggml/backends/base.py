@@ -36,6 +36,7 @@ class Backend(str, Enum):
     CPU = "cpu"
     CUDA = "cuda"
     METAL = "metal"
+    RPC = "rpc"  # devices of rpc-servers on other hosts (--rpc), the main host's CPU beside them
 
 
 class BackendError(GGFitError):
@@ -167,6 +168,10 @@ class BackendImpl:
     # get_host_buffer_type: pinned host memory next to the device (CUDA_Host), which takes the CPU weights it
     # multiplies before the CPU's extra buffer types (llama-model.cpp make_cpu_buft_list)
     has_host_buffer_type = False
+    # whose figures ggfit mirrors: a real load's scheduler, which keeps llama_context::graph_get_cb's assignments (a
+    # layer's norm on its layer's device: one split input fewer at each device boundary), or llama.cpp's dry run,
+    # whose ggml_backend_sched_reserve_size drops them (CUDA's and Metal's figures are checked against dry runs)
+    keeps_layer_pins = False
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:

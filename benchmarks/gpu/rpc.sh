@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the device machine (one NVIDIA GPU), in one call: issue 47's checks of llama.cpp's RPC backend with CUDA.
+# Builds llama-server, llama-fit-params and ggml-rpc-server of the pinned source with CUDA and GGML_RPC=ON (sm_90,
+# a few minutes on 16 cores), then records, with benchmarks/rpc_here.py (GGML_RPC_DEBUG=1 on every rpc-server: the
+# exact size of each buffer allocated on it):
+#   cuda-main   llama-server on CUDA0 plus two and three CPU rpc-servers (rpc-server -d CPU): devices RPC0, RPC1
+#               (, RPC2), CUDA0 in llama.cpp's order -> $OUT/rpc-cuda-main.json
+#   cuda-server rpc-servers serving the GPU (rpc-server -d CUDA0), the main process on RPC devices alone
+#               (-dev RPC0,RPC1[,RPC2]) -> $OUT/rpc-cuda-server.json
+# Carry [".gpu"] as run.sh does (.gpu/whl: pydantic, gguf, ... for the device's Python; .gpu/llama-cpp-python-src.tgz).
+# ggfit does not yet predict a local GPU beside RPC devices (`fit --rpc` refuses it): these recordings are the ground
+# truth to build that on; tests/fit/test_rpc_recorded.py replays the CPU ones.
+#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-server]
+set -u
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+REPO=$(pwd)
+exec > >(tee -a "$OUT/rpc.log") 2>&1
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
+[ -d /tmp/site/pydantic ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+B=/tmp/rpcb
+if [ ! -x $B/bin/ggml-rpc-server ]; then
+    mkdir -p /tmp/src && { [ -d /tmp/src/llama_cpp_python-0.3.36 ] || tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src; }
+    ( cd /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B $B -DGGML_CUDA=on -DGGML_RPC=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=$B/bin > "$OUT/rpc-build.log" 2>&1 && \
+      cmake --build $B --target llama-server llama-fit-params ggml-rpc-server -j "$(nproc)" >> "$OUT/rpc-build.log" 2>&1 )
+    echo "build exit $?"; tail -2 "$OUT/rpc-build.log"
+fi
+for part in "${@:-cuda-main cuda-server}"; do
+    for p in $part; do
+        echo "=== $p ($(date +%T))"
+        if [ "$p" = cuda-main ]; then
+            python3 benchmarks/rpc_here.py --bindir $B/bin --server-args "-d CPU" --out "$OUT/rpc-cuda-main.json"
+        else
+            python3 benchmarks/rpc_here.py --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
+                --out "$OUT/rpc-cuda-server.json" || true
+        fi
+    done
+done
+echo "=== done ($(date +%T))"

@@ -1,0 +1,89 @@
+"""A `-ts` over several devices (RPC servers, GPUs) that fits the largest context, each device within its own budget.
+
+llama_model::load_tensors gives device i the layers whose index over the offloaded ones falls below the i-th
+cumulative share of -ts (std::upper_bound): -ts in whole layers (7,6,6) gives each device exactly that many, the
+output layer counted on the last. The budgets' own proportions (llama.cpp's split by free memory) ignore that the
+last device holds the output layer and the logits, and that a device's compute buffer does not shrink with its
+layers: where one device fills first, moving layers off it lets the context grow.
+
+The search: for a context, fill the devices front to back, each with the most layers that keep it within its budget
+(its bytes grow with its own layers); the last takes the rest and must fit too. The largest such context is found in
+CTX_STEP steps by bisection (fits at a context imply fits below it, as for the solver). Every answer is a full
+prediction of the proposed -ts: what it reports is what ggfit predicts llama.cpp allocates.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from fitter.build import PINNED, LlamaBuild
+from fitter.fit.memory import Prediction, predict
+from fitter.fit.solver import CTX_STEP, excess
+from fitter.gguf.reader import GGUFHeader
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.llama.hparams import ModelSpec
+
+
+class Split(NamedTuple):
+    tensor_split: tuple[float, ...]  # whole layers per device, llama.cpp's device order ((): none fits)
+    n_ctx: int
+    pred: Prediction | None  # the prediction at that -ts and n_ctx
+
+
+def _fill(n_layers: int, devices: list[str], fits: Callable[[tuple[int, ...], int], bool]) -> tuple[int, ...] | None:
+    """Layer counts, front to back, each device with the most layers that keep it within its budget (`fits(counts,
+    i)`: device i fits with these counts); None when the last device cannot take what is left."""
+    counts: list[int] = []
+    for i in range(len(devices) - 1):
+        left = n_layers - sum(counts)
+        lo, hi = 0, left - (len(devices) - 1 - i)  # leave one layer at least for each device after this one
+        while lo < hi:  # the most layers device i keeps within budget (the rest on the last device meanwhile)
+            mid = (lo + hi + 1) // 2
+            trial = tuple(counts + [mid] + [0] * (len(devices) - 2 - i) + [left - mid])
+            if fits(trial, i):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return None
+        counts.append(lo)
+    counts.append(n_layers - sum(counts))
+    return tuple(counts) if counts[-1] > 0 and fits(tuple(counts), len(devices) - 1) else None
+
+
+def propose_split(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
+                  available: dict[str, int], *, ctx_max: int | None = None, build: LlamaBuild = PINNED) -> Split:
+    """The -ts (whole layers per device, in `available`'s order: llama.cpp's device order) that fits the largest
+    context at `base`'s -ub and K/V types; n_ctx 0 where none fits even CTX_STEP."""
+    devices = list(available)
+    # the offloaded layers, the output layer counted (llama_model::load_tensors: act_gpu_layers)
+    n_all = len(spec.layers) + 1
+    n_layers = n_all if base.n_gpu_layers < 0 else min(base.n_gpu_layers, n_all)
+    if n_layers < len(devices):
+        return Split((), 0, None)
+    preds: dict[tuple, Prediction] = {}
+
+    def pred(counts: tuple[int, ...], n_ctx: int) -> Prediction:
+        key = (counts, n_ctx)
+        if key not in preds:
+            cfg = base.model_copy(update={"n_ctx": n_ctx, "tensor_split": tuple(float(c) for c in counts)})
+            preds[key] = predict(header, spec, cfg, backend, frontend, build=build, terms=False)
+        return preds[key]
+
+    def at(steps: int) -> tuple[int, ...] | None:
+        n_ctx = steps * CTX_STEP
+        return _fill(n_layers, devices, lambda c, i: pred(c, n_ctx).device_totals().get(devices[i], 0)
+                     <= available[devices[i]])
+
+    lo, hi = 0, (ctx_max or spec.n_ctx_train) // CTX_STEP
+    best: tuple[int, ...] | None = None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        counts = at(mid)
+        if counts is not None and excess(pred(counts, mid * CTX_STEP), available) <= 0:
+            lo, best = mid, counts
+        else:
+            hi = mid - 1
+    if best is None or lo == 0:
+        return Split((), 0, None)
+    return Split(tuple(float(c) for c in best), lo * CTX_STEP, pred(best, lo * CTX_STEP))
