@@ -47,6 +47,16 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3moe-6l": ("qwen3moe", {"n_layer": 6}),
     "qwen35-8l": ("qwen35", {}),
 }
+# With a local GPU beside the servers (benchmarks/gpu/rpc.sh cuda-main): -ts in llama.cpp's device order RPC0, RPC1
+# [, RPC2], CUDA0, so that the local GPU holds layers too
+CASES_LOCAL_GPU: list[tuple[int, dict[str, Any]]] = [
+    (2, {"n_ctx": 4096, "n_ubatch": 512, "tensor_split": [1.0, 1.0, 2.0]}),
+    (2, {"n_ctx": 16384, "n_ubatch": 1024, "n_batch": 2048, "tensor_split": [1.0, 2.0, 1.0]}),
+    (2, {"n_ctx": 8192, "n_ubatch": 256, "tensor_split": [0.0, 1.0, 3.0]}),
+    (2, {"n_ctx": 8192, "n_ubatch": 512, "n_gpu_layers": 4, "tensor_split": [1.0, 1.0, 1.0]}),
+    (3, {"n_ctx": 8192, "n_ubatch": 512, "tensor_split": [1.0, 1.0, 1.0, 1.0]}),
+    (3, {"n_ctx": 2048, "n_ubatch": 512, "flash_attn": "off", "tensor_split": [1.0, 1.0, 1.0, 3.0]}),
+]
 # (servers, config) per model: llama-server's defaults otherwise (4 slots, unified KV, -fa auto, mmap)
 CASES: list[tuple[int, dict[str, Any]]] = [
     (2, {"n_ctx": 4096, "n_ubatch": 512}),
@@ -59,7 +69,7 @@ CASES: list[tuple[int, dict[str, Any]]] = [
     (3, {"n_ctx": 32768, "n_ubatch": 512, "tensor_split": [13.0, 5.0, 1.0]}),  # fitter.fit.split's for Gemma 3
 ]
 _ALLOC = re.compile(r"\[alloc_buffer\] device: (\d+), size: (\d+) -> remote_ptr: \w+, remote_size: (\d+)")
-_USING = re.compile(r"using device (\S+) \((\S+)\) \([^)]*\) - (\d+) MiB free")
+_USING = re.compile(r"using device (\S+) \((.+?)\) \([^()]*\) - (\d+) MiB free")  # RPC: the endpoint; CUDA0: its name
 _BUILD = re.compile(r"build:? (\d+) \((\w+)\)")
 _KIND_ORDER = {"model": 0, "kv": 1, "rs": 1, "compute": 2}
 
@@ -216,9 +226,16 @@ def measure_one(procs: Procs, bindir: Path, servers: list, model: str, cfg: dict
     row["rss"] = {"servers": rss, "main": main_rss}  # VmRSS after the warm-up: the margins' evidence
     if status != "ok":
         row["log_tail"] = text.splitlines()[-30:]
+        row["server_log_tails"] = [log_tail(srv[1], off) for srv, off in zip(servers, offsets)]
     m = _BUILD.search(text)
     row["build"] = {"number": int(m.group(1)), "commit": m.group(2)} if m else None
     return row
+
+
+def log_tail(log: Path, offset: int, n: int = 15) -> list[str]:
+    """An rpc-server's last lines since `offset`, without its per-call debug lines."""
+    text = log.read_bytes()[offset:].decode(errors="replace").splitlines()
+    return [ln for ln in text if not ln.startswith("[")][-n:]
 
 
 def dry_run(bindir: Path, eps: list[str], model: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -241,15 +258,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     dry: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
+    cases = CASES_LOCAL_GPU if args.local_gpu else CASES
     try:
         with tempfile.TemporaryDirectory(prefix="ggfit-rpc-") as tmp:
             logdir = Path(tmp)
-            for n in sorted({n for n, _ in CASES}):
+            for n in sorted({n for n, _ in cases}):
                 servers = start_servers(procs, bindir, n, logdir / f"s{n}", tuple(args.server_args.split()))
                 probes.append({"servers": n, "answers": [a for _, _, a in servers]})
                 for label in args.only or MODELS:
                     path = model_path(label)
-                    for n_cases, cfg in CASES:
+                    for n_cases, cfg in cases:
                         if n_cases != n:
                             continue
                         main_args = tuple(args.main_args.split())
@@ -260,8 +278,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         rows.append(row)
                         print(f"{label:<14} {n} servers {cfg}: {row['status']} {row['problems'] or ''}", flush=True)
                     if not args.no_dry:
+                        first = next(cfg for k, cfg in cases if k == n)
                         dry.append({"model": label, "servers": n, **dry_run(bindir, [s[0] for s in servers], path,
-                                                                           CASES[0][1] if n == 2 else CASES[4][1])})
+                                                                           first)})
                 for p in list(procs.procs):
                     procs.stop(p)
     finally:
@@ -282,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bindir", help="llama-server, llama-fit-params and ggml-rpc-server of another build (CUDA)")
     ap.add_argument("--server-args", default="", help="more rpc-server flags, e.g. '-d CPU' or '-d CUDA0'")
     ap.add_argument("--main-args", default="", help="more llama-server flags")
+    ap.add_argument("--local-gpu", action="store_true",
+                    help="the cases for a main process with its own GPU beside the servers (CASES_LOCAL_GPU)")
     ap.add_argument("--rpc-devices-only", action="store_true", help="llama-server -dev RPC0,...: no local GPU")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run()'s finally

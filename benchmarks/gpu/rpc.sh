@@ -10,7 +10,8 @@
 # Carry [".gpu"] as run.sh does (.gpu/whl: pydantic, gguf, ... for the device's Python; .gpu/llama-cpp-python-src.tgz).
 # ggfit does not yet predict a local GPU beside RPC devices (`fit --rpc` refuses it): these recordings are the ground
 # truth to build that on; tests/fit/test_rpc_recorded.py replays the CPU ones.
-#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-server]
+#   cuda-local  as cuda-main with -ts that give CUDA0 layers too -> $OUT/rpc-cuda-local.json
+#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server]
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REPO=$(pwd)
@@ -35,6 +36,9 @@ for part in "${@:-cuda-main cuda-server}"; do
         echo "=== $p ($(date +%T))"
         if [ "$p" = cuda-main ]; then
             python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CPU" --out "$OUT/rpc-cuda-main.json"
+        elif [ "$p" = cuda-local ]; then  # -ts that give the main process's CUDA0 layers too
+            python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CPU" --local-gpu \
+                --out "$OUT/rpc-cuda-local.json"
         else
             python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
                 --out "$OUT/rpc-cuda-server.json" || true
