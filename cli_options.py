@@ -3,10 +3,13 @@ what turns them into fitter's values. cli.py's commands declare their parameters
 
 No `from __future__ import annotations`: typer reads the aliases as objects (see cli.py)."""
 
+import dataclasses
+import functools
+import inspect
 import os
 import shutil
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -122,6 +125,147 @@ Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", 
 SpeedPromptOpt = Annotated[int, typer.Option("--speed-prompt", metavar="N", help="The prompt of the predicted prefill rate: llama-bench's pp<N> (default 512).")]
 SpeedDepthOpt = Annotated[int, typer.Option("--speed-depth", metavar="D", help="Context depth of the predicted rates: llama-bench's -d (default 0).")]
 NoSpeedOpt = Annotated[bool, typer.Option("--no-speed", help="Predict no prefill and decode rates (and detect no hardware).")]
+
+CheckOpt = Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")]
+LlamaBinOpt = Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")]
+
+
+# --- option groups: the options several commands share, declared once ---------------------------------------------
+# A group is a dataclass of the aliases above. A command's parameter typed with a group (`speed: SpeedOptions`)
+# takes the group's fields as its options, in the group's order, and the command receives the group (`with_groups`).
+# A new option of a shared kind is a field of its group; a new kind of options is a new group.
+
+
+class OptionGroup:
+    """The base of the option groups (with_groups expands a parameter typed with a subclass)."""
+
+
+@dataclasses.dataclass
+class BudgetOptions(OptionGroup):
+    """--budget, --margin, --backend: what to fit into, on which backend (fit, quants, optimise)."""
+
+    budget: BudgetOpt = "auto"
+    margin: MarginOpt = None
+    backend: BackendOpt = None
+
+
+@dataclasses.dataclass
+class ContextOptions(OptionGroup):
+    """llama.cpp's context flags (fit, quants)."""
+
+    n_ctx: Ctx = None
+    n_batch: Batch = None
+    n_ubatch: UBatch = None
+    type_k: CacheK = None
+    type_v: CacheV = None
+    flash_attn: FlashAttn = FlashAttnMode.auto
+    n_parallel: Parallel = None
+
+
+@dataclasses.dataclass
+class PlacementOptions(OptionGroup):
+    """Where the weights and the KV cache go (fit, quants, optimise)."""
+
+    n_gpu_layers: GpuLayers = -1
+    n_cpu_moe: NCpuMoe = 0
+    cpu_moe: CpuMoe = False
+    override_tensor: OverrideTensor = None
+    no_kv_offload: NoKvOffload = False
+
+
+@dataclasses.dataclass
+class AdapterOptions(OptionGroup):
+    """LoRA adapters and a multimodal projector beside the model (fit, quants, optimise)."""
+
+    lora: Lora = None
+    lora_scaled: LoraScaled = None
+    mmproj: Mmproj = None
+    no_mmproj_offload: NoMmprojOffload = False
+
+
+@dataclasses.dataclass
+class ServerOptions(OptionGroup):
+    """fit's further llama-server flags: the KV cache's layout, several GPUs, host memory, how weights load."""
+
+    kv_unified: KVUnified = None
+    swa_full: SwaFull = None
+    no_op_offload: NoOpOffload = False
+    split_mode: SplitModeOpt = "layer"
+    main_gpu: MainGpu = 0
+    tensor_split: TensorSplit = None
+    host_budget: HostBudgetOpt = None
+    no_mmap: NoMmap = False
+    repack: Repack = False
+
+
+@dataclasses.dataclass
+class DraftOptions(OptionGroup):
+    """Speculative decoding: a draft model or the model's MTP head (fit)."""
+
+    model_draft: ModelDraft = None
+    spec_type: SpecType = None
+    draft_type_k: DraftTypeK = "f16"
+    draft_type_v: DraftTypeV = "f16"
+    draft_n_max: DraftNMax = 3
+
+
+@dataclasses.dataclass
+class BuildOptions(OptionGroup):
+    """Whose llama.cpp rules apply (fit, quants, optimise)."""
+
+    llama_build: LlamaBuildOpt = None
+    llama_server: LlamaServerOpt = None
+
+
+@dataclasses.dataclass
+class SpeedOptions(OptionGroup):
+    """The speed model's settings (issue 46; fit, quants)."""
+
+    hardware: HardwareOpt = "auto"
+    host_bandwidth: HostBandwidthOpt = None
+    threads: Threads = None
+    speed_prompt: SpeedPromptOpt = 512
+    speed_depth: SpeedDepthOpt = 0
+    no_speed: NoSpeedOpt = False
+
+
+@dataclasses.dataclass
+class MlxOptions(OptionGroup):
+    """mlx-lm's own settings (fit --engine mlx)."""
+
+    max_kv_size: MaxKvSize = None
+    kv_bits: KvBits = None
+    kv_group_size: KvGroupSize = 64
+    quantized_kv_start: QuantizedKvStart = 5000
+    prefill_step_size: PrefillStep = 2048
+    max_tokens: MaxTokens = 512
+    prompt_cache_bytes: PromptCacheBytes = None
+
+
+def with_groups(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The command with each parameter typed with an OptionGroup spread into the group's fields (the options typer
+    sees, in place), and the group built again from them when it runs."""
+    sig = inspect.signature(command)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type, list[str]]] = {}
+    for p in sig.parameters.values():
+        group = p.annotation
+        if not (isinstance(group, type) and issubclass(group, OptionGroup)):
+            params.append(p)
+            continue
+        fields = dataclasses.fields(group)  # type: ignore[arg-type]
+        groups[p.name] = (group, [f.name for f in fields])
+        params += [inspect.Parameter(f.name, p.kind, default=f.default, annotation=f.type) for f in fields]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        for name, (group, names) in groups.items():
+            kwargs[name] = group(**{n: kwargs.pop(n) for n in names})
+        return command(**kwargs)
+
+    run.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
 
 
 def detect_backend() -> str:

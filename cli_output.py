@@ -1,57 +1,21 @@
-"""How ggfit's commands print what they found: `fit`'s run (the prediction, the solved table, the recommendation,
-the placement, the build's rules, the checks), `fit --engine mlx`'s, `calibrate`'s tables and a user log's side. cli.py parses the
-flags and calls fitter; the text is here."""
+"""How ggfit's commands print what they found, apart from `fit`'s and `quants`' plan (cli_fit): `fit --engine mlx`'s
+answer, the breakdown table both share, `calibrate`'s tables and a user log's side. cli.py parses the flags and calls
+fitter; the text is here."""
 
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import field
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 import fitter
-from cli_options import detect_backend
-from cli_speed import fastest_json, fit_speed, print_fastest, print_speed, speed_json
-from cli_verdict import (
-    alternatives_json,
-    batch_notes,
-    print_placement,
-    print_recommendation,
-    print_what_to_change,
-    server_flags,
-    verdict_line,
-    verdict_of,
-    what_fits_instead,
-)
+from cli_options import MlxOptions, detect_backend
 from fitter import GGFitError
 
 
 def mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
-
-
-def print_build(build, differences) -> None:
-    """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
-    if build.is_pinned:
-        return
-    matter = [d for d in differences if d.device_bytes]
-    print(f"build    {build.label()}: {build.how}")
-    if matter:
-        print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
-    for d in matter:
-        print(f"         - {d.line}")
-    if len(differences) > len(matter):
-        print(f"         ({len(differences) - len(matter)} other rules differ from the pinned build and change "
-              "nothing here)")
-
-
-def warn_ctx_train(cp, spec) -> None:
-    """llama_context::llama_context warns "n_ctx_seq > n_ctx_train -- possible training context overflow"; so does ggfit."""
-    if cp.n_ctx_seq > spec.n_ctx_train:
-        print(f"ggfit: warning: n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({spec.n_ctx_train}) -- possible training "
-              "context overflow (llama-server caps each slot at n_ctx_train)", file=sys.stderr)
 
 
 def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
@@ -71,288 +35,6 @@ def print_breakdown(pred, available: int, per_device: dict[str, int] | None = No
           f"headroom {(available - total) / 2**20:,.2f} MiB")
     if pred.total_host_bytes:
         print(f"host memory outside the budget: {mib(pred.total_host_bytes)}")
-
-
-class FitRun(fitter.Record, frozen=False):
-    """What `ggfit fit` found: the prediction (at the recommended solution when it solved for the context)."""
-
-    path: str
-    header: Any
-    spec: Any
-    cfg: Any
-    be: Any
-    fe: Any
-    bud: Any
-    margin_bytes: int
-    available: int
-    draft: Any
-    model_draft: str | None
-    build: Any
-    margin_default: bool = False
-    host: Any = None  # the host budget (None on the CPU backend: everything is the one budget there)
-    n_gpus: int = 1
-    per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
-    speed: Any = None  # cli_speed.Speed: --hardware and the rates' settings (None: no rates)
-    speed_options: Any = None  # fit for speed: the placements that fit, fastest first (cli_speed.choose_fastest)
-
-    @property
-    def avail(self) -> Any:
-        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
-        if self.per_device:
-            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
-        return self.available
-    solutions: list = field(default_factory=list)
-    differences: list = field(default_factory=list)
-    rec: Any = None
-    pred: Any = None
-    measured: dict | None = None
-    fit_params: dict | None = None
-    placement: Any = None  # a PlacementChoice when the config as given does not fit
-    placement_why: str = ""
-    placement_cfg: Any = None
-    table_placement: Any = None  # the PlacementChoice the table was solved with (no -c: the placement given fit nothing)
-    alternatives: list = field(default_factory=list)  # what fits instead, one change at a time (Alternative)
-    asked: dict[str, int | None] = field(default_factory=dict)  # -b and -ub as given (None: not given)
-
-    def solve(self, *, solve_ctx: bool, n_batch: int | None, n_ubatch: int | None, kv_given: bool) -> None:
-        """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one; where
-        the placement given fits no context, the table is solved again with the placement solve_placement finds."""
-        if not solve_ctx:
-            self.pred = fitter.predict(self.header, self.spec, self.cfg, self.be, self.fe, self.draft, build=self.build)
-            return
-        kwargs: dict[str, Any] = {"ubatches": fitter.table_ubatches(self.spec, n_batch, n_ubatch)}
-        if kv_given:
-            kwargs["kv_pairs"] = ((self.cfg.type_k, self.cfg.type_v),)
-        self._solve_table(kwargs)
-        if self.rec is None:
-            self._place_table(kwargs)
-
-    def _solve_table(self, kwargs: dict[str, Any]) -> None:
-        h, spec, cfg, be, fe, b = self.header, self.spec, self.cfg, self.be, self.fe, self.build
-        self.solutions = fitter.solve(h, spec, cfg, be, fe, self.bud.bytes, self.margin_bytes, draft=self.draft,
-                                      build=b, per_device=self.per_device, **kwargs)
-        self.rec = fitter.recommend(self.solutions, spec.n_ctx_train)
-        self.pred = (fitter.prediction_for(h, spec, cfg, be, fe, self.rec, self.draft, build=b) if self.rec else
-                     fitter.predict(h, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, self.draft, build=b))
-
-    def _place_table(self, kwargs: dict[str, Any]) -> None:
-        """No context fits the placement given: the placement that fits the training context (else 4,096 tokens) at
-        the asked -ub and K/V types (fewest --n-cpu-moe for a MoE model, largest -ngl for a dense one: solve_placement),
-        and the table solved again with it. The CPU backend has no GPU; Metal's unified memory frees nothing."""
-        for target in dict.fromkeys((self.spec.n_ctx_train, min(self.spec.n_ctx_train, 4096))):
-            base = self.cfg.model_copy(update={"n_ctx": target})  # -ub and -b as given: llama.cpp resolves them
-            placed, why = fitter.solve_placement(self.header, self.spec, base, self.be, self.fe, self.avail,
-                                                 self.host_avail, draft=self.draft, build=self.build)
-            self.placement_why = self.placement_why or why
-            if placed is not None:
-                self.table_placement, self.placement_why = placed, ""
-                self.cfg = self.cfg.model_copy(update=placed.update)
-                self._solve_table(kwargs)
-                return
-
-    @property
-    def pred_config(self) -> Any:
-        """The config of the prediction shown (the recommended solution's when fit solved for the context)."""
-        return fitter.served_config(self.pred.context, self.cfg, self.model_draft if self.pred_draft else None)
-
-    @property
-    def pred_draft(self) -> Any:
-        return self.draft if (self.rec is None or self.rec.draft) else None
-
-    def solve_placement(self) -> None:
-        """When the config does not fit (or the context solved for stops short of the training context): the
-        placement (--n-cpu-moe, else -ngl) that fits at the asked context (else the training context)."""
-        cp = self.pred.context
-        if self.fits and (self.rec is None or self.rec.n_ctx >= self.spec.n_ctx_train):
-            return
-        if self.be.value == "cpu" or self.table_placement is not None or self.placement_why:
-            return  # no GPU, or the table's placement was solved already (or why there is none said)
-        target = self.cfg.n_ctx if self.cfg.n_ctx is not None else self.spec.n_ctx_train
-        base = self.cfg.model_copy(update={"n_ctx": target, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k,
-                                           "type_v": cp.type_v})
-        if self.rec is not None:
-            base = base.model_copy(update={"n_batch": self.rec.n_batch})
-        host = self.host_avail
-        self.placement, self.placement_why = fitter.solve_placement(
-            self.header, self.spec, base, self.be, self.fe, self.avail, host,
-            draft=self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
-        if self.placement is not None:
-            self.placement_cfg = base.model_copy(update=self.placement.update)
-
-    @property
-    def host_margin(self) -> int:
-        """What the host budget keeps for the process's own memory beside the predicted host bytes."""
-        return fitter.default_host_margin(self.be.value)
-
-    @property
-    def host_avail(self) -> int | None:
-        """What the predicted host bytes may use: the host budget less the host margin (None: no host budget)."""
-        return None if self.host is None else self.host.bytes - self.host_margin
-
-    @property
-    def fits(self) -> bool:
-        # every GPU within its budget (one budget: the device total), and what lands in RAM within the host budget
-        if self.host_avail is not None and self.pred.host_bytes > self.host_avail:
-            return False
-        return fitter.excess(self.pred, self.avail) <= 0
-
-    def placement_flags(self) -> list[str]:
-        pcfg = self.placement_cfg
-        pred = fitter.predict(self.header, self.spec, pcfg, self.be, self.fe,
-                              self.draft if (self.rec is None or self.rec.draft) else None, build=self.build)
-        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return server_flags(self.path, pred.context, pcfg, draft, self.spec, self.be, self.n_gpus)
-
-    def flags(self) -> list[str]:
-        draft = self.model_draft if (self.rec is None or self.rec.draft) else None
-        return server_flags(self.path, self.pred.context, self.cfg, draft, self.spec, self.be, self.n_gpus)
-
-    def conclude(self) -> None:
-        """What fits instead (one change at a time) when the config, or without -c every context, does not fit."""
-        self.alternatives = what_fits_instead(self)
-
-    @property
-    def verdict(self) -> str:
-        return verdict_of(self)
-
-    @property
-    def exit_code(self) -> int:
-        """0 when a command fits (fits, fits_with_placement), 1 when none does: in text and JSON alike."""
-        return 1 if self.verdict == "does_not_fit" else 0
-
-    def as_json(self) -> dict[str, Any]:
-        total = self.pred.total_device_bytes
-        out = {
-            "backend": self.be.value,
-            "frontend": self.fe.value,
-            "llama_cpp": fitter.build_label() if self.build.is_pinned else self.build.label(),
-            "llama_build": {"label": self.build.label(), "how": self.build.how, "pinned": self.build.is_pinned,
-                            "differences": [d.model_dump(mode="json") for d in self.differences]},
-            "budget_bytes": self.bud.bytes,
-            "budget_source": self.bud.source,
-            "margin_bytes": self.margin_bytes,
-            "margin_source": fitter.margin_note(self.be.value) if self.margin_default else "--margin",
-            "config": self.pred.context.model_dump(mode="json"),
-            "buffers": [b.model_dump(mode="json") for b in self.pred.buffers],
-            "total_device_bytes": total,
-            "fits": self.fits,
-            "headroom_bytes": -fitter.excess(self.pred, self.avail),
-            "device_totals": self.pred.device_totals(),
-            "solutions": [s.model_dump(mode="json") for s in self.solutions],
-            "recommended": self.rec.model_dump(mode="json") if self.rec else None,
-            "flags": self.flags() if self.fits else None,
-            "calibration": [a.model_dump(mode="json") for a in self.pred.calibration],
-            "host_bytes": self.pred.host_bytes,
-            "host_budget_bytes": self.host.bytes if self.host is not None else None,
-            "host_budget_source": self.host.source if self.host is not None else None,
-            "host_margin_bytes": self.host_margin if self.host is not None else None,
-            "host_margin_source": fitter.host_margin_note(self.be.value) if self.host is not None else None,
-            "placement": ({**self.placement.model_dump(mode="json"), "flags": self.placement_flags(),
-                           "speed": speed_json(fit_speed(self, placed=True)), "by_speed": fastest_json(self)}
-                          if self.placement is not None else None),
-            "placement_note": self.placement_why or None,
-            "table_placement": ({**self.table_placement.model_dump(mode="json"), "flags": self.table_placement.flags}
-                                if self.table_placement is not None else None),
-            "batch_notes": batch_notes(self),
-            "what_to_change": alternatives_json(self),
-            "verdict": {"verdict": self.verdict, "line": verdict_line(self), "exit_code": self.exit_code,
-                        "flags": (self.flags() if self.fits else self.placement_flags()
-                                  if self.placement is not None else None)},
-        }
-        out["speed"] = speed_json(fit_speed(self))
-        if out["speed"] is None and self.speed is not None and self.speed.note:
-            out["speed_note"] = self.speed.note
-        if self.measured is not None:
-            out["check"] = self.measured
-        if self.fit_params is not None:
-            out["check"] = self.fit_params
-        return out
-
-
-def print_fit(r: FitRun) -> None:
-    """`ggfit fit`'s text: the model and budget, the solutions, the breakdown, then the command or what to change, and
-    the verdict last (FitRun.verdict_line: the same as JSON's). Exit code FitRun.exit_code."""
-    spec, pred = r.spec, r.pred
-    print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {mib(spec.file_size)})")
-    print(f"backend  {r.be.value}, {r.fe.value} defaults, "
-          + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
-    print_build(r.build, r.differences)
-    note = f" [{r.bud.note}]" if r.bud.note else ""
-    why = f" ({fitter.margin_note(r.be.value)})" if r.margin_default else ""
-    print(f"budget   {mib(r.bud.bytes)} ({r.bud.source}){note}, margin {mib(r.margin_bytes)}{why} -> "
-          f"{mib(r.available)} available")
-    if pred.context.defaults_applied:
-        print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
-    # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so
-    for i, line in enumerate(batch_notes(r)):
-        print(("capped   " if i == 0 else "         ") + line)
-    if r.solutions:
-        print_recommendation(r)
-        if r.rec is None:
-            print(f"\nverdict: {verdict_line(r)}")
-            raise typer.Exit(r.exit_code)
-    print()
-    print_breakdown(pred, r.available, r.avail if r.per_device else None)
-    print_speed(r)
-    print_calibration(pred)
-    if r.measured is not None:
-        print()
-        print_check(r.measured)
-    if r.fit_params is not None:
-        print()
-        print_fit_params(r.fit_params)
-    if r.be.value == "metal" and (r.cfg.n_cpu_moe or r.cfg.cpu_moe or r.cfg.override_tensor or r.cfg.n_gpu_layers >= 0):
-        print("note: Metal's memory is unified: weights kept on the CPU (--n-cpu-moe, --cpu-moe, -ot, -ngl) leave the "
-              "Metal buffers but stay in the same RAM, so they free nothing overall")
-    if r.host is not None:
-        hb, ha = pred.host_bytes, r.host_avail
-        print(f"host memory: {mib(hb)} of the {mib(r.host.bytes)} host budget ({r.host.source}) less a "
-              f"{mib(r.host_margin)} host margin ({fitter.host_margin_note(r.be.value)}): "
-              + ("fits" if ha is not None and hb <= ha else "does NOT fit"))
-    print_placement(r)
-    if r.placement is not None:
-        print_speed(r, placed=True)
-        print_fastest(r)
-    if r.fits:
-        print("\nllama-server \\\n  " + " \\\n  ".join(r.flags()))
-    else:
-        print()
-        print_what_to_change(r)
-    print(f"\nverdict: {verdict_line(r)}")
-    if r.exit_code:
-        raise typer.Exit(r.exit_code)
-
-
-def print_calibration(pred) -> None:
-    for a in pred.calibration:
-        changes = ", ".join(f"{c.owner} {c.device} compute {c.predicted_bytes / 2**20:,.2f} -> "
-                            f"{c.calibrated_bytes / 2**20:,.2f} MiB" for c in a.changed)
-        print(f"calibration applied: {a.architecture} on {a.backend}, llama.cpp {a.llama_cpp[:12]}, from {a.stored}: "
-              + (f"changed {changes}" if changes else "identity, no buffer changed" if a.identity else "no buffer changed"))
-
-
-def print_fit_params(check: dict) -> None:
-    print(f"your llama-fit-params, predicted vs printed (MiB, rounded down as it prints them):\n  $ {check['command']}")
-    print("  (its context is common_params': logits for the whole batch, one KV stream per sequence; ggfit predicted "
-          "that context for this check)")
-    print(f"  {'device':<10}{'kind':<9}{'predicted':>11}{'printed':>9}{'diff':>7}")
-    for row in check["rows"]:
-        p, m = row["predicted_mib"], row["measured_mib"]
-        d = "-" if p is None or m is None else f"{p - m:+d}"
-        print(f"  {row['device']:<10}{row['kind']:<9}{'-' if p is None else p:>11}{'-' if m is None else m:>9}{d:>7}")
-    print("  exact" if check["exact"] else "  differs: see the rows above")
-
-
-def print_check(measured: dict) -> None:
-    print(f"llama.cpp dry run ({measured.get('llama_cpp', '?')}), predicted vs measured:")
-    print(f"  {'kind':<9}{'predicted MiB':>15}{'llama.cpp MiB':>15}{'diff MiB':>11}")
-    for row in measured["rows"]:
-        p, m = row["predicted_bytes"], row["measured_bytes"]
-        mm = "-" if m is None else f"{m / 2**20:,.2f}"
-        d = "-" if m is None else f"{(p - m) / 2**20:+,.2f}"
-        print(f"  {row['kind']:<9}{p / 2**20:>15,.2f}{mm:>15}{d:>11}")
-    for line in measured.get("notes", []):
-        print(f"  {line}")
 
 
 def print_log_side(ulog, *, rows: bool = True) -> None:
@@ -452,10 +134,11 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 
 
 def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
-             max_kv_size: int | None, kv_bits: int | None, kv_group_size: int, quantized_kv_start: int,
-             prefill_step_size: int, max_tokens: int, prompt_cache_bytes: str | None, draft_n_max: int,
-             as_json: bool) -> None:
+            settings: MlxOptions, draft_n_max: int, as_json: bool) -> None:
     """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
+    o = settings
+    max_kv_size, kv_bits, kv_group_size, max_tokens = o.max_kv_size, o.kv_bits, o.kv_group_size, o.max_tokens
+    quantized_kv_start, prefill_step_size, prompt_cache_bytes = o.quantized_kv_start, o.prefill_step_size, o.prompt_cache_bytes
     bud = fitter.parse_budget(budget, detect_backend())
     margin_bytes = fitter.parse_margin(margin)
     available = fitter.available_bytes(bud, margin_bytes)

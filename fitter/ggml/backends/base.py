@@ -169,6 +169,11 @@ class BackendImpl:
     has_host_buffer_type = False
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
 
+    def device_name(self, index: int) -> str:
+        """llama.cpp's name of the device at `index` ("CUDA1"): its registry's name and the index (a --budget per GPU
+        is keyed by it, as the prediction's buffers are)."""
+        return f"{self.registry}{index}"
+
     def for_build(self, build: LlamaBuild) -> BackendImpl:
         """This backend as `build`'s ggml has it (a bound copy; itself for the build it already mirrors)."""
         if build == self.build:
