@@ -18,7 +18,7 @@ from cli_options import (
     SIZE_HELP,
     AdapterOptions,
     AsJson,
-    BackendName,
+    BackendName,  # noqa: F401  (the CLI's names, as tests and callers read them: cli.BackendName)
     BackendOpt,
     BudgetOpt,
     BudgetOptions,
@@ -51,7 +51,6 @@ from cli_options import (
     SpeedOptions,
     StorageOpt,
     TrialsOpt,
-    backend_of,
     check_engine_flags,
     llama_build_of,
     split_server_flags,
@@ -60,11 +59,7 @@ from cli_options import (
 from cli_output import (
     calibrate_clear,
     calibrate_list,
-    calibration_lines,
     fit_mlx,
-    mib,
-    print_log_extras,
-    print_log_side,
 )
 from cli_search import compare_engines_run, signals
 from cli_speed import calibrate_bench, list_speed_calibrations
@@ -96,71 +91,9 @@ def inspect(
     as_json: AsJson = False,
 ) -> None:
     """Describe a model from its header: architecture, size, layer kinds, attention, vocab."""
+    from cli_inspect import show_inspect
 
-    header, spec = fitter.load_model_spec(fitter.resolve_model(model), allow_unknown=True)
-    if as_json:
-        out = spec.model_dump(mode="json")
-        out["layer_kinds"] = spec.layer_kind_counts()
-        out["has_mtp"] = spec.has_mtp
-        out["bytes_fetched"] = header.bytes_fetched
-        out["shards"] = [s.location for s in header.shards]
-        print(json.dumps(out, indent=2))
-        return
-    rows: list[tuple[str, str]] = []
-    rows.append(("model", ", ".join(s.location for s in header.shards)))
-    arch = spec.architecture + (f" ({spec.name})" if spec.name else "")
-    if not spec.known:
-        arch += "  [not modelled by ggfit: layer kinds below are generic guesses]"
-    rows.append(("architecture", arch))
-    rows.append(("parameters", f"{spec.n_params:,} ({spec.n_params / 1e9:.3f} B)"))
-    rows.append(("file size", f"{mib(spec.file_size)} ({spec.file_size:,} bytes; header {mib(spec.header_size)})"))
-    rows.append(("file type", spec.file_type_name or "not set"))
-    rows.append(("bytes by type", ", ".join(f"{t} {mib(b)}" for t, b in spec.bytes_by_type.items())))
-    trunk = [layer for layer in spec.layers if not layer.nextn]
-    kinds = spec.layer_kind_counts()
-    parts = []
-    if kinds.get("full"):
-        parts.append(f"{kinds['full']} full attention")
-    if kinds.get("swa"):
-        parts.append(f"{kinds['swa']} sliding window ({spec.n_swa} tokens)")
-    if kinds.get("recurrent"):
-        parts.append(f"{kinds['recurrent']} recurrent")
-    no_kv = sum(1 for layer in trunk if not layer.has_kv and layer.kind != fitter.LayerKind.RECURRENT)
-    if no_kv:
-        parts.append(f"{no_kv} reuse another layer's KV")
-    rows.append(("layers", f"{spec.n_layer}: " + ", ".join(parts)))
-    pattern = "".join({"full": "F", "swa": "S", "recurrent": "R"}[layer.kind.value] for layer in trunk)
-    rows.append(("layer pattern", pattern + "  (F full, S sliding window, R recurrent)"))
-    attn = [layer for layer in trunk if layer.kind != fitter.LayerKind.RECURRENT]
-    if attn:
-        def _span(values: list[int]) -> str:
-            lo, hi = min(values), max(values)
-            return str(lo) if lo == hi else f"{lo}-{hi}"
-
-        rows.append(
-            (
-                "attention",
-                f"{_span([a.n_head for a in attn])} heads, {_span([a.n_head_kv for a in attn])} KV heads, "
-                f"head size K {_span([a.n_embd_head_k for a in attn])} / V {_span([a.n_embd_head_v for a in attn])}"
-                + (f"; MLA (kv_lora_rank {spec.n_lora_kv}, no V cache)" if spec.is_mla else ""),
-            )
-        )
-    if spec.ssm:
-        s = spec.ssm
-        rows.append(("recurrent", f"conv kernel {s.d_conv}, inner {s.d_inner}, state {s.d_state}, groups {s.n_group}, dt rank {s.dt_rank}"))
-    if spec.n_expert:
-        shared = f", {spec.n_expert_shared} shared" if spec.n_expert_shared else ""
-        shexp = f", shared expert FFN {spec.n_ff_shexp}" if spec.n_ff_shexp else ""
-        rows.append(("experts", f"{spec.n_expert} ({spec.n_expert_used} used{shared}{shexp})"))
-    rows.append(("embedding", str(spec.n_embd)))
-    rows.append(("vocab", f"{spec.n_vocab:,}"))
-    rows.append(("training context", f"{spec.n_ctx_train:,}"))
-    rows.append(("MTP head", f"yes ({spec.n_layer_nextn} NextN layer{'s' if spec.n_layer_nextn > 1 else ''})" if spec.has_mtp else "no"))
-    if header.bytes_fetched < spec.file_size:
-        rows.append(("read", f"{mib(header.bytes_fetched)} of the file"))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    show_inspect(model, as_json)
 
 
 @app.command()
@@ -188,7 +121,7 @@ def fit(
     check_engine_flags(ctx, engine.value)
     if engine == EngineName.mlx:
         fit_mlx(model, budget=budget.budget, margin=budget.margin, n_ctx=context.n_ctx, model_draft=draft.model_draft,
-                settings=mlx, draft_n_max=draft.draft_n_max, as_json=as_json)
+                options=mlx, draft_n_max=draft.draft_n_max, as_json=as_json)
         return
     from cli_fit import plan_json, print_fit, warn_ctx_train
     from cli_request import fit_request
@@ -329,7 +262,9 @@ def calibrate(
     if log is not None:
         if list_ or clear:
             raise fitter.ConfigError("--log with --list or --clear: use one at a time")
-        _calibrate_log(log, model, backend, llama_build, no_store, as_json)
+        from cli_calibrate import calibrate_log
+
+        calibrate_log(log, model, backend, llama_build, no_store, as_json)
         return
     if llama_build is not None or no_store:
         raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE or --bench FILE "
@@ -346,93 +281,9 @@ def calibrate(
         return
     if model is None:
         raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
-    be = backend_of(backend)
-    path = fitter.resolve_model(model)
-    fitter.calibration.check_store()  # before the dry runs, not a traceback after them
-    with fitter.Progress("calibrate", json_output=as_json) as progress:
-        cal, rows = fitter.calibrate(path, be, progress=progress)
-    where = fitter.calibration.save(cal)
-    if as_json:
-        print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,
-                          "stored": str(where)}, indent=2))
-        return
-    print(f"{'n_ctx':>8} {'-ub':>6} {'-fa':>4} {'predicted MiB':>14} {'llama.cpp MiB':>14}")
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['n_ctx']:>8} {r['n_ubatch']:>6} {r['flash_attn']:>4}  llama.cpp {r['status']}: {r['message']}")
-            continue
-        m = r.get("measured_device")
-        print(f"{r['n_ctx']:>8} {r['n_ubatch']:>6} {r['flash_attn']:>4} {r['predicted_device'] / 2**20:>14,.2f} "
-              + (f"{m / 2**20:>14,.2f}" if m is not None else f"{'not reported':>14}"))
-    for line in calibration_lines(cal):
-        print(line)
-    print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp[:12]}: {where}")
+    from cli_calibrate import calibrate_grid
 
-
-def _calibrate_log(path: str, model: Optional[str], backend: BackendName | None, llama_build: Optional[str],
-                   no_store: bool, as_json: bool) -> None:
-    """`ggfit calibrate --log FILE [MODEL]`: the log's buffers next to the prediction for its build and settings."""
-    ulog = fitter.read_user_log(path)
-    if not no_store:
-        fitter.calibration.check_store()
-    be = fitter.Backend(backend.value) if backend else None
-    try:
-        cmp = fitter.compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be,
-                                 llama_build=llama_build)
-    except GGFitError:
-        if not as_json:  # what the log says, then why ggfit cannot predict it (one line on stderr)
-            print_log_side(ulog)
-        raise
-    stored = None
-    if cmp.prediction is not None and not no_store:
-        try:
-            stored = fitter.record_log(cmp)
-        except GGFitError as e:
-            cmp.notes.append(str(e))
-    if as_json:
-        out = {"log": fitter.log_summary(ulog), "build": cmp.build.label() if cmp.build else None,
-               "backend": cmp.backend.value if cmp.backend else None, "model": cmp.model,
-               "architecture": cmp.architecture, "frontend": cmp.frontend.value if cmp.frontend else None,
-               "config": cmp.config.model_dump(mode="json") if cmp.config else None, "assumed": cmp.assumed,
-               "rows": [dict(r.model_dump(mode="json"), diff_bytes=r.diff_bytes) for r in cmp.rows],
-               "notes": cmp.notes, "missing": cmp.missing,
-               "stored": {"calibration": stored[0].model_dump(mode="json"), "path": str(stored[1])} if stored else None}
-        print(json.dumps(out, indent=2))
-        return
-    print_log_side(ulog, rows=False)
-    if cmp.build is not None:
-        print(f"build    {cmp.build.label()} ({cmp.build.how})")
-    if cmp.prediction is not None:
-        print(f"model    {cmp.model} ({cmp.architecture}), predicted as {cmp.prediction.backend.value}, "
-              f"{cmp.prediction.frontend.value} defaults")
-        if cmp.assumed:
-            print("assumed  " + ", ".join(f"{k} = {v}" for k, v in cmp.assumed.items()))
-    print()
-    if cmp.rows:
-        print(f"{'kind':<8} {'side':<6} {'buffer':<24} {'predicted MiB':>14} {'llama.cpp MiB':>14} {'diff MiB':>10} {'diff':>8}")
-    for r in cmp.rows:
-        names = "/".join(dict.fromkeys(r.printed_buffers or r.predicted_buffers))
-        p = "-" if r.predicted_bytes is None else f"{r.predicted_bytes / 2**20:,.2f}"
-        m = "-" if r.printed_bytes is None else f"{r.printed_bytes / 2**20:,.2f}"
-        d, pct = "-", "-"
-        if r.diff_bytes is not None:
-            d = f"{r.diff_bytes / 2**20:+,.2f}"
-            pct = f"{100 * r.diff_bytes / r.printed_bytes:+.1f}%" if r.printed_bytes else "-"
-        print(f"{r.kind:<8} {r.side:<6} {names:<24} {p:>14} {m:>14} {d:>10} {pct:>8}")
-    print_log_extras(ulog)
-    for note in cmp.notes:
-        print(f"note: {note}")
-    if cmp.missing:
-        print(f"not predicted: {cmp.missing}")
-    if stored:
-        cal, where = stored
-        print(f"stored for {cal.architecture} on {cal.backend}, llama.cpp {cal.llama_cpp} "
-              f"({len(cal.logs)} log{'s' if len(cal.logs) > 1 else ''}): {where}")
-        for line in calibration_lines(cal):
-            print(f"  {line}")
-        flag = cal.llama_cpp if not cal.llama_cpp.startswith(fitter.LLAMA_CPP_COMMIT[:12]) else "pinned"
-        print(f"later predictions for llama.cpp {cal.llama_cpp[:12]} on {cal.backend} use it "
-              f"(ggfit fit ... --llama-build {flag} --backend {cal.backend})")
+    calibrate_grid(model, backend, as_json)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -134,9 +134,9 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 
 
 def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
-            settings: MlxOptions, draft_n_max: int, as_json: bool) -> None:
+            options: MlxOptions, draft_n_max: int, as_json: bool) -> None:
     """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
-    o = settings
+    o = options
     max_kv_size, kv_bits, kv_group_size, max_tokens = o.max_kv_size, o.kv_bits, o.kv_group_size, o.max_tokens
     quantized_kv_start, prefill_step_size, prompt_cache_bytes = o.quantized_kv_start, o.prefill_step_size, o.prompt_cache_bytes
     bud = fitter.parse_budget(budget, detect_backend())

@@ -3,7 +3,7 @@ the engine study, and how Ctrl-C and SIGTERM end them."""
 
 import functools
 import sys
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
@@ -72,7 +72,7 @@ def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storag
                             prompt_tokens=64, gen_tokens=16, llama_server=build.llama_server, seed=seed, as_json=False)
         return
     study_def = _study_with(study, _fixed_flags(p, no_op_offload, adapters))
-    _run_study(models, study_def, budget, storage=storage, trials=trials, runner=runner, drafts=drafts, seed=seed,
+    _run_study(models, study_def, budget, storage=storage, trials=trials, runner=runner.value, drafts=drafts, seed=seed,
                no_compare=no_compare, llama_server=build.llama_server, llama_build=llama_build, speed_cut=speed_cut)
 
 
@@ -99,8 +99,8 @@ def _study_with(study: str, given: dict[str, Any]) -> Any:
 
 
 def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, storage: Optional[str],
-               trials: Optional[int], runner: RunnerName, drafts: Optional[list[str]], seed: Optional[int],
-               no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float]) -> None:
+               trials: Optional[int], runner: Literal["python", "server"], drafts: Optional[list[str]],
+               seed: Optional[int], no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float]) -> None:
     from search.study import NothingFits, run_study  # optuna: only for this command
     from search.study.prior import study_hardware
 
@@ -109,7 +109,7 @@ def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, stor
         with fitter.Progress("optimise") as live:
             result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget.budget,
                                margin=budget.margin, backend=backend_of(budget.backend).value, storage=storage,
-                               n_trials=trials, runner=runner.value, drafts=drafts or (), llama_server=llama_server,
+                               n_trials=trials, runner=runner, drafts=drafts or (), llama_server=llama_server,
                                seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,
                                llama_build=llama_build, hardware=study_hardware(), speed_cut=speed_cut)

@@ -149,17 +149,13 @@ def _models_for(rows: list, model: str | None) -> tuple[dict[int, tuple[str, Any
     return out, skipped
 
 
-def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: bool, as_json: bool) -> None:
-    """`ggfit calibrate --bench FILE [MODEL]`: each row's measured rate against the model's, this machine's scales
-    (median predicted / measured per kind), stored for the hardware and the rows' llama.cpp build."""
+def _bench_points(rows: list, models: dict[int, tuple[str, Any, Any]], skipped: list[str], speed: Speed) -> list:
+    """Each usable llama-bench row as a BenchPoint (measured and predicted rate) with what predicted it; the rows left
+    out are added to `skipped`, with why."""
     from fitter.speed import calibration as sc
-    from fitter.speed.bench_file import read_bench
 
-    rows = read_bench(path)
     hw = speed.profile
-    if hw is None:
-        raise fitter.ConfigError("calibrate --bench: --no-speed leaves nothing to calibrate")
-    models, skipped = _models_for(rows, model)
+    assert hw is not None
     points: list[tuple[Any, Any]] = []
     for i, row in enumerate(rows):
         kind = sc.kind_of(row)
@@ -185,12 +181,29 @@ def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: boo
         point = sc.BenchPoint(test=row.test, kind=kind, model=name, measured=row.avg_ts, predicted=predicted,
                               settings=sc.settings_of(row))
         points.append((point, (row, header, spec, cfg, be, n_gpus)))
+    return points
+
+
+def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: bool, as_json: bool) -> None:
+    """`ggfit calibrate --bench FILE [MODEL]`: each row's measured rate against the model's, this machine's scales
+    (median predicted / measured per kind), stored for the hardware and the rows' llama.cpp build."""
+    from fitter.speed import calibration as sc
+    from fitter.speed.bench_file import read_bench
+
+    rows = read_bench(path)
+    hw = speed.profile
+    if hw is None:
+        raise fitter.ConfigError("calibrate --bench: --no-speed leaves nothing to calibrate")
+    models, skipped = _models_for(rows, model)
+    points = _bench_points(rows, models, skipped, speed)
     if not points:
         raise fitter.ConfigError(f"--bench {path}: no row to calibrate from ({len(rows)} read; "
                                  + ("; ".join(_skip_summary(skipped)) or "none usable") + ")")
     scale = {k: sc.scale_of([(p.predicted, p.measured) for p, _ in points if p.kind == k]) for k in sc.KINDS}
     for p, (row, header, spec, cfg, be, n_gpus) in points:
-        sp = speed.predict(header, spec, cfg, be, n_gpus, bench=row, scale=scale)[0]
+        res = speed.predict(header, spec, cfg, be, n_gpus, bench=row, scale=scale)
+        assert res is not None  # it was predicted once already
+        sp = res[0]
         p.calibrated = sp.prefill_tps if p.kind == "prefill" else sp.decode_tps
     import time
 

@@ -32,6 +32,7 @@ def verdict_line(r: Plan) -> str:
     else:
         why = f"over budget by {_mib(over)}" if over > 0 else "over the host budget"
     if verdict == "fits_with_placement":
+        assert p is not None
         return f"does NOT fit as given ({why}); fits at -c {p.n_ctx} with ggfit's placement {' '.join(p.flags)}"
     changes = [a.line for a in r.alternatives if a.update is not None]
     return f"does NOT fit ({why})" + (f"; what fits instead: {'; '.join(changes)}" if changes else "")
