@@ -4,6 +4,7 @@ No `from __future__ import annotations` here: typer reads every command's annota
 strings would be compiled and evaluated one by one (~10 ms of each run)."""
 
 import copy
+import functools
 import gc
 import json
 import re
@@ -56,13 +57,6 @@ from cli_options import (
     split_server_flags,
     with_groups,
 )
-from cli_output import (
-    calibrate_clear,
-    calibrate_list,
-    fit_mlx,
-)
-from cli_search import compare_engines_run, signals
-from cli_speed import calibrate_bench, list_speed_calibrations
 from fitter import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
@@ -120,6 +114,8 @@ def fit(
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
     check_engine_flags(ctx, engine.value)
     if engine == EngineName.mlx:
+        from cli_output import fit_mlx
+
         fit_mlx(model, budget=budget.budget, margin=budget.margin, n_ctx=context.n_ctx, model_draft=draft.model_draft,
                 options=mlx, draft_n_max=draft.draft_n_max, as_json=as_json)
         return
@@ -169,9 +165,32 @@ def quants(
     print_quants_plan(q, as_json)
 
 
+def signals(then: str = ""):
+    """A command that runs probes: Ctrl-C and SIGTERM (search.signals) clean up as Ctrl-C does, then say one line
+    (`ggfit: interrupted; THEN`, or a study's own hint) and exit 130, or die of SIGTERM (143 in a shell)."""
+    def deco(f):
+        @functools.wraps(f)
+        def run(*args, **kwargs):
+            from search.signals import Terminated, die_of_sigterm, sigterm_as_interrupt
+
+            try:
+                with sigterm_as_interrupt():
+                    return f(*args, **kwargs)
+            except KeyboardInterrupt as e:  # typer would turn it into a silent exit 130
+                term = isinstance(e, Terminated) or bool(getattr(e, "terminated", False))
+                hint = e.hint() if hasattr(e, "hint") else ("terminated (SIGTERM)" if term else "interrupted") + (
+                    f"; {then}" if then else "")
+                print(f"ggfit: {hint}", file=sys.stderr, flush=True)
+                if term:
+                    die_of_sigterm()
+                raise typer.Exit(130) from None
+        return run
+    return deco
+
+
 @app.command()
-@signals("run the same command to resume")
 @with_groups
+@signals("run the same command to resume")
 def optimise(
     models: Annotated[list[str], typer.Argument(help="One model, or several quants of one model (searched as a parameter).")],
     *,
@@ -215,6 +234,8 @@ def compare_engines_cmd(
 ) -> None:
     """Which engine is faster for this model and workload under the budget: an Optuna study over `engine`
     (llama.cpp or MLX) and each engine's settings, every trial a real server measured the same way."""
+    from cli_search import compare_engines_run
+
     compare_engines_run(gguf, mlx_model, budget=budget, margin=margin, trials=trials, prompt_tokens=prompt_tokens,
                      gen_tokens=gen_tokens, llama_server=llama_server, seed=seed, as_json=as_json)
 
@@ -255,6 +276,8 @@ def calibrate(
         from fitter.speed.settings import Speed
 
         speed = Speed(hardware, host_bandwidth, build=llama_build_of(llama_build) if llama_build else None)
+        from cli_speed import calibrate_bench
+
         calibrate_bench(bench, model, speed, no_store=no_store, as_json=as_json)
         return
     if hardware != "auto" or host_bandwidth is not None:
@@ -270,6 +293,9 @@ def calibrate(
         raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE or --bench FILE "
                                  "(without it, calibrate measures the llama.cpp installed here)")
     if list_ or clear:
+        from cli_output import calibrate_clear, calibrate_list
+        from cli_speed import list_speed_calibrations
+
         if list_ and clear:
             raise fitter.ConfigError("--list and --clear: use one at a time")
         if list_:

@@ -1,7 +1,6 @@
 """The commands that run probes and studies (optimise, compare-engines) past their flags: the study's request,
 the engine study, and how Ctrl-C and SIGTERM end them."""
 
-import functools
 import sys
 from typing import Any, Literal, Optional
 
@@ -20,29 +19,6 @@ from cli_options import (
     lora_fields,
     run_config,
 )
-
-
-def signals(then: str = ""):
-    """A command that runs probes: Ctrl-C and SIGTERM (search.signals) clean up as Ctrl-C does, then say one line
-    (`ggfit: interrupted; THEN`, or a study's own hint) and exit 130, or die of SIGTERM (143 in a shell)."""
-    def deco(f):
-        @functools.wraps(f)
-        def run(*args, **kwargs):
-            from search.signals import Terminated, die_of_sigterm, sigterm_as_interrupt
-
-            try:
-                with sigterm_as_interrupt():
-                    return f(*args, **kwargs)
-            except KeyboardInterrupt as e:  # typer would turn it into a silent exit 130
-                term = isinstance(e, Terminated) or bool(getattr(e, "terminated", False))
-                hint = e.hint() if hasattr(e, "hint") else ("terminated (SIGTERM)" if term else "interrupted") + (
-                    f"; {then}" if then else "")
-                print(f"ggfit: {hint}", file=sys.stderr, flush=True)
-                if term:
-                    die_of_sigterm()
-                raise typer.Exit(130) from None
-        return run
-    return deco
 
 
 def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storage: Optional[str],

@@ -5,6 +5,7 @@ medians of the children's CPU time (user + system) and wall time are printed. Th
 medians, and take figures only from one run (side by side).
 
     python benchmarks/cli_speed.py --baseline DIR [--runs 15]
+    python benchmarks/cli_speed.py --baseline DIR --instructions   # callgrind's count, each command once a tree
     (DIR: another commit's tree, e.g. `git archive 984d4d7 | tar -x -C /tmp/old`)
 
 The commands: `fit` on the bundled gemma3-270m at -c 8192 (CPU, no rates; and with a named hardware's rates), and on
@@ -52,15 +53,35 @@ def run_once(tree: Path, args: list[str], env: dict[str, str]) -> tuple[float, f
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
+def instructions(trees: dict[str, Path], env: dict[str, str]) -> None:
+    """Each command's instruction count (valgrind's callgrind, PYTHONHASHSEED=0) from each tree, after a warm-up:
+    the same on every run, so a change of a fraction of a percent shows where the clock would hide it."""
+    env = {**env, "PYTHONHASHSEED": "0"}
+    for name, args in commands().items():
+        print(name)
+        for t, tree in trees.items():
+            run_once(tree, args, env)  # warm-up: byte code, header cache
+            out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                                  "-m", "cli", *args], cwd=tree, env={**env, "PYTHONPATH": str(tree)},
+                                 capture_output=True, text=True, check=False).stderr
+            count = next((int(line.split()[-1].replace(",", "")) for line in out.splitlines()
+                          if "Collected" in line), 0)
+            print(f"  {t:<10} {count:>15,} instructions")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", required=True, help="another tree to compare with (run alternately)")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind) instead of timing")
     a = ap.parse_args()
     trees = {"this tree": ROOT, "baseline": Path(a.baseline).resolve()}
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, GGFIT_CACHE=cache)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+        if a.instructions:
+            instructions(trees, env)
+            return
         for name, args in commands().items():
             times: dict[str, list[tuple[float, float]]] = {t: [] for t in trees}
             for tree in trees.values():

@@ -11,7 +11,7 @@ prints the plan (fitter/README.md has the diagram).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from fitter.bundled import resolve_model
@@ -20,6 +20,7 @@ from fitter.fit.memory import build_differences, predict, repack_applies
 from fitter.ggml import backends
 from fitter.llama.cparams import served_config
 from fitter.llama.model import load_model_spec
+from fitter.record import Record
 
 if TYPE_CHECKING:
     from fitter.build import LlamaBuild
@@ -37,8 +38,7 @@ if TYPE_CHECKING:
 Draft = tuple["GGUFHeader", "ModelSpec"]
 
 
-@dataclass
-class Plan:
+class Plan(Record, frozen=False):
     """What `fit` found for a request: the prediction shown (at the recommended solution when it solved for the
     context), the table, the placement, what fits instead, the flags and the rates. Read-only once plan() returns
     (check() adds the measurement)."""
@@ -360,8 +360,7 @@ def check(p: Plan) -> None:
         p.measured = dry_run_check(p.path, p.pred, req.config)
 
 
-@dataclass
-class QuantsPlan:
+class QuantsPlan(Record, frozen=False):
     """`quants`' answer: each ftype's (and each --candidate's) sizes and largest context at the request's flags, the
     best fit, and why none fits where none does."""
 

@@ -8,12 +8,13 @@ The budget arithmetic every command shares (--budget per GPU, less --margin; --h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from fitter.fit import budget as budget_
 from fitter.fit.margin import default_host_margin
 from fitter.ggml import backends
+from fitter.record import Record
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,8 +26,7 @@ if TYPE_CHECKING:
     from fitter.speed.settings import Speed
 
 
-@dataclass(frozen=True)
-class Budgets:
+class Budgets(Record):
     """--budget (one value per GPU), --margin and --host-budget, parsed once.
 
     `main` is the budget of the device view (-sm none: -mg's GPU, else the first), `available` it less the margin;
@@ -79,8 +79,7 @@ class Budgets:
         return None if self.host is None else self.host.bytes - self.host_margin
 
 
-@dataclass(frozen=True)
-class FitRequest:
+class FitRequest(Record):
     """One request: a model and llama.cpp's flags for it (`config`, as llama.cpp reads them), on a backend, under
     budgets, with a build's rules and the speed settings. `solve_ctx`: -c not given, solve for the largest context."""
 
@@ -110,8 +109,7 @@ class FitRequest:
         return len(self.budgets.devices)
 
 
-@dataclass(frozen=True)
-class QuantsRequest:
+class QuantsRequest(Record):
     """`ggfit quants`: a FitRequest's model, flags, budgets and speed, every quant of the model evaluated with them
     (fitter.fit.plan.plan_quants: one answer per ftype)."""
 
