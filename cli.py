@@ -53,7 +53,6 @@ from cli_options import (
     StorageOpt,
     TrialsOpt,
     check_engine_flags,
-    llama_build_of,
     split_server_flags,
     with_groups,
 )
@@ -273,7 +272,8 @@ def calibrate(
     if bench is not None:
         if log is not None or list_ or clear:
             raise fitter.ConfigError("--bench with --log, --list or --clear: use one at a time")
-        from fitter.speed.settings import Speed
+        from cli_request import llama_build_of
+        from fitter.fit.request import Speed
 
         speed = Speed(hardware, host_bandwidth, build=llama_build_of(llama_build) if llama_build else None)
         from cli_speed import calibrate_bench

@@ -1,5 +1,6 @@
-"""How `ggfit fit` and `ggfit quants` print their plan (fitter.fit.plan): the text and the JSON. Nothing here decides:
-each function reads a Plan (or a QuantsPlan) that plan() returned."""
+"""How `ggfit fit` and `ggfit quants` print their plan (fitter.fit.plan): the text and the JSON, the breakdown table
+(fit --engine mlx's too) and the rates. Nothing here decides: each function reads a Plan (or a QuantsPlan) that
+plan() returned; the verdict's words and the placement's are cli_verdict's."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 import fitter
-from cli_output import mib, print_breakdown
-from cli_speed import fastest_json, print_fastest, print_quants, print_speed, speed_json
 from cli_verdict import (
     alternatives_json,
     batch_notes,
@@ -22,6 +21,30 @@ from cli_verdict import (
 
 if TYPE_CHECKING:
     from fitter.fit.plan import Plan, QuantsPlan
+    from fitter.fit.request import Speed
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
+    print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
+    for b in pred.buffers:
+        print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
+    if per_device:  # one budget per GPU
+        totals = pred.device_totals()
+        for name, a in per_device.items():
+            t = totals.get(name, 0)
+            print(f"{name} against its budget: {mib(t)} of {mib(a)} available: "
+                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
+        return
+    total = pred.total_device_bytes
+    verdict = "fits" if total <= available else "does NOT fit"
+    print(f"total against the budget: {mib(total)} of {mib(available)} available: {verdict}, "
+          f"headroom {(available - total) / 2**20:,.2f} MiB")
+    if pred.total_host_bytes:
+        print(f"host memory outside the budget: {mib(pred.total_host_bytes)}")
 
 
 def print_build(build, differences) -> None:
@@ -212,8 +235,6 @@ def print_quants_plan(q: QuantsPlan, as_json: bool) -> None:
     """`ggfit quants`' table (or JSON): each quant's sizes and rates, the best fit, or why none fits (exit 1)."""
     import json
 
-    from cli_speed import candidate_json, settings_json
-
     f = q.request.fit
     speed, be, build, b = f.speed, f.backend, f.build, f.budgets
     assert speed is not None
@@ -239,3 +260,107 @@ def print_quants_plan(q: QuantsPlan, as_json: bool) -> None:
     elif q.candidates:
         print(q.none_fits)
         raise typer.Exit(1)
+
+
+# --- the rates: fit's speed lines and ranking, quants' columns ---------------------------------------------------
+
+
+def rate(x: float) -> str:
+    """A rate to 3 significant figures, with thousands separators (9,090; 277; 43.9)."""
+    if x <= 0:
+        return "0"
+    digits = 2 - int(f"{x:e}".split("e")[1])
+    return f"{round(x, digits):,.{max(digits, 0)}f}"
+
+
+def candidate_json(speed: Speed, c: Any) -> dict[str, Any]:
+    """A quants candidate as JSON, with its rates (None where it does not fit or none can be said)."""
+    pre, dec = speed.rated.get(c.name, (None, None))
+    return {**c.model_dump(mode="json"), "prefill_tps": pre, "decode_tps": dec}
+
+
+def settings_json(speed: Speed) -> dict[str, Any] | None:
+    """What quants' rates are (its JSON's "speed"), or None with --no-speed."""
+    if not speed.on or speed.profile is None:
+        return None
+    return {"hardware": speed.profile.name, "prompt_tokens": speed.prompt, "depth": speed.depth,
+            "threads": speed.threads, "calibrated": speed.calibrated or None, "notes": speed.notes,
+            "note": speed.note or None}
+
+
+def speed_line(res: Any, label: str = "speed") -> str:
+    """`speed (nvidia-h200, llama-bench pp512 / tg at depth 0, -ub 512): prefill 9,090 tok/s (6,490-12,700), ..."""
+    sp, notes = res
+    b = sp.bound
+    bound = (f"both bound by {b['prefill']}" if b["prefill"] == b["decode"]
+             else f"prefill bound by {b['prefill']}, decode by {b['decode']}")
+    extra = [sp.calibrated] if sp.calibrated else []
+    return (f"{label} ({sp.hardware}, llama-bench pp{sp.prompt_tokens} / tg at depth {sp.depth}, -ub {sp.n_ubatch}): "
+            f"prefill {rate(sp.prefill_tps)} tok/s ({rate(sp.low.prefill_tps)}-{rate(sp.high.prefill_tps)}), "
+            f"decode {rate(sp.decode_tps)} tok/s ({rate(sp.low.decode_tps)}-{rate(sp.high.decode_tps)}); {bound}"
+            + "".join(f"; {x}" for x in extra) + "".join(f" ({n})" for n in notes))
+
+
+def print_speed(r: Plan, placed: bool = False) -> None:
+    """fit's line: the rates of the config as printed (placed: of ggfit's placement), or why there are none."""
+    res = r.placed_rates if placed else r.rates
+    if res is not None:
+        print(speed_line(res, "speed with this placement" if placed else "speed"))
+    elif r.speed is not None and r.speed.note and not placed:
+        print(r.speed.note)
+
+
+def print_fastest(r: Plan, shown: int = 5) -> None:
+    """The ranking behind fit-for-speed's choice: what each placement that fits costs against the fastest."""
+    opts = r.speed_options
+    if not opts:
+        return
+    sp = opts[0].speed
+    print(f"fastest placement that fits ({sp.hardware}, one request: pp{sp.prompt_tokens} then tg128 at depth "
+          f"{sp.depth}), of {len(opts)}:")
+    for o in opts[:shown]:
+        print("  " + o.line(opts[0]))
+
+
+def fastest_json(r: Plan) -> list[dict[str, Any]] | None:
+    opts = r.speed_options
+    if not opts:
+        return None
+    return [{"flags": o.flags, "update": o.update, "headroom_bytes": o.headroom_bytes, "seconds": o.seconds,
+             "prefill_tps": o.speed.prefill_tps, "decode_tps": o.speed.decode_tps} for o in opts]
+
+
+def speed_json(res: Any) -> dict[str, Any] | None:
+    if res is None:
+        return None
+    sp, notes = res
+    return {"prefill_tps": sp.prefill_tps, "decode_tps": sp.decode_tps, "prompt_tokens": sp.prompt_tokens,
+            "depth": sp.depth, "n_ubatch": sp.n_ubatch, "hardware": sp.hardware,
+            "low": sp.low.model_dump(mode="json"), "high": sp.high.model_dump(mode="json"), "bound": dict(sp.bound),
+            "calibrated": sp.calibrated or None, "notes": notes}
+
+
+def print_quants(cands: list, best: Any, speed: Speed) -> None:
+    """quants' table: each quant's sizes, and where it fits and rates can be said, its prefill and decode rates."""
+    rated = bool(speed.rated)
+    head = f"{'prefill t/s':>13}{'decode t/s':>12}" if rated else ""
+    print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{head}{'headroom':>11}{'largest -c':>12}  verdict")
+    for c in cands:
+        verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
+        flag = (" (this file)" if c.source == fitter.THIS_FILE else " (imatrix)" if c.needs_imatrix
+                else "" if c.exact else " (size only)")
+        mark = "*" if best is not None and c.name == best.name else " "
+        rates = ""
+        if rated:
+            pre, dec = speed.rated.get(c.name, (None, None))
+            rates = f"{rate(pre):>13}{rate(dec):>12}" if pre is not None and dec is not None else f"{'-':>13}{'-':>12}"
+        print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
+              f"{rates}{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
+    if rated and speed.profile is not None:
+        print(f"rates: llama-bench pp{speed.prompt} / tg at depth {speed.depth} on {speed.profile.name}, predicted "
+              "(tok/s)" + "".join(f"; {x}" for x in [speed.calibrated, *speed.notes] if x))
+    elif speed.note:
+        print(speed.note)
+
+
+# --- calibrate --bench -----------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ No `from __future__ import annotations`: typer reads the aliases as objects (see
 
 import functools
 import inspect
-import os
 import shutil
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
@@ -325,64 +324,6 @@ def threads_of(threads: int | None) -> int:
 def frontend_of(name: FrontendName):
 
     return fitter.Frontend(name.value)
-
-
-def run_config(**fields):
-    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line (a ConfigError), not a traceback."""
-    return fitter.RunConfig(**fields)
-
-
-def llama_build_of(value: str | None, llama_server: str | None = None):
-    """--llama-build: the pinned build, a named build, a log's build line, or (auto) what a binary says it is."""
-    if value is None:
-        if llama_server:
-            raise fitter.ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
-                                     "add --llama-build auto")
-        return fitter.PINNED
-    if value == "auto":
-        binary = llama_server or shutil.which("llama-server")
-        if binary is None:
-            raise fitter.ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
-                                     "or the build itself (llama-server --version prints it: --llama-build b9430)")
-        return fitter.build_of_binary(binary)
-    if os.path.isfile(value):  # a log of the user's llama.cpp
-        with open(value, "rb") as f:
-            text = f.read(64 * 2**20).decode("utf-8", "replace")
-        return fitter.build_from_text(text, os.path.basename(value))
-    return fitter.resolve_build(value)
-
-
-def lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
-    """RunConfig.lora from --lora FILE (scale 1) and --lora-scaled FILE:SCALE, as common/arg.cpp reads them."""
-    from fitter.llama.cparams import lora_scaled as parse_scaled
-
-    out = [(p, 1.0) for v in lora or () for p in v.split(",") if p]
-    for v in lora_scaled or ():
-        out += parse_scaled(v)
-    return tuple(out)
-
-
-def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
-                      no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
-                      budgets: list, backend: str = "cuda") -> dict[str, Any]:
-    """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
-    budgets (llama.cpp splits by free memory). A GPU the flags name without a budget is an error."""
-    from fitter.fit.budget import check_devices
-
-    ts: tuple[float, ...] | None = None
-    if tensor_split is not None:
-        try:
-            ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
-        except ValueError:
-            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
-        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=ts, ts_text=tensor_split)
-    else:
-        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=None)
-        if len(budgets) > 1:
-            ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
-    return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
-                tensor_split=ts)
 
 
 # fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is

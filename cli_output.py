@@ -10,31 +10,9 @@ from typing import Optional
 import typer
 
 import fitter
+from cli_fit import mib, print_breakdown  # noqa: F401  (mib: cli_inspect's too)
 from cli_options import MlxOptions, detect_backend
 from fitter import GGFitError
-
-
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.2f} MiB"
-
-
-def print_breakdown(pred, available: int, per_device: dict[str, int] | None = None) -> None:
-    print(f"{'owner':<7} {'buffer':<12} {'kind':<8} {'MiB':>11}  {'budget':<6}  detail")
-    for b in pred.buffers:
-        print(f"{b.owner:<7} {b.device:<12} {b.kind:<8} {b.bytes / 2**20:>11,.2f}  {'yes' if b.counts else 'no':<6}  {b.detail}")
-    if per_device:  # one budget per GPU
-        totals = pred.device_totals()
-        for name, a in per_device.items():
-            t = totals.get(name, 0)
-            print(f"{name} against its budget: {mib(t)} of {mib(a)} available: "
-                  f"{'fits' if t <= a else 'does NOT fit'}, headroom {(a - t) / 2**20:,.2f} MiB")
-        return
-    total = pred.total_device_bytes
-    verdict = "fits" if total <= available else "does NOT fit"
-    print(f"total against the budget: {mib(total)} of {mib(available)} available: {verdict}, "
-          f"headroom {(available - total) / 2**20:,.2f} MiB")
-    if pred.total_host_bytes:
-        print(f"host memory outside the budget: {mib(pred.total_host_bytes)}")
 
 
 def print_log_side(ulog, *, rows: bool = True) -> None:

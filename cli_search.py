@@ -15,10 +15,8 @@ from cli_options import (
     RunnerName,
     backend_of,
     detect_backend,
-    llama_build_of,
-    lora_fields,
-    run_config,
 )
+from cli_request import llama_build_of, lora_fields, run_config
 
 
 def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storage: Optional[str],

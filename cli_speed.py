@@ -1,6 +1,6 @@
-"""The speed model on ggfit's command line (issue 46): how `fit` and `quants` print their rates, and
-`calibrate --bench FILE`. The settings (--hardware, --host-bandwidth, -t, --speed-prompt, --speed-depth, --no-speed)
-are fitter.speed.settings.Speed; the rates of a fit are its plan's (fitter.fit.plan)."""
+"""The speed model's calibration on ggfit's command line (issue 46): `calibrate --bench FILE` (llama-bench's rates
+against the model's, this machine's scale stored) and the stored scales `calibrate --list` shows. How `fit` and
+`quants` print their rates is cli_fit's; the settings are fitter.fit.request.Speed."""
 
 from __future__ import annotations
 
@@ -9,111 +9,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import fitter
+from cli_fit import rate
 
 if TYPE_CHECKING:
-    from fitter.fit.plan import Plan
-    from fitter.speed.settings import Speed
-
-
-def rate(x: float) -> str:
-    """A rate to 3 significant figures, with thousands separators (9,090; 277; 43.9)."""
-    if x <= 0:
-        return "0"
-    digits = 2 - int(f"{x:e}".split("e")[1])
-    return f"{round(x, digits):,.{max(digits, 0)}f}"
-
-
-def candidate_json(speed: Speed, c: Any) -> dict[str, Any]:
-    """A quants candidate as JSON, with its rates (None where it does not fit or none can be said)."""
-    pre, dec = speed.rated.get(c.name, (None, None))
-    return {**c.model_dump(mode="json"), "prefill_tps": pre, "decode_tps": dec}
-
-
-def settings_json(speed: Speed) -> dict[str, Any] | None:
-    """What quants' rates are (its JSON's "speed"), or None with --no-speed."""
-    if not speed.on or speed.profile is None:
-        return None
-    return {"hardware": speed.profile.name, "prompt_tokens": speed.prompt, "depth": speed.depth,
-            "threads": speed.threads, "calibrated": speed.calibrated or None, "notes": speed.notes,
-            "note": speed.note or None}
-
-
-def speed_line(res: Any, label: str = "speed") -> str:
-    """`speed (nvidia-h200, llama-bench pp512 / tg at depth 0, -ub 512): prefill 9,090 tok/s (6,490-12,700), ..."""
-    sp, notes = res
-    b = sp.bound
-    bound = (f"both bound by {b['prefill']}" if b["prefill"] == b["decode"]
-             else f"prefill bound by {b['prefill']}, decode by {b['decode']}")
-    extra = [sp.calibrated] if sp.calibrated else []
-    return (f"{label} ({sp.hardware}, llama-bench pp{sp.prompt_tokens} / tg at depth {sp.depth}, -ub {sp.n_ubatch}): "
-            f"prefill {rate(sp.prefill_tps)} tok/s ({rate(sp.low.prefill_tps)}-{rate(sp.high.prefill_tps)}), "
-            f"decode {rate(sp.decode_tps)} tok/s ({rate(sp.low.decode_tps)}-{rate(sp.high.decode_tps)}); {bound}"
-            + "".join(f"; {x}" for x in extra) + "".join(f" ({n})" for n in notes))
-
-
-def print_speed(r: Plan, placed: bool = False) -> None:
-    """fit's line: the rates of the config as printed (placed: of ggfit's placement), or why there are none."""
-    res = r.placed_rates if placed else r.rates
-    if res is not None:
-        print(speed_line(res, "speed with this placement" if placed else "speed"))
-    elif r.speed is not None and r.speed.note and not placed:
-        print(r.speed.note)
-
-
-def print_fastest(r: Plan, shown: int = 5) -> None:
-    """The ranking behind fit-for-speed's choice: what each placement that fits costs against the fastest."""
-    opts = r.speed_options
-    if not opts:
-        return
-    sp = opts[0].speed
-    print(f"fastest placement that fits ({sp.hardware}, one request: pp{sp.prompt_tokens} then tg128 at depth "
-          f"{sp.depth}), of {len(opts)}:")
-    for o in opts[:shown]:
-        print("  " + o.line(opts[0]))
-
-
-def fastest_json(r: Plan) -> list[dict[str, Any]] | None:
-    opts = r.speed_options
-    if not opts:
-        return None
-    return [{"flags": o.flags, "update": o.update, "headroom_bytes": o.headroom_bytes, "seconds": o.seconds,
-             "prefill_tps": o.speed.prefill_tps, "decode_tps": o.speed.decode_tps} for o in opts]
-
-
-def speed_json(res: Any) -> dict[str, Any] | None:
-    if res is None:
-        return None
-    sp, notes = res
-    return {"prefill_tps": sp.prefill_tps, "decode_tps": sp.decode_tps, "prompt_tokens": sp.prompt_tokens,
-            "depth": sp.depth, "n_ubatch": sp.n_ubatch, "hardware": sp.hardware,
-            "low": sp.low.model_dump(mode="json"), "high": sp.high.model_dump(mode="json"), "bound": dict(sp.bound),
-            "calibrated": sp.calibrated or None, "notes": notes}
-
-
-def print_quants(cands: list, best: Any, speed: Speed) -> None:
-    """quants' table: each quant's sizes, and where it fits and rates can be said, its prefill and decode rates."""
-    rated = bool(speed.rated)
-    head = f"{'prefill t/s':>13}{'decode t/s':>12}" if rated else ""
-    print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{head}{'headroom':>11}{'largest -c':>12}  verdict")
-    for c in cands:
-        verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
-        flag = (" (this file)" if c.source == fitter.THIS_FILE else " (imatrix)" if c.needs_imatrix
-                else "" if c.exact else " (size only)")
-        mark = "*" if best is not None and c.name == best.name else " "
-        rates = ""
-        if rated:
-            pre, dec = speed.rated.get(c.name, (None, None))
-            rates = f"{rate(pre):>13}{rate(dec):>12}" if pre is not None and dec is not None else f"{'-':>13}{'-':>12}"
-        print(f"{mark} {c.name + flag:<24}{c.file_bytes / 2**20:>11,.0f}{c.total_device_bytes / 2**20:>12,.0f}"
-              f"{rates}{c.headroom_bytes / 2**20:>11,.0f}{c.largest_ctx:>12,}  {verdict}")
-    if rated and speed.profile is not None:
-        print(f"rates: llama-bench pp{speed.prompt} / tg at depth {speed.depth} on {speed.profile.name}, predicted "
-              "(tok/s)" + "".join(f"; {x}" for x in [speed.calibrated, *speed.notes] if x))
-    elif speed.note:
-        print(speed.note)
-
-
-# --- calibrate --bench -----------------------------------------------------------------------------------------
+    from fitter.fit.request import Speed
 
 
 def _models_for(rows: list, model: str | None) -> tuple[dict[int, tuple[str, Any, Any]], list[str]]:

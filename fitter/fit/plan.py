@@ -27,13 +27,12 @@ if TYPE_CHECKING:
     from fitter.fit.fastest import SpeedOption
     from fitter.fit.memory import BuildDifference, Prediction
     from fitter.fit.quant_fit import Candidate
-    from fitter.fit.request import Budgets, FitRequest, QuantsRequest
+    from fitter.fit.request import Budgets, FitRequest, QuantsRequest, Speed, SpeedResult
     from fitter.fit.sizes import Budget
     from fitter.ggml.backends.base import Backend, BackendImpl
     from fitter.gguf.reader import GGUFHeader
     from fitter.llama.cparams import ContextParams, Frontend, RunConfig
     from fitter.llama.hparams import ModelSpec
-    from fitter.speed.settings import Speed, SpeedResult
 
 Draft = tuple["GGUFHeader", "ModelSpec"]
 
