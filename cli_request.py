@@ -1,16 +1,23 @@
 """ggfit's flags into fitter's values (a RunConfig, a build) and request records (fitter.fit.request, issue 45): `fit`
 and `quants` parse their option groups (cli_options) into a FitRequest here, and nothing else; fitter.fit.plan
-decides.
+decides. (fitter's modules are imported when a request is made, not when ggfit starts: the types are for checkers.)"""
 
-No `from __future__ import annotations`: cli.py's typer reads nothing here, but the groups' types are objects."""
+from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import fitter
+
+if TYPE_CHECKING:
+    from fitter.build import LlamaBuild
+    from fitter.fit.request import FitRequest, QuantsRequest, Speed
+    from fitter.ggml.backends.base import Backend
+
 from cli_options import (
     AdapterOptions,
+    BackendName,
     BudgetOptions,
     BuildOptions,
     ContextOptions,
@@ -83,7 +90,7 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
                 tensor_split=ts)
 
 
-def speed_of(s: SpeedOptions, build: Any) -> Any:
+def speed_of(s: SpeedOptions, build: LlamaBuild) -> Speed:
     """The speed settings (fitter.fit.request.Speed): --hardware, --host-bandwidth, -t, --speed-prompt,
     --speed-depth, --no-speed."""
     from fitter.fit.request import Speed
@@ -91,7 +98,7 @@ def speed_of(s: SpeedOptions, build: Any) -> Any:
     return Speed(s.hardware, s.host_bandwidth, s.threads, s.speed_prompt, s.speed_depth, off=s.no_speed, build=build)
 
 
-def backend_for(given: Any, speed: Any) -> Any:
+def backend_for(given: BackendName | None, speed: Speed) -> Backend:
     """--backend, else the --hardware profile's (--hardware sets the backend), else this machine's."""
     return backend_of(given) if speed.profile is None else backend_of_hardware(given, speed.profile)
 
@@ -108,7 +115,7 @@ def adapter_fields(a: AdapterOptions) -> dict[str, Any]:
 
 def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                 a: AdapterOptions, s: ServerOptions, d: DraftOptions, bo: BuildOptions, sp: SpeedOptions, *,
-                check: bool, llama_bin: Optional[str]) -> Any:
+                check: bool, llama_bin: Optional[str]) -> FitRequest:
     """`ggfit fit`'s flags as a FitRequest; a value llama.cpp would refuse is one line (ConfigError, BudgetError)."""
     from fitter.fit.request import Budgets, FitRequest
 
@@ -140,7 +147,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
 
 def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                    a: AdapterOptions, model_draft: Optional[str], bo: BuildOptions, sp: SpeedOptions, *,
-                   candidates: Optional[list[str]], no_imatrix: bool) -> Any:
+                   candidates: Optional[list[str]], no_imatrix: bool) -> QuantsRequest:
     """`ggfit quants`' flags as a QuantsRequest: one device budget, the flags every quant is predicted at."""
     from fitter.fit.request import Budgets, FitRequest, QuantsRequest
 
