@@ -3,10 +3,11 @@ what turns them into fitter's values. cli.py's commands declare their parameters
 
 No `from __future__ import annotations`: typer reads the aliases as objects (see cli.py)."""
 
-import os
+import functools
+import inspect
 import shutil
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -125,6 +126,163 @@ SpeedPromptOpt = Annotated[int, typer.Option("--speed-prompt", metavar="N", help
 SpeedDepthOpt = Annotated[int, typer.Option("--speed-depth", metavar="D", help="Context depth of the predicted rates: llama-bench's -d (default 0).")]
 NoSpeedOpt = Annotated[bool, typer.Option("--no-speed", help="Predict no prefill and decode rates (and detect no hardware).")]
 
+CheckOpt = Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")]
+LlamaBinOpt = Annotated[Optional[str], typer.Option("--llama-bin", metavar="DIR", help="Your llama.cpp's binaries: its build's rules apply (unless --llama-build says otherwise), and --check runs its llama-fit-params.")]
+
+
+# --- option groups: the options several commands share, declared once ---------------------------------------------
+# A group is a class of the aliases above (OptionGroup). A command's parameter typed with a group (`speed: SpeedOptions`)
+# takes the group's fields as its options, in the group's order, and the command receives the group (`with_groups`).
+# A new option of a shared kind is a field of its group; a new kind of options is a new group.
+
+
+class OptionGroup:
+    """The base of the option groups (with_groups expands a parameter typed with a subclass): each annotated class
+    attribute is an option, its value the default. (Not a dataclass: the decorator compiles methods per class, about
+    0.4 ms each at every command's import.)"""
+
+    def __init__(self, **values: Any) -> None:
+        for name in type(self).__annotations__:
+            setattr(self, name, values.get(name, getattr(type(self), name)))
+
+    @classmethod
+    def options(cls) -> list[inspect.Parameter]:
+        """The group's options as keyword parameters of a command (typer reads their Annotated types)."""
+        return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(cls, name), annotation=ann)
+                for name, ann in cls.__annotations__.items()]
+
+
+class BudgetOptions(OptionGroup):
+    """--budget, --margin, --backend: what to fit into, on which backend (fit, quants, optimise)."""
+
+    budget: BudgetOpt = "auto"
+    margin: MarginOpt = None
+    backend: BackendOpt = None
+
+
+class ContextOptions(OptionGroup):
+    """llama.cpp's context flags (fit, quants)."""
+
+    n_ctx: Ctx = None
+    n_batch: Batch = None
+    n_ubatch: UBatch = None
+    type_k: CacheK = None
+    type_v: CacheV = None
+    flash_attn: FlashAttn = FlashAttnMode.auto
+    n_parallel: Parallel = None
+
+
+class PlacementOptions(OptionGroup):
+    """Where the weights and the KV cache go (fit, quants, optimise)."""
+
+    n_gpu_layers: GpuLayers = -1
+    n_cpu_moe: NCpuMoe = 0
+    cpu_moe: CpuMoe = False
+    override_tensor: OverrideTensor = None
+    no_kv_offload: NoKvOffload = False
+
+
+class AdapterOptions(OptionGroup):
+    """LoRA adapters and a multimodal projector beside the model (fit, quants, optimise)."""
+
+    lora: Lora = None
+    lora_scaled: LoraScaled = None
+    mmproj: Mmproj = None
+    no_mmproj_offload: NoMmprojOffload = False
+
+
+class ServerOptions(OptionGroup):
+    """fit's further llama-server flags: the KV cache's layout, several GPUs, host memory, how weights load."""
+
+    kv_unified: KVUnified = None
+    swa_full: SwaFull = None
+    no_op_offload: NoOpOffload = False
+    split_mode: SplitModeOpt = "layer"
+    main_gpu: MainGpu = 0
+    tensor_split: TensorSplit = None
+    rpc: Rpc = None
+    host_budget: HostBudgetOpt = None
+    no_mmap: NoMmap = False
+    repack: Repack = False
+
+
+class DraftOptions(OptionGroup):
+    """Speculative decoding: a draft model or the model's MTP head (fit)."""
+
+    model_draft: ModelDraft = None
+    spec_type: SpecType = None
+    draft_type_k: DraftTypeK = "f16"
+    draft_type_v: DraftTypeV = "f16"
+    draft_n_max: DraftNMax = 3
+
+
+class BuildOptions(OptionGroup):
+    """Whose llama.cpp rules apply (fit, quants, optimise)."""
+
+    llama_build: LlamaBuildOpt = None
+    llama_server: LlamaServerOpt = None
+
+
+class SpeedOptions(OptionGroup):
+    """The speed model's settings (issue 46; fit, quants)."""
+
+    hardware: HardwareOpt = "auto"
+    host_bandwidth: HostBandwidthOpt = None
+    threads: Threads = None
+    speed_prompt: SpeedPromptOpt = 512
+    speed_depth: SpeedDepthOpt = 0
+    no_speed: NoSpeedOpt = False
+
+
+class MlxOptions(OptionGroup):
+    """mlx-lm's own settings (fit --engine mlx)."""
+
+    max_kv_size: MaxKvSize = None
+    kv_bits: KvBits = None
+    kv_group_size: KvGroupSize = 64
+    quantized_kv_start: QuantizedKvStart = 5000
+    prefill_step_size: PrefillStep = 2048
+    max_tokens: MaxTokens = 512
+    prompt_cache_bytes: PromptCacheBytes = None
+
+
+class with_groups:  # noqa: N801  (a decorator)
+    """The command with each parameter typed with an OptionGroup spread into the group's options (what typer sees, in
+    place), and the group built again from them when it runs. The spread signature is made when typer first asks for
+    it: typer builds the parameters of the one command that runs (cli.app_for), so the others cost nothing."""
+
+    __wrapped__: Callable[..., Any]
+
+    def __init__(self, command: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, command, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+
+    @functools.cached_property
+    def _spread(self) -> tuple[inspect.Signature, dict[str, tuple[type[OptionGroup], list[str]]]]:
+        sig = inspect.signature(self.__wrapped__)
+        params: list[inspect.Parameter] = []
+        groups: dict[str, tuple[type[OptionGroup], list[str]]] = {}
+        for p in sig.parameters.values():
+            group = p.annotation
+            if not (isinstance(group, type) and issubclass(group, OptionGroup)):
+                params.append(p)
+                continue
+            options = group.options()
+            groups[p.name] = (group, [o.name for o in options])
+            params += options
+        return sig.replace(parameters=params), groups
+
+    @functools.cached_property
+    def __signature__(self) -> inspect.Signature:
+        return self._spread[0]
+
+    @functools.cached_property
+    def __annotations__(self) -> dict[str, Any]:  # type: ignore[override]
+        return {p.name: p.annotation for p in self._spread[0].parameters.values()}
+
+    def __call__(self, **kwargs: Any) -> Any:
+        for name, (group, names) in self._spread[1].items():
+            kwargs[name] = group(**{n: kwargs.pop(n) for n in names})
+        return self.__wrapped__(**kwargs)
 
 def detect_backend() -> str:
     import platform  # only without --backend
@@ -169,64 +327,6 @@ def threads_of(threads: int | None) -> int:
 def frontend_of(name: FrontendName):
 
     return fitter.Frontend(name.value)
-
-
-def run_config(**fields):
-    """A RunConfig from CLI flags; a value llama.cpp would refuse is one line (a ConfigError), not a traceback."""
-    return fitter.RunConfig(**fields)
-
-
-def llama_build_of(value: str | None, llama_server: str | None = None):
-    """--llama-build: the pinned build, a named build, a log's build line, or (auto) what a binary says it is."""
-    if value is None:
-        if llama_server:
-            raise fitter.ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
-                                     "add --llama-build auto")
-        return fitter.PINNED
-    if value == "auto":
-        binary = llama_server or shutil.which("llama-server")
-        if binary is None:
-            raise fitter.ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
-                                     "or the build itself (llama-server --version prints it: --llama-build b9430)")
-        return fitter.build_of_binary(binary)
-    if os.path.isfile(value):  # a log of the user's llama.cpp
-        with open(value, "rb") as f:
-            text = f.read(64 * 2**20).decode("utf-8", "replace")
-        return fitter.build_from_text(text, os.path.basename(value))
-    return fitter.resolve_build(value)
-
-
-def lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
-    """RunConfig.lora from --lora FILE (scale 1) and --lora-scaled FILE:SCALE, as common/arg.cpp reads them."""
-    from fitter.llama.cparams import lora_scaled as parse_scaled
-
-    out = [(p, 1.0) for v in lora or () for p in v.split(",") if p]
-    for v in lora_scaled or ():
-        out += parse_scaled(v)
-    return tuple(out)
-
-
-def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] | None, no_kv_offload: bool,
-                      no_op_offload: bool, split_mode: str, main_gpu: int, tensor_split: str | None,
-                      budgets: list, backend: str = "cuda") -> dict[str, Any]:
-    """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
-    budgets (llama.cpp splits by free memory). A GPU the flags name without a budget is an error."""
-    from fitter.fit.budget import check_devices
-
-    ts: tuple[float, ...] | None = None
-    if tensor_split is not None:
-        try:
-            ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
-        except ValueError:
-            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
-        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=ts, ts_text=tensor_split)
-    else:
-        check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=None)
-        if len(budgets) > 1:
-            ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
-    return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
-                no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
-                tensor_split=ts)
 
 
 # fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is

@@ -1,60 +1,25 @@
 """`ggfit fit`'s answer after its prediction: the table and its recommendation, the placement, the verdict (one for the
 text and the JSON, issue 49), the list of what fits instead, and -b / -ub as llama.cpp runs them. Each function reads
-a cli_output.FitRun after its solve."""
+a fitter.fit.plan.Plan."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fitter
+
+if TYPE_CHECKING:
+    from fitter.fit.plan import Plan
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
-def verdict_of(r: Any) -> str:
-    """fits (as given; without -c, at the context solved for, with the table's placement if any), fits_with_placement
-    (-c, -ub and K/V types as asked, with the placement ggfit found), or does_not_fit."""
-    if r.fits:
-        return "fits"
-    return "fits_with_placement" if r.placement is not None else "does_not_fit"
-
-
-def what_fits_instead(r: Any) -> list[Any]:
-    """fitter.Alternative's, one change at a time, where the config (or without -c every context) does not fit: the
-    placement that fits first, then solver.what_to_change's (its "no context fits with these settings" only where no
-    placement fits: it speaks of the placement given)."""
-    if r.fits:
-        return []
-    if r.rec is None and r.solutions:
-        return [fitter.Alternative(flags=[], reason=nothing_fits_line(r))]
-    if fitter.excess(r.pred, r.avail) <= 0:
-        return [fitter.Alternative(flags=[], reason=(
-            "over the host budget: a placement with less on the CPU, or a larger --host-budget"))]
-    alts = fitter.what_to_change(r.header, r.spec, r.cfg, r.be, r.fe, r.avail, r.draft, r.pred, build=r.build)
-    p = r.placement
-    placed = [] if p is None else [fitter.Alternative(
-        flags=[f"{f} {v}" for f, v in zip(p.flags[::2], p.flags[1::2])],
-        reason=f"ggfit's placement, above: fits at -c {p.n_ctx}", update=p.update)]
-    return placed + [a for a in alts if a.update is not None or p is None]
-
-
-def nothing_fits_line(r: Any) -> str:
-    """Why no context fits, and what to change: never -ngl on the CPU (no GPU) nor on Metal (unified memory)."""
-    line = ("nothing fits, not even -c 256 with the smallest settings: the weights alone need "
-            f"{_mib(r.pred.by_kind('model'))}")
-    if r.be.value == "cuda":
-        line += f"; no placement fits either ({r.placement_why})" if r.placement_why else ""
-    elif r.be.value == "metal":
-        line += " (Metal's memory is unified: weights moved to the CPU free nothing)"
-    return line + "; pick a smaller quant or raise the budget"
-
-
-def verdict_line(r: Any) -> str:
+def verdict_line(r: Plan) -> str:
     """The verdict in words: `fit`'s last line, and JSON's verdict.line."""
-    over, p, verdict = fitter.excess(r.pred, r.avail), r.placement, verdict_of(r)
+    over, p, verdict = fitter.excess(r.pred, r.avail), r.placement, r.verdict
     if verdict == "fits":
         if r.rec is None:
             return f"fits as given, headroom {_mib(-over)}"
@@ -67,12 +32,13 @@ def verdict_line(r: Any) -> str:
     else:
         why = f"over budget by {_mib(over)}" if over > 0 else "over the host budget"
     if verdict == "fits_with_placement":
+        assert p is not None
         return f"does NOT fit as given ({why}); fits at -c {p.n_ctx} with ggfit's placement {' '.join(p.flags)}"
     changes = [a.line for a in r.alternatives if a.update is not None]
     return f"does NOT fit ({why})" + (f"; what fits instead: {'; '.join(changes)}" if changes else "")
 
 
-def batch_notes(r: Any) -> list[str]:
+def batch_notes(r: Plan) -> list[str]:
     """-b and -ub as llama.cpp runs them (llama_context::llama_context: n_batch = min(n_ctx, -b) for a causal model,
     n_ubatch = min(n_batch, -ub)), and a -b that is ggfit's proposal rather than the user's."""
     cp, b, ub = r.pred.context, r.asked.get("-b"), r.asked.get("-ub")
@@ -92,27 +58,10 @@ def batch_notes(r: Any) -> list[str]:
     return out
 
 
-def server_flags(model: str, cp, cfg, draft_path: str | None, spec=None, be=None, n_gpus: int = 1) -> list[str]:
-    """llama-server flags for a resolved context, one item per flag; --no-repack only where the extra CPU buffer
-    types could take a weight (fitter.repack_applies)."""
-    groups = fitter.served_config(cp, cfg, draft_path).to_server_args(model)
-    if spec is not None and not fitter.repack_applies(spec, cfg, be, n_gpus):
-        groups = [g for g in groups if g != ["--no-repack"]]
-    return [" ".join(g) for g in groups]
-
-
-def alternatives_json(r: Any) -> list[dict[str, Any]]:
+def alternatives_json(r: Plan) -> list[dict[str, Any]]:
     """The what-fits-instead list as `fit` prints it, each with its whole llama-server command."""
-    out = []
-    for a in r.alternatives:
-        flags = None
-        if a.update is not None:
-            cfg = r.cfg.model_copy(update=a.update)
-            drafted = cfg.spec_type != "none" and (r.rec is None or r.rec.draft)
-            p = fitter.predict(r.header, r.spec, cfg, r.be, r.fe, r.draft if drafted else None, build=r.build)
-            flags = server_flags(r.path, p.context, cfg, r.model_draft if drafted else None, r.spec, r.be, r.n_gpus)
-        out.append({"change": a.flags, "reason": a.reason, "line": a.line, "flags": flags})
-    return out
+    return [{"change": a.flags, "reason": a.reason, "line": a.line, "flags": r.alternative_flags(a)}
+            for a in r.alternatives]
 
 
 def placement_lines(p) -> list[str]:
@@ -131,7 +80,7 @@ MMAP_NOTE = ("note: host memory counts the CPU weights' own bytes; with mmap (th
              "file through the page cache, so the process's peak RSS reaches the file size while it loads")
 
 
-def print_placement(r: Any) -> None:
+def print_placement(r: Plan) -> None:
     p = r.placement
     if p is None:
         if r.placement_why and r.table_placement is None and not (r.rec is None and r.solutions):
@@ -141,12 +90,12 @@ def print_placement(r: Any) -> None:
     print(f"\nplacement for -c {p.n_ctx}: {first}")
     for line in rest:
         print(line)
-    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags()))
+    print("llama-server \\\n  " + " \\\n  ".join(r.placement_flags or ()))
     if not r.cfg.no_mmap:
         print(MMAP_NOTE)
 
 
-def print_recommendation(r: Any) -> None:
+def print_recommendation(r: Plan) -> None:
     spec, rec = r.spec, r.rec
     print()
     print_solutions(r.solutions)
@@ -160,6 +109,8 @@ def print_recommendation(r: Any) -> None:
         if not r.cfg.no_mmap:
             print(MMAP_NOTE)
     if rec is None:
+        from fitter.fit.plan import nothing_fits_line
+
         print(f"\n{r.alternatives[0].line if r.alternatives else nothing_fits_line(r)}")
         return
     # the resolved context's -ub: llama.cpp caps n_ubatch at n_batch and n_batch at n_ctx, and so do the flags
@@ -199,7 +150,7 @@ def print_solutions(solutions) -> None:
               "below the column's -ub it runs -ub = -c")
 
 
-def print_what_to_change(r: Any) -> None:
+def print_what_to_change(r: Plan) -> None:
     over = fitter.excess(r.pred, r.avail)
     if over <= 0:
         print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")

@@ -87,3 +87,39 @@ def propose_split(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend:
     if best is None or lo == 0:
         return Split((), 0, None)
     return Split(tuple(float(c) for c in best), lo * CTX_STEP, pred(best, lo * CTX_STEP))
+
+
+class SplitProposal(NamedTuple):
+    text: str  # the line `fit` prints
+    json: dict  # --json's "split"
+
+
+def propose_for(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, pred: Prediction, backend: Backend,
+                frontend: Frontend, avail: dict[str, int], build: LlamaBuild = PINNED) -> SplitProposal:
+    """`fit`'s split over several devices (RPC servers): the -ts that fits the largest context at the prediction's
+    -ub and K/V types, with each device's bytes against its budget less the margin."""
+    cp = pred.context
+    base = cfg.model_copy(update={"n_ubatch": cp.n_ubatch, "n_batch": cp.n_batch, "type_k": cp.type_k,
+                                  "type_v": cp.type_v, "spec_type": "none", "draft_model": None})
+    sp = propose_split(header, spec, base, backend, frontend, avail, build=build)
+    if not sp.n_ctx:
+        return SplitProposal("split: no -ts fits every device within its budget at -ub "
+                             f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}", {"tensor_split": None, "n_ctx": 0})
+    ts = ",".join(f"{x:g}" for x in sp.tensor_split)
+    totals = sp.pred.device_totals() if sp.pred else {}
+    text = (f"split: -ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
+            f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}: " + ", ".join(
+                f"{d} {totals.get(d, 0) / 2**20:,.2f} of {a / 2**20:,.2f} MiB" for d, a in avail.items()))
+    return SplitProposal(text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals})
+
+
+def host_totals(pred: Prediction, endpoints: list[str]) -> dict:
+    """`--json`'s "hosts" with --rpc: what each rpc-server holds (its devices' buffers, one device per server: RPC0,
+    RPC1, ... in --rpc order) and what the main host keeps (token embedding, logits, host compute; mapped weights by
+    their tensors' bytes)."""
+    per_device = pred.device_totals()
+    hosts: dict[str, dict] = {}
+    for i, ep in enumerate(endpoints):
+        n = per_device.get(f"RPC{i}", 0)
+        hosts[ep] = {"devices": {f"RPC{i}": n}, "bytes": n}
+    return {**hosts, "main": {"bytes": pred.host_bytes}}

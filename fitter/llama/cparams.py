@@ -451,7 +451,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "draft_type_v": _kv_type, "draft_n_max": _COUNT, "n_cpu_moe": _COUNT, "cpu_moe": _bool,
     "override_tensor": _overrides, "no_kv_offload": _bool, "no_op_offload": _bool,
     "split_mode": _one_of(*get_args(SplitMode)), "main_gpu": _COUNT, "tensor_split": _optional(_split),
-    "lora": _loras, "mmproj": _optional(_str), "no_mmproj_offload": _bool,
+    "rpc": _optional(_str), "lora": _loras, "mmproj": _optional(_str), "no_mmproj_offload": _bool,
 }
 
 

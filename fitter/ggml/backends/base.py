@@ -160,6 +160,7 @@ class BackendImpl:
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
     # the device is the host (CPU): every buffer is the one RAM and counts against the one budget; no GPU flags
     is_gpu = False
+    remote = False  # devices on other hosts (RPC: rpc-servers named by --rpc), the main host's CPU beside them
     label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
     single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
     # the device's memory is the host's RAM (Apple Silicon): weights moved to the CPU (-ngl, --n-cpu-moe, -ot =CPU)
@@ -173,6 +174,11 @@ class BackendImpl:
     # whose ggml_backend_sched_reserve_size drops them (CUDA's and Metal's figures are checked against dry runs)
     keeps_layer_pins = False
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
+
+    def device_name(self, index: int) -> str:
+        """llama.cpp's name of the device at `index` ("CUDA1"): its registry's name and the index (a --budget per GPU
+        is keyed by it, as the prediction's buffers are)."""
+        return f"{self.registry}{index}"
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:
         """This backend as `build`'s ggml has it (a bound copy; itself for the build it already mirrors)."""

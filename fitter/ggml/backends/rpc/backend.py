@@ -30,6 +30,7 @@ class RPCBackend(BackendImpl):
     alignment = HOST_ALIGNMENT  # RPC_CMD_GET_ALIGNMENT of a CPU server's default buffer type
     maps_host_memory = False  # caps.buffer_from_host_ptr false: the remote's weights are copied into its buffers
     is_gpu = True  # ggml_backend_rpc_device_get_type: GGML_BACKEND_DEVICE_TYPE_GPU
+    remote = True
     label = "RPC"
     has_host_buffer_type = False
     keeps_layer_pins = True  # checked against real loads (an RPC dry run allocates nothing on the servers)
