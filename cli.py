@@ -14,6 +14,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+import cli_options as opt
+import cli_session
 import fitter
 from cli_options import (
     MODEL_HELP,
@@ -257,6 +259,13 @@ def fit(
     prefill_step_size: PrefillStep = 2048,
     max_tokens: MaxTokens = 512,
     prompt_cache_bytes: PromptCacheBytes = None,
+    cache_ram: opt.CacheRam = None,
+    ctx_checkpoints: opt.CtxCheckpoints = None,
+    checkpoint_min_step: opt.CheckpointMinStep = None,
+    cache_idle_slots: opt.CacheIdleSlots = None,
+    session_requests: opt.SessionRequests = 100,
+    session_prompt: opt.SessionPrompt = None,
+    session_gen: opt.SessionGen = 256,
 ) -> None:
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
     check_engine_flags(ctx, engine.value)
@@ -312,6 +321,8 @@ def fit(
         r.solve_placement()
         choose_fastest(r)
         r.conclude()
+        r.session = cli_session.session_of(r, cli_session.flags_of(cache_ram, ctx_checkpoints, checkpoint_min_step,
+                                                                  cache_idle_slots), session_requests, session_prompt, session_gen)
         if not build.is_pinned:
             r.differences = fitter.build_differences(header, spec, r.pred_config, be, fe, r.pred_draft, r.pred,
                                                      n_gpus=r.n_gpus)

@@ -94,6 +94,7 @@ class FitRun(fitter.Record, frozen=False):
     per_device: dict[str, int] | None = None  # --budget per GPU, by buffer name
     speed: Any = None  # cli_speed.Speed: --hardware and the rates' settings (None: no rates)
     speed_options: Any = None  # fit for speed: the placements that fit, fastest first (cli_speed.choose_fastest)
+    session: Any = None  # cli_session.FitSession: llama-server's memory over a session (issue 48)
 
     @property
     def avail(self) -> Any:
@@ -262,6 +263,7 @@ class FitRun(fitter.Record, frozen=False):
         out["speed"] = speed_json(fit_speed(self))
         if out["speed"] is None and self.speed is not None and self.speed.note:
             out["speed_note"] = self.speed.note
+        out["session"] = self.session.as_json() if self.session is not None else None
         if self.measured is not None:
             out["check"] = self.measured
         if self.fit_params is not None:
@@ -294,6 +296,8 @@ def print_fit(r: FitRun) -> None:
     print()
     print_breakdown(pred, r.available, r.avail if r.per_device else None)
     print_speed(r)
+    if r.session is not None:
+        r.session.print()
     print_calibration(pred)
     if r.measured is not None:
         print()

@@ -78,11 +78,23 @@ class ServerSession(Record):
     state_bytes: int  # one finished request's whole sequence state (n_tokens = prompt + gen - 1)
     checkpoints: list[int]  # one request's context checkpoints, bytes each (as kept in its slot)
     points: list[SessionPoint]
-    limit: SessionPoint  # the ceiling as the number of requests grows without end
+    limit: SessionPoint  # the ceiling as the number of requests grows without end (requests = 0)
 
     @property
     def entry_bytes(self) -> int:
         return self.state_bytes + sum(self.checkpoints)
+
+    @property
+    def allocator_bytes(self) -> int:
+        """Freed checkpoints the allocator keeps: glibc's dynamic mmap threshold (raised by the first free of a
+        checkpoint) serves later checkpoints from the heap, which keeps one request's worth once slots are cleared
+        (measured: benchmarks/results/session-cpu-here.json; with MALLOC_MMAP_THRESHOLD_ fixed it is 0)."""
+        return sum(self.checkpoints) if self.flags.cache_ram_mib != 0 else 0
+
+    @property
+    def ceiling_bytes(self) -> int:
+        """The most it holds after load however many requests come (the limit), the allocator's share included."""
+        return self.limit.bytes + self.allocator_bytes
 
 
 def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int) -> list[int]:
@@ -120,13 +132,19 @@ class _Slot:
 class _Cache:
     limit_bytes: int  # 0 = no limit
     limit_tokens: int
-    entries: list[tuple[int, int, int]] = field(default_factory=list)  # (request id, bytes, tokens)
+    entries: list[tuple[int, int, int]] = field(default_factory=list)  # (request id, bytes, tokens), oldest first
+    size: int = 0
+    n_tokens: int = 0
 
-    def size(self) -> int:
-        return sum(e[1] for e in self.entries)
+    def _push(self, e: tuple[int, int, int]) -> None:
+        self.entries.append(e)
+        self.size += e[1]
+        self.n_tokens += e[2]
 
-    def n_tokens(self) -> int:
-        return sum(e[2] for e in self.entries)
+    def _pop(self) -> None:
+        e = self.entries.pop(0)
+        self.size -= e[1]
+        self.n_tokens -= e[2]
 
     def alloc(self, prompt: int, size: int, tokens: int) -> None:
         # server_prompt_cache::alloc
@@ -135,20 +153,20 @@ class _Cache:
         if self.limit_bytes > 0 and size > self.limit_bytes:
             return  # "exceeds cache size limit, skipping"
         if self.limit_bytes > 0:
-            while self.entries and self.size() + size > self.limit_bytes:
-                self.entries.pop(0)
-        self.entries.append((prompt, size, tokens))
+            while self.entries and self.size + size > self.limit_bytes:
+                self._pop()
+        self._push((prompt, size, tokens))
 
     def update(self) -> None:
         # server_prompt_cache::update
         if self.limit_bytes > 0:
-            while self.entries and self.size() > self.limit_bytes:
-                self.entries.pop(0)
-        per_token = max(1.0, self.size() / max(1, self.n_tokens()))
+            while self.entries and self.size > self.limit_bytes:
+                self._pop()
+        per_token = max(1.0, self.size / max(1, self.n_tokens))
         cur = max(self.limit_tokens, int(self.limit_bytes / per_token)) if self.limit_bytes > 0 else self.limit_tokens
         if self.limit_tokens > 0:
-            while self.entries and self.n_tokens() > cur:
-                self.entries.pop(0)
+            while self.entries and self.n_tokens > cur:
+                self._pop()
 
 
 def _save(cache: _Cache, slot: _Slot, entry: int, tokens: int) -> None:
@@ -180,14 +198,29 @@ def _request(k: int, slots: list[_Slot], cache: _Cache | None, idle_saves: bool,
 
 
 def _point(n: int, slots: list[_Slot], cache: _Cache | None) -> SessionPoint:
-    entries = cache.entries if cache is not None else []
-    return SessionPoint(requests=n, cache_bytes=sum(e[1] for e in entries), cache_entries=len(entries),
-                        cache_tokens=sum(e[2] for e in entries), checkpoint_bytes=sum(s.checkpoints for s in slots),
-                        token_bytes=TOKEN_BYTES * sum(e[2] for e in entries))
+    size, entries, tokens = (cache.size, len(cache.entries), cache.n_tokens) if cache is not None else (0, 0, 0)
+    return SessionPoint(requests=n, cache_bytes=size, cache_entries=entries, cache_tokens=tokens,
+                        checkpoint_bytes=sum(s.checkpoints for s in slots), token_bytes=TOKEN_BYTES * tokens)
+
+
+def _limit(n_slots: int, n_ctx: int, flags: CacheFlags, unified: bool, entry: int, tokens: int,
+           ckpt: int) -> SessionPoint:
+    """The session's ceiling as requests keep coming: the cache full (server_prompt_cache::update: floor(limit /
+    entry) entries; with -1, the n_ctx tokens' worth), and the checkpoints the slots hold (with a unified KV and
+    idle-slot saves only the busy slot keeps its own; otherwise every slot)."""
+    if flags.cache_ram_mib == 0:
+        k = 0
+    elif flags.cache_ram_mib < 0:
+        k = n_ctx // max(1, tokens) if n_ctx > 0 else 1 << 62
+    else:
+        k = MIB * flags.cache_ram_mib // max(1, entry)
+    cleared = unified and flags.cache_idle_slots and flags.cache_ram_mib != 0
+    return SessionPoint(requests=0, cache_bytes=k * entry, cache_entries=k, cache_tokens=k * tokens,
+                        checkpoint_bytes=ckpt * (1 if cleared else n_slots), token_bytes=TOKEN_BYTES * k * tokens)
 
 
 def _run(n_requests: list[int], n_slots: int, n_ctx: int, flags: CacheFlags, unified: bool,
-         entry: int, tokens: int, ckpt: int) -> tuple[list[SessionPoint], SessionPoint]:
+         entry: int, tokens: int, ckpt: int) -> list[SessionPoint]:
     cache = None
     if flags.cache_ram_mib != 0:
         cache = _Cache(limit_bytes=MIB * max(0, flags.cache_ram_mib), limit_tokens=n_ctx)
@@ -195,19 +228,11 @@ def _run(n_requests: list[int], n_slots: int, n_ctx: int, flags: CacheFlags, uni
     slots = [_Slot() for _ in range(n_slots)]
     points: list[SessionPoint] = []
     wanted = set(n_requests)
-    # the ceiling: once the cache is full (or holds n_ctx tokens) and every slot was used, each request is the
-    # same; run until then (a bound on the entries it can hold, plus the slots)
-    fit = n_ctx // max(1, tokens) if flags.cache_ram_mib < 0 else (MIB * flags.cache_ram_mib) // max(1, entry)
-    last = max([*n_requests, fit + 2 * n_slots + 2]) if cache is not None else max([*n_requests, n_slots + 1])
-    peak = _point(0, slots, cache)
-    for k in range(1, last + 1):
+    for k in range(1, max(n_requests, default=0) + 1):
         _request(k, slots, cache, idle_saves, unified, entry, tokens, ckpt)
-        p = _point(k, slots, cache)
-        if p.bytes > peak.bytes:
-            peak = p
         if k in wanted:
-            points.append(p)
-    return points, peak
+            points.append(_point(k, slots, cache))
+    return points
 
 
 def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_requests: list[int],
@@ -222,7 +247,7 @@ def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_
         for n in checkpoint_positions(prompt, cp.n_batch, cp.n_ubatch, flags.ctx_checkpoints):
             ckpts.append(seq_state_bytes(spec, cp, n, partial=True, mrope=mrope))
     entry = state + sum(ckpts)
-    points, peak = _run(sorted(set(n_requests)), cp.n_seq_max, cp.n_ctx, flags, cp.kv_unified, entry, n_tokens,
-                        sum(ckpts))
+    args = (cp.n_seq_max, cp.n_ctx, flags, cp.kv_unified, entry, n_tokens, sum(ckpts))
+    points, peak = _run(sorted(set(n_requests)), *args), _limit(*args)
     return ServerSession(prompt_tokens=prompt, gen_tokens=gen, n_slots=cp.n_seq_max, kv_unified=cp.kv_unified,
                          flags=flags, state_bytes=state, checkpoints=ckpts, points=points, limit=peak)

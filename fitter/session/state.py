@@ -74,7 +74,7 @@ def seq_state_bytes(spec: ModelSpec, cp: ContextParams, n_tokens: int, *, partia
     ext = has_cell_ext(spec, mrope)
     # a plain llama_kv_cache or llama_memory_recurrent ignores the flag (GGML_UNUSED(flags)): whole state
     partial = partial and (spec.is_swa_any or spec.is_hybrid)
-    out = 0
+    out = 4 + 4  # llama_context::state_seq_get_size: io_magic, seq_id
     for cache in memory_caches(spec, cp):
         if cache.kind == "rs":
             out += recurrent_state_bytes(cache, spec)
