@@ -126,6 +126,53 @@ def run_case(label: str, key: str, n_ctx: int, prompt: int, gen: int, flags: lis
             "log_head": [ln for ln in srv.proc.lines if "prompt cache is" in ln or "n_parallel" in ln]}
 
 
+def flags_of(args: list[str]):
+    from fitter.session.server import CacheFlags
+
+    names = {"--cache-ram": "cache_ram_mib", "--ctx-checkpoints": "ctx_checkpoints"}
+    return CacheFlags(**{names[a]: int(v) for a, v in zip(args[::2], args[1::2])})
+
+
+def predicted(case: dict, at: list[int]):
+    """fitter.session's prediction for a recorded case (the model rebuilt: bundled, or tests.synth's cached GGUF)."""
+    from fitter import RunConfig, load_model_spec, predict
+    from fitter.session.server import server_session
+
+    header, spec = load_model_spec(model_path(case["model"]))
+    cp = predict(header, spec, RunConfig(n_ctx=case["n_ctx"])).context
+    return server_session(spec, cp, case["prompt"], case["gen"], at, flags_of(case["flags"]))
+
+
+def compare(case: dict) -> list[dict]:
+    """Measured vs predicted after 1, 10 and the last request: the log's cache size, and the growth of the server's
+    anonymous resident memory since request 1 (predicted: fitter.session's bytes, plus the allocator's share from
+    request 4 on, ServerSession.allocator_bytes)."""
+    rows = case["requests"]
+    at = sorted({1, min(10, len(rows)), len(rows)})
+    s = predicted(case, at)
+    base = s.points[0].bytes
+    out = []
+    for p in s.points:
+        m = rows[p.requests - 1]
+        grow = p.bytes - base + (s.allocator_bytes if p.requests >= 4 else 0)
+        out.append({"requests": p.requests, "cache_mib_logged": m.get("cache_mib"),
+                    "cache_mib_predicted": round(p.cache_bytes / 2**20, 3),
+                    "growth_measured": m["RssAnon"] - rows[0]["RssAnon"], "growth_predicted": grow,
+                    "rss_measured": m["VmRSS"], "rss_predicted": rows[0]["VmRSS"] + grow})
+    return out
+
+
+def print_compare(doc: dict) -> None:
+    print(f"{'case':<22}{'N':>4}{'cache log':>11}{'cache pred':>11}{'grow meas':>11}{'grow pred':>11}{'diff':>8}"
+          f"{'RSS meas':>10}{'RSS pred':>10}")
+    for case in doc["cases"]:
+        for r in compare(case):
+            d = r["growth_measured"] - r["growth_predicted"]
+            print(f"{case['label']:<22}{r['requests']:>4}{r['cache_mib_logged']:>11}{r['cache_mib_predicted']:>11}"
+                  f"{r['growth_measured'] / 2**20:>11.1f}{r['growth_predicted'] / 2**20:>11.1f}{d / 2**20:>8.1f}"
+                  f"{r['rss_measured'] / 2**20:>10.1f}{r['rss_predicted'] / 2**20:>10.1f}")
+
+
 def main() -> None:
     from search.server import find_llama_server, parse_build, server_version
 
@@ -133,9 +180,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/session-cpu-here.json"))
     ap.add_argument("--only", action="append", default=[], help="run these case labels only (repeatable)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compare", action="store_true", help="print the recording beside the prediction, run nothing")
     a = ap.parse_args()
     out = Path(a.out)
     doc = json.loads(out.read_text()) if out.exists() else {"cases": []}
+    if a.compare:
+        print_compare(doc)
+        return
     binary = find_llama_server()
     doc["build"] = parse_build(server_version(binary))
     doc["machine"] = {"cpus": os.cpu_count(), "uname": " ".join(os.uname())}
