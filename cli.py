@@ -339,6 +339,9 @@ def fit(
     print_fit(r)
 
 
+app.command("router")(cli_session.router)
+
+
 @app.command()
 def quants(
     model: Annotated[str, typer.Argument(help=MODEL_HELP + " Any quant of the model: only its header is read.")],

@@ -2,11 +2,15 @@
 cache and context checkpoints, fitter.session.server), its ceiling, whether that still fits, and caps that make it
 fit with what they cost. One line (and a few when it does not fit) after the speed line; `--json` has "session"."""
 
-from __future__ import annotations
+import json
+from typing import Annotated, Any, Optional
 
-from typing import Any
+import typer
 
+import fitter
+from cli_options import AsJson, BackendOpt, BudgetOpt, MarginOpt, backend_of
 from fitter.record import Record
+from fitter.session.router import host_on_budget
 from fitter.session.server import MIB, CacheFlags, ServerSession, server_session
 
 
@@ -115,7 +119,7 @@ def session_of(r: Any, flags: CacheFlags, requests: int, prompt: int | None, gen
         return server_session(r.spec, cp, p, gen, [requests], fl)
 
     s = run(flags)
-    if r.be.value == "cuda":
+    if not host_on_budget(r.be):
         where = "host"
         headroom = None if r.host is None or r.host_avail is None else r.host_avail - r.pred.host_bytes
     else:
@@ -123,3 +127,46 @@ def session_of(r: Any, flags: CacheFlags, requests: int, prompt: int | None, gen
         headroom = r.available - r.pred.total_device_bytes if not r.per_device else None
     props = _proposals(r.spec, cp, s, headroom, run) if headroom is not None and 0 <= headroom < s.ceiling_bytes else []
     return FitSession(session=s, requests=requests, where=where, headroom_bytes=headroom, proposals=props)
+
+
+# `ggfit router --models-preset FILE`: the router's models on one budget (fitter.session.router)
+PresetOpt = Annotated[str, typer.Option("--models-preset", metavar="FILE", help="llama-server's router preset (INI: a section per model, [*] shared).")]
+ModelsMaxOpt = Annotated[Optional[int], typer.Option("--models-max", metavar="N", help="The router's --models-max to check (default: llama-server's 4).")]
+
+
+def router(models_preset: PresetOpt, budget: BudgetOpt = "auto", margin: MarginOpt = None,
+           backend: BackendOpt = None, models_max: ModelsMaxOpt = None, as_json: AsJson = False) -> None:
+    """Which models of a llama-server router preset can be resident together: each model's load, session ceiling
+    and process share, the largest --models-max whose every group fits, and the largest group that fits."""
+    from fitter.session import router as rt
+
+    be = backend_of(backend)
+    bud = fitter.parse_budget(budget, be.value)
+    presets = rt.read_preset(models_preset)
+    models = [rt.size_model(p, be) for p in presets]
+    if margin is not None:
+        share = fitter.parse_margin(margin, be.value)
+        models = [m.model_copy(update={"process_bytes": share}) for m in models]
+    n_fit = rt.models_max(models, bud.bytes)
+    want = rt.MODELS_MAX_DEFAULT if models_max is None else models_max
+    worst = sum(sorted((m.bytes for m in models), reverse=True)[: want if want > 0 else len(models)])
+    group = rt.largest_group(models, bud.bytes)
+    out = {"backend": be.value, "budget_bytes": bud.bytes, "models": [{**m.model_dump(mode="json"), "bytes": m.bytes}
+                                                                      for m in models],
+           "models_max_fits": n_fit, "models_max": want, "worst_group_bytes": worst, "models_max_ok": worst <= bud.bytes,
+           "largest_group": group, "load_on_startup": [p.name for p in presets if p.load_on_startup]}
+    if as_json:
+        print(json.dumps(out, indent=2))
+        raise typer.Exit(0 if n_fit else 1)
+    print(f"router   {len(models)} models of {models_preset}, backend {be.value}, budget {_mib(bud.bytes)} ({bud.source})")
+    print(f"  {'model':<24}{'load':>12}{'session':>12}{'process':>12}{'total':>12}")
+    for m in models:
+        print(f"  {m.name:<24}{_mib(m.load_bytes):>12}{_mib(m.session_bytes):>12}{_mib(m.process_bytes):>12}"
+              f"{_mib(m.bytes):>12}")
+    said = f"--models-max {want}" + (" (llama-server's default)" if models_max is None else "")
+    print(f"{said}: the {min(want, len(models)) if want > 0 else len(models)} largest together take {_mib(worst)}: "
+          + ("fits" if worst <= bud.bytes else "does NOT fit (the router counts models, not bytes)"))
+    print(f"any {n_fit} fit together: --models-max {n_fit}" if n_fit else "no model fits the budget alone")
+    if group:
+        print(f"the largest group that fits: {', '.join(group)}")
+    raise typer.Exit(0 if n_fit else 1)
