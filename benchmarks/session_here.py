@@ -155,7 +155,7 @@ def compare(case: dict) -> list[dict]:
     for p in s.points:
         m = rows[p.requests - 1]
         grow = p.bytes - base + (s.allocator_bytes if p.requests >= 4 else 0)
-        out.append({"requests": p.requests, "cache_mib_logged": m.get("cache_mib"),
+        out.append({"requests": p.requests, "cache_mib_logged": m.get("cache_mib", 0.0),
                     "cache_mib_predicted": round(p.cache_bytes / 2**20, 3),
                     "growth_measured": m["RssAnon"] - rows[0]["RssAnon"], "growth_predicted": grow,
                     "rss_measured": m["VmRSS"], "rss_predicted": rows[0]["VmRSS"] + grow})

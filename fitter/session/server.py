@@ -87,9 +87,9 @@ class ServerSession(Record):
     @property
     def allocator_bytes(self) -> int:
         """Freed checkpoints the allocator keeps: glibc's dynamic mmap threshold (raised by the first free of a
-        checkpoint) serves later checkpoints from the heap, which keeps one request's worth once slots are cleared
-        (measured: benchmarks/results/session-cpu-here.json; with MALLOC_MMAP_THRESHOLD_ fixed it is 0)."""
-        return sum(self.checkpoints) if self.flags.cache_ram_mib != 0 else 0
+        checkpoint, when a slot is cleared or reused) serves later checkpoints from the heap, which keeps about one
+        request's worth (measured: benchmarks/results/session-cpu-here.json; with MALLOC_MMAP_THRESHOLD_ fixed, 0)."""
+        return sum(self.checkpoints)
 
     @property
     def ceiling_bytes(self) -> int:
