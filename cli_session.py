@@ -115,8 +115,11 @@ def session_of(r: Any, flags: CacheFlags, requests: int, prompt: int | None, gen
     cp = r.pred.context
     p = prompt if prompt is not None else max(1, min(4096, cp.n_ctx_seq - gen))
 
+    dcp = r.pred.draft_context
+    draft = None if dcp is None else (r.spec, dcp, True) if r.cfg.spec_type == "draft-mtp" else (r.draft[1], dcp, False)
+
     def run(fl: CacheFlags) -> ServerSession:
-        return server_session(r.spec, cp, p, gen, [requests], fl)
+        return server_session(r.spec, cp, p, gen, [requests], fl, draft=draft)
 
     s = run(flags)
     if not host_on_budget(r.be):

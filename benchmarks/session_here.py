@@ -31,7 +31,11 @@ SYNTH = {
                                     sliding_window=512, n_ctx_train=16384)),
     "synth-qwen35": ("qwen35", dict(n_layer=8, n_embd=256, n_head=8, n_head_kv=8, head_dim=128, n_rot=32,
                                     ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16, n_ff=512, n_ctx_train=16384)),
+    # a draft for synth-gemma3 (the same vocabulary): its state travels with the target's (-md, "@key" in a case)
+    "synth-gemma3-draft": ("gemma3", dict(n_layer=6, n_embd=128, n_head=4, n_head_kv=4, head_dim=32, n_ff=256,
+                                          sliding_window=512, n_ctx_train=16384)),
 }
+DRAFT = ["-md", "@synth-gemma3-draft", "--spec-type", "draft-simple"]
 OFF, CAP = ["--cache-ram", "0"], ["--cache-ram", "64"]
 # (label, model, -c, prompt tokens, generated tokens, llama-server flags, requests)
 CASES = [
@@ -44,6 +48,7 @@ CASES = [
     ("sgemma-p2000-cap64", "synth-gemma3", 16384, 2000, 8, CAP, 50),
     ("sgemma-p2000-off", "synth-gemma3", 16384, 2000, 8, OFF, 50),
     ("sgemma-p2000-ckpt1", "synth-gemma3", 16384, 2000, 8, ["--ctx-checkpoints", "1"], 10),
+    ("sgemma-p2000-draft", "synth-gemma3", 16384, 2000, 8, DRAFT, 12),
     ("sqwen-p2000-default", "synth-qwen35", 16384, 2000, 8, [], 50),
     ("sqwen-p300-default", "synth-qwen35", 16384, 300, 8, [], 50),
     ("sqwen-p2000-cap64", "synth-qwen35", 16384, 2000, 8, CAP, 50),
@@ -98,7 +103,8 @@ def run_case(label: str, key: str, n_ctx: int, prompt: int, gen: int, flags: lis
     binary = find_llama_server()
     port = free_port()
     cmd = [binary, "-m", path, "--host", "127.0.0.1", "--port", str(port), "-fit", "off", "--no-warmup",
-           "--no-repack", "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-lv", "4", *flags]
+           "--no-repack", "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-lv", "4",
+           *(model_path(f[1:]) if f.startswith("@") else f for f in flags)]
     srv = LlamaServer(cmd, port=port, env={**os.environ, **(env or {})})
     rows = []
     try:
@@ -130,7 +136,7 @@ def flags_of(args: list[str]):
     from fitter.session.server import CacheFlags
 
     names = {"--cache-ram": "cache_ram_mib", "--ctx-checkpoints": "ctx_checkpoints"}
-    return CacheFlags(**{names[a]: int(v) for a, v in zip(args[::2], args[1::2])})
+    return CacheFlags(**{names[a]: int(v) for a, v in zip(args[::2], args[1::2]) if a in names})
 
 
 def predicted(case: dict, at: list[int]):
@@ -139,8 +145,17 @@ def predicted(case: dict, at: list[int]):
     from fitter.session.server import server_session
 
     header, spec = load_model_spec(model_path(case["model"]))
+    flags = case["flags"]
+    if "-md" in flags:  # draft-simple with a synthetic draft
+        dpath = model_path(flags[flags.index("-md") + 1][1:])
+        dh, dspec = load_model_spec(dpath)
+        pred = predict(header, spec, RunConfig(n_ctx=case["n_ctx"], draft_model=dpath, spec_type="draft-simple"),
+                       draft=(dh, dspec))
+        assert pred.draft_context is not None
+        return server_session(spec, pred.context, case["prompt"], case["gen"], at, flags_of(flags),
+                              draft=(dspec, pred.draft_context, False))
     cp = predict(header, spec, RunConfig(n_ctx=case["n_ctx"])).context
-    return server_session(spec, cp, case["prompt"], case["gen"], at, flags_of(case["flags"]))
+    return server_session(spec, cp, case["prompt"], case["gen"], at, flags_of(flags))
 
 
 def compare(case: dict) -> list[dict]:

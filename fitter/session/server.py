@@ -236,16 +236,26 @@ def _run(n_requests: list[int], n_slots: int, n_ctx: int, flags: CacheFlags, uni
 
 
 def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_requests: list[int],
-                   flags: CacheFlags | None = None, *, mrope: bool = False) -> ServerSession:
+                   flags: CacheFlags | None = None, *, mrope: bool = False,
+                   draft: tuple[ModelSpec, ContextParams, bool] | None = None) -> ServerSession:
     """The host memory llama-server holds after each of `n_requests` requests of `prompt` tokens generating `gen`,
-    and its ceiling; cp is the context llama-server runs (fitter.predict's `context`)."""
+    and its ceiling; cp is the context llama-server runs (fitter.predict's `context`). `draft`: the speculative
+    context (its model, context and whether it is an MTP head): server_slot::prompt_save stores its state beside the
+    target's, and create_checkpoint its PARTIAL_ONLY state (update_dft) in each checkpoint."""
     flags = flags or CacheFlags()
     n_tokens = prompt + max(0, gen - 1)  # the last sampled token is never decoded ("stop processing: n_tokens")
-    state = seq_state_bytes(spec, cp, n_tokens, mrope=mrope)
+
+    def size(n: int, partial: bool) -> int:
+        out = seq_state_bytes(spec, cp, n, partial=partial, mrope=mrope)
+        if draft is not None:
+            out += seq_state_bytes(draft[0], draft[1], n, partial=partial, mtp=draft[2])
+        return out
+
+    state = size(n_tokens, False)
     ckpts: list[int] = []
     if checkpoints_apply(spec, cp):
         for n in checkpoint_positions(prompt, cp.n_batch, cp.n_ubatch, flags.ctx_checkpoints):
-            ckpts.append(seq_state_bytes(spec, cp, n, partial=True, mrope=mrope))
+            ckpts.append(size(n, True))
     entry = state + sum(ckpts)
     args = (cp.n_seq_max, cp.n_ctx, flags, cp.kv_unified, entry, n_tokens, sum(ckpts))
     points, peak = _run(sorted(set(n_requests)), *args), _limit(*args)

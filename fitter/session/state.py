@@ -68,14 +68,15 @@ def swa_cells(spec: ModelSpec, cp: ContextParams, n_tokens: int) -> int:
 
 
 def seq_state_bytes(spec: ModelSpec, cp: ContextParams, n_tokens: int, *, partial: bool = False,
-                    mrope: bool = False) -> int:
+                    mrope: bool = False, mtp: bool = False) -> int:
     """llama_state_seq_get_size_ext(ctx, seq, flags) for a sequence of `n_tokens` in memory. `partial`:
-    LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): only the SWA cache or the recurrent state."""
+    LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): only the SWA cache or the recurrent state. `mtp`: an
+    MTP draft context's memory (its NextN layers)."""
     ext = has_cell_ext(spec, mrope)
     # a plain llama_kv_cache or llama_memory_recurrent ignores the flag (GGML_UNUSED(flags)): whole state
     partial = partial and (spec.is_swa_any or spec.is_hybrid)
     out = 4 + 4  # llama_context::state_seq_get_size: io_magic, seq_id
-    for cache in memory_caches(spec, cp):
+    for cache in memory_caches(spec, cp, mtp=mtp):
         if cache.kind == "rs":
             out += recurrent_state_bytes(cache, spec)
         elif cache.name == "kv_swa":
