@@ -114,6 +114,9 @@ def session_of(r: Any, flags: CacheFlags, requests: int, prompt: int | None, gen
         return None
     cp = r.pred.context
     p = prompt if prompt is not None else max(1, min(4096, cp.n_ctx_seq - gen))
+    if p + gen > cp.n_ctx_seq:  # llama-server refuses such a request ("exceeds the available context size")
+        raise fitter.ConfigError(f"--session-prompt {p} + --session-gen {gen} exceed a slot's context "
+                                 f"(n_ctx_seq = {cp.n_ctx_seq})")
 
     dcp = r.pred.draft_context
     draft = None if dcp is None else (r.spec, dcp, True) if r.cfg.spec_type == "draft-mtp" else (r.draft[1], dcp, False)

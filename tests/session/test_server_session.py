@@ -80,3 +80,22 @@ def test_fit_shows_the_session_and_proposes_a_cap(capfd):
 def test_quants_still_refuses_the_cache_flags(capfd):
     code, _, err = _run(capfd, "quants", M, "--budget", "2GiB", "-c", "4096", "--cache-ram", "64")
     assert code == 2 and "does not model" in err
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["--session-prompt", "5000"], "--session-prompt 5000 + --session-gen 256 exceed a slot's context"),
+    (["--session-gen", "0"], "--session-gen"),
+])
+def test_a_session_longer_than_a_slot_is_one_line(argv, phrase, capfd):
+    code, _, err = _run(capfd, "fit", M, "--budget", "2GiB", "-c", "4096", "--no-speed", *argv)
+    assert code == 2 and err.count("\n") == 1 and phrase in err, err
+
+
+def test_a_draft_travels_with_the_saved_prompt_and_its_checkpoints():
+    """server_slot::prompt_save and create_checkpoint's update_dft, as logged on a synthetic gemma3 with a gemma3
+    draft (benchmarks/session_here.py's sgemma-p2000-draft): 20.128 MiB per state, 11.262 MiB per checkpoint."""
+    from benchmarks.session_here import DRAFT, predicted
+
+    s = predicted({"model": "synth-gemma3", "n_ctx": 16384, "prompt": 2000, "gen": 8, "flags": DRAFT}, [3])
+    assert round(s.state_bytes / MIB, 3) == 20.128 and [round(c / MIB, 3) for c in s.checkpoints] == [11.262] * 2
+    assert round(s.points[0].cache_bytes / MIB, 3) == 85.304
