@@ -45,14 +45,13 @@ CASES = [
     ("gemma-p200-nolimit", "gemma3-270m", 4096, 200, 8, ["--cache-ram", "-1"], 50),
     ("sgemma-p2000-default", "synth-gemma3", 16384, 2000, 8, [], 50),
     ("sgemma-p300-default", "synth-gemma3", 16384, 300, 8, [], 50),
-    ("sgemma-p2000-cap64", "synth-gemma3", 16384, 2000, 8, CAP, 50),
-    ("sgemma-p2000-off", "synth-gemma3", 16384, 2000, 8, OFF, 50),
-    ("sgemma-p2000-ckpt1", "synth-gemma3", 16384, 2000, 8, ["--ctx-checkpoints", "1"], 10),
-    ("sgemma-p2000-draft", "synth-gemma3", 16384, 2000, 8, DRAFT, 12),
-    ("sqwen-p2000-default", "synth-qwen35", 16384, 2000, 8, [], 50),
-    ("sqwen-p300-default", "synth-qwen35", 16384, 300, 8, [], 50),
-    ("sqwen-p2000-cap64", "synth-qwen35", 16384, 2000, 8, CAP, 50),
-    ("sqwen-p2000-off", "synth-qwen35", 16384, 2000, 8, OFF, 50),
+    ("sgemma-p1000-cap64", "synth-gemma3", 16384, 1000, 8, CAP, 10),
+    ("sgemma-p1000-off", "synth-gemma3", 16384, 1000, 8, OFF, 10),
+    ("sgemma-p1000-ckpt1", "synth-gemma3", 16384, 1000, 8, ["--ctx-checkpoints", "1"], 6),
+    ("sgemma-p2000-draft", "synth-gemma3", 16384, 2000, 8, DRAFT, 4),
+    ("sqwen-p500-default", "synth-qwen35", 16384, 500, 8, [], 50),
+    ("sqwen-p500-cap64", "synth-qwen35", 16384, 500, 8, CAP, 10),
+    ("sqwen-p500-off", "synth-qwen35", 16384, 500, 8, OFF, 10),
 ]
 _CACHE = re.compile(r"cache state: (\d+) prompts, ([\d.]+) MiB")
 _CKPT = re.compile(r"created context checkpoint .*n_tokens = (\d+), size = ([\d.]+) MiB")
