@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+import cli_session
 import fitter
 from cli_options import (
     MODEL_HELP,
@@ -49,6 +50,7 @@ from cli_options import (
     RunnerOpt,
     SeedOpt,
     ServerOptions,
+    SessionOptions,
     SpeedOptions,
     StorageOpt,
     TrialsOpt,
@@ -109,6 +111,7 @@ def fit(
     as_json: AsJson = False,
     engine: EngineOpt = EngineName.llama,
     mlx: MlxOptions,
+    session: SessionOptions,
 ) -> None:
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
     check_engine_flags(ctx, engine.value)
@@ -123,7 +126,7 @@ def fit(
     from fitter.fit import plan as planner
 
     req = fit_request(model, budget, frontend, context, placement, adapters, server, draft, build, speed,
-                      check=check, llama_bin=llama_bin)
+                      check=check, llama_bin=llama_bin, session=session)
     p = planner.plan(req)
     warn_ctx_train(p.pred.context, p.spec)
     planner.check(p)
@@ -131,6 +134,9 @@ def fit(
         print(json.dumps(plan_json(p), indent=2))
         raise typer.Exit(p.exit_code)  # the text's exit code: 1 when nothing fits (Plan.verdict)
     print_fit(p)
+
+
+app.command("router")(cli_session.router)  # issue 48: a router preset's models on one budget
 
 
 @app.command()

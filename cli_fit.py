@@ -123,6 +123,7 @@ def plan_json(r: Plan) -> dict[str, Any]:
     out["speed"] = speed_json(r.rates)
     if out["speed"] is None and r.speed is not None and r.speed.note:
         out["speed_note"] = r.speed.note
+    out["session"] = r.session.as_json() if r.session is not None else None
     if r.measured is not None:
         out["check"] = r.measured
     if r.fit_params is not None:
@@ -156,6 +157,8 @@ def _print_memory(r: Plan) -> None:
     print()
     print_breakdown(pred, b.available, r.avail if b.per_device else None)  # type: ignore[arg-type]
     print_speed(r)
+    if r.session is not None:
+        print("\n".join(r.session.lines()))
     print_calibration(pred)
     if r.measured is not None:
         print()

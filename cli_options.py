@@ -104,6 +104,14 @@ QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="
 PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
 PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
+# llama-server's memory after load, over a session (issue 48; fitter.session): its cache flags and the session shown
+CacheRam = Annotated[Optional[int], typer.Option("-cram", "--cache-ram", metavar="N", help="llama-server's host prompt cache limit in MiB (default 8192; -1 = no size limit, then at most n_ctx tokens; 0 = off): counted in the session ceiling.")]
+CtxCheckpoints = Annotated[Optional[int], typer.Option("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", metavar="N", help="Context checkpoints per slot (default 32; SWA and recurrent models): counted in the session ceiling.")]
+CheckpointMinStep = Annotated[Optional[int], typer.Option("-cms", "--checkpoint-min-step", metavar="N", help="Minimum spacing of context checkpoints in tokens (default 8192).")]
+CacheIdleSlots = Annotated[Optional[bool], typer.Option("--cache-idle-slots/--no-cache-idle-slots", help="Save idle slots into the prompt cache when a task starts (default on; off with --cache-ram 0).")]
+SessionRequests = Annotated[int, typer.Option("--session-requests", metavar="N", min=1, help="The session fit shows: what llama-server holds after N requests of distinct prompts (default 100), beside its ceiling.")]
+SessionPrompt = Annotated[Optional[int], typer.Option("--session-prompt", metavar="P", min=1, help="Prompt tokens per request of the session (default: 4096, at most the slot's context less --session-gen).")]
+SessionGen = Annotated[int, typer.Option("--session-gen", metavar="G", min=1, help="Tokens generated per request of the session (default 256).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url) or mlx (mlx_lm.server on an MLX model directory; further arguments are its flags).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="A llama-server binary: the one the server runner starts (default: ggfit's pinned build, then PATH), and the one --llama-build auto asks for its build.")]
@@ -204,6 +212,18 @@ class ServerOptions(OptionGroup):
     host_budget: HostBudgetOpt = None
     no_mmap: NoMmap = False
     repack: Repack = False
+
+
+class SessionOptions(OptionGroup):
+    """llama-server's memory after load, over a session of requests (fit; issue 48, fitter.session)."""
+
+    cache_ram: CacheRam = None
+    ctx_checkpoints: CtxCheckpoints = None
+    checkpoint_min_step: CheckpointMinStep = None
+    cache_idle_slots: CacheIdleSlots = None
+    session_requests: SessionRequests = 100
+    session_prompt: SessionPrompt = None
+    session_gen: SessionGen = 256
 
 
 class DraftOptions(OptionGroup):
@@ -413,6 +433,9 @@ NOT_MODELLED_FLAGS: dict[str, bool] = {n: v for names, v in (
     (("--no-host", "-bs", "--backend-sampling", "--rerank", "--reranking", "-cmoed", "--cpu-moe-draft",
       "--spec-draft-cpu-moe", "--warmup", "--no-warmup"), False)) for n in names}
 SERVER_FLAG_COMMANDS = frozenset({"fit", "quants"})
+# modelled by fit's session (fitter.session), not by quants
+SESSION_FLAGS = frozenset({"-cram", "--cache-ram", "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cms",
+                           "--checkpoint-min-step"})
 
 
 def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
@@ -432,7 +455,7 @@ def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
             kept.insert(1, a.partition("=")[2] if eq else args[i + 1])
             i += 1 if eq else 2
             continue
-        if name in NOT_MODELLED_FLAGS:
+        if name in NOT_MODELLED_FLAGS and not (args[0] == "fit" and name in SESSION_FLAGS):
             value = "" if eq or not NOT_MODELLED_FLAGS[name] or i + 1 >= len(args) else " " + args[i + 1]
             raise fitter.ConfigError(f"{a}{value}: a llama-server flag that changes memory, which ggfit does not "
                                      "model; leave it out (ggfit predicts llama.cpp without it)")

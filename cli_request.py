@@ -25,12 +25,14 @@ from cli_options import (
     FrontendName,
     PlacementOptions,
     ServerOptions,
+    SessionOptions,
     SpeedOptions,
     backend_of,
     backend_of_hardware,
     frontend_of,
 )
 from cli_rpc import rpc_backend, rpc_budgets
+from cli_session import session_ask
 
 
 def run_config(**fields):
@@ -116,7 +118,7 @@ def adapter_fields(a: AdapterOptions) -> dict[str, Any]:
 
 def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                 a: AdapterOptions, s: ServerOptions, d: DraftOptions, bo: BuildOptions, sp: SpeedOptions, *,
-                check: bool, llama_bin: Optional[str]) -> FitRequest:
+                check: bool, llama_bin: Optional[str], session: SessionOptions | None = None) -> FitRequest:
     """`ggfit fit`'s flags as a FitRequest; a value llama.cpp would refuse is one line (ConfigError, BudgetError)."""
     from fitter.fit.request import Budgets, FitRequest
 
@@ -143,7 +145,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
     return FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                       model_draft=d.model_draft, solve_ctx=c.n_ctx is None, asked_batch=c.n_batch,
                       asked_ubatch=c.n_ubatch, kv_given=bool(c.type_k or c.type_v), check=check,
-                      fit_params=fit_params)
+                      fit_params=fit_params, session=session_ask(session) if session else None)
 
 
 def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,

@@ -67,8 +67,9 @@ class Plan(Record, frozen=False):
     # issue 47 (--rpc): the -ts over the RPC devices that fits the largest context, and what each host holds
     rpc_split: Any = None  # fitter.fit.split.SplitProposal
     rpc_hosts: dict[str, Any] | None = None
-    # issue 48: host bytes of llama-server's session memory (request.session); 0 until modelled
-    session_bytes: int = 0
+    # issue 48: what llama-server holds over the request's session (fitter.session.fit.FitSession; None: not asked,
+    # or not llama-server)
+    session: Any = None
 
     # --- the request's parts, by the names the output reads ---------------------------------------------------
     @property
@@ -210,6 +211,10 @@ def plan(req: FitRequest) -> Plan:
             p.differences = build_differences(header, spec, p.pred_config, p.be, p.fe, p.pred_draft, p.pred,
                                               n_gpus=p.n_gpus)
     _flags_and_rates(p)
+    if req.session is not None:
+        from fitter.session.fit import session_of
+
+        p.session = session_of(p, req.session)
     if req.config.rpc:
         _rpc(p)
     return p

@@ -13,8 +13,7 @@ the CPU backend."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from fitter.fit import budget as budget_
 from fitter.fit.margin import default_host_margin
@@ -239,9 +238,9 @@ class FitRequest(Record):
     kv_given: bool = False  # -ctk or -ctv given: the table keeps that pair
     check: bool = False  # --check: llama.cpp's own dry run (or llama-fit-params) beside the prediction
     fit_params: Path | None = None  # --llama-bin's llama-fit-params, for --check
-    # issue 48: llama-server's session memory (--cache-ram, slot checkpoints), host bytes beside the buffers; plan()
-    # will add them to the host side (Plan.session_bytes). Empty until modelled.
-    session: dict[str, int] = field(default_factory=dict)
+    # issue 48: the session `fit` shows (fitter.session.fit.SessionAsk: llama-server's cache flags, N requests of
+    # P + G tokens); plan() adds what llama-server holds over it (Plan.session). None: none asked
+    session: Any = None
 
     @property
     def n_gpus(self) -> int:
