@@ -65,6 +65,7 @@ from cli_options import (
     Parallel,
     PrefillStep,
     PromptCacheBytes,
+    PromptCacheSize,
     PromptKind,
     PromptTokensOpt,
     QuantizedKvStart,
@@ -72,6 +73,7 @@ from cli_options import (
     RunnerName,
     RunnerOpt,
     SeedOpt,
+    SessionRequests,
     SpecType,
     SpeedDepthOpt,
     SpeedPromptOpt,
@@ -257,6 +259,8 @@ def fit(
     prefill_step_size: PrefillStep = 2048,
     max_tokens: MaxTokens = 512,
     prompt_cache_bytes: PromptCacheBytes = None,
+    prompt_cache_size: PromptCacheSize = 10,
+    session_requests: SessionRequests = None,
 ) -> None:
     """Predict what llama.cpp (or mlx-lm, --engine mlx) allocates and solve for the largest context that fits a budget."""
     check_engine_flags(ctx, engine.value)
@@ -264,7 +268,8 @@ def fit(
         fit_mlx(model, budget=budget, margin=margin, n_ctx=n_ctx, model_draft=model_draft, max_kv_size=max_kv_size,
                 kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                 prefill_step_size=prefill_step_size, max_tokens=max_tokens, prompt_cache_bytes=prompt_cache_bytes,
-                draft_n_max=draft_n_max, as_json=as_json)
+                draft_n_max=draft_n_max, as_json=as_json, prompt_cache_size=prompt_cache_size,
+                session_requests=session_requests)
         return
     fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
     if fit_params is not None and llama_build is None:

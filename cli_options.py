@@ -101,6 +101,8 @@ QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="
 PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
 PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
+PromptCacheSize = Annotated[int, typer.Option("--prompt-cache-size", metavar="N", help="mlx: mlx_lm.server's prompt cache entries (default 10; 0: off).")]
+SessionRequests = Annotated[Optional[int], typer.Option("--session-requests", metavar="N", help="mlx: the session's peak after N requests of -c (default: its limit only).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 RunnerOpt = Annotated[RunnerName, typer.Option("--runner", help="python (llama-cpp-python in a child process), server (llama-server) or, for probe, openai (any OpenAI-compatible server at --url) or mlx (mlx_lm.server on an MLX model directory; further arguments are its flags).")]
 LlamaServerOpt = Annotated[Optional[str], typer.Option("--llama-server", metavar="PATH", help="A llama-server binary: the one the server runner starts (default: ggfit's pinned build, then PATH), and the one --llama-build auto asks for its build.")]
@@ -230,7 +232,7 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
 # fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is
 # llama.cpp's
 MLX_ONLY = frozenset({"max_kv_size", "kv_bits", "kv_group_size", "quantized_kv_start", "prefill_step_size",
-                      "max_tokens", "prompt_cache_bytes"})
+                      "max_tokens", "prompt_cache_bytes", "prompt_cache_size", "session_requests"})
 BOTH_ENGINES = frozenset({"model", "budget", "margin", "n_ctx", "model_draft", "draft_n_max", "as_json", "engine"})
 
 
@@ -254,7 +256,8 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
     if mlx:
         raise fitter.ConfigError(f"{', '.join(shown)}: llama.cpp's, not mlx-lm's: --engine mlx takes -c, -md, "
                                  "--spec-draft-n-max and its own --max-kv-size, --kv-bits, --kv-group-size, "
-                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes")
+                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes, "
+                                 "--prompt-cache-size, --session-requests")
     raise fitter.ConfigError(f"{', '.join(shown)}: mlx-lm's (--engine mlx), not llama.cpp's"
                              + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
                                 else ""))

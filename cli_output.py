@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 
 import fitter
+from cli_mlx_session import mlx_session, print_session, session_json
 from cli_options import detect_backend
 from cli_speed import fastest_json, fit_speed, print_fastest, print_speed, speed_json
 from cli_verdict import (
@@ -454,7 +455,7 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
              max_kv_size: int | None, kv_bits: int | None, kv_group_size: int, quantized_kv_start: int,
              prefill_step_size: int, max_tokens: int, prompt_cache_bytes: str | None, draft_n_max: int,
-             as_json: bool) -> None:
+             as_json: bool, prompt_cache_size: int = 10, session_requests: int | None = None) -> None:
     """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
     bud = fitter.parse_budget(budget, detect_backend())
     margin_bytes = fitter.parse_margin(margin)
@@ -479,6 +480,8 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
         best, pred = 0, fitter.predict_mlx(m, run, draft)
     total = pred.total_device_bytes
     fits = total <= available
+    sess, proposal, sess_fits = mlx_session(m, pred.run, draft, available, requests=session_requests,
+                                            prompt_cache_size=prompt_cache_size)
     if as_json:
         print(json.dumps({
             "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
@@ -488,6 +491,7 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
                        "prefill_step_size": prefill_step_size, "prompt_cache_bytes": pc},
             "buffers": [b.model_dump(mode="json") for b in pred.buffers], "total_device_bytes": total,
             "fits": fits, "headroom_bytes": available - total, "warnings": pred.warnings,
+            "session": session_json(sess, proposal, sess_fits),
         }, indent=2))
     else:
         print(f"model    {model} ({spec.model_type}, "
@@ -501,11 +505,13 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
         print_breakdown(pred, available)
         for w in pred.warnings:
             print("warning: " + w)
+        print_session(sess, proposal, available)
         if fits:
             flags = [f"--model {model}", f"--prefill-step-size {prefill_step_size}", f"--max-tokens {max_tokens}"]
             flags += [f"--kv-bits {kv_bits}", f"--kv-group-size {kv_group_size}"] if kv_bits else []
-            flags += [f"--prompt-cache-bytes {pc}"] if pc else []
+            flags += [f"--prompt-cache-bytes {pc}"] if pc is not None else []
+            flags += [f"--prompt-cache-size {prompt_cache_size}"] if prompt_cache_size != 10 else []
             flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
             print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))
-    if not fits:
+    if not fits or (session_requests and not sess_fits):
         raise typer.Exit(1)

@@ -99,10 +99,9 @@ def main() -> None:
     ap.add_argument("--cap-entries", type=float, default=3.5, help="--prompt-cache-bytes in entries of one request")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mlx-session-cpu-here.json"))
     a = ap.parse_args()
-    import mlx.core as mx
-    import mlx_lm
+    from importlib.metadata import version
 
-    rec: dict = {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "backend": "cpu", "machine": platform.machine(),
+    rec: dict = {"mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "backend": "cpu", "machine": platform.machine(),
                  "max_tokens": a.max_tokens, "bits": a.bits, "cases": []}
     bits = None if a.bits == "bf16" else int(a.bits)
     for name in a.models.split(","):
