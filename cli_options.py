@@ -100,7 +100,7 @@ KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="
 QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="N", help="mlx: tokens before the KV cache is quantized (default 5000).")]
 PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
-PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
+PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling, in bytes or with a unit (default: unbounded).")]
 PromptCacheSize = Annotated[int, typer.Option("--prompt-cache-size", metavar="N", help="mlx: mlx_lm.server's prompt cache entries (default 10; 0: off).")]
 SessionRequests = Annotated[Optional[int], typer.Option("--session-requests", metavar="N", help="mlx: the session's peak after N requests of -c (default: its limit only).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]

@@ -467,7 +467,10 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
     draft = fitter.load_mlx_model(model_draft) if model_draft else None
     settings = fitter.MlxCacheSettings(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size,
                                        quantized_kv_start=quantized_kv_start, prefill_step_size=prefill_step_size)
-    pc = fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes") if prompt_cache_bytes else None
+    pc = None  # mlx_lm.server's utils._parse_size: a bare number is bytes
+    if prompt_cache_bytes:
+        pc = (int(prompt_cache_bytes) if prompt_cache_bytes.strip().isdigit()
+              else fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes"))
     run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=max_tokens, cache=settings, prompt_cache_bytes=pc,
                         num_draft_tokens=draft_n_max)
     spec = m.spec

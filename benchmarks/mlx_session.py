@@ -3,7 +3,7 @@ benchmarks/_mlx_session_server.py: mlx_lm.server.main plus a read-only memory ro
 after the load and after every request, mx.get_peak_memory / get_active_memory / get_cache_memory, the prompt
 cache's entries and bytes, and the process's VmRSS / VmHWM. Every server's whole process group is stopped.
 
-    python3 benchmarks/mlx_session.py [--models qwen3,qwen3_5] [--prompts 64,400] [--requests 50] [--out FILE]
+    python3 benchmarks/mlx_session.py [--models qwen3,qwen3_5] [--prompts 64,256] [--requests 50] [--out FILE] [--append]
 
 Cases: distinct prompts (no common first token) and a shared prefix, each with the prompt cache at its
 default (--prompt-cache-size 10, no byte limit), capped (--prompt-cache-bytes) and off (--prompt-cache-size 0).
@@ -98,11 +98,17 @@ def main() -> None:
     ap.add_argument("--modes", default="default,capped,off")
     ap.add_argument("--cap-entries", type=float, default=3.5, help="--prompt-cache-bytes in entries of one request")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mlx-session-cpu-here.json"))
+    ap.add_argument("--append", action="store_true", help="add these cases to --out's (same versions)")
     a = ap.parse_args()
     from importlib.metadata import version
 
     rec: dict = {"mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "backend": "cpu", "machine": platform.machine(),
                  "max_tokens": a.max_tokens, "bits": a.bits, "cases": []}
+    if a.append and Path(a.out).exists():
+        old = json.loads(Path(a.out).read_text())
+        if (old["mlx"], old["mlx_lm"], old["max_tokens"], old["bits"]) != (rec["mlx"], rec["mlx_lm"], a.max_tokens, a.bits):
+            sys.exit(f"{a.out}: recorded with other versions or settings; not appending")
+        rec["cases"] = old["cases"]
     bits = None if a.bits == "bf16" else int(a.bits)
     for name in a.models.split(","):
         d = build(name, bits)

@@ -17,8 +17,10 @@ The rules, each from the function it mirrors:
 - fetch_nearest_cache: a prompt sharing a prefix with an entry starts from a deep copy of it, trimmed
   (KVCache.trim moves the offset only); BatchKVCache.merge copies that prefix into a new buffer of exactly
   the prefix's slots, which then grows by steps of 256.
-- BatchGenerator._next: when the prompt is done, `PromptProcessingBatch.split` deep-copies the batch's cache
-  (`_copy`) and clears the original: mlx donates its buffers to the copy (measured: no second copy).
+- BatchGenerator._next / ResponseGenerator._generate: when the prompt but its last token is done, its cache
+  is extracted and inserted as an entry ("end of segment"); `PromptProcessingBatch.split` deep-copies the
+  batch's cache for the generation. A trimmable final entry then pops that prefix entry; an ArraysCache
+  model (not trimmable) keeps both: two entries a request.
   The generation thread's locals keep the last finished response (`r.prompt_cache`) until the next request
   decodes: one more cache when the LRU holds none (`--prompt-cache-size 0`). Between requests one more
   generation buffer stays alive (measured, CPU backend); it is gone by the next request's prefill peak.
@@ -38,6 +40,9 @@ from fitter.mlx.cache import CacheSettings, _kv_grow, arrays_cache_bytes
 from fitter.mlx.config import MlxSpec
 
 CPU_CACHE_LIMIT = 32 << 20  # mlx no_gpu/allocator.cpp: CommonAllocator's cache_limit_ default
+# Measured, not traced to a line (CPU backend, tiny qwen3_5, one request in-process): a batched prefill of an
+# ArraysCache model peaks 297 KB (64 tokens) and 322 KB (256) above generate_step's, for 206 KB of states.
+BATCHED_STATE_COPIES = 1
 
 
 def kv_token_bytes(spec: MlxSpec) -> int:
@@ -101,22 +106,38 @@ def _prefill_calls(n: int, step: int) -> list[int]:
     return out
 
 
-def request_peak(spec: MlxSpec, s: CacheSettings, r: Request) -> tuple[int, int]:
-    """(peak above what the server held before, bytes this request's entry holds afterwards): the worst
-    prefill chunk (its working set and its cache, grown from the cached prefix's exact slots) and the
-    generation's buffer that the entry keeps."""
+def _state_bytes(spec: MlxSpec) -> int:
+    """The linear layers' float32 recurrent states (n_v_heads x Dv x Dk each)."""
+    n_lin = len(spec.layers) - spec.n_attention
+    return n_lin * spec.linear_num_v_heads * spec.linear_v_head_dim * spec.linear_k_head_dim * 4
+
+
+@dataclass(frozen=True)
+class RequestCost:
+    peak: int  # above what the server held before the request
+    held: int  # what its final entry keeps alive
+    prefix_held: int  # what the entry at the end of its prompt keeps (ArraysCache models keep it)
+
+
+def request_peak(spec: MlxSpec, s: CacheSettings, r: Request) -> RequestCost:
+    """The worst prefill chunk (its working set and its cache, grown from the cached prefix's exact slots);
+    then the prompt's entry (BatchGenerator extracts it at the end of the prompt's first segment, all but
+    its last token), which keeps the prefill's buffer while the generation writes a copy; and the generation's
+    buffer that the final entry keeps."""
     tok, fixed = kv_token_bytes(spec), _fixed_bytes(spec)
     start = r.cached if r.cached else 0
     calls = _prefill_calls(r.prompt_tokens - start - 1, s.prefill_step_size)
     worst, done = 0, start
     for i, n in enumerate(calls):
         cache = _capacity(start, calls[: i + 1]) * tok + fixed
-        worst = max(worst, cache + chunk_bytes(spec, n, done + n))
+        worst = max(worst, cache + chunk_bytes(spec, n, done + n) + BATCHED_STATE_COPIES * fixed)
         done += n
-    # PromptProcessingBatch._copy's deep copy is donated the original's buffers (measured: no second copy)
-    # the generation writes the last prompt token and every generated one (the last one ahead, async)
-    held = _capacity(start, [*calls, 1, *([1] * r.generated)]) * tok + fixed
-    return max(worst, held), held
+    prefix = _capacity(start, calls) * tok + fixed
+    # the generation writes the last prompt token and every generated one (the last one ahead, async); measured:
+    # each request keeps one more copy of the recurrent states (ArraysCache models, 3-4 KB off at P 64 and 256)
+    held = _capacity(start, [*calls, 1, *([1] * r.generated)]) * tok + fixed + _state_bytes(spec)
+    split = prefix + _capacity(start, calls) * tok + fixed if calls else 0  # the prompt's entry and the batch's copy
+    return RequestCost(max(worst, split, held), held, prefix if calls else 0)
 
 
 @dataclass
@@ -145,10 +166,14 @@ def session_memory(spec: MlxSpec, s: CacheSettings, requests: list[Request], *, 
             while lru and sum(e.nbytes for e in lru) > prompt_cache_bytes - fetched:
                 lru.popleft()
         held = sum(e.held for e in lru) + (last.held if last is not None and all(e is not last for e in lru) else 0)
-        peak, kept = request_peak(spec, s, r)
-        out.requests.append(RequestMemory(held, peak, len(lru)))
+        cost = request_peak(spec, s, r)
+        out.requests.append(RequestMemory(held, cost.peak, len(lru)))
+        if not trimmable and cost.prefix_held:  # the prompt's entry stays (a trimmable one is popped as a prefix)
+            lru.append(_Entry(r.prompt_tokens - 1, entry_bytes(spec, r.prompt_tokens - 1), cost.prefix_held))
+            if len(lru) > prompt_cache_size:
+                lru.popleft()
         tokens = r.prompt_tokens + r.generated
-        last = _Entry(tokens, entry_bytes(spec, tokens), kept)
+        last = _Entry(tokens, entry_bytes(spec, tokens), cost.held)
         if trimmable and hit is not None and hit.tokens <= r.cached:
             lru.remove(hit)  # insert_cache: pop_prefixes drops the entry the new one extends
         lru.append(last)

@@ -80,7 +80,7 @@ def session_ceiling(model: MlxModel, run: MlxRun, draft: MlxModel | None = None,
         peak = sm.peak_after(requests) if requests else sm.peak
         limit, entries = sm.peak, sm.entries_after
         e = entry_bytes(spec, run.n_prompt + run.n_generated)
-        held = request_peak(spec, run.cache, reqs[0])[1]
+        held = request_peak(spec, run.cache, reqs[0]).held
     else:
         if cap is not None:
             notes.append("--prompt-cache-bytes has no effect here: mlx_lm.server serves --kv-bits and draft-model "
