@@ -30,11 +30,16 @@ def mlx_session(model: MlxModel, run: MlxRun, draft: MlxModel | None, available:
 def session_json(c: SessionCeiling, proposal: CacheProposal | None, fits: bool) -> dict:
     out = c.to_json() | {"fits": fits, "proposal": None}
     if proposal is not None:
-        out["proposal"] = {"prompt_cache_bytes": proposal.prompt_cache_bytes, "entries": proposal.entries,
-                           "limit_bytes": proposal.limit_bytes,
-                           "cost": f"a follow-up to a conversation beyond the {proposal.entries} kept re-processes "
-                                   f"its whole prompt (up to {c.prompt_tokens} tokens)"}
+        out["proposal"] = {"flag": proposal.flag, "value": proposal.value, "entries": proposal.entries,
+                           "limit_bytes": proposal.limit_bytes, "cost": _cost(c, proposal)}
     return out
+
+
+def _cost(c: SessionCeiling, p: CacheProposal) -> str:
+    if p.entries == 0 or (p.flag == "--prompt-cache-size" and p.value == 0):
+        return f"no conversation is kept: every request re-processes its whole prompt ({c.prompt_tokens} tokens)"
+    return (f"at most {p.entries} conversations kept; a follow-up to an older one re-processes its whole prompt "
+            f"(up to {c.prompt_tokens} tokens) instead of its new turn")
 
 
 def print_session(c: SessionCeiling, proposal: CacheProposal | None, available: int) -> None:
@@ -47,13 +52,9 @@ def print_session(c: SessionCeiling, proposal: CacheProposal | None, available: 
         print("         " + n)
     if c.limit_bytes > available:
         if proposal is None:
-            print("         no prompt-cache limit makes it fit: lower -c or --max-tokens")
-        elif proposal.prompt_cache_bytes == 0:
-            print(f"         --prompt-cache-size 0 fits (limit {_mib(proposal.limit_bytes)}): every request "
-                  f"re-processes its whole prompt ({c.prompt_tokens} tokens)")
+            print("         no prompt-cache limit makes it fit, not even --prompt-cache-size 0: lower -c or --max-tokens")
         else:
-            print(f"         --prompt-cache-bytes {proposal.prompt_cache_bytes} fits (limit {_mib(proposal.limit_bytes)},"
-                  f" {proposal.entries} conversations kept): a follow-up to an older one re-processes its whole "
-                  f"prompt (up to {c.prompt_tokens} tokens)")
+            print(f"         {proposal.flag} {proposal.value} fits (limit {_mib(proposal.limit_bytes)}): "
+                  + _cost(c, proposal))
     print(f"         mlx's buffer cache may hold up to {_mib(CPU_CACHE_LIMIT)} more of freed arrays "
           "(mx.set_cache_limit, the CPU backend's default; Metal's is not modelled)")

@@ -42,7 +42,8 @@ class SessionCeiling:
 
 @dataclass(frozen=True)
 class CacheProposal:
-    prompt_cache_bytes: int  # 0: --prompt-cache-size 0 instead (no entry fits)
+    flag: str  # --prompt-cache-bytes (batched), or --prompt-cache-size (sequential, or no entry fits)
+    value: int
     entries: int  # conversations it keeps
     limit_bytes: int
 
@@ -99,13 +100,17 @@ def session_ceiling(model: MlxModel, run: MlxRun, draft: MlxModel | None = None,
 
 def propose_cap(model: MlxModel, run: MlxRun, available: int, draft: MlxModel | None = None, *,
                 prompt_cache_size: int = 10) -> CacheProposal | None:
-    """The largest --prompt-cache-bytes (whole entries of one request) whose session limit fits `available`;
-    None when even an empty prompt cache does not fit, or the server would ignore the flag (sequential)."""
-    if not _batched(run, draft):
-        return None
-    e = entry_bytes(model.spec, run.n_prompt + run.n_generated)
-    for k in range(prompt_cache_size, -1, -1):
-        c = session_ceiling(model, replace(run, prompt_cache_bytes=k * e), draft, prompt_cache_size=prompt_cache_size)
+    """The largest --prompt-cache-bytes (whole entries of one request) whose session limit fits `available`
+    (the sequential path ignores it: the largest --prompt-cache-size then); None when nothing fits."""
+    if _batched(run, draft):
+        e = entry_bytes(model.spec, run.n_prompt + run.n_generated)
+        for k in range(prompt_cache_size, 0, -1):
+            c = session_ceiling(model, replace(run, prompt_cache_bytes=k * e), draft,
+                                prompt_cache_size=prompt_cache_size)
+            if c.limit_bytes <= available:
+                return CacheProposal("--prompt-cache-bytes", k * e, c.entries, c.limit_bytes)
+    for n in range(prompt_cache_size - 1, -1, -1):
+        c = session_ceiling(model, replace(run, prompt_cache_bytes=None), draft, prompt_cache_size=n)
         if c.limit_bytes <= available:
-            return CacheProposal(k * e, c.entries, c.limit_bytes)
+            return CacheProposal("--prompt-cache-size", n, c.entries, c.limit_bytes)
     return None

@@ -15,7 +15,7 @@ from fitter.mlx.cache import CacheSettings
 from fitter.mlx.config import load_mlx_model
 from fitter.mlx.memory import MlxRun
 from fitter.mlx.session import Request, entry_bytes, session_memory
-from fitter.mlx.session_fit import session_ceiling
+from fitter.mlx.session_fit import propose_cap, session_ceiling
 from fitter.mlx.weights import weight_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +78,8 @@ def test_sequential_path_ignores_the_byte_limit(mlx_model):
     run = MlxRun(n_ctx=1024, max_tokens=64, cache=CacheSettings(kv_bits=8), prompt_cache_bytes=1)
     c = session_ceiling(m, run)
     assert not c.batched and c.entries == 10 and "no effect" in c.notes[0]
+    p = propose_cap(m, run, c.limit_bytes - 1)  # only --prompt-cache-size caps it there
+    assert p is not None and p.flag == "--prompt-cache-size" and p.value == 9
 
 
 def _ggfit(*args: str) -> subprocess.CompletedProcess:
@@ -94,9 +96,9 @@ def test_fit_session_json_and_proposal(mlx_model):
     r = _ggfit(*base, "--budget", f"{budget}B", "--session-requests", "50")
     assert r.returncode == 1  # loads, but not for 50 requests
     p = json.loads(r.stdout)["session"]["proposal"]
-    assert p["limit_bytes"] <= budget and 0 < p["entries"] < 10 and "re-processes" in p["cost"]
-    capped = json.loads(_ggfit(*base, "--budget", f"{budget}B", "--prompt-cache-bytes",
-                               str(p["prompt_cache_bytes"])).stdout)["session"]
+    assert p["flag"] == "--prompt-cache-bytes" and p["limit_bytes"] <= budget and 0 < p["entries"] < 10
+    assert "re-processes" in p["cost"]
+    capped = json.loads(_ggfit(*base, "--budget", f"{budget}B", "--prompt-cache-bytes", str(p["value"])).stdout)["session"]
     assert capped["limit_bytes"] == p["limit_bytes"] and capped["fits"]
 
 
