@@ -90,7 +90,8 @@ def session(model_dir: Path, flags: list[str], texts: list[str], max_tokens: int
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="qwen3,qwen3_5")
-    ap.add_argument("--bits", default="bf16", help="bf16 (fastest on the CPU backend), 4 or 8")
+    ap.add_argument("--bits", default="bf16", help="bf16 (fastest on the CPU backend; not MoE: the CPU's GatherMM "
+                    "takes float32 only), 4 or 8")
     ap.add_argument("--prompts", default="64,256")
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -103,10 +104,10 @@ def main() -> None:
     from importlib.metadata import version
 
     rec: dict = {"mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "backend": "cpu", "machine": platform.machine(),
-                 "max_tokens": a.max_tokens, "bits": a.bits, "cases": []}
+                 "max_tokens": a.max_tokens, "cases": []}
     if a.append and Path(a.out).exists():
         old = json.loads(Path(a.out).read_text())
-        if (old["mlx"], old["mlx_lm"], old["max_tokens"], old["bits"]) != (rec["mlx"], rec["mlx_lm"], a.max_tokens, a.bits):
+        if (old["mlx"], old["mlx_lm"], old["max_tokens"]) != (rec["mlx"], rec["mlx_lm"], a.max_tokens):
             sys.exit(f"{a.out}: recorded with other versions or settings; not appending")
         rec["cases"] = old["cases"]
     bits = None if a.bits == "bf16" else int(a.bits)
@@ -125,11 +126,22 @@ def main() -> None:
                     print(f"{name:<8} P={length:<4} {kind:<8} {mode:<7} peak {last['peak'] / 2**20:7.2f} MiB, "
                           f"prompt cache {last['prompt_cache_entries']} entries {last['prompt_cache_nbytes'] / 2**20:.2f} MiB,"
                           f" VmHWM {last['vm_hwm'] / 2**20:.0f} MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
-                    rec["cases"].append({"model": name, "model_dir": d.name, "prompt_chars": length, "kind": kind,
+                    rec["cases"].append({"model": name, "bits": bits, "model_dir": d.name, "prompt_chars": length, "kind": kind,
                                          "mode": mode, "flags": flags, **res})
-                    Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")  # after every case: nothing lost
-    Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+                    _write(Path(a.out), rec)  # after every case: nothing lost
+    _write(Path(a.out), rec)
     print("wrote", a.out)
+
+
+def _write(path: Path, rec: dict) -> None:
+    """One line a request: the recording stays small and diffable."""
+    head = json.dumps({k: v for k, v in rec.items() if k != "cases"})[:-1]
+    cases = []
+    for c in rec["cases"]:
+        rows = ",\n   ".join(json.dumps(r, separators=(",", ":")) for r in c["requests"])
+        cases.append(json.dumps({k: v for k, v in c.items() if k != "requests"})[:-1] + ',\n  "requests": [\n   '
+                     + rows + "]}")
+    path.write_text(head + ', "cases": [\n ' + ",\n ".join(cases) + "]}\n")
 
 
 def _entry_guess(model_dir: Path, tokens: int) -> int:

@@ -31,11 +31,12 @@ def _flags(case: dict) -> tuple[int, int | None]:
     return size, cap
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c['model']}-{c['prompt_chars']}-{c['kind']}-{c['mode']}" for c in CASES])
+@pytest.mark.parametrize("case", CASES,
+                         ids=[f"{c['model']}-{c['bits'] or 'bf16'}-{c['prompt_chars']}-{c['kind']}-{c['mode']}" for c in CASES])
 def test_recorded_session_peak(mlx_model, case):
     """The session's peak (mx.get_peak_memory after the load) within 5% after 1, 10 and 50 requests; the prompt
     cache's entries and bytes (LRUPromptCache.nbytes) exact."""
-    m = load_mlx_model(str(mlx_model(case["model"], None)))
+    m = load_mlx_model(str(mlx_model(case["model"], case["bits"])))
     w = weight_bytes(m.spec, m.tensors).resident
     size, cap = _flags(case)
     got = case["requests"]
