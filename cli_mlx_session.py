@@ -38,8 +38,9 @@ def session_json(c: SessionCeiling, proposal: CacheProposal | None, fits: bool) 
 def _cost(c: SessionCeiling, p: CacheProposal) -> str:
     if p.entries == 0 or (p.flag == "--prompt-cache-size" and p.value == 0):
         return f"no conversation is kept: every request re-processes its whole prompt ({c.prompt_tokens} tokens)"
-    return (f"at most {p.entries} conversations kept; a follow-up to an older one re-processes its whole prompt "
-            f"(up to {c.prompt_tokens} tokens) instead of its new turn")
+    return (f"at most {p.entries} prompt-cache entries kept (a conversation is one, two for a model with linear "
+            f"attention); a follow-up to an older one re-processes its whole prompt (up to {c.prompt_tokens} tokens)"
+            " instead of its new turn")
 
 
 def print_session(c: SessionCeiling, proposal: CacheProposal | None, available: int) -> None:
