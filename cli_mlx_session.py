@@ -58,4 +58,5 @@ def print_session(c: SessionCeiling, proposal: CacheProposal | None, available: 
             print(f"         {proposal.flag} {proposal.value} fits (limit {_mib(proposal.limit_bytes)}): "
                   + _cost(c, proposal))
     print(f"         mlx's buffer cache may hold up to {_mib(CPU_CACHE_LIMIT)} more of freed arrays "
-          "(mx.set_cache_limit, the CPU backend's default; Metal's is not modelled)")
+          "(mx.set_cache_limit, the CPU backend's default; Metal's default is far larger, bounded by memory "
+          "pressure: not modelled)")

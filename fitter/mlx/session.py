@@ -26,7 +26,9 @@ The rules, each from the function it mirrors:
   generation buffer stays alive (measured, CPU backend); it is gone by the next request's prefill peak.
 - mlx's allocator: `mx.get_peak_memory()` counts live arrays only. Freed buffers go to its buffer cache
   (mx.get_cache_memory) up to `mx.set_cache_limit`, 32 MiB by default on the CPU backend
-  (no_gpu/allocator.cpp); the server calls `mx.clear_cache()` after every prefill chunk.
+  (no_gpu/allocator.cpp); the server calls `mx.clear_cache()` after every prefill chunk. On Metal
+  (metal/allocator.cpp, read at a 2024 commit, not at the pin) the cache limit defaults to 1.5 x
+  recommendedMaxWorkingSetSize: bounded only by memory pressure (gc_limit 0.95 x). Not modelled.
 """
 
 from __future__ import annotations
