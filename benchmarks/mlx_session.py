@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--cap-entries", type=float, default=3.5, help="--prompt-cache-bytes in entries of one request")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mlx-session-cpu-here.json"))
     ap.add_argument("--append", action="store_true", help="add these cases to --out's (same versions)")
+    ap.add_argument("--prefill-step-size", type=int, help="mlx_lm.server's (default: its own, 2048)")
     a = ap.parse_args()
     from importlib.metadata import version
 
@@ -120,6 +121,8 @@ def main() -> None:
                     per_entry = _entry_guess(d, length + a.max_tokens)
                     cap = int(a.cap_entries * per_entry)
                     flags = [f.format(cap=cap) for f in MODES[mode]]
+                    if a.prefill_step_size:
+                        flags += ["--prefill-step-size", str(a.prefill_step_size)]
                     t0 = time.perf_counter()
                     res = session(d, flags, texts, a.max_tokens)
                     last = res["requests"][-1]

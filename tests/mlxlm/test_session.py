@@ -24,24 +24,25 @@ CASES = json.loads(RECORDING.read_text())["cases"] if RECORDING.exists() else []
 WARMUP = Request(1, 1)  # the benchmark's first request (loads the model), before the peak is reset
 
 
-def _flags(case: dict) -> tuple[int, int | None]:
-    f = case["flags"]
-    size = int(f[1]) if f and f[0] == "--prompt-cache-size" else 10
-    cap = int(f[1]) if f and f[0] == "--prompt-cache-bytes" else None
-    return size, cap
+def _flags(case: dict) -> tuple[int, int | None, CacheSettings]:
+    f = dict(zip(case["flags"][::2], case["flags"][1::2]))
+    cap = f.get("--prompt-cache-bytes")
+    return (int(f.get("--prompt-cache-size", 10)), int(cap) if cap else None,
+            CacheSettings(prefill_step_size=int(f.get("--prefill-step-size", 2048))))
 
 
 @pytest.mark.parametrize("case", CASES,
-                         ids=[f"{c['model']}-{c['bits'] or 'bf16'}-{c['prompt_chars']}-{c['kind']}-{c['mode']}" for c in CASES])
+                         ids=[f"{c['model']}-{c['bits'] or 'bf16'}-{c['prompt_chars']}-{c['kind']}-{c['mode']}"
+                              + "".join(c["flags"][2:] if c["mode"] != "default" else c["flags"]) for c in CASES])
 def test_recorded_session_peak(mlx_model, case):
     """The session's peak (mx.get_peak_memory after the load) within 5% after 1, 10 and 50 requests; the prompt
     cache's entries and bytes (LRUPromptCache.nbytes) exact."""
     m = load_mlx_model(str(mlx_model(case["model"], case["bits"])))
     w = weight_bytes(m.spec, m.tensors).resident
-    size, cap = _flags(case)
+    size, cap, settings = _flags(case)
     got = case["requests"]
     reqs = [WARMUP] + [Request(r["prompt_tokens"], r["completion_tokens"], r["cached_tokens"] or 0) for r in got]
-    sm = session_memory(m.spec, CacheSettings(), reqs, prompt_cache_size=size, prompt_cache_bytes=cap)
+    sm = session_memory(m.spec, settings, reqs, prompt_cache_size=size, prompt_cache_bytes=cap)
     for n in (1, 10, 50):
         if n > len(got):
             continue
