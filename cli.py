@@ -119,7 +119,8 @@ def fit(
         from cli_output import fit_mlx
 
         fit_mlx(model, budget=budget.budget, margin=budget.margin, n_ctx=context.n_ctx, model_draft=draft.model_draft,
-                options=mlx, draft_n_max=draft.draft_n_max, as_json=as_json)
+                options=mlx, draft_n_max=draft.draft_n_max, as_json=as_json,
+                session_requests=session.session_requests)
         return
     from cli_fit import plan_json, print_fit, warn_ctx_train
     from cli_request import fit_request

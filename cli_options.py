@@ -103,13 +103,14 @@ KvGroupSize = Annotated[int, typer.Option("--kv-group-size", metavar="N", help="
 QuantizedKvStart = Annotated[int, typer.Option("--quantized-kv-start", metavar="N", help="mlx: tokens before the KV cache is quantized (default 5000).")]
 PrefillStep = Annotated[int, typer.Option("--prefill-step-size", metavar="N", help="mlx: prompt tokens per prefill step (default 2048).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", metavar="N", help="mlx: tokens generated per request, budgeted with the prompt in -c (default 512).")]
-PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling (default: unbounded).")]
+PromptCacheBytes = Annotated[Optional[str], typer.Option("--prompt-cache-bytes", metavar="SIZE", help="mlx: mlx_lm.server's prompt cache ceiling, in bytes or with a unit (default: unbounded).")]
+PromptCacheSize = Annotated[int, typer.Option("--prompt-cache-size", metavar="N", help="mlx: mlx_lm.server's prompt cache entries (default 10; 0: off).")]
 # llama-server's memory after load, over a session (issue 48; fitter.session): its cache flags and the session shown
 CacheRam = Annotated[Optional[int], typer.Option("-cram", "--cache-ram", metavar="N", help="llama-server's host prompt cache limit in MiB (default 8192; -1 = no size limit, then at most n_ctx tokens; 0 = off): counted in the session ceiling.")]
 CtxCheckpoints = Annotated[Optional[int], typer.Option("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", metavar="N", help="Context checkpoints per slot (default 32; SWA and recurrent models): counted in the session ceiling.")]
 CheckpointMinStep = Annotated[Optional[int], typer.Option("-cms", "--checkpoint-min-step", metavar="N", help="Minimum spacing of context checkpoints in tokens (default 8192).")]
 CacheIdleSlots = Annotated[Optional[bool], typer.Option("--cache-idle-slots/--no-cache-idle-slots", help="Save idle slots into the prompt cache when a task starts (default on; off with --cache-ram 0).")]
-SessionRequests = Annotated[int, typer.Option("--session-requests", metavar="N", min=1, help="The session fit shows: what llama-server holds after N requests of distinct prompts (default 100), beside its ceiling.")]
+SessionRequests = Annotated[Optional[int], typer.Option("--session-requests", metavar="N", min=1, help="The session fit shows: what llama-server holds after N requests of distinct prompts (default 100), beside its ceiling; mlx: the peak after N requests of -c (default: its limit only).")]
 SessionPrompt = Annotated[Optional[int], typer.Option("--session-prompt", metavar="P", min=1, help="Prompt tokens per request of the session (default: 4096, at most the slot's context less --session-gen).")]
 SessionGen = Annotated[int, typer.Option("--session-gen", metavar="G", min=1, help="Tokens generated per request of the session (default 256).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
@@ -221,7 +222,7 @@ class SessionOptions(OptionGroup):
     ctx_checkpoints: CtxCheckpoints = None
     checkpoint_min_step: CheckpointMinStep = None
     cache_idle_slots: CacheIdleSlots = None
-    session_requests: SessionRequests = 100
+    session_requests: SessionRequests = None
     session_prompt: SessionPrompt = None
     session_gen: SessionGen = 256
 
@@ -264,6 +265,7 @@ class MlxOptions(OptionGroup):
     prefill_step_size: PrefillStep = 2048
     max_tokens: MaxTokens = 512
     prompt_cache_bytes: PromptCacheBytes = None
+    prompt_cache_size: PromptCacheSize = 10
 
 
 class with_groups:  # noqa: N801  (a decorator)
@@ -352,8 +354,9 @@ def frontend_of(name: FrontendName):
 # fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is
 # llama.cpp's
 MLX_ONLY = frozenset({"max_kv_size", "kv_bits", "kv_group_size", "quantized_kv_start", "prefill_step_size",
-                      "max_tokens", "prompt_cache_bytes"})
-BOTH_ENGINES = frozenset({"model", "budget", "margin", "n_ctx", "model_draft", "draft_n_max", "as_json", "engine"})
+                      "max_tokens", "prompt_cache_bytes", "prompt_cache_size"})
+BOTH_ENGINES = frozenset({"model", "budget", "margin", "n_ctx", "model_draft", "draft_n_max", "as_json", "engine",
+                          "session_requests"})
 
 
 def check_engine_flags(ctx: typer.Context, engine: str) -> None:
@@ -376,7 +379,8 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
     if mlx:
         raise fitter.ConfigError(f"{', '.join(shown)}: llama.cpp's, not mlx-lm's: --engine mlx takes -c, -md, "
                                  "--spec-draft-n-max and its own --max-kv-size, --kv-bits, --kv-group-size, "
-                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes")
+                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes, "
+                                 "--prompt-cache-size, --session-requests")
     raise fitter.ConfigError(f"{', '.join(shown)}: mlx-lm's (--engine mlx), not llama.cpp's"
                              + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
                                 else ""))

@@ -5,7 +5,7 @@ fitter; the text is here."""
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -112,26 +112,29 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 
 
 def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, model_draft: str | None,
-            options: MlxOptions, draft_n_max: int, as_json: bool) -> None:
-    """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits."""
+            options: MlxOptions, draft_n_max: int, as_json: bool, session_requests: int | None = None) -> None:
+    """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits; and
+    mlx_lm.server's memory over a session (its prompt cache: the peak after --session-requests, the limit)."""
+    from cli_mlx_session import mlx_session, session_json
+
     o = options
-    max_kv_size, kv_bits, kv_group_size, max_tokens = o.max_kv_size, o.kv_bits, o.kv_group_size, o.max_tokens
-    quantized_kv_start, prefill_step_size, prompt_cache_bytes = o.quantized_kv_start, o.prefill_step_size, o.prompt_cache_bytes
     bud = fitter.parse_budget(budget, detect_backend())
     margin_bytes = fitter.parse_margin(margin)
     available = fitter.available_bytes(bud, margin_bytes)
-    for flag, v in (("--prefill-step-size", prefill_step_size), ("--max-tokens", max_tokens)):
+    for flag, v in (("--prefill-step-size", o.prefill_step_size), ("--max-tokens", o.max_tokens)):
         if v < 1:
             raise fitter.GGFitError(f"{flag} {v}: must be at least 1")
     m = fitter.load_mlx_model(model)
     draft = fitter.load_mlx_model(model_draft) if model_draft else None
-    settings = fitter.MlxCacheSettings(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size,
-                                       quantized_kv_start=quantized_kv_start, prefill_step_size=prefill_step_size)
-    pc = fitter.parse_size(prompt_cache_bytes, what="--prompt-cache-bytes") if prompt_cache_bytes else None
-    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=max_tokens, cache=settings, prompt_cache_bytes=pc,
+    settings = fitter.MlxCacheSettings(max_kv_size=o.max_kv_size, kv_bits=o.kv_bits, kv_group_size=o.kv_group_size,
+                                       quantized_kv_start=o.quantized_kv_start, prefill_step_size=o.prefill_step_size)
+    pc = None  # mlx_lm.server's utils._parse_size: a bare number is bytes
+    if o.prompt_cache_bytes:
+        pc = (int(o.prompt_cache_bytes) if o.prompt_cache_bytes.strip().isdigit()
+              else fitter.parse_size(o.prompt_cache_bytes, what="--prompt-cache-bytes"))
+    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=o.max_tokens, cache=settings, prompt_cache_bytes=pc,
                         num_draft_tokens=draft_n_max)
-    spec = m.spec
-    n_max = spec.max_position_embeddings or 262144
+    n_max = m.spec.max_position_embeddings or 262144
     if n_ctx is None:
         best, pred = fitter.largest_context_mlx(m, run, available, n_max, draft)
         if pred is None:
@@ -140,33 +143,49 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
         best, pred = 0, fitter.predict_mlx(m, run, draft)
     total = pred.total_device_bytes
     fits = total <= available
+    sess = mlx_session(m, pred.run, draft, available, requests=session_requests,
+                       prompt_cache_size=o.prompt_cache_size)
     if as_json:
         print(json.dumps({
             "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
             "margin_bytes": margin_bytes, "n_ctx": pred.run.n_ctx, "largest_n_ctx": best if n_ctx is None else None,
-            "config": {"max_tokens": max_tokens, "max_kv_size": max_kv_size, "kv_bits": kv_bits,
-                       "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start,
-                       "prefill_step_size": prefill_step_size, "prompt_cache_bytes": pc},
+            "config": {"max_tokens": o.max_tokens, "max_kv_size": o.max_kv_size, "kv_bits": o.kv_bits,
+                       "kv_group_size": o.kv_group_size, "quantized_kv_start": o.quantized_kv_start,
+                       "prefill_step_size": o.prefill_step_size, "prompt_cache_bytes": pc},
             "buffers": [b.model_dump(mode="json") for b in pred.buffers], "total_device_bytes": total,
             "fits": fits, "headroom_bytes": available - total, "warnings": pred.warnings,
+            "session": session_json(*sess),
         }, indent=2))
     else:
-        print(f"model    {model} ({spec.model_type}, "
-              + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
-        print(f"engine   mlx, {fitter.mlx_label()}")
-        print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
-        if n_ctx is None:
-            print(f"\nlargest context: -c {best} (prompt + --max-tokens {max_tokens}; the model's limit {n_max:,})"
-                  if best else "\nnothing fits, not even -c 256")
-        print()
-        print_breakdown(pred, available)
-        for w in pred.warnings:
-            print("warning: " + w)
-        if fits:
-            flags = [f"--model {model}", f"--prefill-step-size {prefill_step_size}", f"--max-tokens {max_tokens}"]
-            flags += [f"--kv-bits {kv_bits}", f"--kv-group-size {kv_group_size}"] if kv_bits else []
-            flags += [f"--prompt-cache-bytes {pc}"] if pc else []
-            flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
-            print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))
-    if not fits:
+        _print_mlx(model, m, pred, bud, margin_bytes, available, best if n_ctx is None else None, n_max, o, pc,
+                   model_draft, draft_n_max, sess)
+    if not fits or (session_requests and not sess[2]):
         raise typer.Exit(1)
+
+
+def _print_mlx(model: str, m: Any, pred: Any, bud: Any, margin_bytes: int, available: int, best: int | None,
+               n_max: int, o: MlxOptions, pc: int | None, model_draft: str | None, draft_n_max: int,
+               sess: tuple) -> None:
+    """fit_mlx's text: the model, the budget, the largest context, the breakdown, the session and the command."""
+    from cli_mlx_session import print_session
+
+    spec = m.spec
+    print(f"model    {model} ({spec.model_type}, "
+          + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
+    print(f"engine   mlx, {fitter.mlx_label()}")
+    print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
+    if best is not None:
+        print(f"\nlargest context: -c {best} (prompt + --max-tokens {o.max_tokens}; the model's limit {n_max:,})"
+              if best else "\nnothing fits, not even -c 256")
+    print()
+    print_breakdown(pred, available)
+    for w in pred.warnings:
+        print("warning: " + w)
+    print_session(sess[0], sess[1], available)
+    if pred.total_device_bytes <= available:
+        flags = [f"--model {model}", f"--prefill-step-size {o.prefill_step_size}", f"--max-tokens {o.max_tokens}"]
+        flags += [f"--kv-bits {o.kv_bits}", f"--kv-group-size {o.kv_group_size}"] if o.kv_bits else []
+        flags += [f"--prompt-cache-bytes {pc}"] if pc is not None else []
+        flags += [f"--prompt-cache-size {o.prompt_cache_size}"] if o.prompt_cache_size != 10 else []
+        flags += [f"--draft-model {model_draft}", f"--num-draft-tokens {draft_n_max}"] if model_draft else []
+        print("\nmlx_lm.server \\\n  " + " \\\n  ".join(flags))

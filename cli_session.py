@@ -26,7 +26,7 @@ def session_ask(o: SessionOptions):
                        checkpoint_min_step=(d.checkpoint_min_step if o.checkpoint_min_step is None
                                             else o.checkpoint_min_step),
                        cache_idle_slots=d.cache_idle_slots if o.cache_idle_slots is None else o.cache_idle_slots)
-    return SessionAsk(flags=flags, requests=o.session_requests, prompt=o.session_prompt, gen=o.session_gen)
+    return SessionAsk(flags=flags, requests=o.session_requests or 100, prompt=o.session_prompt, gen=o.session_gen)
 
 
 # `ggfit router --models-preset FILE`: the router's models on one budget (fitter.session.router)
