@@ -51,22 +51,30 @@ def test_the_process_caches_are_cleared_before_each_test() -> None:
     assert not context._CACHE and not traced_graph._TRACED and not header_cache.is_enabled()
 
 
-# a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...)
-_NAME_TEST = r"""(==|!=|\bis|\bin) *\(?(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])|(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["']) *(==|!=)"""
-# files that still test a name, until the fact they test is on the backend objects
-_NAME_TESTS_LEFT = {
-    "fitter/fit/solver.py",  # Metal's budget rule
-}
+# a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...), "cuda" in b,
+# or a table keyed by names: {Backend.CUDA: ..., }, {"cpu": ...}
+_NAME = r"""(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])"""
+_NAME_TEST = rf"""(==|!=|\bis|\bin) *\(?{_NAME}|{_NAME} *(==|!=|\bin\b)|\{{ *{_NAME} *:|Backend\.(CPU|CUDA|METAL) *:"""
 
 
 def test_no_backend_name_test_outside_the_backends() -> None:
     """What differs between backends is an attribute or method of their objects (fitter/ggml/backends/<name>/):
-    host or device, one device, a host buffer type, -fa auto's rules, the buffer names."""
+    host or device, one device, a host buffer type, -fa auto's rules, the buffer names; in fitter/ and search/."""
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    found = [f"{p.relative_to(root)}:{i}" for p in sorted((root / "fitter").rglob("*.py"))
-             if "ggml/backends/" not in p.as_posix() and str(p.relative_to(root)) not in _NAME_TESTS_LEFT
+    found = [f"{p.relative_to(root)}:{i}" for d in ("fitter", "search") for p in sorted((root / d).rglob("*.py"))
+             if "ggml/backends/" not in p.as_posix()
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(_NAME_TEST, line)]
     assert found == []
+
+
+def test_the_name_test_pattern() -> None:
+    import re
+
+    for line in ('if backend == Backend.METAL:', 'x = "cuda" in b', 'names = {Backend.CUDA: ("CUDA",)}',
+                 'move = {"cpu": ""}.get(backend)', 'if b in ("metal", "cpu"):', 'if "cpu" != backend:'):
+        assert re.search(_NAME_TEST, line), line
+    for line in ('backend: Backend = Backend.CPU,', 'impl = backends.get(Backend.CPU)', '"backend": "metal",'):
+        assert not re.search(_NAME_TEST, line), line

@@ -17,6 +17,7 @@ from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
 from fitter.fit.solver import CTX_STEP, largest_context, next_hint
+from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
@@ -193,7 +194,8 @@ def why_none_fits(cands: list[Candidate], cfg_ctx: int, backend: str = "cuda", m
         return (f"nothing fits at -c {cfg_ctx}: the smallest, {smallest.name}, fits up to -c {smallest.largest_ctx}; "
                 "lower the context, quantize the KV cache (-ctk/-ctv q8_0), lower -ub or drop the draft")
     # a placement frees device memory on a GPU only: the CPU has none, and Metal's memory is unified
-    move = {"cpu": "", "metal": " (Metal's memory is unified: weights moved to the CPU free nothing)"}.get(
-        backend, " or experts on the CPU (--n-cpu-moe)" if moe else " or fewer offloaded layers (-ngl)")
+    impl = backends.get(backend)
+    move = ("" if not impl.is_gpu else f" ({impl.label}'s memory is unified: weights moved to the CPU free nothing)"
+            if impl.unified_memory else " or experts on the CPU (--n-cpu-moe)" if moe else " or fewer offloaded layers (-ngl)")
     return (f"nothing fits even at -c 256: {smallest.name} alone needs "
             f"{smallest.total_device_bytes / 2**20:,.0f} MiB; a bigger budget{move}")

@@ -436,12 +436,9 @@ def solve_placement(
     (what --n-cpu-moe does; llama.cpp's --fit also moves experts first); a dense model, or a MoE model whose
     attention and shared weights alone do not fit, gets the largest -ngl that fits. Host memory grows as the device's
     shrinks: a placement over `host_available` (the host budget less its margin) is refused. Returns the choice, or None and why not."""
-    impl = backends.get(backend)
-    if not impl.is_gpu:
-        return None, "the CPU backend has no GPU to offload from"
-    if backend == Backend.METAL:
-        return None, ("Metal's memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) stay "
-                      "in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
+    refusal = backends.get(backend).placement_refusal()
+    if refusal:
+        return None, refusal
     n_layer = spec.n_layer
 
     def pred(cfg: RunConfig) -> Prediction:  # totals and host bytes only

@@ -179,14 +179,12 @@ def kind_of(row) -> str | None:
 
 def backend_of_row(row, default):
     """llama-bench's `backends` (test::get_backend: "CUDA", "Metal,BLAS", "CPU"): the GPU backend it names."""
+    from fitter.ggml import backends
     from fitter.ggml.backends.base import Backend
 
-    b = (row.backends or "").lower()
-    if "cuda" in b:
-        return Backend.CUDA
-    if "metal" in b or "mtl" in b:
-        return Backend.METAL
-    return Backend.CPU if b else default
+    b = row.backends or ""
+    named = [kind for kind, impl in backends.BACKENDS.items() if impl.is_gpu and impl.named_in(b)]
+    return named[0] if named else Backend.CPU if b else default
 
 
 def config_of_row(row, backend) -> tuple:

@@ -25,6 +25,7 @@ from fitter import (
     parse_margin,
     resolve_model,
 )
+from fitter.ggml import backends
 from fitter.speed.hardware import HardwareProfile
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.signals import Terminated
@@ -356,7 +357,7 @@ def run_study(
                                runner=runner, drafts=p.drafts)
     st, url = _storage(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    prober = Prober(probe, d.workload, runner, p.budget.bytes if backend == Backend.CPU else None, timeout, llama_server)
+    prober = Prober(probe, d.workload, runner, None if backends.get(backend).is_gpu else p.budget.bytes, timeout, llama_server)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

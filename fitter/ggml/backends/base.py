@@ -167,6 +167,8 @@ class BackendImpl:
     # get_host_buffer_type: pinned host memory next to the device (CUDA_Host), which takes the CPU weights it
     # multiplies before the CPU's extra buffer types (llama-model.cpp make_cpu_buft_list)
     has_host_buffer_type = False
+    # how llama.cpp's build info (system_info, llama-bench's `backends`) names a build with this backend, any case
+    log_names: tuple[str, ...] = ()
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:
@@ -176,6 +178,26 @@ class BackendImpl:
         bound = copy.copy(self)
         bound.build = build
         return bound
+
+    def placement_refusal(self) -> str | None:
+        """Why moving weights off the device (--n-cpu-moe, -ot =CPU, a lower -ngl) frees none of its memory; None
+        on a GPU with memory of its own."""
+        if not self.is_gpu:
+            return "the CPU backend has no GPU to offload from"
+        if self.unified_memory:
+            return (f"{self.label}'s memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) "
+                    "stay in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
+        return None
+
+    def named_in(self, build_info: str) -> bool:
+        """Whether llama.cpp's build info (system_info, llama-bench's `backends`) names this backend."""
+        text = build_info.lower()
+        return any(n.lower() in text for n in self.log_names)
+
+    def machine_kind(self) -> str | None:
+        """The device's model and memory as its driver names them, for results that only mix within a kind of
+        machine (None: the host's CPU says it)."""
+        return None
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         """What the device has for llama.cpp now, as `--budget auto` reads it (ggml_backend_dev_memory's counterpart

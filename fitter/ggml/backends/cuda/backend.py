@@ -251,9 +251,21 @@ class CUDABackend(BackendImpl):
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True
     label = "CUDA"
+    log_names = ("CUDA",)
     has_host_buffer_type = True  # ggml_backend_cuda_host_buffer_type (CUDA_Host)
 
     # fa_auto_unsupported_reason: CUDA's rules are not mirrored (-fa auto stays as asked)
+
+    def machine_kind(self) -> str | None:
+        """The first GPU's name and memory (nvidia-smi), or 'unknown'."""
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return out.splitlines()[0] if out else "unknown"
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         """Free VRAM of the device: nvidia-smi, else NVML (cuda/memory.py)."""

@@ -248,6 +248,7 @@ class MetalBackend(BackendImpl):
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True
     label = "Metal"
+    log_names = ("MTL", "Metal")
     single_device = True  # the default Metal device, MTL0
     unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
     has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
