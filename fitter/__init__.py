@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     # errors, build, bundled models, progress
     "GGFitError": "fitter.errors",
-    "LLAMA_CPP_COMMIT": "fitter.build",
-    "PINNED_COMMIT": "fitter.build",
-    "PINNED_LLAMA_CPP_PYTHON": "fitter.build",
-    "build_label": "fitter.build",
-    "LlamaBuild": "fitter.build",
-    "PINNED": "fitter.build",
-    "resolve_build": "fitter.build",
-    "build_from_text": "fitter.build.identify",
-    "build_of_binary": "fitter.build.identify",
+    "LLAMA_CPP_COMMIT": "fitter.llama_builds",
+    "PINNED_COMMIT": "fitter.llama_builds",
+    "PINNED_LLAMA_CPP_PYTHON": "fitter.llama_builds",
+    "build_label": "fitter.llama_builds",
+    "LlamaBuild": "fitter.llama_builds",
+    "PINNED": "fitter.llama_builds",
+    "resolve_build": "fitter.llama_builds",
+    "build_from_text": "fitter.llama_builds.identify",
+    "build_of_binary": "fitter.llama_builds.identify",
     "resolve_model": "fitter.bundled",
     "Progress": "fitter.progress",
     "Record": "fitter.record",
@@ -159,16 +159,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers
-    from fitter.build import (
-        LLAMA_CPP_COMMIT,
-        PINNED,
-        PINNED_COMMIT,
-        PINNED_LLAMA_CPP_PYTHON,
-        LlamaBuild,
-        build_label,
-        resolve_build,
-    )
-    from fitter.build.identify import build_from_text, build_of_binary
     from fitter.bundled import resolve_model
     from fitter.errors import GGFitError
     from fitter.fit import calibration
@@ -214,6 +204,16 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
     from fitter.llama.traced_graph import predict_once
+    from fitter.llama_builds import (
+        LLAMA_CPP_COMMIT,
+        PINNED,
+        PINNED_COMMIT,
+        PINNED_LLAMA_CPP_PYTHON,
+        LlamaBuild,
+        build_label,
+        resolve_build,
+    )
+    from fitter.llama_builds.identify import build_from_text, build_of_binary
     from fitter.mlx import mlx_label, require_mlx_lm
     from fitter.mlx.cache import CacheSettings as MlxCacheSettings
     from fitter.mlx.config import load_mlx_model

@@ -39,7 +39,7 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
         hw = with_host(p, host_needed(header, spec, cfg, be))
         cal = None
         if build_commit:
-            from fitter.build import resolve_build
+            from fitter.llama_builds import resolve_build
 
             cal = calibration.load(hw.name, resolve_build(build_commit.split("-")[0]))
         kw: dict[str, Any] = dict(threads=threads, scale=cal.scale if cal else None,

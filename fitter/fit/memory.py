@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Literal
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.cache import CACHES
 from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
 from fitter.fit.calibration import load as load_calibration
@@ -25,6 +24,7 @@ from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 Owner = Literal["target", "draft", "mtp", "mmproj"]
@@ -303,7 +303,7 @@ def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: 
 class BuildDifference(Record, frozen=False):
     """One rule of the user's llama.cpp build that is not the pinned build's, and what it does to this prediction."""
 
-    change: str  # the id in fitter.build.changes
+    change: str  # the id in fitter.llama_builds.changes
     prs: list[int]
     rule: str  # what this build does, in one line
     device_bytes: int  # the total against the budget with this build's rule minus with the pinned build's

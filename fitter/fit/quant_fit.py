@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.fit.budget import parse_size
 from fitter.fit.memory import predict
@@ -24,6 +23,7 @@ from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.model import model_spec_from_header, requantized_spec
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 

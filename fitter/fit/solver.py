@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 # what the prediction may use: one number (the device total), or per device buffer name (CUDA0, CUDA1, ...: one

@@ -13,12 +13,12 @@ import re
 from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple, Sequence, get_args
 
-from fitter.build import PINNED, LlamaBuild
-from fitter.build.changes import ARCHS_ADDED
 from fitter.errors import GGFitError, UnsupportedModelError
 from fitter.ggml.backends.base import Backend as Backend  # re-exported: callers take it with RunConfig
 from fitter.ggml.types import BLCK, GGML_TYPES, pad
 from fitter.llama.hparams import LayerKind, ModelSpec
+from fitter.llama_builds import PINNED, LlamaBuild
+from fitter.llama_builds.changes import ARCHS_ADDED
 from fitter.record import Record
 
 # common/arg.cpp kv_cache_types: the K/V cache types llama.cpp accepts (-ctk / -ctv)
@@ -484,7 +484,7 @@ class ContextParams(Record):
     offload_kqv: bool
     embeddings: bool
     defaults_applied: dict[str, str]
-    build: LlamaBuild = PINNED  # the llama.cpp build whose rules apply (fitter.build)
+    build: LlamaBuild = PINNED  # the llama.cpp build whose rules apply (fitter.llama_builds)
 
 
 def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
@@ -604,7 +604,7 @@ _ARCHS_ADDED = {a.arch: a for a in ARCHS_ADDED}
 
 def check_arch_known(architecture: str, build: LlamaBuild) -> None:
     """Refuse a model the build cannot load: its architecture was added to llama.cpp after the build (llama_model_loader:
-    "unknown model architecture"). fitter.build.changes.ARCHS_ADDED dates each one."""
+    "unknown model architecture"). fitter.llama_builds.changes.ARCHS_ADDED dates each one."""
     a = _ARCHS_ADDED.get(architecture)
     if a is None:
         return

@@ -16,8 +16,6 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
-from fitter.build.identify import build_from_line
 from fitter.fit.calibration import (
     MIN_POINTS,
     Calibration,
@@ -33,6 +31,8 @@ from fitter.ggml import backends
 from fitter.ggml.backends.base import is_host_buffer
 from fitter.llama.cparams import Backend, FlashAttn, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
+from fitter.llama_builds.identify import build_from_line
 from fitter.oracle.check import llama_params
 from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
 from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure

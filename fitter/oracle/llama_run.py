@@ -49,9 +49,9 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fitter.build import PINNED_COMMIT
 from fitter.errors import GGFitError, SourceError
 from fitter.ggml.types import GGML_TYPES
+from fitter.llama_builds import PINNED_COMMIT
 from fitter.oracle.llama_log import LlamaReport, parse_log
 
 _GGML_TYPES_LOWER = {k.lower(): k for k in GGML_TYPES}

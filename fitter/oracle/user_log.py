@@ -3,7 +3,7 @@
 `read_user_log` takes what llama-server, llama-cli or llama-fit-params wrote (with or without `-v`, from any
 backend, copied from a terminal, a container or a GitHub issue) and returns a `UserLog`: llama.cpp's own
 lines parsed by `fitter.oracle.llama_log.parse_log`, plus what only a whole tool's log holds: the build line
-(`fitter.build.identify.build_in_text`), the model it loaded, the memory breakdown table
+(`fitter.llama_builds.identify.build_in_text`), the model it loaded, the memory breakdown table
 (`common_memory_breakdown_print`, formerly `llama_memory_breakdown_print`) with its `unaccounted` column,
 llama-fit-params' projections and printed arguments, and failed allocations.
 
@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fitter.build.identify import build_in_text
 from fitter.errors import GGFitError
 from fitter.ggml.backends.base import is_host_buffer
+from fitter.llama_builds.identify import build_in_text
 from fitter.oracle.llama_log import LlamaReport, clean_line, mib_to_bytes, parse_log
 
 MAX_LOG_BYTES = 64 << 20  # read at most this much of a log (a server's log of days): bounded memory

@@ -17,10 +17,10 @@ import copy
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class BackendImpl:
     maps_host_memory = True  # ggml_backend_dev_get_props(...).caps.buffer_from_host_ptr (mmapped weights)
     # the device is the host (CPU): every buffer is the one RAM and counts against the one budget; no GPU flags
     is_gpu = False
-    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
+    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.llama_builds.changes)
     single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
     # the device's memory is the host's RAM (Apple Silicon): weights moved to the CPU (-ngl, --n-cpu-moe, -ot =CPU)
     # stay in the same RAM and free nothing, and no host budget of its own is needed unless asked for
@@ -169,7 +169,7 @@ class BackendImpl:
     has_host_buffer_type = False
     # how llama.cpp's build info (system_info, llama-bench's `backends`) names a build with this backend, any case
     log_names: tuple[str, ...] = ()
-    build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
+    build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.llama_builds.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:
         """This backend as `build`'s ggml has it (a bound copy; itself for the build it already mirrors)."""

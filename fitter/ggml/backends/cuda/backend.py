@@ -25,7 +25,7 @@ cuda FA f16 V          pad128(...) + 2*Dv*n_kv*n_head_kv*ns likewise for V, not 
 =====================  =========================================================  ==========================================
 
 Other llama.cpp builds (`backends.get("cuda").for_build(build)`): no FA f16 copies before #23907 (they came from the
-pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.build.changes:
+pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.llama_builds.changes:
 cuda_fa_f16_kv_reserve, cuda_fa_vec_f16_fallback). The kernel choice is the pinned build's for every build.
 
 Not in any ggml buffer, so not predicted here: the per-device memory pool (`ggml_cuda_pool`, VMM or
@@ -38,12 +38,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
 from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
+from fitter.llama_builds import PINNED, LlamaBuild
 
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory

@@ -10,7 +10,7 @@ fitter.ggml.backends.metal.common.
 Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
 (ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
 tmp, MUL_MAT_ID tpe and ids, the CUMSUM/ARGSORT/TOP_K sizes; kv_f16 (and the f16 pad strides) since #27390, amax
-and idx since 0.3.36 (fitter.build.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
+and idx since 0.3.36 (fitter.llama_builds.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
 metal_fa_sparse_idx).
 
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
     SIZE_MAX,
     Backend,
@@ -69,6 +68,7 @@ from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
+from fitter.llama_builds import PINNED, LlamaBuild
 
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fitter.build import LlamaBuild
 from fitter.cache import CACHES
 from fitter.ggml.backends.metal.chunks import ChunkPlanning, Kind, Ref, Unsupported
 from fitter.ggml.backends.metal.common import (
@@ -44,6 +43,7 @@ from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.sched import graph_uses
 from fitter.ggml.tensor import VIEW_OPS, CacheTensor, Tensor
+from fitter.llama_builds import LlamaBuild
 
 _CONTEXT = 16  # nodes that are not empty a fusion looks ahead (GGML_METAL_FUSION_MAX)
 # across graphs: each kind's fingerprint (what the reorder reads of it) -> a number, and the reorder's work by the
