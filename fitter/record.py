@@ -27,21 +27,17 @@ validates a dataclass as it does a model with the same fields (a pydantic model 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from operator import itemgetter
 from typing import Any, Callable, ClassVar, TypeVar, dataclass_transform
 
 R = TypeVar("R", bound="Record")
 
-_ADAPTERS: dict[type, Any] = {}
-
-
+@functools.cache
 def _adapter(cls: type) -> Any:
-    adapter = _ADAPTERS.get(cls)
-    if adapter is None:
-        from pydantic import TypeAdapter  # pydantic only where a record is dumped or validated (see the module doc)
+    from pydantic import TypeAdapter  # pydantic only where a record is dumped or validated (see the module doc)
 
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
-    return adapter
+    return TypeAdapter(cls)
 
 
 class _Fields:

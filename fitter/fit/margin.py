@@ -38,12 +38,6 @@ class Overhead(NamedTuple):
     what: str
 
 
-OVERHEAD: dict[str, Overhead] = {
-    "cuda": Overhead(772 * MiB, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)"),
-    "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
-}
-
-
 HOST_OVERHEAD: dict[str, Overhead] = {
     "cuda": Overhead(747 * MiB, "llama-server's resident memory beyond its host buffers (CUDA runtime, heap; "
                                 "measured on the H200 host)"),
@@ -82,7 +76,11 @@ def _metal_margin() -> Overhead:
                     f"({b.upper_case.budget_bytes / MiB:,.0f} MiB working set, ran){low}")
 
 
-OVERHEAD["metal"] = _metal_margin()
+OVERHEAD: dict[str, Overhead] = {
+    "cuda": Overhead(772 * MiB, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)"),
+    "cpu": Overhead(48 * MiB, "llama-server's program and heap beyond its buffers (measured here)"),
+    "metal": _metal_margin(),
+}
 NO_SAFETY = frozenset({"metal"})  # the evidence bounds the whole margin: a share on top would reject what ran
 
 

@@ -422,7 +422,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
                     header_types_read[0] = True
                 return hit.run(ga)
     prepare = _prepare_mtp if c.mtp else _prepare
-    if key is None or not _TRACING[0]:
+    if key is None or not _TRACING.get():
         return prepare(c, pl, copy_size)[0](ga)
     read_before = header_types_read[0]
     header_types_read[0] = False
@@ -536,7 +536,13 @@ def _frozen(v: object) -> object:
     return v
 
 
-_KEYED_FIELDS: dict[type, list[str]] = {}  # the fields a content key is made of, per class
+@functools.cache
+def _keyed_fields(cls: type) -> list[str]:
+    """The fields a content key is made of."""
+    skip = _NOT_GRAPH_SPEC if issubclass(cls, ModelSpec) else TYPE_FIELDS
+    return [f for f in cls.model_fields if f not in skip]  # type: ignore[attr-defined]
+
+
 _LAST_KEYED: dict[type, tuple[tuple, str]] = CACHES.keep({}, "content-keys")  # per class: the last key made, and its fields' values (kept alive)
 
 
@@ -545,10 +551,7 @@ def _content_key(obj: ModelSpec | GraphDetails) -> str:
     if hit is not None and hit[0] is obj:
         return hit[1]
     cls = type(obj)
-    names = _KEYED_FIELDS.get(cls)
-    if names is None:
-        skip = _NOT_GRAPH_SPEC if isinstance(obj, ModelSpec) else TYPE_FIELDS
-        names = _KEYED_FIELDS[cls] = [f for f in cls.model_fields if f not in skip]
+    names = _keyed_fields(cls)
     values = tuple([getattr(obj, f) for f in names])
     last = _LAST_KEYED.get(cls)
     if last is not None and all(a is b for a, b in zip(last[0], values)):

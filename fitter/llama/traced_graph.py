@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+from contextvars import ContextVar
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Callable, Iterator
@@ -231,7 +232,7 @@ atexit.register(_TRACED_BY_CONTENT.clear)
 # a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
 # every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
 _TRACED_MAX = 4
-_TRACING = [True]  # whether a graph built is traced for reuse (predict_once: not)
+_TRACING: ContextVar[bool] = ContextVar("ggfit_tracing", default=True)  # whether a graph built is traced for reuse (predict_once: not)
 
 
 @contextlib.contextmanager
@@ -239,12 +240,11 @@ def predict_once() -> Iterator[None]:
     """Inside, a graph is built and allocated for its one prediction, not traced for another n_ctx or n_ubatch
     (a traced graph already kept is still reused): for a caller that asks each model, context and placement once, as
     `ggfit fit -c` does, the trace is work no later prediction uses (~6% of that command's instructions)."""
-    before = _TRACING[0]
-    _TRACING[0] = False
+    token = _TRACING.set(False)
     try:
         yield
     finally:
-        _TRACING[0] = before
+        _TRACING.reset(token)
 
 
 def _reachable(segs: list[Segment]) -> dict[Tensor, None]:

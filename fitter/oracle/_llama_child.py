@@ -233,9 +233,6 @@ def apply_fields(struct: Any, fields: dict[str, Any]) -> None:
 _LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}  # enum llama_load_mode
 
 
-_KEEP: list[Any] = []  # ctypes arrays the model params point to (alive until the process exits)
-
-
 def _buft_by_name(llama_cpp: Any) -> dict[str, int]:
     """Each device's default buffer type by its name, as common/arg.cpp parse_tensor_buffer_overrides lists them."""
     ggml = load_ggml_base(llama_cpp, "ggml")
@@ -261,7 +258,9 @@ class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_overrid
 
 def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
     """Pops tensor_buft_overrides ([pattern, buffer type name] pairs) and tensor_split from `fields` and sets them on
-    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers."""
+    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers.
+    The arrays they point to live as long as `mp` (its attribute `ggfit_arrays`)."""
+    keep: list[Any] = []
     overrides = fields.pop("tensor_buft_overrides", None)
     if overrides:
         bufts = _buft_by_name(llama_cpp)
@@ -272,13 +271,15 @@ def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
         for i, (pat, b) in enumerate(overrides):
             arr[i].pattern = pat.encode()
             arr[i].buft = bufts[b]
-        _KEEP.append(arr)
+        keep.append(arr)
         mp.tensor_buft_overrides = ctypes.addressof(arr)
     split = fields.pop("tensor_split", None)
     if split:
         ts = (ctypes.c_float * max(len(split), llama_cpp.llama_max_devices()))(*split)
-        _KEEP.append(ts)
+        keep.append(ts)
         mp.tensor_split = ctypes.cast(ts, ctypes.POINTER(ctypes.c_float))
+    if keep:
+        mp.ggfit_arrays = keep
 
 
 def load_loras(llama_cpp: Any, model: Any, loras: list[list[Any]]) -> tuple[list[Any], str | None]:
@@ -295,12 +296,12 @@ def load_loras(llama_cpp: Any, model: Any, loras: list[list[Any]]) -> tuple[list
 
 def set_loras(llama_cpp: Any, ctx: Any, adapters: list[Any], loras: list[list[Any]]) -> None:
     """llama_set_adapters_lora with every adapter and its scale (common_set_adapter_lora): the next decode
-    re-reserves the compute graph with them (llama_context::set_adapters_lora sets sched_need_reserve)."""
+    re-reserves the compute graph with them (llama_context::set_adapters_lora sets sched_need_reserve). The context
+    copies the adapters and scales into its own map: the arrays need not outlive the call."""
     if not adapters:
         return
     arr = (llama_cpp.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
     scales = (ctypes.c_float * len(adapters))(*[float(s) for _, s in loras])
-    _KEEP.extend((arr, scales))
     llama_cpp.llama_set_adapters_lora(ctx, arr, len(adapters), scales)
 
 
