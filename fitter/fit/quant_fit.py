@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 
 from fitter.errors import GGFitError
 from fitter.fit.budget import parse_size
+from fitter.fit.largest import next_hint
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
-from fitter.fit.solver import CTX_STEP, largest_context, next_hint
+from fitter.fit.solver import CTX_STEP, largest_context
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.constants import GGMLQuantizationType
