@@ -325,11 +325,12 @@ def _ggml_type(cur: _Cursor, traw: int, name: str, at: int) -> GGMLQuantizationT
     return gtype
 
 
+# long because gguf_init_from_reader (gguf.cpp, 473 lines): its checks in file order
 def read_header_from(src: ByteSource, shard: int = 0) -> GGUFHeader:
     """Parse one GGUF file's header from a byte source (one shard of a split model).
 
-    Over 80 lines: it reads the header in file order with the checks of gguf_init_from_reader
-    (ggml/src/gguf.cpp) where they fall, so that each refusal can be matched to upstream's.
+    It reads the header in file order with the checks of gguf_init_from_reader (ggml/src/gguf.cpp) where they
+    fall, so that each refusal can be matched to upstream's.
     """
     cur = _Cursor(src)
     if cur.size == 0:

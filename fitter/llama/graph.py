@@ -399,13 +399,14 @@ class GraphContext:
             cur = mul(ctx0, cur, tmp, "ffn_gate_par")
         return mm(ctx0, down or self.n_embd, cur, "ffn_out")
 
+    # long because llm_graph_context::build_moe_ffn (llama-graph.cpp), node for node
     def build_moe_ffn(self, cur: Tensor, l: LayerSpec, il: int, *, gating: int = 1, probs_b: bool = False,
                       norm_w: bool = True, w_scale: float = 0.0, gate_inp_b: bool = False, exps_b: bool = False,
                       act: str = "silu", gate_up: bool = False, has_gate: bool = True, probs_in: Tensor | None = None) -> Tensor:
         """llm_graph_context::build_moe_ffn. gating: 1 softmax, 2 sigmoid, 3 softmax_weight, 4 sqrt_softplus.
 
-        Over 80 lines: it follows upstream's function node for node (the node order is what the
-        allocator sees), so it is kept whole to be read side by side with llama-graph.cpp.
+        It follows upstream's function node for node (the node order is what the allocator sees), so it is kept
+        whole to be read side by side with llama-graph.cpp.
         """
         ctx0 = self.ctx0
         g = self.g

@@ -152,6 +152,7 @@ class ClipGraph:
     def layer(self, il: int, name: str) -> Tensor | None:
         return self.w(f"v.blk.{il}.{name}")
 
+    # long because clip_graph::build_vit (tools/mtmd/clip.cpp, 232 lines), node for node
     def build_vit(self, inp: Tensor, n_pos: int, rms: bool, ffn_op: str, learned_pos_embd: Tensor | None,
                   add_pos: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """clip_graph::build_vit: pre-norm transformer layers, separate or fused QKV (no MoE FFN, no masks)."""

@@ -118,6 +118,7 @@ def _build_beta_gate(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Ten
     return beta, gate
 
 
+# long because build_layer_attn_linear (src/models/qwen35.cpp, 134 lines), node for node
 def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     """build_layer_attn_linear of qwen35 / qwen35moe / qwen3next (gated delta net, fused op)."""
     ctx0 = c.ctx0
