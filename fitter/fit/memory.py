@@ -245,10 +245,7 @@ def predict(
     buffers = _weight_rows("target", header, spec, backend, config, use_mtp, wp)
     details = graph_details(header)
     adapters = [read_lora(path, scale) for path, scale in config.lora]
-    for a in adapters:  # llama_adapter_lora_init after the model, before the context (common_init_result)
-        buffers += [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
-                           counts=counts_against_budget(backend, lb.on_device), detail=f"{lb.n_tensors} tensors of {a.path}")
-                    for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
+    buffers += _lora_rows(adapters, header, spec, backend, wp, config)
     changed: list[BufferChange] = []
     # the context's graph with the adapters (llama-server applies them before its first decode re-reserves); an MTP
     # or draft context gets none
@@ -265,18 +262,10 @@ def predict(
         buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
                                     details=details, changed=changed, **ctx_kw)
     elif draft is not None:
-        d_header, d_spec = draft
-        draft_cp = _draft_context(d_spec, config, frontend, build)
-        # the draft model takes the target's -ngl but none of its tensor overrides (-otd, -cmoed are not modelled)
-        d_cfg = config.model_copy(update={"override_tensor": (), "cpu_moe": False, "n_cpu_moe": 0})
-        d_wp = placement_of(d_spec, d_cfg, backend, n_gpus)
-        buffers += _weight_rows("draft", d_header, d_spec, backend, config, False, d_wp)
-        d_cal = _calibration(d_spec.architecture, backend, build) if calibrated else None
+        d_cal = _calibration(draft[1].architecture, backend, build) if calibrated else None
         if d_cal is not cal:
             d_changed = []
-        buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
-                                    details=graph_details(d_header), changed=d_changed, placement=d_wp,
-                                    kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
+        draft_cp = _draft_rows(buffers, draft, config, backend, frontend, build, n_gpus, d_cal, d_changed, terms)
     if config.mmproj:
         buffers += _mmproj_rows(config, backend, header, spec)
     applied = [_applied(cal, changed)] if cal else []
@@ -284,6 +273,30 @@ def predict(
         applied.append(_applied(d_cal, d_changed))
     return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers,
                       calibration=applied)
+
+
+def _lora_rows(adapters: list, header: GGUFHeader, spec: ModelSpec, backend: Backend, wp: WeightPlacement,
+               config: RunConfig) -> list[Buffer]:
+    """The adapters' buffers: llama_adapter_lora_init after the model, before the context (common_init_result)."""
+    return [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
+                   counts=counts_against_budget(backend, lb.on_device), detail=f"{lb.n_tensors} tensors of {a.path}")
+            for a in adapters for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
+
+
+def _draft_rows(buffers: list[Buffer], draft: tuple[GGUFHeader, ModelSpec], config: RunConfig, backend: Backend,
+                frontend: Frontend, build: LlamaBuild, n_gpus: int, d_cal: Calibration | None,
+                d_changed: list[BufferChange], terms: bool) -> ContextParams:
+    """Appends the draft model's weights and context buffers to `buffers`; returns the draft's context."""
+    d_header, d_spec = draft
+    draft_cp = _draft_context(d_spec, config, frontend, build)
+    # the draft model takes the target's -ngl but none of its tensor overrides (-otd, -cmoed are not modelled)
+    d_cfg = config.model_copy(update={"override_tensor": (), "cpu_moe": False, "n_cpu_moe": 0})
+    d_wp = placement_of(d_spec, d_cfg, backend, n_gpus)
+    buffers += _weight_rows("draft", d_header, d_spec, backend, config, False, d_wp)
+    buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
+                                details=graph_details(d_header), changed=d_changed, placement=d_wp,
+                                kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
+    return draft_cp
 
 
 def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: ModelSpec) -> list[Buffer]:

@@ -101,6 +101,47 @@ def parse_candidate(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+# (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
+_Entry = tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]
+
+
+def _ftype_entries(header: GGUFHeader, spec: ModelSpec, include_imatrix: bool) -> list[_Entry]:
+    """Every ftype llama-quantize makes of this header's model, the file itself as it is."""
+    entries: list[_Entry] = []
+    for q in predict_all(header):
+        if q.refused or (q.needs_imatrix and not include_imatrix):
+            continue
+        note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
+        if is_this_file(header, q):  # the file itself, as fit reads it: its own layout and header
+            entries.append((q.ftype, THIS_FILE, header, spec, q.needs_imatrix, True, note))
+            continue
+        try:
+            qh = quantized_header(header, q)
+        except ValueError:
+            continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
+        qs = requantized_spec(spec, qh) if spec.known else None  # (an unknown one: model_spec_from_header refuses it)
+        entries.append((q.ftype, "predicted from the header", qh, qs, q.needs_imatrix, True, note))
+    return entries
+
+
+def _candidate_entries(header: GGUFHeader, candidates: Sequence[str]) -> list[_Entry]:
+    """--candidate NAME=PATH, URL or SIZE."""
+    entries: list[_Entry] = []
+    for text in candidates:
+        name, value = parse_candidate(text)
+        if _SIZE.match(value):
+            size = parse_size(value, what=f"--candidate {name}")
+            entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
+                            "weights scaled from the header's tensors; compute buffers as for this model"))
+        else:
+            try:
+                ch = read_header(value)
+            except GGFitError as e:  # the file or URL's problem, named with the flag that gave it
+                raise ConfigError(f"--candidate {name}={value}: {str(e).removeprefix(f'{value}: ')}") from None
+            entries.append((name, value, ch, None, False, True, None))
+    return entries
+
+
 def evaluate(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -119,34 +160,7 @@ def evaluate(
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
     called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates)."""
     available = budget_bytes - margin_bytes
-    # (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
-    entries: list[tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]] = []
-    for q in predict_all(header):
-        if q.refused or (q.needs_imatrix and not include_imatrix):
-            continue
-        note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
-        if is_this_file(header, q):  # the file itself, as fit reads it: its own layout and header
-            entries.append((q.ftype, THIS_FILE, header, spec, q.needs_imatrix, True, note))
-            continue
-        try:
-            qh = quantized_header(header, q)
-        except ValueError:
-            continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
-        qs = requantized_spec(spec, qh) if spec.known else None  # (an unknown one: model_spec_from_header refuses it)
-        entries.append((q.ftype, "predicted from the header", qh, qs, q.needs_imatrix, True, note))
-    for text in candidates:
-        name, value = parse_candidate(text)
-        if _SIZE.match(value):
-            size = parse_size(value, what=f"--candidate {name}")
-            entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
-                            "weights scaled from the header's tensors; compute buffers as for this model"))
-        else:
-            try:
-                ch = read_header(value)
-            except GGFitError as e:  # the file or URL's problem, named with the flag that gave it
-                raise ConfigError(f"--candidate {name}={value}: {str(e).removeprefix(f'{value}: ')}") from None
-            entries.append((name, value, ch, None, False, True, None))
-
+    entries = _ftype_entries(header, spec, include_imatrix) + _candidate_entries(header, candidates)
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)
     for name, source, h, known, needs_im, exact, note in entries:
