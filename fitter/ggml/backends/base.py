@@ -304,7 +304,7 @@ class BackendImpl:
     @property
     def reorders_graph(self) -> bool:
         """Whether graph_optimize moves nodes across layers (Metal): the layers are then not replayed one by one
-        (fitter.llama.context._prepare)."""
+        (fitter.llama.layer_segments._prepare)."""
         return False
 
     def graph_optimize(self, segments: list) -> None:

@@ -2,7 +2,7 @@
 
 ggml_graph_optimize (fitter.ggml.backends.metal.common) reorders each Metal split, and its look-ahead crosses layers:
 a node of the next layer moves up among this layer's, a fusion packs this layer's last add with the next one's norm.
-Reordering the whole graph means building every layer (context._flatten); here each distinct layer is built once:
+Reordering the whole graph means building every layer (layer_segments._flatten); here each distinct layer is built once:
 
 - Instances. The node sequence is the segments' instances in graph order: the prologue's part of the split, layer 0,
   each layer's segment in the variant it runs (a template's first instance also emits the prologue tensors it first
