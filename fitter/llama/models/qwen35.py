@@ -31,7 +31,8 @@ from fitter.ggml.tensor import (
 )
 from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.gguf.constants import Keys
-from fitter.llama.graph import GraphContext, build_mtp
+from fitter.llama.graph import GraphContext
+from fitter.llama.graph_blocks import build_mtp
 from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, LayerKind, Meta, ModelSpec
 
 
