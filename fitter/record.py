@@ -27,17 +27,20 @@ validates a dataclass as it does a model with the same fields (a pydantic model 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from operator import itemgetter
 from typing import Any, Callable, ClassVar, TypeVar, dataclass_transform
 
 R = TypeVar("R", bound="Record")
 
-@functools.cache
 def _adapter(cls: type) -> Any:
-    from pydantic import TypeAdapter  # pydantic only where a record is dumped or validated (see the module doc)
+    """The class's pydantic TypeAdapter, made on first use and kept on the class (its own, not a base's)."""
+    adapter = cls.__dict__.get("_type_adapter")
+    if adapter is None:
+        from pydantic import TypeAdapter  # pydantic only where a record is dumped or validated (see the module doc)
 
-    return TypeAdapter(cls)
+        adapter = TypeAdapter(cls)
+        type.__setattr__(cls, "_type_adapter", adapter)
+    return adapter
 
 
 class _Fields:

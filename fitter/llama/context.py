@@ -195,11 +195,14 @@ def _frozen(v: object) -> object:
     return v
 
 
-@functools.cache
 def _keyed_fields(cls: type) -> list[str]:
-    """The fields a content key is made of."""
-    skip = _NOT_GRAPH_SPEC if issubclass(cls, ModelSpec) else TYPE_FIELDS
-    return [f for f in cls.model_fields if f not in skip]  # type: ignore[attr-defined]
+    """The fields a content key is made of (kept on the class)."""
+    names = cls.__dict__.get("_content_key_fields")
+    if names is None:
+        skip = _NOT_GRAPH_SPEC if issubclass(cls, ModelSpec) else TYPE_FIELDS
+        names = [f for f in cls.model_fields if f not in skip]  # type: ignore[attr-defined]
+        type.__setattr__(cls, "_content_key_fields", names)
+    return names
 
 
 _LAST_KEYED: dict[type, tuple[tuple, str]] = CACHES.keep({}, "content-keys")  # per class: the last key made, and its fields' values (kept alive)
