@@ -35,28 +35,6 @@ from fitter.llama.kv_cache_iswa import swa_cache_types, swa_cells
 from fitter.llama_builds import LlamaBuild
 from fitter.record import Record
 
-# what the graph builders call a matmul's output -> the weight's GGUF suffix (for its type)
-WEIGHT_OF = {
-    "Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "wqkv": "attn_qkv", "attn_out": "attn_output",
-    "ffn_up": "ffn_up", "ffn_gate": "ffn_gate", "ffn_out": "ffn_down", "ffn_moe_logits": "ffn_gate_inp",
-    "ffn_moe_up": "ffn_up_exps", "ffn_moe_gate": "ffn_gate_exps", "ffn_moe_down": "ffn_down_exps",
-    "ffn_moe_gate_up": "ffn_gate_up_exps", "result_output": "output", "q_a": "attn_q_a", "q": "attn_q_b",
-    "kv_cmpr_pe": "attn_kv_a_mqa", "q_nope_absorbed": "attn_k_b", "kv": "attn_kv_b", "fattn_mla": "attn_v_b",
-    "kqv_mla": "attn_v_b", "qkv_mixed": "attn_qkv", "z": "attn_gate", "beta": "ssm_beta", "alpha": "ssm_alpha",
-    "mixed_ba": "ssm_ba", "mixed_qkvz": "ssm_in", "ssm_out": "ssm_out", "Qcur_full": "attn_q",
-    "shared_gate": "ffn_gate_inp_shexp", "per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
-    # the experts' biases (ADD_ID): the overrides of their experts' tensor names match them too
-    "ffn_moe_gate_up_b": "ffn_gate_up_exps", "ffn_moe_up_b": "ffn_up_exps", "ffn_moe_gate_b": "ffn_gate_exps",
-    "ffn_moe_down_b": "ffn_down_exps",
-}
-
-
-# matmuls llama.cpp builds with a plain ggml_mul_mat, not build_lora_mm (src/models/<arch>.cpp, build_attn_mha's
-# v_mla): an adapter's pair on their weights is loaded but changes no graph
-_PLAIN_MUL_MAT = {
-    "deepseek2": frozenset(("attn_q_a", "attn_q_b", "attn_q", "attn_kv_a_mqa", "attn_k_b", "attn_kv_b", "output")),
-}
-_PLAIN_ANY = frozenset(("attn_v_b",))
 
 class KVCacheView(Record, frozen=False):
     """A llama_kv_cache as the reserve graph sees it (llama_kv_cache_context built by init_full)."""
