@@ -148,6 +148,12 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
     if count > 1024 or (count > 0 and root == 0):
         return None
 
+    rows = _map_rows(ggml, root, header, count)
+    return rows if len(rows) == count else None
+
+
+def _map_rows(ggml: ctypes.CDLL, root: int, header: int, count: int) -> list[dict[str, Any]]:
+    """The rows of the std::map _memory_breakdown got, in key order (an in-order walk of libstdc++'s tree)."""
     def rd(addr: int) -> int:
         return ctypes.c_uint64.from_address(addr).value
 
@@ -179,8 +185,6 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
             }
         )
         node = rd(node + 24)
-    if len(rows) != count:
-        return None
     return rows
 
 
@@ -414,6 +418,12 @@ def main() -> int:
         llama_cpp.llama_model_free(model)
         return run.done("error", run.first_error(why), timings=timings)
 
+    return _with_context(llama_cpp, run, req, model, cp, api, adapters, loras, timings, t0)
+
+
+def _with_context(llama_cpp: Any, run: _Run, req: dict[str, Any], model: Any, cp: Any, api: dict[str, Any],
+                  adapters: list[Any], loras: list[list[Any]], timings: dict[str, float], t0: float) -> int:
+    """main's second half, the model loaded: the context, its breakdown, a decode, then both freed."""
     t2 = time.perf_counter()
     ctx = llama_cpp.llama_init_from_model(model, cp)
     timings["context_s"] = time.perf_counter() - t2
@@ -430,11 +440,7 @@ def main() -> int:
     set_loras(llama_cpp, ctx, adapters, loras)
 
     if req.get("breakdown", True):
-        try:
-            rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
-        except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
-            rows = None
-        emit_event({"event": "breakdown", "rows": rows})
+        _emit_breakdown(llama_cpp, run, ctx)
 
     sig = req.get("test_signal")
     if sig:  # test-only hook: die like a native crash would, after everything above was reported
@@ -449,11 +455,7 @@ def main() -> int:
         emit_event({"event": "decode", "tokens": n_decode, "error": err})
         run.memory("decode")
         if adapters and req.get("breakdown", True) and not err:  # the graph re-reserved with the adapters
-            try:
-                rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
-            except (*_FFI_FAILURES, ValueError):
-                rows = None
-            emit_event({"event": "breakdown", "rows": rows})
+            _emit_breakdown(llama_cpp, run, ctx)
         if err:
             llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)
@@ -465,6 +467,14 @@ def main() -> int:
     timings["free_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
     return run.done("ok", timings=timings)
+
+
+def _emit_breakdown(llama_cpp: Any, run: _Run, ctx: Any) -> None:
+    try:
+        rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
+    except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
+        rows = None
+    emit_event({"event": "breakdown", "rows": rows})
 
 
 if __name__ == "__main__":
