@@ -354,18 +354,7 @@ class _Extra:
     def _line(self, i: int, line: str) -> None:  # noqa: C901 - one dispatch over the line kinds
         log = self.log
         if "memory_breakdown_print:" in line:
-            if "memory breakdown [MiB]" in line:
-                log.breakdown = []  # a later table (the fit pass prints one, the exit another): the last counts
-            elif m := _BD_DEVICE.search(line):
-                log.breakdown.append(BreakdownRow(
-                    name=m.group("name"), description=m.group("desc"), total_mib=int(m.group("total")),
-                    free_mib=int(m.group("free")), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
-                    context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")),
-                    unaccounted_mib=int(m.group("un")), line=i))
-            elif m := _BD_OTHER.search(line):
-                log.breakdown.append(BreakdownRow(
-                    name=m.group("name"), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
-                    context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")), line=i))
+            self._breakdown_line(i, line)
             return
         if m := _FIT_PROJECTED.search(line):
             log.fit_projected_mib, log.fit_free_mib = int(m.group(1)), int(m.group(2))
@@ -412,6 +401,22 @@ class _Extra:
                 log.model.name = m.group("v")
             elif m.group("k") == "architecture" and log.model.arch is None:
                 log.model.arch = m.group("v")
+
+    def _breakdown_line(self, i: int, line: str) -> None:
+        """A line of llama_memory_breakdown_print's table."""
+        log = self.log
+        if "memory breakdown [MiB]" in line:
+            log.breakdown = []  # a later table (the fit pass prints one, the exit another): the last counts
+        elif m := _BD_DEVICE.search(line):
+            log.breakdown.append(BreakdownRow(
+                name=m.group("name"), description=m.group("desc"), total_mib=int(m.group("total")),
+                free_mib=int(m.group("free")), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
+                context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")),
+                unaccounted_mib=int(m.group("un")), line=i))
+        elif m := _BD_OTHER.search(line):
+            log.breakdown.append(BreakdownRow(
+                name=m.group("name"), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
+                context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")), line=i))
 
     def _backends(self, lines: list[str]) -> None:
         log, found = self.log, []
