@@ -93,18 +93,18 @@ _EXPORTS: dict[str, str] = {
     "SPLIT_MODES": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
     "BuildReport": "fitter.oracle.llama_run",
-    "REPO_ROOT": "fitter.oracle.llama_run",
-    "check_model_path": "fitter.oracle.llama_run",
-    "child_env": "fitter.oracle.llama_run",
-    "child_event": "fitter.oracle.llama_run",
-    "child_events": "fitter.oracle.llama_run",
-    "child_preexec": "fitter.oracle.llama_run",
-    "kill_group": "fitter.oracle.llama_run",
-    "short_abort": "fitter.oracle.llama_run",
-    "signal_name": "fitter.oracle.llama_run",
-    "sigterm_cleanup": "fitter.oracle.llama_run",
-    "signals_held": "fitter.oracle.llama_run",
-    "watchdog_for": "fitter.oracle.llama_run",
+    "REPO_ROOT": "fitter.oracle.child_process",
+    "check_model_path": "fitter.oracle.child_process",
+    "child_env": "fitter.oracle.child_process",
+    "child_event": "fitter.oracle.child_process",
+    "child_events": "fitter.oracle.child_process",
+    "child_preexec": "fitter.oracle.child_process",
+    "kill_group": "fitter.oracle.child_process",
+    "short_abort": "fitter.oracle.child_process",
+    "signal_name": "fitter.oracle.child_process",
+    "sigterm_cleanup": "fitter.oracle.child_process",
+    "signals_held": "fitter.oracle.child_process",
+    "watchdog_for": "fitter.oracle.child_process",
     # the child's helpers (standard library and llama_cpp only), shared with search's probe child
     "GGML_LOG_DEBUG": "fitter.oracle._llama_child",
     "GGML_LOG_INFO": "fitter.oracle._llama_child",
@@ -232,18 +232,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.oracle.calibrate import calibrate, compare_log, record_log
     from fitter.oracle.check import dry_run_check
-    from fitter.oracle.fit_params import (
-        FIT_PARAMS_FRONTEND,
-        fit_params_binary,
-        fit_params_check,
-        fit_params_check_config,
-    )
-    from fitter.oracle.llama_log import parse_log
-    from fitter.oracle.llama_run import (
-        FLASH_ATTN,
+    from fitter.oracle.child_process import (
         REPO_ROOT,
-        SPLIT_MODES,
-        BuildReport,
         check_model_path,
         child_env,
         child_event,
@@ -255,6 +245,18 @@ if TYPE_CHECKING:  # the same names, for type checkers
         signals_held,
         sigterm_cleanup,
         watchdog_for,
+    )
+    from fitter.oracle.fit_params import (
+        FIT_PARAMS_FRONTEND,
+        fit_params_binary,
+        fit_params_check,
+        fit_params_check_config,
+    )
+    from fitter.oracle.llama_log import parse_log
+    from fitter.oracle.llama_run import (
+        FLASH_ATTN,
+        SPLIT_MODES,
+        BuildReport,
     )
     from fitter.oracle.user_log import log_summary, read_user_log
     from fitter.progress import Progress

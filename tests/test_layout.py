@@ -78,3 +78,20 @@ def test_the_name_test_pattern() -> None:
         assert re.search(_NAME_TEST, line), line
     for line in ('backend: Backend = Backend.CPU,', 'impl = backends.get(Backend.CPU)', '"backend": "metal",'):
         assert not re.search(_NAME_TEST, line), line
+
+
+def test_no_long_function_or_module_in_fitter_and_search() -> None:
+    """No function over 60 lines (but one that says `# long because <the llama.cpp function it mirrors>`) and no
+    module over 500, in fitter/ and search/ (benchmarks/code_limits.py prints them; its paths are arguments)."""
+    from benchmarks.code_limits import check
+
+    assert check(["fitter", "search"]) == []
+
+
+def test_code_limits_finds_a_long_function(tmp_path, monkeypatch) -> None:
+    import benchmarks.code_limits as cl
+
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "m.py").write_text(f"def long():\n{body}\n\n\n# long because llama_foo\ndef mirrored():\n{body}\n")
+    monkeypatch.setattr(cl, "ROOT", tmp_path)
+    assert cl.check(["m.py"]) == ["m.py:1 long: 62 lines"]

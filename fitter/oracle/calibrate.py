@@ -33,8 +33,9 @@ from fitter.llama.model import load_model_spec
 from fitter.llama_builds import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
 from fitter.llama_builds.identify import build_from_line
 from fitter.oracle.check import llama_params
+from fitter.oracle.child_process import REPO_ROOT, child_env
 from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
-from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
+from fitter.oracle.llama_run import LlamaRun, measure
 from fitter.oracle.log_settings import _side, log_run_config
 from fitter.oracle.user_log import UserLog
 from fitter.progress import Progress

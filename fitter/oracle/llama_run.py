@@ -45,13 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fitter.errors import GGFitError
 from fitter.ggml.types import GGML_TYPES
 from fitter.llama_builds import PINNED_COMMIT
-from fitter.oracle.child_process import (  # noqa: F401  (re-exported: ggfit's other children use them too)
+from fitter.oracle.child_process import (
     REPO_ROOT,
-    Terminated,
-    Watchdog,
     check_model_path,
     child_env,
-    child_event,
     child_events,
     child_preexec,
     kill_group,
