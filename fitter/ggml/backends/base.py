@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
@@ -36,6 +36,13 @@ class Backend(str, Enum):
     CPU = "cpu"
     CUDA = "cuda"
     METAL = "metal"
+
+
+class Overhead(NamedTuple):
+    """Memory a llama.cpp process holds outside the buffers it prints, and what it is (fitter.fit.margin)."""
+
+    bytes: int
+    what: str
 
 
 class BackendError(GGFitError):
@@ -169,6 +176,11 @@ class BackendImpl:
     has_host_buffer_type = False
     # how llama.cpp's build info (system_info, llama-bench's `backends`) names a build with this backend, any case
     log_names: tuple[str, ...] = ()
+    # the default --margin's facts (fitter.fit.margin): what the process holds outside the device's buffers, outside its
+    # host buffers next to a GPU (None: nothing modelled), and whether a safety share goes on top
+    overhead: Overhead | None = None
+    host_overhead: Overhead | None = None
+    margin_safety = True
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.llama_builds.changes)
 
     def for_build(self, build: LlamaBuild) -> BackendImpl:

@@ -38,7 +38,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.backends.base import (
+    Backend,
+    BackendImpl,
+    FlashAttnShape,
+    Overhead,
+    _nbytes_of,
+    _ne4,
+    _op,
+    flash_attn_shape_of,
+)
 from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
@@ -253,6 +262,11 @@ class CUDABackend(BackendImpl):
     label = "CUDA"
     log_names = ("CUDA",)
     has_host_buffer_type = True  # ggml_backend_cuda_host_buffer_type (CUDA_Host)
+    # H200, driver 580.159, CUDA 13: cudaMemGetInfo around 15 real loads and decodes, and the host's peak RSS
+    # (benchmarks/results/gpu-load-h200.json, gpu-hostrss-h200.json; the table in fitter.fit.margin)
+    overhead = Overhead(772 << 20, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)")
+    host_overhead = Overhead(747 << 20, "llama-server's resident memory beyond its host buffers (CUDA runtime, heap; "
+                                        "measured on the H200 host)")
 
     # fa_auto_unsupported_reason: CUDA's rules are not mirrored (-fa auto stays as asked)
 

@@ -63,6 +63,7 @@ from fitter.ggml.backends.base import (
     flash_attn_shape_of,
 )
 from fitter.ggml.backends.metal.common import graph_optimize as metal_graph_optimize
+from fitter.ggml.backends.metal.evidence import metal_margin
 from fitter.ggml.backends.metal.segments import optimize_segments
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
@@ -252,6 +253,9 @@ class MetalBackend(BackendImpl):
     single_device = True  # the default Metal device, MTL0
     unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
     has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
+    # the evidence (metal/evidence.py) bounds the whole margin: a safety share on top would reject what ran
+    overhead = metal_margin()
+    margin_safety = False
 
     def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
         """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason): the first layer's
