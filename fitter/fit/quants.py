@@ -185,15 +185,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
              imatrix_file: ImatrixFile | None, opts: QuantOptions) -> tuple[QuantPrediction, bool]:
     """The prediction, and whether any rule asked has_imatrix (QuantState.imatrix_read)."""
     only_copy = ftype == COPY
-    if only_copy:
-        ft = None
-        default = None
-        ftype_id = _guess_file_type(header)
-    else:
-        ft = FTYPES[ftype]
-        default = ft.default_type
-        ftype_id = ft.id
-
+    default, ftype_id = (None, _guess_file_type(header)) if only_copy else (FTYPES[ftype].default_type, FTYPES[ftype].id)
     rows, infos, names = _tensor_rows(header, model.arch, only_copy, not opts.leave_output_tensor)
     qs = QuantState(model, names, has_imatrix, opts)
     out: list[TensorQuant] = []
@@ -205,12 +197,26 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
             data_bytes += copied_bytes
             out.append(copied)
             continue
-        tq = _quantized(qs, opts, t, shape, in_type, n_rows, default, ftype)
-        if tq.requires_imatrix:
+        new, wanted = get_type(qs, opts, t.name, shape, default, ftype)  # type: ignore[arg-type]
+        if new not in NOT_QUANTIZED and shape[0] % BLCK[new] != 0:
+            # gguf_set_tensor_type: GGML_ASSERT "tensor row size not divisible by block size of new type"
+            raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
+                               f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
+                               "fallback)")
+        req = new in IMATRIX_TYPES and requires_imatrix(t.name, new, ftype)
+        if req:
             imatrix_tensors.append(t.name)
-        needs_requantize |= tq.ggml_type != in_type and in_type not in NOT_QUANTIZED
-        data_bytes += tq.nbytes + (-tq.nbytes) % GGUF_DEFAULT_ALIGNMENT
-        out.append(tq)
+        if new != in_type:
+            if in_type not in NOT_QUANTIZED:
+                needs_requantize = True
+            elif in_type not in (F32, F16, BF16):
+                raise QuantRefused(f"llama-quantize fails: cannot dequantize/convert tensor {t.name} of type "
+                                   f"{type_name(in_type)}")
+            nbytes = row_bytes(new, shape[0]) * n_rows  # tensor_bytes(new, shape)
+        else:
+            nbytes = t.nbytes
+        data_bytes += nbytes + (-nbytes) % GGUF_DEFAULT_ALIGNMENT
+        out.append(TensorQuant(t.name, shape, in_type, new, nbytes, True, wanted, req))
 
     kv = _output_kv_bytes(header, imatrix_file)
     header_bytes = gguf_pad(24 + kv + infos)
@@ -231,26 +237,6 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         notes=tuple(notes),
     )
     return pred, qs.imatrix_read
-
-
-def _quantized(qs: QuantState, opts: QuantOptions, t, shape: tuple[int, ...], in_type: int, n_rows: int,
-               default: int | None, ftype: str) -> TensorQuant:
-    """One tensor as llama_model_quantize_impl writes it: its type (llama_tensor_get_type) and bytes."""
-    new, wanted = get_type(qs, opts, t.name, shape, default, ftype)  # type: ignore[arg-type]
-    if new not in NOT_QUANTIZED and shape[0] % BLCK[new] != 0:
-        # gguf_set_tensor_type: GGML_ASSERT "tensor row size not divisible by block size of new type"
-        raise QuantRefused(f"llama-quantize aborts: tensor {t.name} has rows of {shape[0]}, not a multiple "
-                           f"of the {type_name(new)} block size {BLCK[new]} (an explicit type skips the "
-                           "fallback)")
-    req = new in IMATRIX_TYPES and requires_imatrix(t.name, new, ftype)
-    if new != in_type:
-        if in_type in NOT_QUANTIZED and in_type not in (F32, F16, BF16):
-            raise QuantRefused(f"llama-quantize fails: cannot dequantize/convert tensor {t.name} of type "
-                               f"{type_name(in_type)}")
-        nbytes = row_bytes(new, shape[0]) * n_rows  # tensor_bytes(new, shape)
-    else:
-        nbytes = t.nbytes
-    return TensorQuant(t.name, shape, in_type, new, nbytes, True, wanted, req)
 
 
 def _notes(header: GGUFHeader, needs_requantize: bool, n_fallback: int) -> list[str]:
