@@ -64,7 +64,6 @@ from fitter.ggml.backends.base import (
 )
 from fitter.ggml.backends.metal.common import graph_optimize as metal_graph_optimize
 from fitter.ggml.backends.metal.evidence import metal_margin
-from fitter.ggml.backends.metal.segments import optimize_segments
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
@@ -236,6 +235,14 @@ def metal_fa_unsupported_reason(d_k: int, d_v: int, type_k: str, type_v: str, *,
     if not has_simdgroup_mm:
         return "flash attention needs simdgroup matrix multiply (Apple7 / M1 or later)"
     return None
+
+
+def optimize_segments(*args: Any) -> tuple[ChunkPlan, list[Segment]] | None:
+    """fitter.ggml.backends.metal.segments.optimize_segments, imported on the first Metal graph that needs it (a CPU or
+    CUDA prediction loads none of the reorder's modules)."""
+    from fitter.ggml.backends.metal import segments
+
+    return segments.optimize_segments(*args)
 
 
 class MetalBackend(BackendImpl):
