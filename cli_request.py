@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Optional
 import fitter
 
 if TYPE_CHECKING:
-    from fitter.build import LlamaBuild
     from fitter.fit.request import FitRequest, QuantsRequest, Speed
     from fitter.ggml.backends.base import Backend
+    from fitter.llama_builds import LlamaBuild
 
 from cli_options import (
     AdapterOptions,

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     # errors, build, bundled models, progress
     "GGFitError": "fitter.errors",
-    "LLAMA_CPP_COMMIT": "fitter.build",
-    "PINNED_COMMIT": "fitter.build",
-    "PINNED_LLAMA_CPP_PYTHON": "fitter.build",
-    "build_label": "fitter.build",
-    "LlamaBuild": "fitter.build",
-    "PINNED": "fitter.build",
-    "resolve_build": "fitter.build",
-    "build_from_text": "fitter.build.identify",
-    "build_of_binary": "fitter.build.identify",
+    "LLAMA_CPP_COMMIT": "fitter.llama_builds",
+    "PINNED_COMMIT": "fitter.llama_builds",
+    "PINNED_LLAMA_CPP_PYTHON": "fitter.llama_builds",
+    "build_label": "fitter.llama_builds",
+    "LlamaBuild": "fitter.llama_builds",
+    "PINNED": "fitter.llama_builds",
+    "resolve_build": "fitter.llama_builds",
+    "build_from_text": "fitter.llama_builds.identify",
+    "build_of_binary": "fitter.llama_builds.identify",
     "resolve_model": "fitter.bundled",
     "Progress": "fitter.progress",
     "Record": "fitter.record",
@@ -93,18 +93,18 @@ _EXPORTS: dict[str, str] = {
     "SPLIT_MODES": "fitter.oracle.llama_run",
     "GGML_TYPES": "fitter.ggml.types",
     "BuildReport": "fitter.oracle.llama_run",
-    "REPO_ROOT": "fitter.oracle.llama_run",
-    "check_model_path": "fitter.oracle.llama_run",
-    "child_env": "fitter.oracle.llama_run",
-    "child_event": "fitter.oracle.llama_run",
-    "child_events": "fitter.oracle.llama_run",
-    "child_preexec": "fitter.oracle.llama_run",
-    "kill_group": "fitter.oracle.llama_run",
-    "short_abort": "fitter.oracle.llama_run",
-    "signal_name": "fitter.oracle.llama_run",
-    "sigterm_cleanup": "fitter.oracle.llama_run",
-    "signals_held": "fitter.oracle.llama_run",
-    "watchdog_for": "fitter.oracle.llama_run",
+    "REPO_ROOT": "fitter.oracle.child_process",
+    "check_model_path": "fitter.oracle.child_process",
+    "child_env": "fitter.oracle.child_process",
+    "child_event": "fitter.oracle.child_process",
+    "child_events": "fitter.oracle.child_process",
+    "child_preexec": "fitter.oracle.child_process",
+    "kill_group": "fitter.oracle.child_process",
+    "short_abort": "fitter.oracle.child_process",
+    "signal_name": "fitter.oracle.child_process",
+    "sigterm_cleanup": "fitter.oracle.child_process",
+    "signals_held": "fitter.oracle.child_process",
+    "watchdog_for": "fitter.oracle.child_process",
     # the child's helpers (standard library and llama_cpp only), shared with search's probe child
     "GGML_LOG_DEBUG": "fitter.oracle._llama_child",
     "GGML_LOG_INFO": "fitter.oracle._llama_child",
@@ -159,16 +159,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers
-    from fitter.build import (
-        LLAMA_CPP_COMMIT,
-        PINNED,
-        PINNED_COMMIT,
-        PINNED_LLAMA_CPP_PYTHON,
-        LlamaBuild,
-        build_label,
-        resolve_build,
-    )
-    from fitter.build.identify import build_from_text, build_of_binary
     from fitter.bundled import resolve_model
     from fitter.errors import GGFitError
     from fitter.fit import calibration
@@ -214,6 +204,16 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from fitter.llama.hparams import LayerKind
     from fitter.llama.model import load_model_spec
     from fitter.llama.traced_graph import predict_once
+    from fitter.llama_builds import (
+        LLAMA_CPP_COMMIT,
+        PINNED,
+        PINNED_COMMIT,
+        PINNED_LLAMA_CPP_PYTHON,
+        LlamaBuild,
+        build_label,
+        resolve_build,
+    )
+    from fitter.llama_builds.identify import build_from_text, build_of_binary
     from fitter.mlx import mlx_label, require_mlx_lm
     from fitter.mlx.cache import CacheSettings as MlxCacheSettings
     from fitter.mlx.config import load_mlx_model
@@ -232,18 +232,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from fitter.oracle.calibrate import calibrate, compare_log, record_log
     from fitter.oracle.check import dry_run_check
-    from fitter.oracle.fit_params import (
-        FIT_PARAMS_FRONTEND,
-        fit_params_binary,
-        fit_params_check,
-        fit_params_check_config,
-    )
-    from fitter.oracle.llama_log import parse_log
-    from fitter.oracle.llama_run import (
-        FLASH_ATTN,
+    from fitter.oracle.child_process import (
         REPO_ROOT,
-        SPLIT_MODES,
-        BuildReport,
         check_model_path,
         child_env,
         child_event,
@@ -255,6 +245,18 @@ if TYPE_CHECKING:  # the same names, for type checkers
         signals_held,
         sigterm_cleanup,
         watchdog_for,
+    )
+    from fitter.oracle.fit_params import (
+        FIT_PARAMS_FRONTEND,
+        fit_params_binary,
+        fit_params_check,
+        fit_params_check_config,
+    )
+    from fitter.oracle.llama_log import parse_log
+    from fitter.oracle.llama_run import (
+        FLASH_ATTN,
+        SPLIT_MODES,
+        BuildReport,
     )
     from fitter.oracle.user_log import log_summary, read_user_log
     from fitter.progress import Progress

@@ -32,15 +32,14 @@ from typing import Any, Callable, ClassVar, TypeVar, dataclass_transform
 
 R = TypeVar("R", bound="Record")
 
-_ADAPTERS: dict[type, Any] = {}
-
-
 def _adapter(cls: type) -> Any:
-    adapter = _ADAPTERS.get(cls)
+    """The class's pydantic TypeAdapter, made on first use and kept on the class (its own, not a base's)."""
+    adapter = cls.__dict__.get("_type_adapter")
     if adapter is None:
         from pydantic import TypeAdapter  # pydantic only where a record is dumped or validated (see the module doc)
 
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+        adapter = TypeAdapter(cls)
+        type.__setattr__(cls, "_type_adapter", adapter)
     return adapter
 
 

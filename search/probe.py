@@ -128,46 +128,57 @@ def run_probe(
     """
     config = config or RunConfig()
     workload = workload or Workload()
+    _check_limits(runner, timeout, budget_bytes)
+    path = check_model_path(model_path)
+    threads = threads or os.cpu_count() or 1
+    extra_bufts = use_extra_bufts or not config.no_repack
+    why = _python_refuses(config, extra_args) if runner == "python" else None
+    if why:
+        return ProbeResult(status="error", runner="python", model_path=path, config=config, workload=workload,
+                           message=why, evidence=[why], budget_bytes=budget_bytes)
+    _check_args(config, runner, threads=threads, use_extra_bufts=extra_bufts, draft_n_min=draft_n_min,
+                draft_p_min=draft_p_min, llama_server=llama_server)  # before the lock: a bad argument waits for nothing
+    common: dict[str, Any] = dict(budget_bytes=budget_bytes, timeout=timeout, threads=threads, use_extra_bufts=extra_bufts,
+                                  draft_n_min=draft_n_min, draft_p_min=draft_p_min, _test=_test, progress=progress)
+    with sigterm_cleanup(), host_probe_lock(progress) as lock:
+        if runner == "python":
+            res = python_probe(path, config, workload, log_level=log_level, **common)
+        else:
+            res = server_probe(path, config, workload, llama_server=os.fspath(llama_server) if llama_server else None,
+                               extra_args=extra_args, **common)
+    if lock["path"]:
+        res.timings["lock_wait_s"] = lock["waited_s"]
+    if res.ok and res.prompt_tokens:  # the speed model's rates beside the measured ones (issue 46)
+        res.predicted = _predicted_rates(res, path, config, threads)
+    return res
+
+
+def _predicted_rates(res: ProbeResult, path: str, config: RunConfig, threads: int) -> dict[str, Any] | None:
+    from search.probe_speed import predicted_rates
+
+    assert res.prompt_tokens is not None  # a probe that ran
+    return predicted_rates(path, config, res.prompt_tokens, threads=threads, system_info=res.build.system_info,
+                           build_commit=res.build.ggml_commit)
+
+
+def _check_limits(runner: str, timeout: float, budget_bytes: int | None) -> None:
     if runner not in ("python", "server"):
         raise ProbeError(f"unknown runner {runner!r} (python or server)")
     if timeout <= 0:
         raise ProbeError(f"timeout must be positive, not {timeout}")
     if budget_bytes is not None and budget_bytes <= 0:
         raise ProbeError(f"budget must be positive, not {budget_bytes}")
-    path = check_model_path(model_path)
-    threads = threads or os.cpu_count() or 1
-    extra_bufts = use_extra_bufts or not config.no_repack
-    if runner == "python":
-        why = None
-        if extra_args:
-            why = (f"the python runner has no llama-server flags: {' '.join(extra_args)} "
-                   "(use --runner server, or a flag ggfit knows)")
-        elif config.spec_type == "draft-mtp":
-            why = ("--spec-type draft-mtp: the python runner only drives draft-simple (llama-cpp-python 0.3.36 has no "
-                   "MTP drafting loop); use the server runner")
-        if why:
-            return ProbeResult(status="error", runner="python", model_path=path, config=config, workload=workload,
-                               message=why, evidence=[why], budget_bytes=budget_bytes)
-    _check_args(config, runner, threads=threads, use_extra_bufts=extra_bufts, draft_n_min=draft_n_min,
-                draft_p_min=draft_p_min, llama_server=llama_server)  # before the lock: a bad argument waits for nothing
-    with sigterm_cleanup(), host_probe_lock(progress) as lock:
-        if runner == "python":
-            res = python_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
-                               use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
-                               log_level=log_level, _test=_test, progress=progress)
-        else:
-            res = server_probe(path, config, workload, budget_bytes=budget_bytes, timeout=timeout, threads=threads,
-                               use_extra_bufts=extra_bufts, draft_n_min=draft_n_min, draft_p_min=draft_p_min,
-                               llama_server=os.fspath(llama_server) if llama_server else None, extra_args=extra_args,
-                               _test=_test, progress=progress)
-    if lock["path"]:
-        res.timings["lock_wait_s"] = lock["waited_s"]
-    if res.ok and res.prompt_tokens:  # the speed model's rates beside the measured ones (issue 46)
-        from search.probe_speed import predicted_rates
 
-        res.predicted = predicted_rates(path, config, res.prompt_tokens, threads=threads,
-                                        system_info=res.build.system_info, build_commit=res.build.ggml_commit)
-    return res
+
+def _python_refuses(config: RunConfig, extra_args: list[str] | None) -> str | None:
+    """Why the python runner cannot run this probe (its result, not an error raised), or None."""
+    if extra_args:
+        return (f"the python runner has no llama-server flags: {' '.join(extra_args)} "
+                "(use --runner server, or a flag ggfit knows)")
+    if config.spec_type == "draft-mtp":
+        return ("--spec-type draft-mtp: the python runner only drives draft-simple (llama-cpp-python 0.3.36 has no "
+                "MTP drafting loop); use the server runner")
+    return None
 
 
 def _check_args(config: RunConfig, runner: Runner, *, threads: int, use_extra_bufts: bool, draft_n_min: int | None,

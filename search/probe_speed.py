@@ -11,15 +11,15 @@ import os
 from typing import Any
 
 from fitter import GGFitError, load_model_spec
+from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 
 
 def _backend(profile: Any, system_info: str | None) -> Backend:
-    gpu = profile.backend
-    if gpu != Backend.CPU and system_info:
-        names = {Backend.CUDA: ("CUDA",), Backend.METAL: ("MTL", "METAL", "Metal")}.get(gpu, ())
-        if not any(n in system_info for n in names):
-            return Backend.CPU
+    gpu = Backend(profile.backend)
+    impl = backends.get(gpu)
+    if impl.is_gpu and system_info and not impl.named_in(system_info):
+        return Backend.CPU
     return gpu
 
 
@@ -39,7 +39,7 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
         hw = with_host(p, host_needed(header, spec, cfg, be))
         cal = None
         if build_commit:
-            from fitter.build import resolve_build
+            from fitter.llama_builds import resolve_build
 
             cal = calibration.load(hw.name, resolve_build(build_commit.split("-")[0]))
         kw: dict[str, Any] = dict(threads=threads, scale=cal.scale if cal else None,

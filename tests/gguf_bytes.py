@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from fitter.gguf.reader import _SCALAR_FMT
+from fitter.gguf.cursor import _SCALAR_FMT
 
 STRING = GGUFValueType.STRING
 ARRAY = GGUFValueType.ARRAY

@@ -22,8 +22,8 @@ def test_no_module_rebinds_a_global() -> None:
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "fitter"
-    found = [f"{p.relative_to(root.parent)}:{n.lineno}" for p in sorted(root.rglob("*.py"))
+    top = Path(__file__).resolve().parents[1]
+    found = [f"{p.relative_to(top)}:{n.lineno}" for d in ("fitter", "search") for p in sorted((top / d).rglob("*.py"))
              for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.Global)]
     assert found == []
 
@@ -51,24 +51,56 @@ def test_the_process_caches_are_cleared_before_each_test() -> None:
     assert not context._CACHE and not traced_graph._TRACED and not header_cache.is_enabled()
 
 
-# a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...)
-_NAME_TEST = r"""(==|!=|\bis|\bin) *\(?(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])|(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["']) *(==|!=)"""
-# files that still test a name, until the fact they test is on the backend objects
-_NAME_TESTS_LEFT = {
-    "fitter/fit/solver.py",  # Metal's budget rule
-}
+# a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...), "cuda" in b,
+# or a table keyed by names: {Backend.CUDA: ..., }, {"cpu": ...}
+_NAME = r"""(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])"""
+_NAME_TEST = rf"""(==|!=|\bis|\bin) *\(?{_NAME}|{_NAME} *(==|!=|\bin\b)|\{{ *{_NAME} *:|Backend\.(CPU|CUDA|METAL) *:"""
 
 
 def test_no_backend_name_test_outside_the_backends() -> None:
     """What differs between backends is an attribute or method of their objects (fitter/ggml/backends/<name>/):
-    host or device, one device, a host buffer type, -fa auto's rules, the buffer names."""
+    host or device, one device, a host buffer type, -fa auto's rules, the buffer names; in fitter/ and search/."""
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    files = [*sorted((root / "fitter").rglob("*.py")), *sorted(root.glob("cli*.py"))]  # the command line's too
+    files = [p for d in ("fitter", "search") for p in sorted((root / d).rglob("*.py"))]
+    files += sorted(root.glob("cli*.py"))  # the command line's too
     assert root / "cli.py" in files and root / "cli_fit.py" in files
     found = [f"{p.relative_to(root)}:{i}" for p in files
-             if "ggml/backends/" not in p.as_posix() and str(p.relative_to(root)) not in _NAME_TESTS_LEFT
+             if "ggml/backends/" not in p.as_posix()
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(_NAME_TEST, line)]
     assert found == []
+
+
+def test_the_name_test_pattern() -> None:
+    import re
+
+    for line in ('if backend == Backend.METAL:', 'x = "cuda" in b', 'names = {Backend.CUDA: ("CUDA",)}',
+                 'move = {"cpu": ""}.get(backend)', 'if b in ("metal", "cpu"):', 'if "cpu" != backend:'):
+        assert re.search(_NAME_TEST, line), line
+    for line in ('backend: Backend = Backend.CPU,', 'impl = backends.get(Backend.CPU)', '"backend": "metal",'):
+        assert not re.search(_NAME_TEST, line), line
+
+
+def test_no_long_function_or_module() -> None:
+    """No function over 60 lines (but one that says `# long because <the llama.cpp function it mirrors>`) and no
+    module over 500, in fitter/, search/ and cli*.py (benchmarks/code_limits.py prints them; its paths are
+    arguments)."""
+    from pathlib import Path
+
+    from benchmarks.code_limits import check
+
+    root = Path(__file__).resolve().parents[1]
+    cli = sorted(p.name for p in root.glob("cli*.py"))
+    assert "cli.py" in cli
+    assert check(["fitter", "search", *cli]) == []
+
+
+def test_code_limits_finds_a_long_function(tmp_path, monkeypatch) -> None:
+    import benchmarks.code_limits as cl
+
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "m.py").write_text(f"def long():\n{body}\n\n\n# long because llama_foo\ndef mirrored():\n{body}\n")
+    monkeypatch.setattr(cl, "ROOT", tmp_path)
+    assert cl.check(["m.py"]) == ["m.py:1 long: 62 lines"]

@@ -30,10 +30,10 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fitter.build import LLAMA_CPP_COMMIT  # noqa: E402
 from fitter.fit.memory import predict  # noqa: E402
 from fitter.llama.cparams import Backend, Frontend, RunConfig  # noqa: E402
 from fitter.llama.model import load_model_spec  # noqa: E402
+from fitter.llama_builds import LLAMA_CPP_COMMIT  # noqa: E402
 from fitter.oracle.check import llama_params  # noqa: E402
 from fitter.oracle.llama_run import measure  # noqa: E402
 from tests.synth.shapes import SHAPES, build_shape, fill_weights, q4_k_m_types  # noqa: E402

@@ -29,9 +29,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
-from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild
 from fitter.cache import CACHES
 from fitter.errors import GGFitError
+from fitter.llama_builds import LLAMA_CPP_COMMIT, LlamaBuild
 from fitter.record import Record
 
 MIN_POINTS = 3  # dry runs in which llama.cpp reported the buffer, for a line to be stored

@@ -11,13 +11,13 @@ shows what it costs against the fastest.
 
 from __future__ import annotations
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import predict
 from fitter.fit.solver import Available, PlacementChoice, excess
 from fitter.ggml.backends.base import Backend
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 from fitter.speed import DEFAULT_GEN, SpeedPrediction, predict_speed
 from fitter.speed.hardware import HardwareProfile

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Literal
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.cache import CACHES
 from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key, store_path
 from fitter.fit.calibration import load as load_calibration
@@ -25,6 +24,7 @@ from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.lora import lora_buffers, lora_details, read_lora
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_buffers, weight_placement
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 Owner = Literal["target", "draft", "mtp", "mmproj"]
@@ -246,10 +246,7 @@ def predict(
     buffers = _weight_rows("target", header, spec, backend, config, use_mtp, wp)
     details = graph_details(header)
     adapters = [read_lora(path, scale) for path, scale in config.lora]
-    for a in adapters:  # llama_adapter_lora_init after the model, before the context (common_init_result)
-        buffers += [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
-                           counts=counts_against_budget(backend, lb.on_device), detail=f"{lb.n_tensors} tensors of {a.path}")
-                    for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
+    buffers += _lora_rows(adapters, header, spec, backend, wp, config)
     changed: list[BufferChange] = []
     # the context's graph with the adapters (llama-server applies them before its first decode re-reserves); an MTP
     # or draft context gets none
@@ -266,18 +263,10 @@ def predict(
         buffers += _context_buffers("mtp", spec, draft_cp, backend, config.n_gpu_layers, mtp=True, calibration=cal,
                                     details=details, changed=changed, **ctx_kw)
     elif draft is not None:
-        d_header, d_spec = draft
-        draft_cp = _draft_context(d_spec, config, frontend, build)
-        # the draft model takes the target's -ngl but none of its tensor overrides (-otd, -cmoed are not modelled)
-        d_cfg = config.model_copy(update={"override_tensor": (), "cpu_moe": False, "n_cpu_moe": 0})
-        d_wp = placement_of(d_spec, d_cfg, backend, n_gpus)
-        buffers += _weight_rows("draft", d_header, d_spec, backend, config, False, d_wp)
-        d_cal = _calibration(d_spec.architecture, backend, build) if calibrated else None
+        d_cal = _calibration(draft[1].architecture, backend, build) if calibrated else None
         if d_cal is not cal:
             d_changed = []
-        buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
-                                    details=graph_details(d_header), changed=d_changed, placement=d_wp,
-                                    kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
+        draft_cp = _draft_rows(buffers, draft, config, backend, frontend, build, n_gpus, d_cal, d_changed, terms)
     if config.mmproj:
         buffers += _mmproj_rows(config, backend, header, spec)
     applied = [_applied(cal, changed)] if cal else []
@@ -285,6 +274,30 @@ def predict(
         applied.append(_applied(d_cal, d_changed))
     return Prediction(backend=backend, frontend=frontend, context=cp, draft_context=draft_cp, buffers=buffers,
                       calibration=applied)
+
+
+def _lora_rows(adapters: list, header: GGUFHeader, spec: ModelSpec, backend: Backend, wp: WeightPlacement,
+               config: RunConfig) -> list[Buffer]:
+    """The adapters' buffers: llama_adapter_lora_init after the model, before the context (common_init_result)."""
+    return [Buffer(owner="target", device=lb.buffer, kind="lora", bytes=lb.bytes,
+                   counts=counts_against_budget(backend, lb.on_device), detail=f"{lb.n_tensors} tensors of {a.path}")
+            for a in adapters for lb in lora_buffers(a, header, spec, backend, wp, use_mmap=not config.no_mmap)]
+
+
+def _draft_rows(buffers: list[Buffer], draft: tuple[GGUFHeader, ModelSpec], config: RunConfig, backend: Backend,
+                frontend: Frontend, build: LlamaBuild, n_gpus: int, d_cal: Calibration | None,
+                d_changed: list[BufferChange], terms: bool) -> ContextParams:
+    """Appends the draft model's weights and context buffers to `buffers`; returns the draft's context."""
+    d_header, d_spec = draft
+    draft_cp = _draft_context(d_spec, config, frontend, build)
+    # the draft model takes the target's -ngl but none of its tensor overrides (-otd, -cmoed are not modelled)
+    d_cfg = config.model_copy(update={"override_tensor": (), "cpu_moe": False, "n_cpu_moe": 0})
+    d_wp = placement_of(d_spec, d_cfg, backend, n_gpus)
+    buffers += _weight_rows("draft", d_header, d_spec, backend, config, False, d_wp)
+    buffers += _context_buffers("draft", d_spec, draft_cp, backend, config.n_gpu_layers, calibration=d_cal,
+                                details=graph_details(d_header), changed=d_changed, placement=d_wp,
+                                kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
+    return draft_cp
 
 
 def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: ModelSpec) -> list[Buffer]:
@@ -304,7 +317,7 @@ def _mmproj_rows(config: RunConfig, backend: Backend, header: GGUFHeader, spec: 
 class BuildDifference(Record, frozen=False):
     """One rule of the user's llama.cpp build that is not the pinned build's, and what it does to this prediction."""
 
-    change: str  # the id in fitter.build.changes
+    change: str  # the id in fitter.llama_builds.changes
     prs: list[int]
     rule: str  # what this build does, in one line
     device_bytes: int  # the total against the budget with this build's rule minus with the pinned build's

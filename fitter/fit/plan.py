@@ -23,7 +23,6 @@ from fitter.llama.model import load_model_spec
 from fitter.record import Record
 
 if TYPE_CHECKING:
-    from fitter.build import LlamaBuild
     from fitter.fit.fastest import SpeedOption
     from fitter.fit.memory import BuildDifference, Prediction
     from fitter.fit.quant_fit import Candidate
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from fitter.gguf.reader import GGUFHeader
     from fitter.llama.cparams import ContextParams, Frontend, RunConfig
     from fitter.llama.hparams import ModelSpec
+    from fitter.llama_builds import LlamaBuild
 
 Draft = tuple["GGUFHeader", "ModelSpec"]
 

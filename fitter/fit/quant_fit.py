@@ -11,18 +11,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.fit.budget import parse_size
+from fitter.fit.largest import next_hint
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
-from fitter.fit.solver import CTX_STEP, largest_context, next_hint
+from fitter.fit.solver import CTX_STEP, largest_context
+from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.constants import GGMLQuantizationType
 from fitter.gguf.reader import GGUFHeader, ShardInfo, TensorInfo, read_header
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
 from fitter.llama.model import model_spec_from_header, requantized_spec
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 
@@ -99,6 +101,47 @@ def parse_candidate(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+# (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
+_Entry = tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]
+
+
+def _ftype_entries(header: GGUFHeader, spec: ModelSpec, include_imatrix: bool) -> list[_Entry]:
+    """Every ftype llama-quantize makes of this header's model, the file itself as it is."""
+    entries: list[_Entry] = []
+    for q in predict_all(header):
+        if q.refused or (q.needs_imatrix and not include_imatrix):
+            continue
+        note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
+        if is_this_file(header, q):  # the file itself, as fit reads it: its own layout and header
+            entries.append((q.ftype, THIS_FILE, header, spec, q.needs_imatrix, True, note))
+            continue
+        try:
+            qh = quantized_header(header, q)
+        except ValueError:
+            continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
+        qs = requantized_spec(spec, qh) if spec.known else None  # (an unknown one: model_spec_from_header refuses it)
+        entries.append((q.ftype, "predicted from the header", qh, qs, q.needs_imatrix, True, note))
+    return entries
+
+
+def _candidate_entries(header: GGUFHeader, candidates: Sequence[str]) -> list[_Entry]:
+    """--candidate NAME=PATH, URL or SIZE."""
+    entries: list[_Entry] = []
+    for text in candidates:
+        name, value = parse_candidate(text)
+        if _SIZE.match(value):
+            size = parse_size(value, what=f"--candidate {name}")
+            entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
+                            "weights scaled from the header's tensors; compute buffers as for this model"))
+        else:
+            try:
+                ch = read_header(value)
+            except GGFitError as e:  # the file or URL's problem, named with the flag that gave it
+                raise ConfigError(f"--candidate {name}={value}: {str(e).removeprefix(f'{value}: ')}") from None
+            entries.append((name, value, ch, None, False, True, None))
+    return entries
+
+
 def evaluate(
     header: GGUFHeader,
     spec: ModelSpec,
@@ -117,34 +160,7 @@ def evaluate(
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
     called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates)."""
     available = budget_bytes - margin_bytes
-    # (name, source, header, its spec where it is another quant of this header's, needs an imatrix, exact, note)
-    entries: list[tuple[str, str, GGUFHeader, ModelSpec | None, bool, bool, str | None]] = []
-    for q in predict_all(header):
-        if q.refused or (q.needs_imatrix and not include_imatrix):
-            continue
-        note = "needs an importance matrix (--imatrix)" if q.needs_imatrix else None
-        if is_this_file(header, q):  # the file itself, as fit reads it: its own layout and header
-            entries.append((q.ftype, THIS_FILE, header, spec, q.needs_imatrix, True, note))
-            continue
-        try:
-            qh = quantized_header(header, q)
-        except ValueError:
-            continue  # a ggml type the gguf package does not know yet (Q2_0): not representable here
-        qs = requantized_spec(spec, qh) if spec.known else None  # (an unknown one: model_spec_from_header refuses it)
-        entries.append((q.ftype, "predicted from the header", qh, qs, q.needs_imatrix, True, note))
-    for text in candidates:
-        name, value = parse_candidate(text)
-        if _SIZE.match(value):
-            size = parse_size(value, what=f"--candidate {name}")
-            entries.append((name, "size from a listing", _scaled_header(header, size), None, False, False,
-                            "weights scaled from the header's tensors; compute buffers as for this model"))
-        else:
-            try:
-                ch = read_header(value)
-            except GGFitError as e:  # the file or URL's problem, named with the flag that gave it
-                raise ConfigError(f"--candidate {name}={value}: {str(e).removeprefix(f'{value}: ')}") from None
-            entries.append((name, value, ch, None, False, True, None))
-
+    entries = _ftype_entries(header, spec, include_imatrix) + _candidate_entries(header, candidates)
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)
     for name, source, h, known, needs_im, exact, note in entries:
@@ -193,7 +209,8 @@ def why_none_fits(cands: list[Candidate], cfg_ctx: int, backend: str = "cuda", m
         return (f"nothing fits at -c {cfg_ctx}: the smallest, {smallest.name}, fits up to -c {smallest.largest_ctx}; "
                 "lower the context, quantize the KV cache (-ctk/-ctv q8_0), lower -ub or drop the draft")
     # a placement frees device memory on a GPU only: the CPU has none, and Metal's memory is unified
-    move = {"cpu": "", "metal": " (Metal's memory is unified: weights moved to the CPU free nothing)"}.get(
-        backend, " or experts on the CPU (--n-cpu-moe)" if moe else " or fewer offloaded layers (-ngl)")
+    impl = backends.get(backend)
+    move = ("" if not impl.is_gpu else f" ({impl.label}'s memory is unified: weights moved to the CPU free nothing)"
+            if impl.unified_memory else " or experts on the CPU (--n-cpu-moe)" if moe else " or fewer offloaded layers (-ngl)")
     return (f"nothing fits even at -c 256: {smallest.name} alone needs "
             f"{smallest.total_device_bytes / 2**20:,.0f} MiB; a bigger budget{move}")

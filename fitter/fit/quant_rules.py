@@ -240,7 +240,7 @@ def _layer_info(qs: QuantState, i_layer: int, n_layer: int, name: str) -> tuple[
     return i_layer, n_layer
 
 
-# over 80 lines: mirrors llama_tensor_get_type_impl (llama-quant.cpp, one 270-line function) branch by branch
+# long because llama_tensor_get_type_impl (llama-quant.cpp, 269 lines), mirrored branch by branch
 def _get_type_impl(qs: QuantState, new_type: int, name: str, shape: tuple[int, ...], ftype: str, cat: int) -> int:
     """llama_tensor_get_type_impl."""
     m = qs.model

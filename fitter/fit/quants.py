@@ -185,19 +185,10 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
              imatrix_file: ImatrixFile | None, opts: QuantOptions) -> tuple[QuantPrediction, bool]:
     """The prediction, and whether any rule asked has_imatrix (QuantState.imatrix_read)."""
     only_copy = ftype == COPY
-    if only_copy:
-        ft = None
-        default = None
-        ftype_id = _guess_file_type(header)
-    else:
-        ft = FTYPES[ftype]
-        default = ft.default_type
-        ftype_id = ft.id
-
+    default, ftype_id = (None, _guess_file_type(header)) if only_copy else (FTYPES[ftype].default_type, FTYPES[ftype].id)
     rows, infos, names = _tensor_rows(header, model.arch, only_copy, not opts.leave_output_tensor)
     qs = QuantState(model, names, has_imatrix, opts)
     out: list[TensorQuant] = []
-    notes: list[str] = []
     imatrix_tensors: list[str] = []
     needs_requantize = False
     data_bytes = 0  # each tensor's data padded to the alignment (gguf_pad)
@@ -229,17 +220,7 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
 
     kv = _output_kv_bytes(header, imatrix_file)
     header_bytes = gguf_pad(24 + kv + infos)
-
-    if needs_requantize:
-        notes.append("the input is already quantized: llama-quantize needs --allow-requantize; the types and sizes "
-                     "are those of quantizing the original weights")
-    if qs.n_fallback:
-        notes.append(f"{qs.n_fallback} tensor(s) have rows that are not a multiple of the block size and fall "
-                     "back to another type")
-    align = header.metadata.get("general.alignment")
-    if isinstance(align, int) and align != GGUF_DEFAULT_ALIGNMENT:
-        notes.append(f"the input's general.alignment {align} is copied, but llama-quantize writes with alignment "
-                     f"{GGUF_DEFAULT_ALIGNMENT}")
+    notes = _notes(header, needs_requantize, qs.n_fallback)
     pred = QuantPrediction(
         ftype=ftype,
         ftype_id=ftype_id,
@@ -256,6 +237,21 @@ def _predict(header: GGUFHeader, ftype: str, model: ModelFacts, has_imatrix: boo
         notes=tuple(notes),
     )
     return pred, qs.imatrix_read
+
+
+def _notes(header: GGUFHeader, needs_requantize: bool, n_fallback: int) -> list[str]:
+    notes = []
+    if needs_requantize:
+        notes.append("the input is already quantized: llama-quantize needs --allow-requantize; the types and sizes "
+                     "are those of quantizing the original weights")
+    if n_fallback:
+        notes.append(f"{n_fallback} tensor(s) have rows that are not a multiple of the block size and fall "
+                     "back to another type")
+    align = header.metadata.get("general.alignment")
+    if isinstance(align, int) and align != GGUF_DEFAULT_ALIGNMENT:
+        notes.append(f"the input's general.alignment {align} is copied, but llama-quantize writes with alignment "
+                     f"{GGUF_DEFAULT_ALIGNMENT}")
+    return notes
 
 
 def _guess_file_type(header: GGUFHeader) -> int:

@@ -24,12 +24,12 @@ from fitter.record import Record
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fitter.build import LlamaBuild
     from fitter.fit.sizes import Budget
     from fitter.ggml.backends.base import Backend
     from fitter.gguf.reader import GGUFHeader
     from fitter.llama.cparams import Frontend, RunConfig
     from fitter.llama.hparams import ModelSpec
+    from fitter.llama_builds import LlamaBuild
     from fitter.speed.calibration import SpeedCalibration
     from fitter.speed.hardware import HardwareProfile
     from fitter.speed.model import SpeedPrediction
@@ -66,7 +66,7 @@ class Speed:
 
     def __init__(self, hardware: str = "auto", host_bandwidth: str | None = None, threads: int | None = None,
                  prompt: int = 512, depth: int = 0, *, off: bool = False, build: LlamaBuild | None = None) -> None:
-        from fitter.build import PINNED
+        from fitter.llama_builds import PINNED
         from fitter.speed.hardware import get_profile, parse_bandwidth
 
         if prompt < 1:

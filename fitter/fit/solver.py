@@ -2,7 +2,7 @@
 
 The device total grows with n_ctx (KV cells and attention scratch grow) and is piecewise linear, so the
 largest n_ctx (a multiple of 256: llama.cpp pads n_ctx to 256 anyway) is found by interpolation inside an
-exact bracket (`largest_fitting`), in a handful of predictions.
+exact bracket (`largest_fitting`, fitter.fit.largest), in a handful of predictions.
 
 It is not strictly monotone. ggml-alloc's placement can leave a compute buffer smaller at a larger context:
 llama.cpp's own dry run of gemma3-270m on the CPU (-ub 2048 -ctk f32 -ctv f32 -fa on --swa-full -np 1) reserves
@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal
 
-from fitter.build import PINNED, LlamaBuild
+from fitter.fit.largest import Hint, _extrapolated, largest_fitting, next_hint
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import DEFAULT_N_BATCH, Backend, ConfigError, Frontend, RunConfig, resolve_context
 from fitter.llama.hparams import ModelSpec
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 # what the prediction may use: one number (the device total), or per device buffer name (CUDA0, CUDA1, ...: one
@@ -83,150 +84,6 @@ def _config_for(base: RunConfig, n_ctx: int, ub: int, tk: str, tv: str, draft: b
     if not draft:
         update.update({"spec_type": "none", "draft_model": None})
     return base.model_copy(update=update)
-
-
-Hint = tuple[int, int]  # (k, bytes per step): where a search like this one ended, and how steeply its total grew
-
-
-def largest_fitting(total: Callable[[int], int], available: int, k_max: int, *, hint: Hint | None = None,
-                    asked: dict[int, int] | None = None) -> tuple[int, int]:
-    """The largest k in 1..k_max with total(k) <= available, and total(k); (0, 0) when not even k = 1 fits.
-
-    `total` grows with k, piecewise linearly (KV cells and masks grow linearly; compute buffers in
-    steps), so the answer is bracketed and then found by interpolating the bracket's ends: a guess and its
-    neighbour usually settle it, where bisection takes log2(k_max) predictions. Every step keeps the
-    bracket exact (total(lo) <= available < total(hi)); a guess's neighbour is asked only when the guess
-    lands within two average steps of the budget. A total that bends (compute growing faster than
-    the KV cache) keeps one end for several steps: that end then counts for half, a quarter ... (the
-    Illinois rule of regula falsi), and a third step in a row that does not halve the bracket is a
-    bisection, so it takes at most about four times bisection's steps. Same answer as a binary
-    search where `total` is monotone; where it is not (see the module's docstring), a k that fits with k + 1
-    asked and over the budget (or k_max), as a binary search's is.
-
-    `hint` (from `next_hint`: the last search of the same model, at another ubatch or quant) starts the search at
-    that search's answer, then where its bytes per step put the budget: three or four predictions, without k_max
-    or its eighths (fit's table on a 35B MoE, five f16 ubatches: 4 + 3 + 3 + 3 + 4 with solve's slopes carried along
-    (_extrapolated), 4 + 4 + 5 + 5 + 5 without a hint). The bracket is checked all the same, so a wrong hint costs
-    predictions (three at most), never a different answer. `asked` (a dict of the caller's) keeps every k asked.
-    """
-    memo: dict[int, int] = {} if asked is None else asked
-
-    def t(k: int) -> int:
-        if k not in memo:
-            memo[k] = total(k)
-        return memo[k]
-
-    if k_max <= 1:
-        if t(1) > available:  # asked even for k_max = 0: it raises what llama.cpp refuses
-            return 0, 0
-        return (1, t(1)) if k_max == 1 else (0, 0)
-    lo, hi = 0, k_max  # total(lo) fits (once lo > 0), total(hi) does not (once hi is asked)
-    if hint is not None and hint[0] >= 1 and hint[1] > 0:
-        lo, hi = _hinted_bracket(t, available, k_max, hint)
-        if hi == 1:
-            return 0, 0  # not even k = 1 fits
-    if hi == k_max and t(k_max) <= available:
-        return k_max, t(k_max)
-    # the lower end: an eighth of the upper, and so on down; k = 1 last, only where nothing larger fits (a
-    # prediction saved: a larger k that fits is a lower end already)
-    k = hi // 8
-    while k > 1 and not lo:
-        if t(k) <= available:
-            lo = k
-        else:
-            hi, k = k, k // 8
-    if not lo:
-        if t(1) > available:
-            return 0, 0
-        lo = 1
-    bisect = False
-    misses = 0
-    side = 0  # which end the last step moved: -1 lo, 1 hi, 0 both
-    lo_halved = hi_halved = 0  # Illinois: an end kept step after step counts for half, then a quarter ...
-    while hi - lo > 1:
-        width = hi - lo
-        if bisect:
-            g = (lo + hi) // 2
-        else:  # where the line through the bracket's ends (weighted) crosses the budget
-            under, over = (available - t(lo)) << hi_halved, (t(hi) - available) << lo_halved
-            g = lo + under * width // max(1, under + over)
-        g = min(max(g, lo + 1), hi - 1)
-        near = 2 * (t(hi) - t(lo)) // width  # two average steps: a guess this close asks its neighbour
-        was_lo, was_hi = lo, hi
-        if t(g) <= available:
-            lo = g
-            if g + 1 < hi and available - t(g) <= near and t(g + 1) > available:
-                hi = g + 1
-        else:
-            hi = g
-            if g - 1 > lo and t(g) - available <= near and t(g - 1) <= available:
-                lo = g - 1
-        now = (hi != was_hi) - (lo != was_lo)  # 1: only hi moved, -1: only lo moved, 0: both
-        lo_halved = lo_halved + 1 if now == 1 and side == 1 else 0
-        hi_halved = hi_halved + 1 if now == -1 and side == -1 else 0
-        side = now
-        # after three steps in a row that did not halve the bracket, a bisection
-        misses = 0 if hi - lo <= width // 2 else misses + 1
-        bisect = misses >= 3 and not bisect
-    return lo, t(lo)
-
-
-def _hinted_bracket(t: Callable[[int], int], available: int, k_max: int, hint: Hint) -> tuple[int, int]:
-    """largest_fitting's bracket from a hint: (lo, hi) with t(lo) <= available (lo 0: none asked fits) and
-    t(hi) > available (hi k_max: maybe not asked yet). It asks the hint's answer, that corrected to the nearest step
-    by the hint's bytes per step, and, where one end is still missing, a second correction past the budget: a bracket
-    whose interpolation lands on the answer or next to it. A hint at k_max or beyond (the last search fitted there:
-    `quants`' smaller quants) keeps its slope: k_max is asked, then corrected the same way, not halved by eighths."""
-    k0, step = min(hint[0], k_max), hint[1]
-    lo, hi = 0, k_max
-
-    def toward(k: int, past: bool) -> int:
-        """Where the line through (k, t(k)) at `step` bytes per step meets the budget: the nearest step, or (past)
-        the first step beyond it."""
-        d = available - t(k)
-        if d >= 0:
-            return k + max(1, d // step + 1 if past else (d + step // 2) // step)
-        return max(1, k - max(1, (-d + (step - 1 if past else step // 2)) // step))
-
-    def ask(k: int) -> None:
-        nonlocal lo, hi
-        if lo < k < hi:
-            if t(k) <= available:
-                lo = k
-            else:
-                hi = k
-
-    ask(k0)
-    ask(toward(k0, past=False))
-    if not lo:
-        ask(toward(hi, past=True))
-    elif hi == k_max:
-        ask(toward(lo, past=True))
-    return lo, hi
-
-
-def next_hint(asked: dict[int, int], k: int, prev: Hint | None = None) -> Hint | None:
-    """The hint for the next search of the same model (largest_fitting's `hint`): this search's answer k, and the
-    bytes per step between the farthest two k it asked (`prev`'s where it asked one k only)."""
-    step = 0
-    if len(asked) > 1:
-        a, b = min(asked), max(asked)
-        step = (asked[b] - asked[a]) // (b - a)
-    if step <= 0 and prev is not None:
-        step = prev[1]
-    return (max(k, 1), step) if step > 0 else None
-
-
-def _extrapolated(hint: Hint | None, slopes: list[tuple[int, int]], ub: int) -> Hint | None:
-    """The hint for the search at ubatch `ub`, its bytes per step carried along the line through the last two
-    searches' (ubatch, bytes per step): the attention scratch and mask grow with cells x tokens, so each step of
-    context costs more at a larger ubatch, by the same amount per token."""
-    if hint is None or len(slopes) < 2:
-        return hint
-    (u0, s0), (u1, s1) = slopes[-2], slopes[-1]
-    if u1 == u0:
-        return hint
-    return hint[0], max(1, s1 + (s1 - s0) * (ub - u1) // (u1 - u0))
 
 
 def largest_context(
@@ -436,57 +293,78 @@ def solve_placement(
     (what --n-cpu-moe does; llama.cpp's --fit also moves experts first); a dense model, or a MoE model whose
     attention and shared weights alone do not fit, gets the largest -ngl that fits. Host memory grows as the device's
     shrinks: a placement over `host_available` (the host budget less its margin) is refused. Returns the choice, or None and why not."""
-    impl = backends.get(backend)
-    if not impl.is_gpu:
-        return None, "the CPU backend has no GPU to offload from"
-    if backend == Backend.METAL:
-        return None, ("Metal's memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) stay "
-                      "in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
-    n_layer = spec.n_layer
+    refusal = backends.get(backend).placement_refusal()
+    if refusal:
+        return None, refusal
+    placer = _Placer(header, spec, backend, frontend, available, host_available, draft, table, build)
+    # before #15077 (b6089) llama-server has no --n-cpu-moe to propose: the lever is -ngl
+    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor and build.has("n_cpu_moe_flag"):
+        found = placer.by_experts(base)
+        if found is not None:
+            return found
+        base = base.model_copy(update={"n_cpu_moe": spec.n_layer})  # experts all on the CPU, and fewer layers too
+    return placer.by_layers(base)
 
-    def pred(cfg: RunConfig) -> Prediction:  # totals and host bytes only
-        return predict(header, spec, cfg, backend, frontend, draft, build=build, terms=False)
 
-    def fits(p: Prediction) -> bool:
-        return excess(p, available) <= 0
+class _Placer:
+    """solve_placement's predictions (totals and host bytes only) and its two levers."""
 
-    def choice(lever: Literal["n_cpu_moe", "n_gpu_layers"], value: int, p: Prediction) -> tuple[PlacementChoice | None, str]:
-        host = p.host_bytes
+    def __init__(self, header: GGUFHeader, spec: ModelSpec, backend: Backend, frontend: Frontend, available: Available,
+                 host_available: int | None, draft: tuple[GGUFHeader, ModelSpec] | None, table: bool,
+                 build: LlamaBuild) -> None:
+        self.header, self.spec, self.backend, self.frontend = header, spec, backend, frontend
+        self.available, self.host_available, self.draft, self.table, self.build = (
+            available, host_available, draft, table, build)
+
+    def pred(self, cfg: RunConfig) -> Prediction:
+        return predict(self.header, self.spec, cfg, self.backend, self.frontend, self.draft, build=self.build,
+                       terms=False)
+
+    def fits(self, p: Prediction) -> bool:
+        return excess(p, self.available) <= 0
+
+    def by_experts(self, base: RunConfig) -> tuple[PlacementChoice | None, str] | None:
+        """The smallest --n-cpu-moe that fits, every layer on the GPU; None when not even all experts on the CPU do."""
+        def at(n: int) -> Prediction:
+            return self.pred(base.model_copy(update={"n_cpu_moe": n}))
+
+        if self.fits(at(base.n_cpu_moe)):
+            return self.choice(base, "n_cpu_moe", base.n_cpu_moe, at(base.n_cpu_moe))
+        n_layer = self.spec.n_layer
+        if self.fits(at(n_layer)):
+            # at(n_cpu_moe) does not fit, at(n_layer) does: device bytes fall as N grows
+            n = _first_true(base.n_cpu_moe, n_layer, lambda n: self.fits(at(n)))
+            return self.choice(base, "n_cpu_moe", n, at(n))
+        return None
+
+    def by_layers(self, base: RunConfig) -> tuple[PlacementChoice | None, str]:
+        """The largest -ngl that fits."""
+        n_all = len(self.spec.layers) + 1  # -ngl counts the output layer
+
+        def at_ngl(n: int) -> Prediction:
+            return self.pred(base.model_copy(update={"n_gpu_layers": n}))
+
+        if not self.fits(at_ngl(0)):
+            return None, "not even -ngl 0 fits: the context alone is over the budget (lower -c, -ub or the K/V type)"
+        top = min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
+        # at_ngl(0) fits: the largest -ngl that does (device bytes grow with it)
+        n = top if self.fits(at_ngl(top)) else _first_true(0, top, lambda n: not self.fits(at_ngl(n))) - 1
+        return self.choice(base, "n_gpu_layers", n, at_ngl(n))
+
+    def choice(self, base: RunConfig, lever: Literal["n_cpu_moe", "n_gpu_layers"], value: int,
+               p: Prediction) -> tuple[PlacementChoice | None, str]:
+        host, host_available = p.host_bytes, self.host_available
         if host_available is not None and host > host_available:
             what = "--n-cpu-moe" if lever == "n_cpu_moe" else "-ngl"
             return None, (f"{what} {value} fits the device but needs {host / 2**20:,.0f} MiB of host memory, over the "
                           f"{host_available / 2**20:,.0f} MiB the host budget leaves after its margin")
-        rows = (_placement_table(header, spec, base, backend, frontend, available, draft, lever, value, build)
-                if table else [])
+        rows = (_placement_table(self.header, self.spec, base, self.backend, self.frontend, self.available, self.draft,
+                                 lever, value, self.build) if self.table else [])
         return PlacementChoice(
             lever=lever, value=value, n_ctx=p.context.n_ctx, total_device_bytes=p.total_device_bytes, host_bytes=host,
-            headroom_bytes=-excess(p, available),
+            headroom_bytes=-excess(p, self.available),
             host_headroom_bytes=None if host_available is None else host_available - host, table=rows,
             n_cpu_moe=base.n_cpu_moe), ""
-
-    # before #15077 (b6089) llama-server has no --n-cpu-moe to propose: the lever is -ngl
-    if spec.n_expert > 0 and not base.cpu_moe and not base.override_tensor and build.has("n_cpu_moe_flag"):
-        def at(n: int) -> Prediction:
-            return pred(base.model_copy(update={"n_cpu_moe": n}))
-
-        if fits(at(base.n_cpu_moe)):
-            return choice("n_cpu_moe", base.n_cpu_moe, at(base.n_cpu_moe))
-        if fits(at(n_layer)):
-            # at(n_cpu_moe) does not fit, at(n_layer) does: device bytes fall as N grows
-            n = _first_true(base.n_cpu_moe, n_layer, lambda n: fits(at(n)))
-            return choice("n_cpu_moe", n, at(n))
-        base = base.model_copy(update={"n_cpu_moe": n_layer})  # experts all on the CPU, and fewer layers too
-    n_all = len(spec.layers) + 1  # -ngl counts the output layer
-
-    def at_ngl(n: int) -> Prediction:
-        return pred(base.model_copy(update={"n_gpu_layers": n}))
-
-    if not fits(at_ngl(0)):
-        return None, "not even -ngl 0 fits: the context alone is over the budget (lower -c, -ub or the K/V type)"
-    top = min(n_all, base.n_gpu_layers if base.n_gpu_layers >= 0 else n_all)
-    # at_ngl(0) fits: the largest -ngl that does (device bytes grow with it)
-    n = top if fits(at_ngl(top)) else _first_true(0, top, lambda n: not fits(at_ngl(n))) - 1
-    return choice("n_gpu_layers", n, at_ngl(n))
 
 
 def _first_true(lo: int, hi: int, ok: Callable[[int], bool]) -> int:

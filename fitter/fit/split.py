@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.fit.memory import Prediction, predict
 from fitter.fit.solver import CTX_STEP, excess
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
+from fitter.llama_builds import PINNED, LlamaBuild
 
 
 class Split(NamedTuple):

@@ -157,6 +157,7 @@ def _pass4_views_and_sources(nodes: list[Tensor], pl: Placement) -> None:
             node.be = GPU if pl.sup(GPU, node) else HOST
 
 
+# long because ggml_backend_sched_split_graph (ggml-backend.cpp, 540 lines): its pass 5
 def _pass5_splits(seq: list[Segment], copy_size: Callable[[Tensor], int], n_copies: int = 1,
                   every_input: bool = True) -> None:
     """Pass 5: splits and the copies of their inputs (inserted before each split's first node). With pipeline

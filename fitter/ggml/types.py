@@ -7,6 +7,7 @@ GGMLQuantizationType or its name ("q8_0", case-insensitive).
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from fitter.errors import GGFitError
@@ -52,14 +53,11 @@ def type_of(t: str | int | GGMLQuantizationType) -> GGMLQuantizationType:
         raise GGMLTypeError(f"unknown ggml type '{t}'") from None
 
 
-_NAMES: dict[str | int, str] = {}  # type_name's answers by what it was given (a name, an id or a member: its id)
-
-
+# kept by what it was given (a name, an id or a member): an enum member's .name is a property, about a microsecond,
+# and a prediction asks ~20
+@functools.cache
 def type_name(t: str | int | GGMLQuantizationType) -> str:
-    name = _NAMES.get(t)
-    if name is None:  # (an enum member's .name is a property: about a microsecond, and a prediction asks ~20)
-        name = _NAMES[t] = type_of(t).name.lower()
-    return name
+    return type_of(t).name.lower()
 
 
 def is_quantized(t: str | int | GGMLQuantizationType) -> bool:

@@ -98,3 +98,9 @@ class GGUFHeader(Record, frozen=False, kw_only=False):
             if t.name == name:
                 return t
         return None
+
+
+def _show(name: str, limit: int = 80) -> str:
+    """A key or tensor name fit for a one-line message: control characters escaped, long names cut."""
+    text = name if name.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(name)} characters)"

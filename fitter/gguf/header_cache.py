@@ -88,7 +88,8 @@ def _code_fingerprint() -> bytes:
 
         here = os.path.dirname(__file__)
         parts = [MAGIC]
-        for path in (os.path.join(here, "reader.py"), header.__file__, constants.__file__, __file__, constants.SOURCE):
+        for path in (os.path.join(here, "reader.py"), os.path.join(here, "cursor.py"), header.__file__,
+                     constants.__file__, __file__, constants.SOURCE):
             if path:
                 with open(path, "rb") as f:
                     parts.append(f.read())

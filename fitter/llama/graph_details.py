@@ -54,7 +54,7 @@ class GraphDetails(Record):
 
 
 _DETAILS: dict[int, tuple[Any, GraphDetails]] = CACHES.keep({}, "details")  # id(header) -> (header, details): read once per header
-_LAST: list[GraphDetails | None] = [None]  # the details graph_details read last
+_LAST: dict[str, GraphDetails] = CACHES.keep({}, "details")  # "last": the details graph_details read last
 TYPE_FIELDS = frozenset({"layer_types", "global_types"})  # the weights' types; the other fields shape the graph alone
 # the other fields (each one's values made by _read_details alike, so == is sameness)
 _SHARED = [f for f in GraphDetails.model_fields if f not in TYPE_FIELDS]
@@ -67,12 +67,12 @@ def graph_details(header) -> GraphDetails:
     if hit is not None and hit[0] is header:  # the same header object, not a new one at a reused id
         return hit[1]
     details = _read_details(header)
-    last = _LAST[0]
+    last = _LAST.get("last")
     if last is not None and all(getattr(last, f) == getattr(details, f) for f in _SHARED):
         # the same model in another quant (fitter.fit.quant_fit): the last details' objects but for the types, so
         # that the compute buffers' content key (fitter.llama.context._content_key) knows them at once
         details = last.model_copy(update={"layer_types": details.layer_types, "global_types": details.global_types})
-    _LAST[0] = details
+    _LAST["last"] = details
     if len(_DETAILS) > 32:
         _DETAILS.clear()
     _DETAILS[id(header)] = (header, details)

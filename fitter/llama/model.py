@@ -195,20 +195,13 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
     ssm = _ssm(m) if rules.ssm else None
     is_mla, hk_mla, hv_mla = _mla(m) if rules.mla else (False, 0, 0)
 
-    # Vocabulary: the token list's length (llama_vocab::load), or vocab_size where there is no list.
-    tokens = header.metadata.get(Keys.Tokenizer.LIST)
-    if isinstance(tokens, (list, SkippedArray)):
-        n_vocab = len(tokens)
-    else:
-        n_vocab = m.uint(Keys.LLM.VOCAB_SIZE, 0)
-
     name = header.metadata.get(Keys.General.NAME)
     return ModelSpec(
         architecture=arch,
         known=arch in MODELS,
         name=name if isinstance(name, str) else None,
         **_tensor_facts(header),
-        n_vocab=n_vocab,
+        n_vocab=_n_vocab(header, m),
         n_ctx_train=n_ctx_train,
         n_embd=n_embd,
         n_layer=n_layer,
@@ -227,6 +220,14 @@ def model_spec_from_header(header: GGUFHeader, *, allow_unknown: bool = False) -
         ssm=ssm,
         supports_rs_rollback=rules.rs_rollback,
     )
+
+
+def _n_vocab(header: GGUFHeader, m: Meta) -> int:
+    """The token list's length (llama_vocab::load), or vocab_size where there is no list."""
+    tokens = header.metadata.get(Keys.Tokenizer.LIST)
+    if isinstance(tokens, (list, SkippedArray)):
+        return len(tokens)
+    return m.uint(Keys.LLM.VOCAB_SIZE, 0)
 
 
 def _tensor_facts(header: GGUFHeader) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+from contextvars import ContextVar
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Callable, Iterator
@@ -24,6 +25,53 @@ from fitter.llama.graph_details import GraphDetails
 # a shape (ne or nb) of a traced tensor, once per index: its getter of the forms' values (_take), whether a cell count
 # reaches it, its plain values, and the values themselves (kept alive: the index is by their identities)
 _Shape = tuple[Callable[[list[int]], tuple[int, ...]], bool, list[int], list[int]]
+
+
+class _Forms:
+    """The distinct forms of a traced graph's shapes, indexed as first met (`forms`; `cell_forms`: those with a
+    cell count, `of_cells` their indices): the index of a value's form by the value (`ix`), of a shape's (`shape`)."""
+
+    def __init__(self) -> None:
+        self.forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+        self.cell_forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+        self.index: dict[tuple[int, ...], int] = {}
+        self.cells = [j for j, mono in enumerate(MONOMIALS) if 0 in mono or 1 in mono]  # the monomials with a cell count
+        self.of_cells: set[int] = set()  # the forms with one
+        # the index of a value's form, by the value: most shapes share their Syms (the tokens) and small ints
+        self.of_sym: dict[int, tuple[int, Sym]] = {}  # by the Sym's identity (the Sym kept alive here)
+        self.of_int: dict[int, int] = {}
+        # each shape by its values' identities (most tensors share the very Syms and ints of their shape with others)
+        self.of_shape: dict[tuple[int, ...], _Shape] = {}
+
+    def at(self, f: tuple[int, ...]) -> int:
+        i = self.index.get(f)
+        if i is None:
+            i = self.index[f] = len(self.index)
+            sparse = (i, tuple((j, a) for j, a in enumerate(f[:-1]) if a) + ((-1, f[-1]),))
+            self.forms.append(sparse)
+            if any(f[j] for j in self.cells):
+                self.cell_forms.append(sparse)
+                self.of_cells.add(i)
+        return i
+
+    def ix(self, x: int) -> int:
+        if type(x) is Sym:
+            hit = self.of_sym.get(id(x))
+            if hit is None:
+                hit = self.of_sym[id(x)] = (self.at(form(x)), x)
+            return hit[0]
+        i = self.of_int.get(x)
+        if i is None:
+            i = self.of_int[x] = self.at(form(x))
+        return i
+
+    def shape(self, xs: list[int]) -> _Shape:
+        key = tuple(map(id, xs))
+        hit = self.of_shape.get(key)
+        if hit is None:
+            at_ = [self.ix(x) for x in xs]
+            hit = self.of_shape[key] = (_take(at_), not self.of_cells.isdisjoint(at_), [int.__int__(x) for x in xs], xs)
+        return hit
 
 
 class _Traced:
@@ -74,48 +122,9 @@ class _Traced:
         # ..., (-1, constant)); where a cell count reaches, and where the tokens alone do
         self.cell_shapes: list[tuple] = []
         self.token_shapes: list[tuple] = []
-        self.forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
-        self.cell_forms: list[tuple[int, tuple[tuple[int, int], ...]]] = []
-        index: dict[tuple[int, ...], int] = {}
-        cells = [j for j, mono in enumerate(MONOMIALS) if 0 in mono or 1 in mono]  # the monomials with a cell count
-        of_cells: set[int] = set()  # the forms with one
-
-        def at(f: tuple[int, ...]) -> int:
-            i = index.get(f)
-            if i is None:
-                i = index[f] = len(index)
-                sparse = (i, tuple((j, a) for j, a in enumerate(f[:-1]) if a) + ((-1, f[-1]),))
-                self.forms.append(sparse)
-                if any(f[j] for j in cells):
-                    self.cell_forms.append(sparse)
-                    of_cells.add(i)
-            return i
-
-        # the index of a value's form, by the value: most shapes share their Syms (the tokens) and small ints
-        of_sym: dict[int, tuple[int, Sym]] = {}  # by the Sym's identity (the Sym kept alive here)
-        of_int: dict[int, int] = {}
-
-        def ix(x: int) -> int:
-            if type(x) is Sym:
-                hit = of_sym.get(id(x))
-                if hit is None:
-                    hit = of_sym[id(x)] = (at(form(x)), x)
-                return hit[0]
-            i = of_int.get(x)
-            if i is None:
-                i = of_int[x] = at(form(x))
-            return i
-
-        # each shape by its values' identities (most tensors share the very Syms and ints of their shape with others)
-        of_shape: dict[tuple[int, ...], _Shape] = {}
-
-        def shape(xs: list[int]) -> _Shape:
-            key = tuple(map(id, xs))
-            hit = of_shape.get(key)
-            if hit is None:
-                at_ = [ix(x) for x in xs]
-                hit = of_shape[key] = (_take(at_), not of_cells.isdisjoint(at_), [int.__int__(x) for x in xs], xs)
-            return hit
+        forms = _Forms()
+        self.forms, self.cell_forms = forms.forms, forms.cell_forms
+        ix, shape, of_cells = forms.ix, forms.shape, forms.of_cells
 
         ts, sizes, bes = self.ts, self.sizes, self.bes
         for t in seen:
@@ -231,7 +240,7 @@ atexit.register(_TRACED_BY_CONTENT.clear)
 # a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
 # every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
 _TRACED_MAX = 4
-_TRACING = [True]  # whether a graph built is traced for reuse (predict_once: not)
+_TRACING: ContextVar[bool] = ContextVar("ggfit_tracing", default=True)  # whether a graph built is traced for reuse (predict_once: not)
 
 
 @contextlib.contextmanager
@@ -239,12 +248,11 @@ def predict_once() -> Iterator[None]:
     """Inside, a graph is built and allocated for its one prediction, not traced for another n_ctx or n_ubatch
     (a traced graph already kept is still reused): for a caller that asks each model, context and placement once, as
     `ggfit fit -c` does, the trace is work no later prediction uses (~6% of that command's instructions)."""
-    before = _TRACING[0]
-    _TRACING[0] = False
+    token = _TRACING.set(False)
     try:
         yield
     finally:
-        _TRACING[0] = before
+        _TRACING.reset(token)
 
 
 def _reachable(segs: list[Segment]) -> dict[Tensor, None]:

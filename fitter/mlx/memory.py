@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fitter.errors import GGFitError
+from fitter.fit.largest import largest_fitting
 from fitter.fit.memory import Buffer
-from fitter.fit.solver import largest_fitting
 from fitter.mlx.activations import prefill_peak
 from fitter.mlx.cache import CacheSettings, layer_caches
 from fitter.mlx.config import MlxModel

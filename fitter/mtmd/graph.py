@@ -11,6 +11,7 @@ from typing import Callable
 
 from fitter.ggml import tensor as T
 from fitter.ggml.graph import Graph
+from fitter.ggml.image_ops import im2col
 from fitter.ggml.tensor import Context, Tensor
 from fitter.ggml.types import F16, F32, GGML_TYPES
 from fitter.mtmd.hparams import (
@@ -69,7 +70,7 @@ class ClipGraph:
 
     def conv_2d(self, a: Tensor, b: Tensor, s: int) -> Tensor:  # ggml_conv_2d (no padding, no dilation)
         ctx = self.ctx
-        col = T.im2col(ctx, a, b, s, s, F32 if a.type == BF16 else F16)
+        col = im2col(ctx, a, b, s, s, F32 if a.type == BF16 else F16)
         res = T.mul_mat(ctx, T.reshape(ctx, col, (col.ne[0], col.ne[3] * col.ne[2] * col.ne[1])),
                         T.reshape(ctx, a, (a.ne[0] * a.ne[1] * a.ne[2], a.ne[3])))
         res = T.reshape(ctx, res, (col.ne[1], col.ne[2], col.ne[3], a.ne[3]))
@@ -152,6 +153,7 @@ class ClipGraph:
     def layer(self, il: int, name: str) -> Tensor | None:
         return self.w(f"v.blk.{il}.{name}")
 
+    # long because clip_graph::build_vit (tools/mtmd/clip.cpp, 232 lines), node for node
     def build_vit(self, inp: Tensor, n_pos: int, rms: bool, ffn_op: str, learned_pos_embd: Tensor | None,
                   add_pos: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """clip_graph::build_vit: pre-norm transformer layers, separate or fused QKV (no MoE FFN, no masks)."""

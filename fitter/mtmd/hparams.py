@@ -80,6 +80,7 @@ def _check_sizes(hp: ClipHparams, path: str) -> None:
                           "(clip.cpp: unable to find tensor)")
 
 
+# long because clip_model_loader::load_hparams (tools/mtmd/clip.cpp, 878 lines), in its order
 def load_clip_hparams(header: GGUFHeader, path: str) -> ClipHparams:
     """clip_model_loader::load_hparams for the vision modality (the projector type, sizes, the warmup image size)."""
     md = header.metadata

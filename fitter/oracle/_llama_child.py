@@ -148,6 +148,12 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
     if count > 1024 or (count > 0 and root == 0):
         return None
 
+    rows = _map_rows(ggml, root, header, count)
+    return rows if len(rows) == count else None
+
+
+def _map_rows(ggml: ctypes.CDLL, root: int, header: int, count: int) -> list[dict[str, Any]]:
+    """The rows of the std::map _memory_breakdown got, in key order (an in-order walk of libstdc++'s tree)."""
     def rd(addr: int) -> int:
         return ctypes.c_uint64.from_address(addr).value
 
@@ -179,8 +185,6 @@ def _memory_breakdown(llama_cpp: Any, ggml: ctypes.CDLL | None, ctx: Any) -> lis
             }
         )
         node = rd(node + 24)
-    if len(rows) != count:
-        return None
     return rows
 
 
@@ -233,9 +237,6 @@ def apply_fields(struct: Any, fields: dict[str, Any]) -> None:
 _LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}  # enum llama_load_mode
 
 
-_KEEP: list[Any] = []  # ctypes arrays the model params point to (alive until the process exits)
-
-
 def _buft_by_name(llama_cpp: Any) -> dict[str, int]:
     """Each device's default buffer type by its name, as common/arg.cpp parse_tensor_buffer_overrides lists them."""
     ggml = load_ggml_base(llama_cpp, "ggml")
@@ -261,7 +262,9 @@ class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_overrid
 
 def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
     """Pops tensor_buft_overrides ([pattern, buffer type name] pairs) and tensor_split from `fields` and sets them on
-    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers."""
+    llama_model_params `mp`: tensor_buft_overrides (NULL-terminated) and tensor_split (llama_max_devices() floats) as pointers.
+    The arrays they point to live as long as `mp` (its attribute `ggfit_arrays`)."""
+    keep: list[Any] = []
     overrides = fields.pop("tensor_buft_overrides", None)
     if overrides:
         bufts = _buft_by_name(llama_cpp)
@@ -272,13 +275,15 @@ def apply_placement(llama_cpp: Any, mp: Any, fields: dict[str, Any]) -> None:
         for i, (pat, b) in enumerate(overrides):
             arr[i].pattern = pat.encode()
             arr[i].buft = bufts[b]
-        _KEEP.append(arr)
+        keep.append(arr)
         mp.tensor_buft_overrides = ctypes.addressof(arr)
     split = fields.pop("tensor_split", None)
     if split:
         ts = (ctypes.c_float * max(len(split), llama_cpp.llama_max_devices()))(*split)
-        _KEEP.append(ts)
+        keep.append(ts)
         mp.tensor_split = ctypes.cast(ts, ctypes.POINTER(ctypes.c_float))
+    if keep:
+        mp.ggfit_arrays = keep
 
 
 def load_loras(llama_cpp: Any, model: Any, loras: list[list[Any]]) -> tuple[list[Any], str | None]:
@@ -295,12 +300,12 @@ def load_loras(llama_cpp: Any, model: Any, loras: list[list[Any]]) -> tuple[list
 
 def set_loras(llama_cpp: Any, ctx: Any, adapters: list[Any], loras: list[list[Any]]) -> None:
     """llama_set_adapters_lora with every adapter and its scale (common_set_adapter_lora): the next decode
-    re-reserves the compute graph with them (llama_context::set_adapters_lora sets sched_need_reserve)."""
+    re-reserves the compute graph with them (llama_context::set_adapters_lora sets sched_need_reserve). The context
+    copies the adapters and scales into its own map: the arrays need not outlive the call."""
     if not adapters:
         return
     arr = (llama_cpp.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
     scales = (ctypes.c_float * len(adapters))(*[float(s) for _, s in loras])
-    _KEEP.extend((arr, scales))
     llama_cpp.llama_set_adapters_lora(ctx, arr, len(adapters), scales)
 
 
@@ -413,6 +418,12 @@ def main() -> int:
         llama_cpp.llama_model_free(model)
         return run.done("error", run.first_error(why), timings=timings)
 
+    return _with_context(llama_cpp, run, req, model, cp, api, adapters, loras, timings, t0)
+
+
+def _with_context(llama_cpp: Any, run: _Run, req: dict[str, Any], model: Any, cp: Any, api: dict[str, Any],
+                  adapters: list[Any], loras: list[list[Any]], timings: dict[str, float], t0: float) -> int:
+    """main's second half, the model loaded: the context, its breakdown, a decode, then both freed."""
     t2 = time.perf_counter()
     ctx = llama_cpp.llama_init_from_model(model, cp)
     timings["context_s"] = time.perf_counter() - t2
@@ -429,11 +440,7 @@ def main() -> int:
     set_loras(llama_cpp, ctx, adapters, loras)
 
     if req.get("breakdown", True):
-        try:
-            rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
-        except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
-            rows = None
-        emit_event({"event": "breakdown", "rows": rows})
+        _emit_breakdown(llama_cpp, run, ctx)
 
     sig = req.get("test_signal")
     if sig:  # test-only hook: die like a native crash would, after everything above was reported
@@ -448,11 +455,7 @@ def main() -> int:
         emit_event({"event": "decode", "tokens": n_decode, "error": err})
         run.memory("decode")
         if adapters and req.get("breakdown", True) and not err:  # the graph re-reserved with the adapters
-            try:
-                rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
-            except (*_FFI_FAILURES, ValueError):
-                rows = None
-            emit_event({"event": "breakdown", "rows": rows})
+            _emit_breakdown(llama_cpp, run, ctx)
         if err:
             llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)
@@ -464,6 +467,14 @@ def main() -> int:
     timings["free_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
     return run.done("ok", timings=timings)
+
+
+def _emit_breakdown(llama_cpp: Any, run: _Run, ctx: Any) -> None:
+    try:
+        rows = _memory_breakdown(llama_cpp, run.ggml, ctx)
+    except (*_FFI_FAILURES, ValueError):  # a build whose breakdown is not as expected: the breakdown is a bonus
+        rows = None
+    emit_event({"event": "breakdown", "rows": rows})
 
 
 if __name__ == "__main__":

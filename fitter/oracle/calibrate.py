@@ -12,12 +12,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter.build import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
-from fitter.build.identify import build_from_line
 from fitter.fit.calibration import (
     MIN_POINTS,
     Calibration,
@@ -30,12 +28,15 @@ from fitter.fit.calibration import (
 )
 from fitter.fit.memory import Prediction, predict
 from fitter.ggml import backends
-from fitter.ggml.backends.base import is_host_buffer
-from fitter.llama.cparams import Backend, FlashAttn, Frontend, RunConfig
+from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import LLAMA_CPP_COMMIT, LlamaBuild, resolve_build
+from fitter.llama_builds.identify import build_from_line
 from fitter.oracle.check import llama_params
+from fitter.oracle.child_process import REPO_ROOT, child_env
 from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES
-from fitter.oracle.llama_run import REPO_ROOT, LlamaRun, child_env, measure
+from fitter.oracle.llama_run import LlamaRun, measure
+from fitter.oracle.log_settings import _side, log_run_config
 from fitter.oracle.user_log import UserLog
 from fitter.progress import Progress
 
@@ -235,14 +236,6 @@ class LogComparison(BaseModel):
     missing: str | None = None  # why nothing was predicted (which argument would let ggfit predict it)
 
 
-def _side(buffer: str, backend: Backend | None) -> Literal["device", "host"]:
-    """llama.cpp's buffer name: the device's own memory (CUDA0, MTL0, MTL0_Mapped, Vulkan1) or host memory
-    (CPU, CPU_Mapped, CUDA_Host). On the CPU backend every buffer is the device's."""
-    if backend is not None and not backends.get(backend).is_gpu:
-        return "device"
-    return "host" if is_host_buffer(buffer) else "device"
-
-
 def log_backend(log: UserLog, given: Backend | None) -> Backend | None:
     """--backend, else the backend the log's buffers name, when ggfit models it (Metal, CUDA, CPU)."""
     if given is not None:
@@ -256,119 +249,6 @@ def log_build(log: UserLog, value: str | None) -> LlamaBuild:
     if value not in (None, "auto"):
         return resolve_build(value)
     return build_from_line(log.build, log.source)
-
-
-def log_run_config(log: UserLog, spec: Any, backend: Backend) -> tuple[RunConfig, Frontend, dict[str, str]]:
-    """The log's settings as flags; each one the log does not print is filled with llama.cpp's default and
-    named in the returned dict."""
-    s, assumed, cmd = log.settings, {}, log.command_flags
-
-    def from_command(flag: str, name: str) -> int | None:
-        """An integer flag of the command line the log echoes, used where llama.cpp printed no value."""
-        try:
-            v = int(cmd[flag]) if flag in cmd else None
-        except ValueError:
-            return None
-        if v is not None:
-            assumed[name] = f"{v} ({flag} {v} on the log's command line)"
-        return v
-
-    n_seq = s.n_seq_max
-    if n_seq is None:
-        n_seq = from_command("--parallel", "n_seq_max")
-        if n_seq is None or n_seq < 1:
-            n_seq = 1
-            assumed["n_seq_max"] = "1 (not in the log)"
-    kv_unified = s.kv_unified
-    if kv_unified is None:
-        kv_unified = "--kv-unified" in cmd
-        if n_seq > 1:
-            assumed["kv_unified"] = f"{str(kv_unified).lower()} (not in the log)"
-    n_ctx = s.n_ctx
-    if n_ctx is None and s.n_ctx_seq is None:
-        n_ctx = from_command("--ctx-size", "n_ctx")
-    if n_ctx is None and s.n_ctx_seq is not None and (kv_unified or n_seq == 1):
-        n_ctx = s.n_ctx_seq
-    if n_ctx is None:
-        cells = [c for r, c in log.report.kv_cache_cells if r == "non-SWA"] or \
-                [k.cells for k in log.report.kv_caches if k.role in (None, "non-SWA")]
-        if cells:
-            n_ctx = cells[0] * (1 if kv_unified else n_seq)
-            assumed["n_ctx"] = f"{n_ctx} (the KV cache's cells; llama_context's n_ctx line is not in the log)"
-    if n_ctx is None:
-        n_ctx = 0
-        assumed["n_ctx"] = f"the training context, {spec.n_ctx_train} (not in the log)"
-    n_batch = s.n_batch or from_command("--batch-size", "n_batch")
-    if n_batch is None:
-        n_batch = 2048
-        assumed["n_batch"] = "2048 (llama.cpp's default; not in the log)"
-    n_ubatch = s.n_ubatch
-    if n_ubatch is None and log.worst_case is not None:
-        n_ubatch = log.worst_case[0]
-    if n_ubatch is None:
-        n_ubatch = from_command("--ubatch-size", "n_ubatch")
-    if n_ubatch is None:
-        n_ubatch = 512
-        assumed["n_ubatch"] = "512 (llama.cpp's default; not in the log)"
-    fa = "on" if s.flash_attn_resolved else "off" if s.flash_attn_resolved is False else \
-        {"enabled": "on", "disabled": "off"}.get(s.flash_attn or "", "auto")
-    if fa == "auto" and cmd.get("--flash-attn") in ("on", "off", "1", "0"):
-        fa = {"1": "on", "0": "off"}.get(cmd["--flash-attn"], cmd["--flash-attn"])
-        assumed["flash_attn"] = f"{fa} (-fa on the log's command line)"
-    elif fa == "auto":
-        assumed["flash_attn"] = "auto (not in the log)"
-    type_k, type_v = s.type_k or cmd.get("--cache-type-k", "f16"), s.type_v or cmd.get("--cache-type-v", "f16")
-    if s.type_k is None:
-        assumed["type_k/type_v"] = f"{type_k}/{type_v} (" + ("the log's command line" if "--cache-type-k" in cmd
-                                                             else "no KV cache size line in the log") + ")"
-    swa_full = s.swa_full
-    if swa_full is None and "--swa-full" in cmd:
-        swa_full = True
-    if swa_full is None:
-        swa_full = False
-        if any(layer.kind.value == "swa" for layer in spec.layers):
-            assumed["swa_full"] = "false (llama.cpp's common default; not in the log)"
-    ngl = -1
-    if backends.get(backend).is_gpu:
-        if s.offloaded_layers is not None and s.total_layers is not None and s.offloaded_layers < s.total_layers:
-            ngl = s.offloaded_layers
-        elif s.offloaded_layers is None and "--n-gpu-layers" in log.command_flags:
-            v = log.command_flags["--n-gpu-layers"]
-            ngl = int(v) if v.lstrip("-").isdigit() else -1  # "all", "auto": every layer
-            assumed["n_gpu_layers"] = f"{v} (-ngl on the log's command line)"
-        elif s.offloaded_layers is None:
-            ngl, why = _ngl_from_kv_split(log, backend)
-            assumed["n_gpu_layers"] = why
-    frontend = Frontend.SERVER
-    if log.tool in ("llama-cli", "llama-fit-params"):
-        frontend = Frontend.LIBRARY  # common_context_params_to_llama: n_outputs_max = n_batch, as the library's
-    elif log.tool is None:
-        if s.n_outputs_max is not None and s.n_outputs_max == min(n_batch, n_ctx or n_batch) and s.n_outputs_max > n_seq:
-            frontend = Frontend.LIBRARY
-        else:
-            assumed["frontend"] = "llama-server (the log does not say which tool wrote it)"
-    # llama.cpp's extra CPU buffer types (use_extra_bufts) show as a CPU_REPACK model buffer
-    repack = any(b.kind == "model" and "REPACK" in b.buffer for b in log.report.buffers)
-    cfg = RunConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
-                    flash_attn=cast(FlashAttn, fa),  # RunConfig's own check refuses another value
-                    n_parallel=n_seq, kv_unified=kv_unified, swa_full=swa_full, n_gpu_layers=ngl,
-                    no_mmap=s.mmap is False or (s.mmap is None and "--no-mmap" in cmd), no_repack=not repack)
-    return cfg, frontend, assumed
-
-
-def _ngl_from_kv_split(log: UserLog, backend: Backend) -> tuple[int, str]:
-    """-ngl from a KV cache split between host and device: llama_kv_cache puts each layer's K/V with the layer,
-    and llama_model::load_tensors offloads the layers from i_gpu_start = n_layer + 1 - n_gpu_layers on (the +1 is
-    the output layer's): -ngl is the device's KV layers + 1. All layers when the log does not show a split."""
-    caches = log.report.kv_caches
-    kv = [(b.buffer, b.bytes) for b in log.report.buffers if b.kind == "kv" and not b.dummy and b.bytes > 0]
-    dev = sum(n for buf, n in kv if _side(buf, backend) == "device")
-    host = sum(n for buf, n in kv if _side(buf, backend) == "host")
-    if len(caches) == 1 and dev and host:
-        ngl = round(caches[0].layers * dev / (dev + host)) + 1
-        return ngl, (f"{ngl} (the KV cache's split: {dev / 2**20:,.2f} of {(dev + host) / 2**20:,.2f} MiB on the "
-                     f"device; the offload line is not in the log)")
-    return -1, "all (the offload line is not in the log)"
 
 
 def _rows(log: UserLog, pred: Prediction | None, backend: Backend | None) -> list[LogRow]:

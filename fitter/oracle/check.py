@@ -112,10 +112,10 @@ def dry_run_check(path: str, pred: Prediction, cfg: RunConfig, *, timeout: float
 def _pinned_prediction(path: str, pred: Prediction, cfg: RunConfig) -> Prediction:
     """The same config (every value the other build resolved, written out) predicted with the pinned build's rules:
     what the pinned llama.cpp's dry run is compared with."""
-    from fitter.build import PINNED
     from fitter.fit.memory import predict
     from fitter.llama.cparams import served_config
     from fitter.llama.model import load_model_spec
+    from fitter.llama_builds import PINNED
 
     header, spec = load_model_spec(path)
     return predict(header, spec, served_config(pred.context, cfg, None), pred.backend, pred.frontend, build=PINNED)

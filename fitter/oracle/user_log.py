@@ -3,7 +3,7 @@
 `read_user_log` takes what llama-server, llama-cli or llama-fit-params wrote (with or without `-v`, from any
 backend, copied from a terminal, a container or a GitHub issue) and returns a `UserLog`: llama.cpp's own
 lines parsed by `fitter.oracle.llama_log.parse_log`, plus what only a whole tool's log holds: the build line
-(`fitter.build.identify.build_in_text`), the model it loaded, the memory breakdown table
+(`fitter.llama_builds.identify.build_in_text`), the model it loaded, the memory breakdown table
 (`common_memory_breakdown_print`, formerly `llama_memory_breakdown_print`) with its `unaccounted` column,
 llama-fit-params' projections and printed arguments, and failed allocations.
 
@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fitter.build.identify import build_in_text
 from fitter.errors import GGFitError
 from fitter.ggml.backends.base import is_host_buffer
+from fitter.llama_builds.identify import build_in_text
 from fitter.oracle.llama_log import LlamaReport, clean_line, mib_to_bytes, parse_log
 
 MAX_LOG_BYTES = 64 << 20  # read at most this much of a log (a server's log of days): bounded memory
@@ -354,18 +354,7 @@ class _Extra:
     def _line(self, i: int, line: str) -> None:  # noqa: C901 - one dispatch over the line kinds
         log = self.log
         if "memory_breakdown_print:" in line:
-            if "memory breakdown [MiB]" in line:
-                log.breakdown = []  # a later table (the fit pass prints one, the exit another): the last counts
-            elif m := _BD_DEVICE.search(line):
-                log.breakdown.append(BreakdownRow(
-                    name=m.group("name"), description=m.group("desc"), total_mib=int(m.group("total")),
-                    free_mib=int(m.group("free")), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
-                    context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")),
-                    unaccounted_mib=int(m.group("un")), line=i))
-            elif m := _BD_OTHER.search(line):
-                log.breakdown.append(BreakdownRow(
-                    name=m.group("name"), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
-                    context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")), line=i))
+            self._breakdown_line(i, line)
             return
         if m := _FIT_PROJECTED.search(line):
             log.fit_projected_mib, log.fit_free_mib = int(m.group(1)), int(m.group(2))
@@ -412,6 +401,22 @@ class _Extra:
                 log.model.name = m.group("v")
             elif m.group("k") == "architecture" and log.model.arch is None:
                 log.model.arch = m.group("v")
+
+    def _breakdown_line(self, i: int, line: str) -> None:
+        """A line of llama_memory_breakdown_print's table."""
+        log = self.log
+        if "memory breakdown [MiB]" in line:
+            log.breakdown = []  # a later table (the fit pass prints one, the exit another): the last counts
+        elif m := _BD_DEVICE.search(line):
+            log.breakdown.append(BreakdownRow(
+                name=m.group("name"), description=m.group("desc"), total_mib=int(m.group("total")),
+                free_mib=int(m.group("free")), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
+                context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")),
+                unaccounted_mib=int(m.group("un")), line=i))
+        elif m := _BD_OTHER.search(line):
+            log.breakdown.append(BreakdownRow(
+                name=m.group("name"), self_mib=int(m.group("self")), model_mib=int(m.group("model")),
+                context_mib=int(m.group("ctx")), compute_mib=int(m.group("compute")), line=i))
 
     def _backends(self, lines: list[str]) -> None:
         log, found = self.log, []

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from fitter.build import LlamaBuild
 from fitter.cache import cache_root
 from fitter.errors import GGFitError
 from fitter.fit.calibration import build_key
 from fitter.ggml import backends
+from fitter.llama_builds import LlamaBuild
 from fitter.record import Record
 
 FORMAT = 1  # of speed-calibration.json
@@ -72,9 +72,9 @@ def key_of(hardware: str, build: str) -> str:
 
 
 def rows_build_key(commit: str | None, number: int | None, fallback: LlamaBuild) -> str:
-    """The store's name of the build that printed the rows: build_key of what fitter.build knows of its commit (else
+    """The store's name of the build that printed the rows: build_key of what fitter.llama_builds knows of its commit (else
     its number above 1: a source build without git prints 1), else the commit itself, else `fallback`'s."""
-    from fitter.build import resolve_build
+    from fitter.llama_builds import resolve_build
 
     for value in (commit, f"b{number}" if number and number > 1 else None):
         if value:
@@ -179,14 +179,12 @@ def kind_of(row) -> str | None:
 
 def backend_of_row(row, default):
     """llama-bench's `backends` (test::get_backend: "CUDA", "Metal,BLAS", "CPU"): the GPU backend it names."""
+    from fitter.ggml import backends
     from fitter.ggml.backends.base import Backend
 
-    b = (row.backends or "").lower()
-    if "cuda" in b:
-        return Backend.CUDA
-    if "metal" in b or "mtl" in b:
-        return Backend.METAL
-    return Backend.CPU if b else default
+    b = row.backends or ""
+    named = [kind for kind, impl in backends.BACKENDS.items() if impl.is_gpu and impl.named_in(b)]
+    return named[0] if named else Backend.CPU if b else default
 
 
 def config_of_row(row, backend) -> tuple:

@@ -142,6 +142,24 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
     if bp is not None and not base_fits:
         baseline.status = "skipped"
         baseline.reason = f"llama.cpp's defaults are predicted at {bp / MiB:,.1f} MiB, over the {avail / MiB:,.1f} MiB available"
+    runs = _alternate(base, best, base_fits, prober, rounds, say, live)
+    result.compare_probes = len(runs["base"]) + len(runs["best"])
+    for which, meas, cand in (("base", baseline, base), ("best", mine, best)):
+        _measured(meas, runs[which], cand, share)
+    result.baseline, result.best_measured = baseline, mine
+    if baseline.status == "ok" and mine.status == "ok":
+        result.ratio, result.outcome, result.verdict = compare_verdict(d.objectives, mine, baseline,
+                                                                       where=f", -c {best.config.n_ctx}")
+    elif baseline.status != "ok":
+        result.verdict = f"llama.cpp's defaults were not measured: {baseline.status}: {baseline.reason}"
+    else:
+        result.verdict = f"the best config failed when probed again: {mine.status}: {mine.reason}"
+    _save_final(study, result)
+
+
+def _alternate(base: Candidate, best: Candidate, base_fits: bool, prober: Prober, rounds: int,
+               say: Callable[[str], None], live: Progress | None) -> dict[str, list[ProbeResult]]:
+    """The defaults and the best config probed in turn, `rounds` times each (the defaults only where they fit)."""
     runs: dict[str, list[ProbeResult]] = {"best": [], "base": []}
     plan = [(r, which, cand) for r in range(rounds) for which, cand in (("base", base), ("best", best))
             if which == "best" or base_fits]
@@ -152,34 +170,27 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
         else:
             say(f"[ggfit] comparing: {what} (round {r + 1}/{rounds})")
         runs[which].append(prober(cand))
-    result.compare_probes = len(plan)
-    for which, meas, cand in (("base", baseline, base), ("best", mine, best)):
-        rs = runs[which]
-        if not rs:
+    return runs
+
+
+def _measured(meas: Measurement, rs: list[ProbeResult], cand: Candidate, share: ServedShare) -> None:
+    """`meas` from the probes of one config: their status, each metric's median and spread."""
+    if not rs:
+        return
+    meas.probes = len(rs)
+    ok = [x for x in rs if x.ok]
+    meas.status = "ok" if ok else rs[-1].status
+    if not ok:
+        meas.reason = rs[-1].message
+        return
+    meas.spread = _spreads(ok)
+    for k in DIRECTIONS:
+        if k in meas.spread:
+            meas.metrics[k] = meas.spread[k].median
             continue
-        meas.probes = len(rs)
-        ok = [x for x in rs if x.ok]
-        meas.status = "ok" if ok else rs[-1].status
-        if not ok:
-            meas.reason = rs[-1].message
-            continue
-        meas.spread = _spreads(ok)
-        for k in DIRECTIONS:
-            if k in meas.spread:
-                meas.metrics[k] = meas.spread[k].median
-                continue
-            vals = [v for v in (_metrics(x, cand, share).get(k) for x in ok) if v is not None]
-            if vals:
-                meas.metrics[k] = statistics.median(vals)
-    result.baseline, result.best_measured = baseline, mine
-    if baseline.status == "ok" and mine.status == "ok":
-        result.ratio, result.outcome, result.verdict = compare_verdict(d.objectives, mine, baseline,
-                                                                       where=f", -c {best.config.n_ctx}")
-    elif baseline.status != "ok":
-        result.verdict = f"llama.cpp's defaults were not measured: {baseline.status}: {baseline.reason}"
-    else:
-        result.verdict = f"the best config failed when probed again: {mine.status}: {mine.reason}"
-    _save_final(study, result)
+        vals = [v for v in (_metrics(x, cand, share).get(k) for x in ok) if v is not None]
+        if vals:
+            meas.metrics[k] = statistics.median(vals)
 
 
 def _save_final(study, result: StudyResult) -> None:

@@ -1,5 +1,26 @@
 """`run_study`: the study's setup (models, budget, space, storage), the optimisation, the summary and the comparison
-with llama.cpp's defaults."""
+with llama.cpp's defaults.
+
+run_study's arguments:
+`model`: a GGUF path (or bundled name), or several GGUF files of one model (quantisations: the ``quant``
+parameter; the first one is used for the defaults). `budget`: bytes, a `Budget`, or --budget text; `margin`:
+bytes or --margin text (default 1024 MiB, llama.cpp's --fit-target). `n_trials`: probes to spend (default: the
+study file's ``trials``), counted over the whole study, so a resumed or shared study stops at the same total.
+`workload` replaces the study file's. `name` replaces the derived study name. `compare_defaults`: probe
+llama.cpp's defaults (with the best config's -c) and the best config again, `confirm_rounds` times each,
+alternating, and report the ratio (not counted in `n_trials`; skipped when the best config is the defaults).
+`progress` receives the lasting lines (each trial's outcome); `live` (a `fitter.progress.Progress`) shows what
+runs now: the probe in flight, the best so far. `llama_build`: the llama.cpp build whose memory rules decide
+which configs are feasible (the one `llama_server` is, when the study probes a user's binary).
+
+For benchmarks: ``feasibility=False`` probes every valid proposal whatever its prediction (the sampler then learns
+the budget from OOMs only); ``probe`` replaces `run_probe` (same signature), e.g. a lookup in measured results;
+``enqueue_defaults=False`` leaves out the first trial, llama.cpp's defaults projected into the space.
+
+`hardware` (a `fitter.speed` profile) makes the speed model the study's prior: the predicted-fastest configs
+are enqueued first (before llama.cpp's defaults, which are left out when the prior's picks use up the probes) and a config predicted below `speed_cut` (default: the study
+file's ``speed_cut``, 0.5; 0 disables) times the best predicted is pruned unprobed (status ``slow``).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +46,7 @@ from fitter import (
     parse_margin,
     resolve_model,
 )
+from fitter.ggml import backends
 from fitter.speed.hardware import HardwareProfile
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.signals import Terminated
@@ -321,34 +343,13 @@ def run_study(
     hardware: HardwareProfile | None = None,
     speed_cut: float | None = None,
 ) -> StudyResult:
-    """Run (or resume, or join) the study and return its best config, measured against llama.cpp's defaults.
-
-    `model`: a GGUF path (or bundled name), or several GGUF files of one model (quantisations: the ``quant``
-    parameter; the first one is used for the defaults). `budget`: bytes, a `Budget`, or --budget text; `margin`:
-    bytes or --margin text (default 1024 MiB, llama.cpp's --fit-target). `n_trials`: probes to spend (default: the
-    study file's ``trials``), counted over the whole study, so a resumed or shared study stops at the same total.
-    `workload` replaces the study file's. `name` replaces the derived study name. `compare_defaults`: probe
-    llama.cpp's defaults (with the best config's -c) and the best config again, `confirm_rounds` times each,
-    alternating, and report the ratio (not counted in `n_trials`; skipped when the best config is the defaults).
-    `progress` receives the lasting lines (each trial's outcome); `live` (a `fitter.progress.Progress`) shows what
-    runs now: the probe in flight, the best so far. `llama_build`: the llama.cpp build whose memory rules decide
-    which configs are feasible (the one `llama_server` is, when the study probes a user's binary).
-
-    For benchmarks: ``feasibility=False`` probes every valid proposal whatever its prediction (the sampler then learns
-    the budget from OOMs only); ``probe`` replaces `run_probe` (same signature), e.g. a lookup in measured results;
-    ``enqueue_defaults=False`` leaves out the first trial, llama.cpp's defaults projected into the space.
-
-    `hardware` (a `fitter.speed` profile) makes the speed model the study's prior: the predicted-fastest configs
-    are enqueued first (before llama.cpp's defaults, which are left out when the prior's picks use up the probes) and a config predicted below `speed_cut` (default: the study
-    file's ``speed_cut``, 0.5; 0 disables) times the best predicted is pruned unprobed (status ``slow``).
-    """
+    """Run (or resume, or join) the study and return its best config, measured against llama.cpp's defaults (the
+    arguments: the module's docstring)."""
     backend = Backend(backend)
     p = _plan(model, study_def, budget=budget, margin=margin, backend=backend, frontend=frontend, n_trials=n_trials,
               runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build)
     if speed_cut is not None:
-        if not 0 <= speed_cut < 1:
-            raise StudyError(f"--speed-cut {speed_cut:g}: use a share from 0 (off) to below 1")
-        p.d = p.d.model_copy(update={"speed_cut": speed_cut})
+        _set_speed_cut(p, speed_cut)
     d, say = p.d, _Say(progress, live)
     if feasibility:
         _check_weights(p)
@@ -356,7 +357,7 @@ def run_study(
                                runner=runner, drafts=p.drafts)
     st, url = _storage(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    prober = Prober(probe, d.workload, runner, p.budget.bytes if backend == Backend.CPU else None, timeout, llama_server)
+    prober = Prober(probe, d.workload, runner, None if backends.get(backend).is_gpu else p.budget.bytes, timeout, llama_server)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -364,31 +365,50 @@ def run_study(
         warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
         study = _open_study(p, sname, st, url, seed, backend, runner)
         retried = recover_stale(study)
-        c0 = count_trials(study.get_trials(deepcopy=False))
-        prior = _speed_prior(p, hardware)
-        queue = _Queue(_first_points(p, prior, enqueue_defaults) if c0.total == 0 else [])
-        queue.next(study)
-        _announce(say, p, sname, url, retried)
-        finished0 = c0.total - c0.running
-        if c0.probes < p.trials_goal and finished0 < p.cap:
-            objective = Objective(study, p.space, p.predictor, d, avail=p.avail, trials_goal=p.trials_goal,
-                                  prober=prober, share=p.share, worker=_worker(), live=live, feasibility=feasibility, prior=prior)
-            _optimise(study, p, objective, say, finished0, queue)
-        else:
-            say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")
+        _run_trials(study, p, sname, url, retried, say, prober, _speed_prior(p, hardware), enqueue_defaults, live,
+                    feasibility)
 
+    return _ending(study, p, url, retried, prober if compare_defaults else None, confirm_rounds, say, live)
+
+
+def _ending(study: optuna.Study, p: _Plan, url: str, retried: list[int], prober: Prober | None, confirm_rounds: int,
+            say: _Say, live: Progress | None) -> StudyResult:
+    """The study's result: its counts and best, compared with llama.cpp's defaults (with `prober`; None: not)."""
     # one reading of the trials for the counts, the best and the comparison (another worker may add trials meanwhile)
     trials = study.get_trials(deepcopy=False)
-    result = _summarise(study, d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried, trials)
+    result = _summarise(study, p.d, url, p.budget.bytes, p.margin_bytes, p.avail, p.notes, retried, trials)
     best_t = next((t for t in trials if result.best and t.number == result.best.number), None)
     if best_t is not None:
         cand = _best(result, p, best_t)
-        if compare_defaults:
-            compare_with_defaults(result, study, best_t, cand, d, p.models[0], p.predictor, p.avail, prober,
+        if prober is not None:
+            compare_with_defaults(result, study, best_t, cand, p.d, p.models[0], p.predictor, p.avail, prober,
                                   confirm_rounds, p.share, say, live)
             if result.running_elsewhere or result.compare_probes:
                 return _as_it_stands(result, study, p, url, retried, best_t.number)
     return result
+
+
+def _set_speed_cut(p: _Plan, speed_cut: float) -> None:
+    if not 0 <= speed_cut < 1:
+        raise StudyError(f"--speed-cut {speed_cut:g}: use a share from 0 (off) to below 1")
+    p.d = p.d.model_copy(update={"speed_cut": speed_cut})
+
+
+def _run_trials(study: optuna.Study, p: _Plan, sname: str, url: str, retried: list[int], say: _Say, prober: Prober,
+                prior: SpeedPrior | None, enqueue_defaults: bool, live: Progress | None, feasibility: bool) -> None:
+    """The study's trials up to its goal: the first points queued in a new study, then the sampler's."""
+    c0 = count_trials(study.get_trials(deepcopy=False))
+    queue = _Queue(_first_points(p, prior, enqueue_defaults) if c0.total == 0 else [])
+    queue.next(study)
+    _announce(say, p, sname, url, retried)
+    finished0 = c0.total - c0.running
+    if c0.probes < p.trials_goal and finished0 < p.cap:
+        objective = Objective(study, p.space, p.predictor, p.d, avail=p.avail, trials_goal=p.trials_goal,
+                              prober=prober, share=p.share, worker=_worker(), live=live, feasibility=feasibility,
+                              prior=prior)
+        _optimise(study, p, objective, say, finished0, queue)
+    else:
+        say(f"[ggfit] study already has {c0.probes} probes ({c0.text()}): nothing to run")
 
 
 def _as_it_stands(result: StudyResult, study: optuna.Study, p: _Plan, url: str, retried: list[int],

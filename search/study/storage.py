@@ -10,7 +10,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +23,7 @@ from optuna.trial import TrialState, create_trial
 from sqlalchemy.exc import SQLAlchemyError
 
 from fitter import Backend
+from fitter.ggml import backends
 from search.signals import Terminated
 from search.space import StudyError
 from search.study.define import SPEED_CUT, StudyDef
@@ -86,13 +86,9 @@ def open_storage(url: str | None = None, *, heartbeat: bool = True):
 
 def device_id(backend: Backend) -> str:
     """The kind of machine, as stable across identical machines (no hostname): results only mix within a kind."""
-    if backend == Backend.CUDA:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        return f"cuda:{out.splitlines()[0] if out else 'unknown'}"
+    device = backends.get(backend).machine_kind()
+    if device is not None:
+        return f"{backend.value}:{device}"
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)

@@ -190,7 +190,7 @@ def test_every_form_of_llama_build_has_the_tables_range():
     """Dates, build numbers and a log's build line: one range, the oldest build ggfit models to the pin."""
     import datetime as dt
 
-    from fitter.build import OLDEST, PINNED, BuildError, resolve_build
+    from fitter.llama_builds import OLDEST, PINNED, BuildError, resolve_build
 
     day = dt.timedelta(days=1)
     for ok in (OLDEST.date, PINNED.date):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter.build import LLAMA_CPP_COMMIT
 from fitter.fit import calibration
 from fitter.fit.calibration import Calibration, CalibrationError, Correction
 from fitter.llama.cparams import Backend
+from fitter.llama_builds import LLAMA_CPP_COMMIT
 from fitter.oracle.calibrate import calibrate, local_devices
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from fitter.build import resolve_build
 from fitter.errors import GGFitError, UnsupportedModelError
 from fitter.fit.memory import predict
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import resolve_build
 from tests.synth import build as synth
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

@@ -1,4 +1,4 @@
-"""Metal's default --margin against its evidence (fitter.fit.metal_evidence): every case's total recomputed with
+"""Metal's default --margin against its evidence (fitter.ggml.backends.metal.evidence): every case's total recomputed with
 today's model from its twin, its flags and the --llama-build it names; the derived margin keeps every config that ran
 fitting and every one that ran out of memory not fitting; the output names the bound the margin rests on."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fitter.fit.margin import default_margin, margin_note, metal_bounds
-from fitter.fit.metal_evidence import EVIDENCE, Case
+from fitter.fit.margin import default_margin, margin_note
+from fitter.ggml.backends.metal.evidence import EVIDENCE, Case, metal_bounds
 from tests.fit.test_seed_figures import seed_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -151,12 +151,15 @@ def test_llama_cpps_dry_run_drops_the_layer_pins(dry: dict, monkeypatch) -> None
 def test_the_rpc_margins_cover_what_the_processes_held() -> None:
     """fitter.fit.margin's RPC figures: no rpc-server held more than 45 MiB beyond its buffers after a load and
     warm-up, nor the main llama-server more than 51 MiB beyond its host buffers (VmRSS), and one of each came close."""
-    from fitter.fit.margin import HOST_OVERHEAD, OVERHEAD
+    from fitter.ggml import backends
+
+    rpc = backends.get(Backend.RPC)
 
     server, main = [], []
     for r in ROWS:
         for d, rss in zip(row_devices(r["devices"]), r["rss"]["servers"]):
             server.append(rss - sum(m["bytes"] for m in r["measured"] if m["buffer_type"].endswith(f"[{d['endpoint']}]")))
         main.append(r["rss"]["main"] - sum(m["bytes"] for m in r["measured"] if "[" not in m["buffer_type"]))
-    assert OVERHEAD["rpc"].bytes - 2**20 < max(server) <= OVERHEAD["rpc"].bytes
-    assert HOST_OVERHEAD["rpc"].bytes - 2**20 < max(main) <= HOST_OVERHEAD["rpc"].bytes
+    assert rpc.overhead is not None and rpc.host_overhead is not None  # the margins' facts, on the backend
+    assert rpc.overhead.bytes - 2**20 < max(server) <= rpc.overhead.bytes
+    assert rpc.host_overhead.bytes - 2**20 < max(main) <= rpc.host_overhead.bytes

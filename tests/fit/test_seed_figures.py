@@ -3,7 +3,7 @@ Q4_K_M (a 20,182 MiB file: the synthetic qwen35moe twin without the NextN layer,
 llama-quantize rules to exactly that size and laid out as llama-quantize writes it, so that the token embedding lies
 inside the Metal mapped range), every layer on Metal, `-b 2048 -fa on -np 1 --kv-unified`, mmap on.
 `ggfit fit --llama-build <the build> --backend metal --budget 25559MiB` with the default margin must say fits /
-does not fit as observed on that machine (the margin rests on these cases: fitter.fit.metal_evidence,
+does not fit as observed on that machine (the margin rests on these cases: fitter.ggml.backends.metal.evidence,
 tests/fit/test_metal_margin.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The solver's search (fitter.fit.solver.largest_fitting) gives a binary search's answer in fewer predictions.
+"""The solver's search (fitter.fit.largest.largest_fitting) gives a binary search's answer in fewer predictions.
 
 The tables it produces are compared byte for byte with the committed grid (tests/test_prediction_grid.py); here the
 search itself is checked against a plain binary search on monotone functions of every shape the memory model has
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fitter.bundled import resolve_model
+from fitter.fit.largest import _extrapolated, largest_fitting, next_hint
 from fitter.fit.memory import predict
-from fitter.fit.solver import _extrapolated, largest_fitting, next_hint
 from fitter.llama.cparams import Backend, RunConfig
 from fitter.llama.model import load_model_spec
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fitter.build import PINNED, resolve_build
 from fitter.ggml import backends
 from fitter.ggml.backends.base import FlashAttnShape
 from fitter.ggml.backends.cuda import backend as cuda
 from fitter.ggml.backends.metal import backend as metal
+from fitter.llama_builds import PINNED, resolve_build
 
 MiB = 2**20
 QWEN_FA = FlashAttnShape(d_k=256, d_v=256, n_head=16, n_head_kv=2, n_kv=262144, n_q=2048, type_k="q8_0",

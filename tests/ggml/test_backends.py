@@ -285,7 +285,7 @@ def test_compute_size_is_alloc_size_on_every_compute_tensor(backend: str) -> Non
 
 def test_backend_facts_live_on_the_backend_objects() -> None:
     """What code outside the backends asks of them instead of their names (ggml-cpu, ggml-cuda, ggml-metal)."""
-    from fitter.build import PINNED, resolve_build
+    from fitter.llama_builds import PINNED, resolve_build
 
     cpu_, cuda_, metal_ = (backends.get(b) for b in ("cpu", "cuda", "metal"))
     assert [b.is_gpu for b in (cpu_, cuda_, metal_)] == [False, True, True]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fitter.build import resolve_build
 from fitter.cache import CACHES
 from fitter.ggml.backends.metal import common as metal_common
 from fitter.ggml.tensor import VIEW_OPS, Tensor
 from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import resolve_build
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = {r: json.loads((ROOT / f"benchmarks/results/graph-nodes-{r}.json").read_text()) for r in ("0.3.36", "0.3.23")}

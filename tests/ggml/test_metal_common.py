@@ -5,11 +5,11 @@ tests/oracle/test_user_log.py (a Metal llama-server log of b8999, exact)."""
 
 from __future__ import annotations
 
-from fitter.build import PINNED, resolve_build
 from fitter.ggml.backends.metal.common import cache_ranges, reorder
 from fitter.ggml.sched import graph_uses
 from fitter.ggml.tensor import IS_WEIGHT, CacheTensor, Tensor
 from fitter.ggml.types import F32
+from fitter.llama_builds import PINNED, resolve_build
 
 OLD = resolve_build("0.3.35")  # packs ADD / NORM / RMS_NORM runs only
 

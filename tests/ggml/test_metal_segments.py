@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from fitter.build import resolve_build
 from fitter.cache import CACHES
 from fitter.fit.memory import predict
 from fitter.ggml.backends.metal import backend as metal
 from fitter.ggml.backends.metal import segments as metal_segments
 from fitter.llama.cparams import Backend, ConfigError, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import resolve_build
 from tests.synth import build
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3", "mistral3", "gemma2", "gemma3", "gemma4", "qwen3moe", "qwen35",

@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
+import fitter.gguf.cursor as gc
 import fitter.gguf.reader as gr
 from fitter.gguf.reader import GGUFHeader, SkippedArray, SkippedString, read_header
 from tests.gguf_bytes import GGUFBytes, MemSource, gguf_cpp, gguf_cpp_read, gguf_cpp_read_file, minimal
@@ -107,16 +108,16 @@ def test_gemma_matches_gguf_reader(gemma_reader: GGUFReader) -> None:
                        ("tokenizer.ggml.token_type", V.INT32)]:
         assert h.metadata[key] == SkippedArray(vtype, 262_144)
     # only the header travelled (plus at most one read window)
-    assert h.bytes_fetched <= h.header_size + gr.READ_CHUNK
+    assert h.bytes_fetched <= h.header_size + gc.READ_CHUNK
 
 
 @needs_gemma
 @pytest.mark.slow
 def test_gemma_tokens_kept_equal_gguf_reader(gemma_reader: GGUFReader, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the keep limits lifted, the walked arrays decode to exactly GGUFReader's values."""
-    monkeypatch.setattr(gr, "KEEP_STRING_ARRAY_MAX", 1 << 20)
-    monkeypatch.setattr(gr, "KEEP_ARRAY_MAX", 1 << 20)
-    monkeypatch.setattr(gr, "KEEP_TOTAL_ELEMENTS", 1 << 21)
+    monkeypatch.setattr(gc, "KEEP_STRING_ARRAY_MAX", 1 << 20)
+    monkeypatch.setattr(gc, "KEEP_ARRAY_MAX", 1 << 20)
+    monkeypatch.setattr(gc, "KEEP_TOTAL_ELEMENTS", 1 << 21)
     h = read_header(GEMMA)
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         assert h.metadata[key] == gemma_reader.fields[key].contents(), key
@@ -127,7 +128,7 @@ def test_gemma_tokens_kept_equal_gguf_reader(gemma_reader: GGUFReader, monkeypat
 def test_gemma_any_read_window(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cursor's window boundaries fall everywhere in the vocab; the result must not change."""
     ref = read_header(GEMMA)
-    monkeypatch.setattr(gr, "READ_CHUNK", chunk)
+    monkeypatch.setattr(gc, "READ_CHUNK", chunk)
     h = read_header(GEMMA)
     assert h.metadata == ref.metadata and h.tensors == ref.tensors
     assert h.header_size == ref.header_size
@@ -170,10 +171,10 @@ def write_model(path: Path, *, endianess: GGUFEndian = GGUFEndian.LITTLE, alignm
     w.add_uint32("llama.block_count", 2)
     w.add_key_value("llama.attention.head_count_kv", [4, 0], V.ARRAY, sub_type=V.UINT32)
     if big_arrays:
-        n = gr.KEEP_STRING_ARRAY_MAX + 45  # walked, not kept
+        n = gc.KEEP_STRING_ARRAY_MAX + 45  # walked, not kept
         w.add_token_list([f"tok{i}" * (i % 7) for i in range(n)])
         w.add_token_scores([float(i) for i in range(n)])
-        w.add_key_value("t.big_u32", list(range(gr.KEEP_ARRAY_MAX + 1)), V.ARRAY, sub_type=V.UINT32)
+        w.add_key_value("t.big_u32", list(range(gc.KEEP_ARRAY_MAX + 1)), V.ARRAY, sub_type=V.UINT32)
     if tensors:
         w.add_tensor("f32", np.arange(64 * 3, dtype=np.float32).reshape(3, 64))
         w.add_tensor("f16", np.zeros((2, 5, 32), dtype=np.float16))
@@ -204,9 +205,9 @@ def test_writer_file_matches_gguf_reader(tiny: Path) -> None:
     assert md["t.true"] is True and md["t.false"] is False
     assert md["t.unicode"] == "héllo wörld ✓ 🦙"
     assert md["t.arr_str"] == ["a", "", "ccc", "ü"]
-    assert md["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, gr.KEEP_STRING_ARRAY_MAX + 45)
-    assert len(md["tokenizer.ggml.scores"]) == gr.KEEP_STRING_ARRAY_MAX + 45  # numeric: kept up to KEEP_ARRAY_MAX
-    assert md["t.big_u32"] == SkippedArray(V.UINT32, gr.KEEP_ARRAY_MAX + 1)
+    assert md["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, gc.KEEP_STRING_ARRAY_MAX + 45)
+    assert len(md["tokenizer.ggml.scores"]) == gc.KEEP_STRING_ARRAY_MAX + 45  # numeric: kept up to KEEP_ARRAY_MAX
+    assert md["t.big_u32"] == SkippedArray(V.UINT32, gc.KEEP_ARRAY_MAX + 1)
     assert len(md["t.arr_f32"]) == 100  # kept
     assert h.tensor("f32").shape == (64, 3)  # ggml order: ne0 first
     assert h.tensor("f16").shape == (32, 5, 2)
@@ -258,7 +259,7 @@ def test_big_endian_file(tmp_path: Path) -> None:
 def test_any_read_window(tiny: Path, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads of 1 byte upwards: every field and every walked string straddles a window boundary somewhere."""
     ref = read_header(tiny)
-    monkeypatch.setattr(gr, "READ_CHUNK", chunk)
+    monkeypatch.setattr(gc, "READ_CHUNK", chunk)
     h = read_header(tiny)
     assert h.metadata == ref.metadata and h.tensors == ref.tensors
     assert h.shards[0].data_offset == ref.shards[0].data_offset
@@ -266,26 +267,26 @@ def test_any_read_window(tiny: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
 
 def test_long_strings_skipped_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Strings over the keep limit become SkippedString; walked vocab strings longer than a window too."""
-    monkeypatch.setattr(gr, "KEEP_STRING_MAX", 100)
-    monkeypatch.setattr(gr, "READ_CHUNK", 64)
+    monkeypatch.setattr(gc, "KEEP_STRING_MAX", 100)
+    monkeypatch.setattr(gc, "READ_CHUNK", 64)
     b = GGUFBytes()
     b.kv("general.architecture", V.STRING, "llama")
     b.kv("long", V.STRING, "x" * 101)
     b.kv("short", V.STRING, "x" * 100)
-    b.kv_array("vocab", V.STRING, ["y" * (i * 37 % 300) for i in range(gr.KEEP_STRING_ARRAY_MAX + 1)])
+    b.kv_array("vocab", V.STRING, ["y" * (i * 37 % 300) for i in range(gc.KEEP_STRING_ARRAY_MAX + 1)])
     b.tensor("w", (32,))
     p = tmp_path / "s.gguf"
     p.write_bytes(b.build())
     h = read_header(p)
     assert h.metadata["long"] == SkippedString(101)
     assert h.metadata["short"] == "x" * 100
-    assert h.metadata["vocab"] == SkippedArray(V.STRING, gr.KEEP_STRING_ARRAY_MAX + 1)
+    assert h.metadata["vocab"] == SkippedArray(V.STRING, gc.KEEP_STRING_ARRAY_MAX + 1)
     assert h.shards[0].header_bytes == b.marks()["pad"]
 
 
 def test_kept_values_have_a_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the whole-header budget, arrays are summarised even when each is small."""
-    monkeypatch.setattr(gr, "KEEP_TOTAL_ELEMENTS", 250)
+    monkeypatch.setattr(gc, "KEEP_TOTAL_ELEMENTS", 250)
     b = GGUFBytes()
     for i in range(3):
         b.kv_array(f"a{i}", V.UINT32, list(range(100)))
@@ -364,10 +365,10 @@ def _vocab_file(n: int, lie_at: int | None = None) -> tuple[bytes, int, int]:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 8, 9, 13, 16, 17, 64, 100, 255, 1 << 20])
-@pytest.mark.parametrize("n", [gr.KEEP_STRING_ARRAY_MAX + 1, gr.KEEP_STRING_ARRAY_MAX + 8, 1000])
+@pytest.mark.parametrize("n", [gc.KEEP_STRING_ARRAY_MAX + 1, gc.KEEP_STRING_ARRAY_MAX + 8, 1000])
 def test_vocab_walk_any_window(chunk: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     data, _, _ = _vocab_file(n)
-    monkeypatch.setattr(gr, "READ_CHUNK", chunk)
+    monkeypatch.setattr(gc, "READ_CHUNK", chunk)
     h = gr.read_header_from(MemSource(data))
     assert h.metadata["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, n)
     assert h.metadata["after"] == 7  # the walk ended exactly where the array does
@@ -378,7 +379,7 @@ def test_vocab_walk_any_window(chunk: int, n: int, monkeypatch: pytest.MonkeyPat
 def test_vocab_walk_catches_a_lying_length(chunk: int, lie_at: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A string length past the end is caught wherever it sits in the eight-string unrolled loop."""
     data, _, lie = _vocab_file(300, lie_at)
-    monkeypatch.setattr(gr, "READ_CHUNK", chunk)
+    monkeypatch.setattr(gc, "READ_CHUNK", chunk)
     with pytest.raises(gr.GGUFError) as info:
         gr.read_header_from(MemSource(data))
     assert info.value.offset == _vocab_file(300)[1] + lie

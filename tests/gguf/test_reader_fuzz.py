@@ -22,6 +22,7 @@ from gguf import GGUFValueType as V
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fitter.gguf.cursor as gc
 import fitter.gguf.reader as gr
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
 from fitter.gguf.reader import GGUFHeader, SkippedArray, read_header_from
@@ -52,7 +53,7 @@ def seed_file() -> GGUFBytes:
     b.kv("t.f64", V.FLOAT64, 2.5)
     b.kv_array("t.kept_u32", V.UINT32, [4, 4])
     b.kv_array("t.kept_str", STRING, ["a", "bb", ""])
-    b.kv_array("tokenizer.ggml.tokens", STRING, [f"t{i}" * (i % 4) for i in range(gr.KEEP_STRING_ARRAY_MAX + 20)])
+    b.kv_array("tokenizer.ggml.tokens", STRING, [f"t{i}" * (i % 4) for i in range(gc.KEEP_STRING_ARRAY_MAX + 20)])
     b.kv_array("t.walked_i16", V.INT16, [1] * 40)  # walked once KEEP_ARRAY_MAX is lowered below
     b.tensor("token_embd.weight", (32, 2), Q.F32)
     b.tensor("blk.0.attn_q.weight", (256, 1), Q.Q4_K)
@@ -189,14 +190,14 @@ def traced():
 @pytest.fixture(params=[1 << 20, 64, 9], ids=["window-1MiB", "window-64", "window-9"])
 def window(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """Read windows small enough that mutated fields straddle their boundaries; walked arrays kept small."""
-    monkeypatch.setattr(gr, "READ_CHUNK", request.param)
-    monkeypatch.setattr(gr, "KEEP_ARRAY_MAX", 16)
+    monkeypatch.setattr(gc, "READ_CHUNK", request.param)
+    monkeypatch.setattr(gc, "KEEP_ARRAY_MAX", 16)
     return request.param
 
 
 def test_seed_file_is_valid() -> None:
     h = read_header_from(MemSource(SEED_BYTES))
-    assert h.metadata["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, gr.KEEP_STRING_ARRAY_MAX + 20)
+    assert h.metadata["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, gc.KEEP_STRING_ARRAY_MAX + 20)
     assert len(h.tensors) == 4
     if ORACLE:
         cpp = gguf_cpp_read(SEED_BYTES)
@@ -294,7 +295,7 @@ def test_huge_vocab_walk_is_bounded(traced: None) -> None:
     _, peak = tracemalloc.get_traced_memory()
     assert h.metadata["tokenizer.ggml.tokens"] == SkippedArray(V.STRING, n)
     assert h.header_size == src.size
-    assert peak < 3 * gr.READ_CHUNK + (1 << 20), peak
+    assert peak < 3 * gc.READ_CHUNK + (1 << 20), peak
 
 
 def test_huge_string_value_is_not_read(traced: None) -> None:
@@ -308,13 +309,13 @@ def test_huge_string_value_is_not_read(traced: None) -> None:
     h = read_header_from(src)
     _, peak = tracemalloc.get_traced_memory()
     assert h.metadata["big"] == gr.SkippedString(900 << 20)
-    assert src.bytes_fetched <= len(prefix) + gr.READ_CHUNK
-    assert peak < 2 * gr.READ_CHUNK + (1 << 20)
+    assert src.bytes_fetched <= len(prefix) + gc.READ_CHUNK
+    assert peak < 2 * gc.READ_CHUNK + (1 << 20)
 
 
 def test_many_kept_arrays_hit_the_budget(traced: None) -> None:
     """Many arrays each small enough to keep: the whole-header budget caps what is kept."""
-    count, each = 200, gr.KEEP_ARRAY_MAX  # 200 x 16384 u32 = 12.5 MiB in the file
+    count, each = 200, gc.KEEP_ARRAY_MAX  # 200 x 16384 u32 = 12.5 MiB in the file
     b = GGUFBytes()
     b.kv("general.architecture", STRING, "llama")
     body = struct.pack(f"<{each}I", *range(each))
@@ -327,7 +328,7 @@ def test_many_kept_arrays_hit_the_budget(traced: None) -> None:
     _, peak = tracemalloc.get_traced_memory()
     peak -= base
     kept = [k for k, v in h.metadata.items() if isinstance(v, list)]
-    assert len(kept) * each <= gr.KEEP_TOTAL_ELEMENTS
+    assert len(kept) * each <= gc.KEEP_TOTAL_ELEMENTS
     assert all(isinstance(h.metadata[f"a{i}"], SkippedArray) for i in range(len(kept), count))
     # a kept u32 costs ~36 bytes as a Python int in a list; the budget bounds the total
-    assert peak < gr.KEEP_TOTAL_ELEMENTS * 40 + 4 * gr.READ_CHUNK
+    assert peak < gc.KEEP_TOTAL_ELEMENTS * 40 + 4 * gc.READ_CHUNK

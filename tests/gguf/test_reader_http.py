@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-import fitter.gguf.reader as gr
+import fitter.gguf.cursor as gc
 from fitter.errors import GGUFError, SourceError
 from fitter.gguf.reader import GGUFHeader, read_header, read_header_from
 from fitter.gguf.source import FileSource, HttpSource
@@ -34,7 +34,7 @@ def write_split_with_gguf_writer(directory: Path, n_tensors: int = 7, per_shard:
     w = GGUFWriter(path, "llama", split_max_tensors=per_shard)
     w.add_name("split test")
     w.add_uint32("llama.block_count", 2)
-    w.add_token_list([f"tok{i}" for i in range(gr.KEEP_STRING_ARRAY_MAX + 10)])
+    w.add_token_list([f"tok{i}" for i in range(gc.KEEP_STRING_ARRAY_MAX + 10)])
     for i in range(n_tensors):
         w.add_tensor(f"blk.{i}.w", np.full((4, 32), i, dtype=np.float32))
     w.write_header_to_file()

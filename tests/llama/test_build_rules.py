@@ -8,7 +8,6 @@ from functools import lru_cache
 
 import pytest
 
-from fitter.build import PINNED, resolve_build
 from fitter.errors import UnsupportedModelError
 from fitter.ggml.alloc import Gallocr
 from fitter.ggml.tensor import inp
@@ -19,6 +18,7 @@ from fitter.llama.graph_details import graph_details
 from fitter.llama.kv_cache import memory_caches
 from fitter.llama.model import load_model_spec
 from fitter.llama.models import default_details
+from fitter.llama_builds import PINNED, resolve_build
 from tests.synth import build as synth
 from tests.synth.shapes import build_shape
 

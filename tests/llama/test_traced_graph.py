@@ -242,8 +242,8 @@ def test_placements_reuse_a_graph_exactly(arch: str, flags: dict, monkeypatch: p
 @pytest.mark.parametrize(("arch", "backend"), [("gemma3", "metal"), ("qwen3moe", "cuda"), ("deepseek2", "cpu")])
 def test_older_builds_reuse_a_graph_exactly(release: str, arch: str, backend: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Builds whose rules pad the caches, the masks and n_batch otherwise (fitter.build)."""
-    from fitter.build import resolve_build
+    """Builds whose rules pad the caches, the masks and n_batch otherwise (fitter.llama_builds)."""
+    from fitter.llama_builds import resolve_build
 
     build_ = resolve_build(release)
     header, spec = load_model_spec(str(build(arch)))

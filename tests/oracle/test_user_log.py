@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter.build import PINNED, resolve_build
 from fitter.fit.memory import predict
 from fitter.llama.cparams import Backend, RunConfig
 from fitter.llama.model import load_model_spec
+from fitter.llama_builds import PINNED, resolve_build
 from fitter.oracle import user_log
 from fitter.oracle.calibrate import compare_log
 from fitter.oracle.user_log import LogError, parse_user_log, read_user_log
@@ -320,7 +320,7 @@ TOL = 5243  # a two-decimal MiB figure is known to +-0.005 MiB (fitter.oracle.ll
 # Today's relative error of the compute buffers (predicted - printed) / printed, per log, as an upper bound:
 # every build is still predicted with the pinned build's rules. Why each is off, from the leads:
 COMPUTE_TOLERANCE = {
-    # relative error of the predicted compute buffer, with each log's build's rules (fitter.build.changes)
+    # relative error of the predicted compute buffer, with each log's build's rules (fitter.llama_builds.changes)
     "03": {"device": 0.00001, "host": 0.00001},  # Metal b8999: exact (-1.96% before Metal's reorder was modelled)
     "10": {"device": 0.001},  # Metal b9010: exact
     "05": {"device": 0.021, "host": 0.001},  # CUDA, a build of the log's date (2026-05-14; no build line): +2.0%

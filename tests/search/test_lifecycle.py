@@ -157,7 +157,7 @@ def test_watchdog_kills_children_where_there_is_no_parent_death_signal(tmp_path,
 
 def test_watchdog_released_kills_nothing():
     """A child reaped normally: the watchdog exits without touching the (by then maybe reused) process group."""
-    from fitter.oracle.llama_run import Watchdog
+    from fitter.oracle.child_process import Watchdog
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.errors import GGFitError
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import nbytes, row_size, type_name
+from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
 
 if TYPE_CHECKING:
@@ -37,6 +37,13 @@ class Backend(str, Enum):
     CUDA = "cuda"
     METAL = "metal"
     RPC = "rpc"  # devices of rpc-servers on other hosts (--rpc), the main host's CPU beside them
+
+
+class Overhead(NamedTuple):
+    """Memory a llama.cpp process holds outside the buffers it prints, and what it is (fitter.fit.margin)."""
+
+    bytes: int
+    what: str
 
 
 class BackendError(GGFitError):
@@ -161,7 +168,7 @@ class BackendImpl:
     # the device is the host (CPU): every buffer is the one RAM and counts against the one budget; no GPU flags
     is_gpu = False
     remote = False  # devices on other hosts (RPC: rpc-servers named by --rpc), the main host's CPU beside them
-    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.build.changes)
+    label = "CPU"  # how llama.cpp's logs and ggfit's messages name the backend ("CUDA", "Metal"; fitter.llama_builds.changes)
     single_device = False  # one device at most (Metal: MTL0): no -ts, -mg, nor a --budget per GPU
     # the device's memory is the host's RAM (Apple Silicon): weights moved to the CPU (-ngl, --n-cpu-moe, -ot =CPU)
     # stay in the same RAM and free nothing, and no host budget of its own is needed unless asked for
@@ -173,7 +180,14 @@ class BackendImpl:
     # layer's norm on its layer's device: one split input fewer at each device boundary), or llama.cpp's dry run,
     # whose ggml_backend_sched_reserve_size drops them (CUDA's and Metal's figures are checked against dry runs)
     keeps_layer_pins = False
-    build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.build.changes)
+    # how llama.cpp's build info (system_info, llama-bench's `backends`) names a build with this backend, any case
+    log_names: tuple[str, ...] = ()
+    # the default --margin's facts (fitter.fit.margin): what the process holds outside the device's buffers, outside its
+    # host buffers next to a GPU (None: nothing modelled), and whether a safety share goes on top
+    overhead: Overhead | None = None
+    host_overhead: Overhead | None = None
+    margin_safety = True
+    build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.llama_builds.changes)
 
     def device_name(self, index: int) -> str:
         """llama.cpp's name of the device at `index` ("CUDA1"): its registry's name and the index (a --budget per GPU
@@ -187,6 +201,26 @@ class BackendImpl:
         bound = copy.copy(self)
         bound.build = build
         return bound
+
+    def placement_refusal(self) -> str | None:
+        """Why moving weights off the device (--n-cpu-moe, -ot =CPU, a lower -ngl) frees none of its memory; None
+        on a GPU with memory of its own."""
+        if not self.is_gpu:
+            return "the CPU backend has no GPU to offload from"
+        if self.unified_memory:
+            return (f"{self.label}'s memory is unified: weights moved to the CPU (--n-cpu-moe, -ot =CPU, a lower -ngl) "
+                    "stay in the same RAM, so they free nothing; lower the context, the K/V type or the quant instead")
+        return None
+
+    def named_in(self, build_info: str) -> bool:
+        """Whether llama.cpp's build info (system_info, llama-bench's `backends`) names this backend."""
+        text = build_info.lower()
+        return any(n.lower() in text for n in self.log_names)
+
+    def machine_kind(self) -> str | None:
+        """The device's model and memory as its driver names them, for results that only mix within a kind of
+        machine (None: the host's CPU says it)."""
+        return None
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         """What the device has for llama.cpp now, as `--budget auto` reads it (ggml_backend_dev_memory's counterpart
@@ -293,7 +327,7 @@ class BackendImpl:
     @property
     def reorders_graph(self) -> bool:
         """Whether graph_optimize moves nodes across layers (Metal): the layers are then not replayed one by one
-        (fitter.llama.context._prepare)."""
+        (fitter.llama.layer_segments._prepare)."""
         return False
 
     def graph_optimize(self, segments: list) -> None:

@@ -18,7 +18,8 @@ from fitter.ggml.tensor import (
     view,
 )
 from fitter.ggml.types import F32, row_size
-from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
+from fitter.llama.graph import GraphContext
+from fitter.llama.graph_blocks import build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
 
 # LLAMA_EXPERT_GATING_FUNC_TYPE without the key: softmax (deepseek2.cpp load_arch_hparams, for V2 / V2.5

@@ -94,6 +94,7 @@ def _build_ffn_dense_and_moe(c: GraphContext, attn_out: Tensor, il: int) -> Tens
     return add(ctx0, mlp, moe, f"ffn_out-{il}")
 
 
+# long because llama_model_gemma4::graph::graph (src/models/gemma4.cpp), node for node
 def build_graph(c: GraphContext) -> GraphGen:
     """gemma4: src/models/gemma4.cpp (per-layer heads, shared-KV layers, per-layer embeddings, MoE)."""
     ctx0 = c.ctx0

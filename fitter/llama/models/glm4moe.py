@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from fitter.ggml.tensor import Tensor, rope
-from fitter.llama.graph import GraphContext, build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
+from fitter.llama.graph import GraphContext
+from fitter.llama.graph_blocks import build_moe_lead_dense_layers, build_mtp, build_mtp_moe_tail
 from fitter.llama.hparams import ArchRules, ModelSpec
 
 # LLAMA_EXPERT_GATING_FUNC_TYPE without the key: sigmoid (glm4-moe.cpp load_arch_hparams)

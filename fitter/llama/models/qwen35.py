@@ -31,7 +31,8 @@ from fitter.ggml.tensor import (
 )
 from fitter.ggml.types import F32, TSIZE, row_size
 from fitter.gguf.constants import Keys
-from fitter.llama.graph import GraphContext, build_mtp
+from fitter.llama.graph import GraphContext
+from fitter.llama.graph_blocks import build_mtp
 from fitter.llama.hparams import RECURRENT_LAYERS_KEY, ArchRules, LayerKind, Meta, ModelSpec
 
 
@@ -118,6 +119,7 @@ def _build_beta_gate(c: GraphContext, cur: Tensor, il: int) -> tuple[Tensor, Ten
     return beta, gate
 
 
+# long because build_layer_attn_linear (src/models/qwen35.cpp, 134 lines), node for node
 def _gdn_layer(c: GraphContext, rs: dict, cur: Tensor, il: int) -> Tensor:
     """build_layer_attn_linear of qwen35 / qwen35moe / qwen3next (gated delta net, fused op)."""
     ctx0 = c.ctx0

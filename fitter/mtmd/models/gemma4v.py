@@ -8,6 +8,7 @@ sqrt(n_embd)), the optional standardisation and the RMS-normed input projection.
 from __future__ import annotations
 
 from fitter.ggml import tensor as T
+from fitter.ggml.image_ops import pool_2d
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import I32
 from fitter.mtmd.graph import ClipGraph
@@ -34,7 +35,7 @@ def build(c: ClipGraph) -> Tensor:
     cur = c.build_vit(inp, c.n_patches, True, hp.ffn_op, None, add_pos)
     k = hp.n_merge  # Gemma4VisionPooler
     cur = T.cont_nd(ctx, T.transpose(ctx, cur), (c.n_patches_x, c.n_patches_y, hp.n_embd, c.n_batch))
-    cur = T.pool_2d(ctx, cur, k, k)
+    cur = pool_2d(ctx, cur, k, k)
     cur = T.reshape(ctx, cur, ((c.n_patches_x // k) * (c.n_patches_y // k), hp.n_embd, c.n_batch))
     cur = T.cont(ctx, T.transpose(ctx, cur))
     cur = T.scale(ctx, cur)

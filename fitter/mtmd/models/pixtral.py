@@ -5,6 +5,7 @@ and an [IMG_BREAK] embedding after each row."""
 from __future__ import annotations
 
 from fitter.ggml import tensor as T
+from fitter.ggml.image_ops import im2col
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import I32
 from fitter.mtmd.graph import ClipGraph
@@ -28,7 +29,7 @@ def build(c: ClipGraph) -> Tensor:
         cur = T.reshape(ctx, cur, (hp.n_embd, c.n_patches_x, c.n_patches_y))
         cur = T.cont(ctx, T.permute(ctx, cur, 2, 0, 1, 3))
         kernel = T.view(ctx, cur, (m, m, cur.ne[2]), (0, 0))  # a dummy kernel: only its shape counts
-        cur = T.im2col(ctx, kernel, cur, m, m, inp.type)
+        cur = im2col(ctx, kernel, cur, m, m, inp.type)
         cur = T.reshape(ctx, cur, (cur.ne[0], cur.ne[1] * cur.ne[2]))
         cur = c.mm(merger, cur)
     cur = c.build_ffn(cur, c.need("mm.1.weight"), c.w("mm.1.bias"), None, None, c.need("mm.2.weight"),

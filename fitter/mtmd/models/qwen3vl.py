@@ -4,6 +4,7 @@ image, M-RoPE, deepstack features concatenated to the merger's output)."""
 from __future__ import annotations
 
 from fitter.ggml import tensor as T
+from fitter.ggml.image_ops import interpolate
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import I32
 from fitter.mtmd.graph import ClipGraph
@@ -20,7 +21,7 @@ def resize_position_embeddings(c: ClipGraph) -> Tensor:  # clip_graph::resize_po
         return pos
     pos = T.reshape(ctx, pos, (e, side, side))
     pos = T.permute(ctx, pos, 2, 0, 1, 3)
-    pos = T.interpolate(ctx, pos, (w, h, e, 1))
+    pos = interpolate(ctx, pos, (w, h, e, 1))
     pos = T.permute(ctx, pos, 1, 2, 0, 3)
     return T.cont_nd(ctx, pos, (e, w * h))
 

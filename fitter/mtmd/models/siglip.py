@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fitter.ggml import tensor as T
+from fitter.ggml.image_ops import pool_2d
 from fitter.ggml.tensor import Tensor
 from fitter.mtmd.graph import ClipGraph
 
@@ -16,7 +17,7 @@ def build(c: ClipGraph) -> Tensor:
     k = hp.n_merge
     cur = T.transpose(ctx, cur)
     cur = T.cont_nd(ctx, cur, (per_side, per_side, hp.n_embd, 1))
-    cur = T.pool_2d(ctx, cur, k, k)
+    cur = pool_2d(ctx, cur, k, k)
     cur = T.reshape(ctx, cur, (cur.ne[0] * cur.ne[0], hp.n_embd, 1))
     cur = T.cont(ctx, T.transpose(ctx, cur))
     cur = T.rms_norm(ctx, cur)

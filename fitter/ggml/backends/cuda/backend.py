@@ -25,7 +25,7 @@ cuda FA f16 V          pad128(...) + 2*Dv*n_kv*n_head_kv*ns likewise for V, not 
 =====================  =========================================================  ==========================================
 
 Other llama.cpp builds (`backends.get("cuda").for_build(build)`): no FA f16 copies before #23907 (they came from the
-pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.build.changes:
+pool); the vec kernel's f16 fallback for a type pair without a vec kernel only since 0.3.36 (fitter.llama_builds.changes:
 cuda_fa_f16_kv_reserve, cuda_fa_vec_f16_fallback). The kernel choice is the pinned build's for every build.
 
 Not in any ggml buffer, so not predicted here: the per-device memory pool (`ggml_cuda_pool`, VMM or
@@ -38,12 +38,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from fitter.build import PINNED, LlamaBuild
-from fitter.ggml.backends.base import Backend, BackendImpl, FlashAttnShape, _nbytes_of, _ne4, _op, flash_attn_shape_of
+from fitter.ggml.backends.base import (
+    Backend,
+    BackendImpl,
+    FlashAttnShape,
+    Overhead,
+    _nbytes_of,
+    _ne4,
+    _op,
+    flash_attn_shape_of,
+)
 from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.tensor import Tensor, nbytes_strided
 from fitter.ggml.types import BLCK, is_quantized, nbytes, pad, row_size, type_name, type_size
 from fitter.gguf.constants import GGMLQuantizationType
+from fitter.llama_builds import PINNED, LlamaBuild
 
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
@@ -251,9 +260,26 @@ class CUDABackend(BackendImpl):
     maps_host_memory = False  # caps.buffer_from_host_ptr is false: weights are copied (no _Mapped buffer)
     is_gpu = True
     label = "CUDA"
+    log_names = ("CUDA",)
     has_host_buffer_type = True  # ggml_backend_cuda_host_buffer_type (CUDA_Host)
+    # H200, driver 580.159, CUDA 13: cudaMemGetInfo around 15 real loads and decodes, and the host's peak RSS
+    # (benchmarks/results/gpu-load-h200.json, gpu-hostrss-h200.json; the table in fitter.fit.margin)
+    overhead = Overhead(772 << 20, "CUDA context 527 MiB + CUDA pool and cuBLAS workspace 245 MiB (measured on an H200)")
+    host_overhead = Overhead(747 << 20, "llama-server's resident memory beyond its host buffers (CUDA runtime, heap; "
+                                        "measured on the H200 host)")
 
     # fa_auto_unsupported_reason: CUDA's rules are not mirrored (-fa auto stays as asked)
+
+    def machine_kind(self) -> str | None:
+        """The first GPU's name and memory (nvidia-smi), or 'unknown'."""
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return out.splitlines()[0] if out else "unknown"
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         """Free VRAM of the device: nvidia-smi, else NVML (cuda/memory.py)."""

@@ -74,8 +74,9 @@ def _can_fuse(nodes: list[Tensor], i: int, ops: list[str], outputs: tuple[Tensor
     return _same_split(nodes, i, count) and can_fuse_subgraph(nodes[i:i + count], ops, outputs, uses)
 
 
+# long because ggml_cuda_match_moe_weighted_reduction (ggml-cuda.cu, 131 lines), step by step
 def _match_moe_reduction(nodes: list[Tensor], i: int, uses: dict[int, int]):
-    """ggml_cuda_match_moe_weighted_reduction (over 80 lines: it follows upstream's matcher step by step)."""
+    """ggml_cuda_match_moe_weighted_reduction."""
     first = nodes[i]
     if first.op != "MUL" or first.type != F32 or not is_contiguous(first):
         return None
@@ -149,11 +150,9 @@ def _match_moe_reduction(nodes: list[Tensor], i: int, uses: dict[int, int]):
     return experts, weights, scale, dst, count
 
 
+# long because ggml_cuda_topk_moe_fusion (ggml-cuda.cu, 153 lines): its pattern walk step by step
 def _match_topk_moe(nodes: list[Tensor], i: int, uses: dict[int, int]) -> int | None:
-    """ggml_cuda_topk_moe_fusion + the pattern check of ggml_backend_cuda_graph_optimize: its length, or None.
-
-    Over 80 lines: it follows ggml_cuda_topk_moe_fusion's pattern walk step by step.
-    """
+    """ggml_cuda_topk_moe_fusion + the pattern check of ggml_backend_cuda_graph_optimize: its length, or None."""
     n = len(nodes)
     node = nodes[i]
     sigmoid = softplus = False

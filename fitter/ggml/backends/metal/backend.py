@@ -10,7 +10,7 @@ fitter.ggml.backends.metal.common.
 Other llama.cpp builds (`backends.get("metal").for_build(build)`): 0.3.16's ggml-metal.m had no get_alloc_size
 (ggml_nbytes for every op); 0.3.17-0.3.35 (ggml-metal.cpp) add the FA pad (with K's and V's own strides), blk and
 tmp, MUL_MAT_ID tpe and ids, the CUMSUM/ARGSORT/TOP_K sizes; kv_f16 (and the f16 pad strides) since #27390, amax
-and idx since 0.3.36 (fitter.build.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
+and idx since 0.3.36 (fitter.llama_builds.changes: metal_alloc_size_extras, metal_fa_kv_f16_extra, metal_mul_mat_id_amax,
 metal_fa_sparse_idx).
 
 get_alloc_size terms (bytes added to ggml_nbytes of the op's output)
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from fitter.build import PINNED, LlamaBuild
 from fitter.ggml.backends.base import (
     SIZE_MAX,
     Backend,
@@ -64,11 +63,12 @@ from fitter.ggml.backends.base import (
     flash_attn_shape_of,
 )
 from fitter.ggml.backends.metal.common import graph_optimize as metal_graph_optimize
-from fitter.ggml.backends.metal.segments import optimize_segments
+from fitter.ggml.backends.metal.evidence import metal_margin
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import ChunkPlan
 from fitter.ggml.tensor import Tensor
 from fitter.ggml.types import pad, type_name
+from fitter.llama_builds import PINNED, LlamaBuild
 
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
@@ -237,6 +237,14 @@ def metal_fa_unsupported_reason(d_k: int, d_v: int, type_k: str, type_v: str, *,
     return None
 
 
+def optimize_segments(*args: Any) -> tuple[ChunkPlan, list[Segment]] | None:
+    """fitter.ggml.backends.metal.segments.optimize_segments, imported on the first Metal graph that needs it (a CPU or
+    CUDA prediction loads none of the reorder's modules)."""
+    from fitter.ggml.backends.metal import segments
+
+    return segments.optimize_segments(*args)
+
+
 class MetalBackend(BackendImpl):
     """The Metal device (MTL0); its host buffers are the CPU's."""
 
@@ -248,9 +256,13 @@ class MetalBackend(BackendImpl):
     maps_host_memory = True  # unified memory: mmapped weights are wrapped (MTL0_Mapped)
     is_gpu = True
     label = "Metal"
+    log_names = ("MTL", "Metal")
     single_device = True  # the default Metal device, MTL0
     unified_memory = True  # Apple Silicon: MTL0 is the host's RAM (recommendedMaxWorkingSetSize of it)
     has_host_buffer_type = False  # ggml-metal.cpp get_host_buffer_type: NULL
+    # the evidence (metal/evidence.py) bounds the whole margin: a safety share on top would reject what ran
+    overhead = metal_margin()
+    margin_safety = False
 
     def fa_auto_unsupported_reason(self, heads: Iterable[tuple[int, int]], type_k: str, type_v: str) -> str | None:
         """ggml_metal_device_supports_op's FLASH_ATTN_EXT rules (metal_fa_unsupported_reason): the first layer's

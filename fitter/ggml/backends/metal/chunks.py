@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal.common import optimize_splits
 from fitter.ggml.graph import Segment
 from fitter.ggml.replay import Chunk, ChunkPlan
 from fitter.ggml.sched import add_alloc_dep, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_INPUT, CacheTensor, Tensor
+from fitter.llama_builds import LlamaBuild
 
 # what a pack reads or writes, relative to its instance (segments._Plan._ref): local tensors ((instance offset,
 # index in their segment), ...), whether it reads the previous instance's output, global tensors' indices, KV ranges,

@@ -15,7 +15,7 @@ tensor of one cache spans [0, size) and all of them overlap (llama_kv_cache's co
 allocated even then (llama_memory_recurrent), r_l and s_l of each layer one after the other, aligned. In a real run
 the KV tensors have their own addresses; that difference is not modelled.
 
-Eras (fitter.build.changes): no reorder before #15929 (metal_graph_optimize); 0.3.17-0.3.35 pack ADD / NORM / RMS_NORM
+Eras (fitter.llama_builds.changes): no reorder before #15929 (metal_graph_optimize); 0.3.17-0.3.35 pack ADD / NORM / RMS_NORM
 runs with ggml_can_fuse and let a pack's sources and last node stand for it; since 0.3.36 the packs come from the
 fusion table (fitter.ggml.backends.metal.fusion) and every node of a pack is a destination, its internal sources
 none (metal_fusion_table). The rules mirrored are #19555's (2026-02-12): builds from #15929 to then moved fewer op
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from fitter.build import LlamaBuild
 from fitter.ggml.backends.metal.fusion import fusion_alloc_deps, fusion_max
 from fitter.ggml.sched import add_alloc_dep, graph_uses, insert_alloc_deps
 from fitter.ggml.tensor import FLAG_OUTPUT, VIEW_OPS, CacheTensor, Tensor
+from fitter.llama_builds import LlamaBuild
 
 EMPTY_OPS = VIEW_OPS | {"NONE"}  # ggml_op_is_empty
 # ggml_metal_graph_optimize_reorder h_safe: the ops a node may be moved across

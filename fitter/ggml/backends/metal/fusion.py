@@ -319,11 +319,15 @@ FUSIONS: tuple[_Fusion, ...] = (
 
 # the table's patterns by their first op (non-empty ops, then raw ops), in table order: a node no pattern starts with
 # is never looked at further
-_BY_OP: dict[str, tuple[_Fusion, ...]] = {}
-_BY_RAW_OP: dict[str, tuple[_Fusion, ...]] = {}
-for _f in FUSIONS:
-    _BY_OP[_f.ops[0]] = _BY_OP.get(_f.ops[0], ()) + (_f,)
-    _BY_RAW_OP[_f.ops_all[0]] = _BY_RAW_OP.get(_f.ops_all[0], ()) + (_f,)
+def _by_first(first: Callable[[_Fusion], str]) -> dict[str, tuple[_Fusion, ...]]:
+    out: dict[str, tuple[_Fusion, ...]] = {}
+    for f in FUSIONS:
+        out[first(f)] = out.get(first(f), ()) + (f,)
+    return out
+
+
+_BY_OP = _by_first(lambda f: f.ops[0])
+_BY_RAW_OP = _by_first(lambda f: f.ops_all[0])
 
 
 # ---- queries ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from fitter.ggml.backends.base import HOST_ALIGNMENT, Backend, BackendImpl
+from fitter.ggml.backends.base import HOST_ALIGNMENT, Backend, BackendImpl, Overhead
 from fitter.ggml.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -33,7 +33,11 @@ class RPCBackend(BackendImpl):
     remote = True
     label = "RPC"
     has_host_buffer_type = False
-    keeps_layer_pins = True  # checked against real loads (an RPC dry run allocates nothing on the servers)
+    keeps_layer_pins = True
+    # the default margins (fitter.fit.margin), measured here (benchmarks/results/rpc-cpu-here.json)
+    overhead = Overhead(45 << 20, "a CPU rpc-server's resident memory beyond its buffers (measured here)")
+    host_overhead = Overhead(51 << 20, "the main llama-server's resident memory beyond its host buffers, beside CPU "
+                                       "rpc-servers (measured here)")  # checked against real loads (an RPC dry run allocates nothing on the servers)
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")

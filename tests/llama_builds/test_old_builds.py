@@ -1,5 +1,5 @@
 """Builds back to mid 2025 (issue 49, item 4): b6000 .. b7380 are dated from llama.cpp's release history
-(fitter.build.changes.ANCHORS: tags with their commits and dates from public material) and modelled with that era's
+(fitter.llama_builds.changes.ANCHORS: tags with their commits and dates from public material) and modelled with that era's
 rules; older builds are refused with one line that gives the range."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import datetime as dt
 
 import pytest
 
-from fitter.build import (
+from fitter.llama_builds import (
     ANCHORS,
     OLDEST,
     OLDEST_BUILD_NUMBER,
@@ -17,7 +17,7 @@ from fitter.build import (
     build_range,
     resolve_build,
 )
-from fitter.build.identify import build_from_text
+from fitter.llama_builds.identify import build_from_text
 
 
 @pytest.mark.parametrize("value", ["b6000", "6000", "b6500", "b7217", "b7379"])
@@ -58,7 +58,7 @@ def test_a_commit_of_mid_2025_names_its_build(value, number):
 
 
 def test_a_commit_prefix_two_known_builds_share_is_an_error():
-    from fitter.build import _by_commit  # the prefix rule itself: no two known commits share 7 digits today
+    from fitter.llama_builds import _by_commit  # the prefix rule itself: no two known commits share 7 digits today
     assert _by_commit("4762ad7").number == 6000
     with pytest.raises(BuildError, match="several known builds"):
         _by_commit("")

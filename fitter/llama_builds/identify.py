@@ -16,7 +16,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from fitter.build import BuildError, LlamaBuild, resolve_build
+from fitter.llama_builds import BuildError, LlamaBuild, resolve_build
 
 _PATTERNS = (
     re.compile(r"\(build\s+(\d{1,6}),\s*commit\s+([0-9a-f]{7,40})\)"),

@@ -4,7 +4,7 @@ ggfit's total against the budget for each (the Metal buffers: MTL0, MTL0_Mapped;
 A config that ran says the memory outside the buffers was at most `budget - total`: an upper bound. One that ran out
 of memory says it was more than `budget - total`: a lower bound. The default margin must lie in (largest lower
 bound, smallest upper bound], so that with it every config that ran fits and every one that did not, does not
-(fitter.fit.margin.metal_bounds). `total_bytes` is ggfit's prediction for the case with the model of the day;
+(metal_bounds below; fitter.fit.margin turns it into the default). `total_bytes` is ggfit's prediction for the case with the model of the day;
 tests/fit/test_metal_margin.py recomputes every one from the case's synthetic twin and the flags, with the case's
 --llama-build, and fails when they drift apart (then the figure here, and the bound, must be updated).
 
@@ -18,6 +18,8 @@ breakdown prints + the 545.62 MiB CPU_Mapped token embedding).
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
+
+from fitter.ggml.backends.base import Overhead
 
 MiB = 1024**2
 
@@ -72,3 +74,36 @@ EVIDENCE: tuple[Case, ...] = (
          "public llama-server log on an M4 Pro (tests/data/llama_logs/03-metal-b8999.log): loaded, its breakdown's "
          "total is the 16,384 MiB working set; the twin's weights are 40.50 MiB under unsloth's mix"),
 )
+
+
+class Bounds(NamedTuple):
+    """What the evidence says of the memory outside the buffers: more than `lower` (by `lower_case`, out of memory)
+    and at most `upper` (by `upper_case`, ran)."""
+    lower: int
+    lower_case: Case | None
+    upper: int
+    upper_case: Case
+
+
+def metal_bounds(cases: tuple[Case, ...] = EVIDENCE) -> Bounds:
+    """(largest lower bound, smallest upper bound) over the cases (EVIDENCE above); refuses evidence that
+    contradicts itself (a config that ran out of memory needing more than one that ran allows)."""
+    ran = [c for c in cases if c.outcome == "ran"]
+    oom = [c for c in cases if c.outcome == "oom"]
+    hi = min(ran, key=lambda c: c.overhead_bound)
+    lo = max(oom, key=lambda c: c.overhead_bound) if oom else None
+    b = Bounds(lo.overhead_bound if lo else -(1 << 62), lo, hi.overhead_bound, hi)
+    if b.lower >= b.upper // MiB * MiB:
+        raise ValueError(f"the Metal evidence contradicts itself: {lo and lo.name} needs more than {hi.name} allows")
+    return b
+
+
+def metal_margin() -> Overhead:
+    """Metal's whole default margin: the smallest upper bound, in whole MiB."""
+    b = metal_bounds()
+    low = (f"; those that ran out of memory only say more than {b.lower / MiB:,.2f} MiB ({b.lower_case.name})"
+           if b.lower_case else "")
+    return Overhead(b.upper // MiB * MiB,
+                    f"from {len(EVIDENCE)} Metal configs that ran or ran out of memory (fitter/ggml/backends/metal/evidence.py): "
+                    f"at most {b.upper / MiB:,.2f} MiB outside the buffers, by {b.upper_case.name} "
+                    f"({b.upper_case.budget_bytes / MiB:,.0f} MiB working set, ran){low}")

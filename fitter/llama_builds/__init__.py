@@ -1,9 +1,9 @@
-"""The llama.cpp build ggfit predicts for.
+"""The rules of llama.cpp builds: the build ggfit predicts for, and which later or earlier build changed what.
 
 ggfit's formulas mirror one build (the pin below: every formula cites its source, every measurement records
 it). A user's llama.cpp may be another: `LlamaBuild` names it (by build number, commit, date or the
 llama-cpp-python release that vendors it), and the code that depends on the build asks it one question,
-`build.has("<change id>")`, about the changes listed in `fitter.build.changes`.
+`build.has("<change id>")`, about the changes listed in `fitter.llama_builds.changes`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import re
 import sys
 from dataclasses import replace
 
-from fitter.build.changes import ANCHORS, CHANGES, RELEASES, Change, Release
 from fitter.errors import GGFitError
+from fitter.llama_builds.changes import ANCHORS, CHANGES, RELEASES, Change, Release
 from fitter.record import Record
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -44,7 +44,7 @@ class LlamaBuild(Record):
     flipped: frozenset[str] = frozenset()  # changes taken the other way (to measure what one change costs)
 
     def has(self, change_id: str) -> bool:
-        """Whether this build has the change (fitter.build.changes)."""
+        """Whether this build has the change (fitter.llama_builds.changes)."""
         c = _CHANGES[change_id]  # KeyError: a typo in ggfit, not user input
         if c.first_build is not None and self.number is not None:
             on = self.number >= c.first_build
@@ -85,7 +85,7 @@ PINNED = LlamaBuild(date=_dt.date(2026, 10, 1), number=PINNED_BUILD_NUMBER, comm
                     how=f"the pinned build (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})")
 
 
-# The oldest build ggfit models: every memory-relevant change since it is in fitter.build.changes (b6000, July 2025:
+# The oldest build ggfit models: every memory-relevant change since it is in fitter.llama_builds.changes (b6000, July 2025:
 # Homebrew and distributions lag by months). Builds before it, or after the pin, are refused.
 OLDEST_BUILD_NUMBER = 6000
 

@@ -3,7 +3,7 @@
 Data only. Each change was read in the llama.cpp sources that llama-cpp-python's releases vendor
 (`pip download --no-binary :all: --no-deps llama-cpp-python==0.3.N`, `vendor/llama.cpp`) and, where the
 CPU shows it, in dry runs of those releases (benchmarks/results/eras-cpu-0.3.N.json); benchmarks/eras/ERAS.md
-gives the source excerpts. The graph builders, caches and backends ask `LlamaBuild.has(<id>)` (fitter.build),
+gives the source excerpts. The graph builders, caches and backends ask `LlamaBuild.has(<id>)` (fitter.llama_builds),
 never a version number.
 
 A change is in a build when the build's number is at least `first_build` (where known), else when the build's
@@ -77,7 +77,7 @@ _SHAMITV = ("github.com/shamitv/llama_cpp CHANGELOG.md (its list of upstream rel
 
 # Builds whose number and date (or commit) public material prints together: what maps a build number to a date and a
 # commit to a build. llama.cpp numbers a build by its commit count on master (`git rev-list --count HEAD`, tag bN).
-# The mid-2025 ones (b5857 .. b7376) date and name the builds back to OLDEST_BUILD (fitter.build), b6000.
+# The mid-2025 ones (b5857 .. b7376) date and name the builds back to OLDEST_BUILD (fitter.llama_builds), b6000.
 ANCHORS: tuple[Anchor, ...] = (
     # before OLDEST_BUILD: only to date the builds after it
     Anchor(5857, _d("2025-07-10"), None, "github.com/janhq/jan/issues/5703 ('bump version: b5857', 2025-07-10: the "

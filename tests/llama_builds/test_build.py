@@ -1,5 +1,5 @@
-"""fitter.build: naming a llama.cpp build (--llama-build), reading it from a binary or a log, and which of the
-memory changes (fitter.build.changes) it has."""
+"""fitter.llama_builds: naming a llama.cpp build (--llama-build), reading it from a binary or a log, and which of the
+memory changes (fitter.llama_builds.changes) it has."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter.build import (
+from fitter.llama_builds import (
     CHANGES,
     PINNED,
     RELEASES,
@@ -19,7 +19,7 @@ from fitter.build import (
     installed_llama_cpp_python,
     resolve_build,
 )
-from fitter.build.identify import build_from_text, build_in_text, build_of_binary
+from fitter.llama_builds.identify import build_from_text, build_in_text, build_of_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests/data/llama_logs"
