@@ -114,10 +114,12 @@ def session_of(r: Any, ask: SessionAsk) -> FitSession | None:
     if r.fe.value != "server" or r.pred is None:
         return None
     cp = r.pred.context
+    if prompt is None and gen >= cp.n_ctx_seq:  # a slot smaller than the default request: half prompt, half output
+        gen = max(1, cp.n_ctx_seq // 2)
     p = prompt if prompt is not None else max(1, min(4096, cp.n_ctx_seq - gen))
     if p + gen > cp.n_ctx_seq:  # llama-server refuses such a request ("exceeds the available context size")
         raise ConfigError(f"--session-prompt {p} + --session-gen {gen} exceed a slot's context "
-                                 f"(n_ctx_seq = {cp.n_ctx_seq})")
+                          f"(n_ctx_seq = {cp.n_ctx_seq})")
 
     dcp = r.pred.draft_context
     draft = None if dcp is None else (r.spec, dcp, True) if r.cfg.spec_type == "draft-mtp" else (r.draft[1], dcp, False)
