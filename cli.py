@@ -337,7 +337,7 @@ def probe(
     pid: Annotated[Optional[int], typer.Option("--pid", help="openai runner: the server's pid, for its memory (/proc).")] = None,
     depth: Annotated[Optional[list[int]], typer.Option("--depth", help="openai runner: context depth in tokens before the prompt (repeatable; default 0).")] = None,
     concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", help="openai runner: concurrent clients (repeatable; default 1).")] = None,
-    soak: Annotated[int, typer.Option("--soak", help="openai runner: N more requests, one after another, and the server's memory growth.")] = 0,
+    soak: Annotated[int, typer.Option("--soak", help="openai, mlx and server runners: N more requests, one after another, and the server's memory growth (server runner: beside the predicted session).")] = 0,
     reasoning: Annotated[bool, typer.Option("--reasoning/--no-reasoning", help="openai runner: leave the template's thinking on.")] = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
@@ -374,7 +374,7 @@ def probe(
         raise fitter.ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
     workload = Workload.from_flags(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind.value)
     code, text = probe_cli(model, list(ctx.args), runner=runner.value, budget=budget, llama_server=llama_server,
-                           timeout=timeout, workload=workload, as_json=as_json)
+                           timeout=timeout, workload=workload, as_json=as_json, soak=soak)
     print(text)
     raise typer.Exit(code)
 

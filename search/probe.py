@@ -108,6 +108,7 @@ def run_probe(
     extra_args: list[str] | None = None,
     log_level: Literal["info", "debug"] = "info",
     progress: Progress | None = None,
+    soak: int = 0,
     _test: dict[str, Any] | None = None,
 ) -> ProbeResult:
     """Prove `config` on `model_path` with a real prefill + decode in an isolated process.
@@ -118,7 +119,7 @@ def run_probe(
     `extra_args`: further llama-server flags, passed verbatim by the server runner (llama-server judges them);
     the python runner has no flags to pass them to and reports them as an error.
     `progress`: where to report what the probe is doing as it happens (waiting for the host's probe lock,
-    loading, prefill, decode); None says nothing.
+    loading, prefill, decode); None says nothing. `soak`: server runner, N more requests (search.soak).
     Probes on one host never overlap: each holds `host_probe_lock` from before its child starts until the child is
     dead; a probe that waits for it says so on `progress`, and its wait does not count against `timeout`
     (`timings["lock_wait_s"]`). SIGTERM stops the child's group as Ctrl-C does (`sigterm_cleanup`), and the child
@@ -128,7 +129,7 @@ def run_probe(
     """
     config = config or RunConfig()
     workload = workload or Workload()
-    _check_limits(runner, timeout, budget_bytes)
+    _check_limits(runner, timeout, budget_bytes, soak)
     path = check_model_path(model_path)
     threads = threads or os.cpu_count() or 1
     extra_bufts = use_extra_bufts or not config.no_repack
@@ -145,7 +146,7 @@ def run_probe(
             res = python_probe(path, config, workload, log_level=log_level, **common)
         else:
             res = server_probe(path, config, workload, llama_server=os.fspath(llama_server) if llama_server else None,
-                               extra_args=extra_args, **common)
+                               extra_args=extra_args, soak=soak, **common)
     if lock["path"]:
         res.timings["lock_wait_s"] = lock["waited_s"]
     if res.ok and res.prompt_tokens:  # the speed model's rates beside the measured ones (issue 46)
@@ -161,13 +162,15 @@ def _predicted_rates(res: ProbeResult, path: str, config: RunConfig, threads: in
                            build_commit=res.build.ggml_commit)
 
 
-def _check_limits(runner: str, timeout: float, budget_bytes: int | None) -> None:
+def _check_limits(runner: str, timeout: float, budget_bytes: int | None, soak: int = 0) -> None:
     if runner not in ("python", "server"):
         raise ProbeError(f"unknown runner {runner!r} (python or server)")
     if timeout <= 0:
         raise ProbeError(f"timeout must be positive, not {timeout}")
     if budget_bytes is not None and budget_bytes <= 0:
         raise ProbeError(f"budget must be positive, not {budget_bytes}")
+    if soak < 0 or (soak and runner != "server"):
+        raise ProbeError(f"--soak {soak}: N requests (0 or more) for the server, openai or mlx runner")
 
 
 def _python_refuses(config: RunConfig, extra_args: list[str] | None) -> str | None:
@@ -205,7 +208,7 @@ def _check_args(config: RunConfig, runner: Runner, *, threads: int, use_extra_bu
 
 def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", budget: str | None = None,
               llama_server: str | None = None, timeout: float = DEFAULT_TIMEOUT, workload: Workload | None = None,
-              as_json: bool = False) -> tuple[int, str]:
+              as_json: bool = False, soak: int = 0) -> tuple[int, str]:
     """What `ggfit probe MODEL [llama-server flags] [--runner] [--budget] [--json]` does: returns (exit code, text).
 
     Exit code 0 for ok, 1 for any other status (the text says which), 2 is left to GGFitError (bad input).
@@ -231,7 +234,8 @@ def probe_cli(model: str, server_args: list[str], *, runner: Runner = "python", 
         read_header(resolve_model(config.draft_model))
     with Progress("probe", json_output=as_json) as progress:  # live stages on stderr; closed before the result
         res = run_probe(path, config, workload, runner=runner, budget_bytes=budget_bytes, timeout=timeout,
-                        llama_server=llama_server, extra_args=unknown or None, progress=progress, **opts)
+                        llama_server=llama_server, extra_args=unknown or None, progress=progress, soak=soak,
+                        **opts)
     invalid = re.compile(r"invalid argument: (\S+)")  # common_params_parse_ex: a flag llama-server does not have
     bad = next((hit for m in [res.message or "", *res.evidence] if m and (hit := invalid.search(m))), None)
     if not res.ok and bad:

@@ -9,6 +9,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fitter import BuildReport, RunConfig, parse_log, short_abort
+from search.soak import Soak
 from search.workload import Workload
 
 Status = Literal["ok", "oom", "crash", "timeout", "error"]
@@ -127,6 +128,7 @@ class ProbeResult(BaseModel):
     predicted: dict[str, Any] | None = None
 
     peak_rss_bytes: int | None = None  # the child's RSS high-water mark (wait4 ru_maxrss)
+    soak: Soak | None = None  # server runner, --soak N: the RSS after each of N more requests, the predicted session
     budget_bytes: int | None = None
     budget: dict[str, Any] = Field(default_factory=dict)  # how the limit was applied (enforced, limit, baseline)
 
@@ -162,6 +164,8 @@ class ProbeResult(BaseModel):
                          f"({p.get('hardware')})")
         if self.peak_rss_bytes:
             parts.append(f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB")
+        if self.soak is not None:
+            parts.append(self.soak.line())
         if self.speculation == "on" and self.acceptance_rate is not None:
             parts.append(f"draft acceptance {self.acceptance_rate:.0%} ({self.draft_accepted}/{self.draft_tokens})")
         elif self.speculation == "off":

@@ -49,11 +49,11 @@ from pydantic import BaseModel, Field
 
 from fitter import Progress
 from search.errors import ProbeError
+from search.soak import Soak, soak_verdict
 from search.workload import corpus
 
 Status = Literal["ok", "crash", "timeout", "error"]
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-SOAK_GROWTH_MIN = 32 * 2**20  # below this, RSS moves are allocator noise, not a ratchet
 
 
 class RequestSample(BaseModel):
@@ -90,13 +90,6 @@ class Memory(BaseModel):
     after: int | None = None
 
 
-class Soak(BaseModel):
-    requests: int
-    rss_after: list[int]  # the server's RSS after each request
-    growth_bytes: int  # last - first
-    verdict: Literal["growing", "flat"]
-
-
 class OpenAIProbeResult(BaseModel):
     status: Status
     message: str | None = None
@@ -127,8 +120,7 @@ class OpenAIProbeResult(BaseModel):
             parts.append(f"server RSS {m.before / 2**20:.0f} -> peak {(m.peak or 0) / 2**20:.0f} -> "
                          f"{(m.after or 0) / 2**20:.0f} MiB")
         if self.soak:
-            parts.append(f"soak {self.soak.requests} requests: {self.soak.verdict} "
-                         f"({self.soak.growth_bytes / 2**20:+.0f} MiB)")
+            parts.append(self.soak.line())
         return "ok: " + "; ".join(parts) + "\n" + RATES_TEXT
 
 
@@ -367,7 +359,7 @@ class OpenAIProbe:
                         after.append(group_rss(self.pid) or 0)
                     rss = f": server RSS {after[-1] / 2**20:,.0f} MiB" if self.pid else ""
                     self._say(f"soak request {i + 1} of {self.soak} done{rss}")
-                res.soak = _soak_verdict(self.soak, after)
+                res.soak = soak_verdict(self.soak, after)
         except _Failed as f:
             res.status, res.message = f.status, f.message
         finally:
@@ -401,15 +393,3 @@ def _union(spans: list[tuple[float, float]]) -> float:
         total += b - max(a, end)
         end = b
     return total
-
-
-def _soak_verdict(n: int, after: list[int]) -> Soak:
-    """growing: the RSS after the last requests is above the first by more than noise, and it rose through the
-    run (the median of the second half above that of the first half)."""
-    if len(after) < 2:
-        return Soak(requests=n, rss_after=after, growth_bytes=0, verdict="flat")
-    growth = after[-1] - after[0]
-    half = len(after) // 2
-    rising = statistics.median(after[half:]) - statistics.median(after[:half]) > SOAK_GROWTH_MIN / 2
-    verdict: Literal["growing", "flat"] = "growing" if growth > SOAK_GROWTH_MIN and rising else "flat"
-    return Soak(requests=n, rss_after=after, growth_bytes=growth, verdict=verdict)

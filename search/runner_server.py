@@ -85,15 +85,40 @@ def _serve(srv: LlamaServer, workload: Workload, deadline: float, step: Callable
                     "temperature": 0.0, "top_k": 1, "stream": False, "return_tokens": False}
             r = srv.request("POST", "/completion", body, deadline - time.perf_counter())
         except HTTPFailure as e:
-            if time.perf_counter() >= deadline - 0.05 and srv.proc.alive:
-                return None, True
-            if e.status is None:
-                srv.proc.wait(2.0)  # a dropped connection: give a dying server time to be reaped
-            if srv.proc.alive or e.status is not None:
-                return ("error", f"HTTP {e.status}: {e.message}" if e.status else e.message, [e.message]), False
-            return None, False
+            return _failed(srv, e, deadline)
         samples.append(_server_sample(r, i < workload.warmup))
         step(i + 1, n_prompts, f"{label}: {pr._rates(samples[-1])}")
+    return None, False
+
+
+def _failed(srv: LlamaServer, e: HTTPFailure, deadline: float) -> tuple[Failure | None, bool]:
+    """A request that failed: (failure, timed out); (None, False) when the server died (its exit says why)."""
+    if time.perf_counter() >= deadline - 0.05 and srv.proc.alive:
+        return None, True
+    if e.status is None:
+        srv.proc.wait(2.0)  # a dropped connection: give a dying server time to be reaped
+    if srv.proc.alive or e.status is not None:
+        return ("error", f"HTTP {e.status}: {e.message}" if e.status else e.message, [e.message]), False
+    return None, False
+
+
+def _soak(srv: LlamaServer, res: ProbeResult, n: int, extra_args: list[str] | None, deadline: float,
+          say: Callable[[str], None]) -> tuple[Failure | None, bool]:
+    """--soak N after the workload: N more requests and the server's RSS after each (search.soak), with
+    fitter.session's prediction for this model and these flags beside it, into res.soak."""
+    from fitter import load_model_spec
+    from search.runner_openai import group_rss
+    from search.soak import predict_soak, server_soak
+
+    w = res.workload
+    _, spec = load_model_spec(res.model_path)
+    try:
+        got = server_soak(lambda body: srv.request("POST", "/completion", body, deadline - time.perf_counter()),
+                          lambda: group_rss(srv.proc.pid), n, spec.n_vocab, w.prompt_tokens, w.gen_tokens, say)
+    except HTTPFailure as e:
+        return _failed(srv, e, deadline)
+    pred = predict_soak(res.model_path, res.config, extra_args or [], w.prompt_tokens, w.gen_tokens, w.runs, n)
+    res.soak = got.model_copy(update=pred or {})
     return None, False
 
 
@@ -147,7 +172,7 @@ def _classify(res: ProbeResult, parsed: list[tuple[str | None, str]], *, timed_o
 def server_probe(model_path: str, config: RunConfig, workload: Workload, *, budget_bytes: int | None, timeout: float,
                  threads: int, use_extra_bufts: bool, draft_n_min: int | None, draft_p_min: float | None,
                  llama_server: str | None, extra_args: list[str] | None, _test: dict[str, Any] | None,
-                 progress: Progress | None) -> ProbeResult:
+                 progress: Progress | None, soak: int = 0) -> ProbeResult:
     say = progress.stage if progress is not None else (lambda text: None)
     step = progress.step if progress is not None else (lambda n, total, text="": None)
     binary = find_llama_server(llama_server)
@@ -177,6 +202,8 @@ def server_probe(model_path: str, config: RunConfig, workload: Workload, *, budg
             if _test and _test.get("signal"):  # test hook: the server dies like a native crash would
                 os.kill(srv.proc.pid, getattr(signal, _test["signal"]))
             failure, timed_out = _serve(srv, workload, deadline, step, samples)
+            if soak and failure is None and not timed_out and srv.proc.alive:
+                failure, timed_out = _soak(srv, res, soak, extra_args, deadline, say)
     except BaseException:  # Ctrl-C, SIGTERM (Terminated): no grace for the server, the whole group goes now
         if held:
             held[-1].proc.kill()
