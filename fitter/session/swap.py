@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,8 @@ class SwapGroup(Record):
 class SwapConfig(Record):
     models: list[Preset]
     groups: list[SwapGroup]
-    unlisted: list[str] = []
-    ttl: dict[str, int] = {}
+    unlisted: list[str] = field(default_factory=list)
+    ttl: dict[str, int] = field(default_factory=dict)
 
 
 def _expand(cmd: str, macros: dict[str, str], model: str) -> str:
