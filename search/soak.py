@@ -56,14 +56,14 @@ def soak_verdict(n: int, after: list[int]) -> Soak:
 def cache_flags(args: list[str]):
     """The session flags (--cache-ram, --ctx-checkpoints, ...) among llama-server flags ggfit passes as they are;
     None when one has a value that is not a number (llama-server refuses it itself)."""
-    from fitter.session.router import session_flags
+    from fitter.session.router import PresetError, session_flags
 
     words: list[str] = []
     for a in args:  # --flag=value as llama-server reads it
         words += a.split("=", 1) if a.startswith("--") and "=" in a else [a]
     try:
         return session_flags(words)
-    except ValueError:
+    except PresetError:
         return None
 
 

@@ -161,7 +161,10 @@ def session_flags(args: list[str]):
     out: dict = {}
     for i, a in enumerate(args):
         if a in SESSION_VALUE_FLAGS and i + 1 < len(args):
-            out[names[SESSION_VALUE_FLAGS[a]]] = int(args[i + 1])
+            try:
+                out[names[SESSION_VALUE_FLAGS[a]]] = int(args[i + 1])
+            except ValueError:
+                raise PresetError(f"{a} {args[i + 1]}: use a whole number, as llama-server's {a} does") from None
         elif a in ("--cache-idle-slots", "--no-cache-idle-slots"):
             out["cache_idle_slots"] = a == "--cache-idle-slots"
     return CacheFlags(**out)

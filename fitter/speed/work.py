@@ -125,7 +125,7 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
         f = frac if _EXPERTS.search(t.name) else 1.0
         if f < 1.0:
             d.expert_bytes += t.nbytes
-            il = _layer_of(t.name)
+            il = inst.where if isinstance(inst.where, int) else -1  # tensor_instances' layer
             d.expert_bytes_layer[il] = d.expert_bytes_layer.get(il, 0.0) + t.nbytes
         d.add(d.bytes_token, cls, t.nbytes * f)
         d.add(d.flops_token, cls, 2.0 * t.n_elements * f)
@@ -154,10 +154,6 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
         splits += 2 * sum(1 for il in range(spec.n_layer) if _layer_experts_on_cpu(wp, il))
     return Work(devices=devs, n_swa=spec.n_swa, n_layer=spec.n_layer, n_expert=spec.n_expert,
                 n_expert_used=spec.n_expert_used, splits=splits)
-
-
-def _layer_of(name: str) -> int:
-    return int(name.split(".")[1]) if name.startswith("blk.") else -1
 
 
 def experts_used(n_expert: int, n_expert_used: int, n_tokens: int) -> float:

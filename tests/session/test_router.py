@@ -32,6 +32,17 @@ def test_preset_keys_are_read_as_llama_server_reads_them(tmp_path):
         read_preset(p)
 
 
+def test_a_session_flag_that_is_not_a_number_is_one_line(tmp_path, capsys):
+    from fitter.bundled import resolve_model
+
+    p = tmp_path / "p.ini"
+    p.write_text(f"[m]\nmodel = {resolve_model('gemma3-270m')}\ncache-ram = lots\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["router", "--models-preset", str(p), "--budget", "2GiB"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--cache-ram lots: use a whole number" in err and "Traceback" not in err
+
+
 def test_models_max_counts_the_largest_together():
     ms = [Resident(name=n, load_bytes=b, session_bytes=0, process_bytes=0) for n, b in (("a", 5), ("b", 4), ("c", 2))]
     assert models_max(ms, 9) == 2 and models_max(ms, 4) == 0 and models_max(ms, 11) == 3
