@@ -106,12 +106,12 @@ def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int)
         return []
     out: list[int] = []
     n = 0
+    # a batch ends after n_batch tokens, at the prompt's end, or where 4 + n_ubatch or 4 tokens (at most n_batch) are left
+    cuts = (n_prompt - min(n_batch, 4 + n_ubatch), n_prompt - min(n_batch, 4))
     while n < n_prompt:
         start = n
-        while n < n_prompt and n - start < n_batch:
-            n += 1
-            if any(n_prompt == n + min(n_batch, off) for off in (4 + n_ubatch, 4)):
-                break
+        end = min(start + n_batch, n_prompt)
+        n = min([c for c in cuts if start < c <= end], default=end)
         near_end = n_prompt < n + n_ubatch
         if start > 0 and (n == n_prompt or near_end):
             out = [p for p in out if p != start]  # supersede one at the same n_tokens
