@@ -104,6 +104,10 @@ class Procs:
             self.stop(p, 3.0)
 
 
+def alive(procs: Procs, pid: int) -> bool:
+    return any(p.pid == pid and p.poll() is None for p in procs.procs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,6 +277,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         main_args = tuple(args.main_args.split())
                         if args.rpc_devices_only:  # the main process's own GPUs left out
                             main_args += ("-dev", ",".join(f"RPC{i}" for i in range(n)))
+                        if not all(alive(procs, a["pid"]) for _, _, a in servers):  # a remote aborted: a fresh group
+                            for pr in list(procs.procs):
+                                procs.stop(pr)
+                            servers = start_servers(procs, bindir, n, logdir / f"s{n}-{len(rows)}",
+                                                    tuple(args.server_args.split()))
                         row = measure_one(procs, bindir, servers, path, cfg, logdir, main_args)
                         row.update(model=label, servers=n)
                         rows.append(row)

@@ -11,7 +11,8 @@
 # ggfit does not yet predict a local GPU beside RPC devices (`fit --rpc` refuses it): these recordings are the ground
 # truth to build that on; tests/fit/test_rpc_recorded.py replays the CPU ones.
 #   cuda-local  as cuda-main with -ts that give CUDA0 layers too -> $OUT/rpc-cuda-local.json
-#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server]
+#   cuda-server-fa-off  as cuda-server with -fa off (a remote that aborted is restarted before the next load)
+#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server] [cuda-server-fa-off]
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REPO=$(pwd)
@@ -39,6 +40,9 @@ for part in "${@:-cuda-main cuda-server}"; do
         elif [ "$p" = cuda-local ]; then  # -ts that give the main process's CUDA0 layers too
             python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CPU" --local-gpu \
                 --out "$OUT/rpc-cuda-local.json"
+        elif [ "$p" = cuda-server-fa-off ]; then  # -fa off: CUDA's FA kernels refuse the tiny synthetic heads
+            python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
+                --main-args "-fa off" --out "$OUT/rpc-cuda-server-fa-off.json" || true
         else
             python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
                 --out "$OUT/rpc-cuda-server.json" || true
