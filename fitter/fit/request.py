@@ -86,14 +86,11 @@ class Speed:
         self.prompt, self.depth, self.build = prompt, depth, build or PINNED
         # --rpc-bandwidth, --rpc-latency: checked as given (fitter.speed.network), used with --rpc's servers
         self.rpc_bandwidth, self.rpc_latency = rpc_bandwidth, rpc_latency
-        if rpc_bandwidth is not None:
-            from fitter.speed.network import parse_bandwidth
+        if rpc_bandwidth is not None or rpc_latency is not None:
+            from fitter.speed import network
 
-            parse_bandwidth(rpc_bandwidth)
-        if rpc_latency is not None:
-            from fitter.speed.network import parse_latency
-
-            parse_latency(rpc_latency)
+            _ = rpc_bandwidth is None or network.parse_bandwidth(rpc_bandwidth)
+            _ = rpc_latency is None or network.parse_latency(rpc_latency)
         self.note = ""
         self.notes: list[str] = []  # quants: the notes of its rates
         self.rated: dict[str, tuple[float, float]] = {}  # quants: (prefill, decode) by candidate name
