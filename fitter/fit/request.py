@@ -89,8 +89,10 @@ class Speed:
         if rpc_bandwidth is not None or rpc_latency is not None:
             from fitter.speed import network
 
-            _ = rpc_bandwidth is None or network.parse_bandwidth(rpc_bandwidth)
-            _ = rpc_latency is None or network.parse_latency(rpc_latency)
+            if rpc_bandwidth is not None:
+                network.parse_bandwidth(rpc_bandwidth)
+            if rpc_latency is not None:
+                network.parse_latency(rpc_latency)
         self.note = ""
         self.notes: list[str] = []  # quants: the notes of its rates
         self.rated: dict[str, tuple[float, float]] = {}  # quants: (prefill, decode) by candidate name

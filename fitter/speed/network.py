@@ -186,7 +186,7 @@ def n_kv_at(n_pos: int, n_ctx: int) -> int:
     return max(KV_PAD, min(n_ctx, -(-n_pos // KV_PAD) * KV_PAD))
 
 
-def _run_sets(lay: Layout, r: Run, n: int, n_out: int, n_kv: list[int]) -> list[int]:
+def run_sets(lay: Layout, r: Run, n: int, n_out: int, n_kv: list[int]) -> list[int]:
     """The bytes of each set_tensor into one split (ggml_backend_sched_compute_splits' input copies)."""
     sets = [lay.n_embd * n * 4] if r.n_layers else [lay.n_embd * n_out * 4]  # the activation (F32)
     if r.n_layers:
@@ -200,31 +200,42 @@ def _run_sets(lay: Layout, r: Run, n: int, n_out: int, n_kv: list[int]) -> list[
     return sets
 
 
+def run_out(lay: Layout, r: Run, n: int, n_out: int) -> int:
+    """The bytes the main host reads out of one split (its get_tensor; 0: none, no round trip)."""
+    if r.next_on_device:
+        return lay.n_embd * (n_out if r.last_layer else n) * 4
+    return (lay.n_vocab if r.output else lay.n_embd) * n_out * 4
+
+
+def run_graph(r: Run, new_graph: bool) -> int:
+    """The graph command's payload: serialize_graph's (its nodes and tensors estimated), or a reused graph's."""
+    if not new_graph:
+        return RECOMPUTE
+    nodes = r.n_layers * NODES_PER_LAYER + (OUTPUT_NODES if r.output else 0)
+    tensors = r.n_layers * TENSORS_PER_LAYER + (OUTPUT_TENSORS if r.output else 0)
+    return GRAPH_HEAD + 8 * nodes + RPC_TENSOR * tensors
+
+
+def kv_widths(lay: Layout, n_pos: int) -> list[int]:
+    """n_kv of the full and the sliding-window cache (the masks' widths) once n_pos positions are filled; the
+    sliding-window cache holds n_swa + n_ubatch cells (llama_kv_cache_iswa, one sequence)."""
+    full = n_kv_at(n_pos, lay.n_ctx)
+    return [full, min(full, n_kv_at(lay.n_swa + lay.n_ubatch, lay.n_ctx))] if lay.n_swa else [full, full]
+
+
 def ubatch_traffic(lay: Layout, n_tokens: int, n_outputs: int, n_pos: int, new_graph: bool) -> Traffic:
     """What a ubatch of n_tokens (n_outputs of them read back) sends and receives, its last token at n_pos."""
-    n_kv_full = n_kv_at(n_pos, lay.n_ctx)
-    # the sliding-window cache holds n_swa + n_ubatch cells (llama_kv_cache_iswa, one sequence)
-    n_kv = [n_kv_full, min(n_kv_full, n_kv_at(lay.n_swa + lay.n_ubatch, lay.n_ctx))] if lay.n_swa else [n_kv_full] * 2
+    n_kv = kv_widths(lay, n_pos)
     sent = received = trips = n_sets = set_bytes = get_bytes = graph_bytes = 0
     for r in lay.runs:
-        sets = _run_sets(lay, r, n_tokens, n_outputs, n_kv)
+        sets = run_sets(lay, r, n_tokens, n_outputs, n_kv)
         n_sets += len(sets)
         set_bytes += sum(sets)
         sent += sum(sets) + len(sets) * (CMD_HEAD + SET_HEAD)
-        if new_graph:
-            nodes = r.n_layers * NODES_PER_LAYER + (OUTPUT_NODES if r.output else 0)
-            tensors = r.n_layers * TENSORS_PER_LAYER + (OUTPUT_TENSORS if r.output else 0)
-            g = GRAPH_HEAD + 8 * nodes + RPC_TENSOR * tensors
-        else:
-            g = RECOMPUTE
+        g = run_graph(r, new_graph)
         graph_bytes += g
         sent += CMD_HEAD + g
-        if r.next_on_device:
-            out = lay.n_embd * (n_outputs if r.last_layer else n_tokens) * 4
-        elif n_outputs:
-            out = (lay.n_vocab if r.output else lay.n_embd) * n_outputs * 4
-        else:
-            out = 0
+        out = run_out(lay, r, n_tokens, n_outputs)
         if out:
             trips += 1
             get_bytes += out

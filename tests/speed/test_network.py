@@ -1,0 +1,110 @@
+"""The RPC network term (fitter.speed.network) against what llama.cpp's rpc-servers served here: every set_tensor,
+graph command and get_tensor of a 512-token prompt and 31 decoded tokens with 1 and 2 servers
+(benchmarks/results/rpc-network-here.json, benchmarks/rpc_network_here.py), replayed; and the term's seconds
+against the decode time the servers added there."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from fitter.llama.cparams import RunConfig
+from fitter.speed import network as nw
+
+REC = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "rpc-network-here.json"
+
+
+@pytest.fixture(scope="module")
+def rec() -> dict:
+    return json.loads(REC.read_text())
+
+
+@pytest.fixture(scope="module")
+def specs(gemma: str) -> dict:
+    import fitter
+    from tests.synth import build
+
+    return {"gemma3-270m": fitter.load_model_spec(gemma)[1],
+            "qwen3-6l": fitter.load_model_spec(str(build("qwen3", n_layer=6)))[1]}
+
+
+def _layout(rec: dict, spec, n: int) -> nw.Layout:
+    cfg = RunConfig(n_ctx=rec["ctx"], n_ubatch=512, rpc=",".join(f"127.0.0.1:{50052 + i}" for i in range(n)))
+    return nw.layout_of(spec, cfg, n)
+
+
+def _rows(rec: dict):
+    return [r for r in rec["rows"] if r["servers"]]
+
+
+def test_every_command_counted(rec: dict, specs: dict) -> None:
+    """Per server and ubatch: the set_tensors' sizes in order, the get_tensors', and the graph command, as served."""
+    for row in _rows(rec):
+        lay = _layout(rec, specs[row["model"]], row["servers"])
+        assert len(lay.runs) == row["servers"]
+        for r, served in zip(lay.runs, row["ubatches"]):
+            assert len(served) == rec["gen"]  # the prompt's ubatch, then one per decoded token after the first
+            for j, u in enumerate(served):
+                n, n_pos = (rec["prompt"], rec["prompt"]) if j == 0 else (1, rec["prompt"] + j)
+                assert u["sets"] == nw.run_sets(lay, r, n, 1, nw.kv_widths(lay, n_pos)), (row["model"], j)
+                out = nw.run_out(lay, r, n, 1)
+                assert u["gets"] == ([out] if out else [])
+                new = j < 2  # the prompt's graph and the first decoded token's are new; the others are reused
+                assert (u["graph"]["cmd"] == "graph_compute") == new
+                if new:  # serialize_graph's payload: the one estimated figure (nodes and tensors per layer)
+                    sent = nw.GRAPH_HEAD + 8 * u["graph"]["n_nodes"] + nw.RPC_TENSOR * u["graph"]["n_tensors"]
+                    assert nw.run_graph(r, True) == pytest.approx(sent, rel=0.15)
+
+
+def test_traffic_totals(rec: dict, specs: dict) -> None:
+    """A decoded token's totals over all servers: set and get bytes, sets and round trips (one per get)."""
+    for row in _rows(rec):
+        lay = _layout(rec, specs[row["model"]], row["servers"])
+        t = nw.ubatch_traffic(lay, 1, 1, rec["prompt"] + 5, new_graph=False)
+        served = [s[5] for s in row["ubatches"]]
+        assert t.set_bytes == sum(sum(u["sets"]) for u in served)
+        assert t.sets == sum(len(u["sets"]) for u in served)
+        assert t.get_bytes == sum(sum(u["gets"]) for u in served)
+        assert t.round_trips == sum(len(u["gets"]) for u in served) == row["servers"]
+        assert t.graph_bytes == nw.RECOMPUTE * row["servers"]
+
+
+def test_seconds_against_the_decode_time_added(rec: dict, specs: dict) -> None:
+    """The term with the localhost link against llama-server's decode ms per token with n servers less with none
+    (the same -t 1 compute): within 25% (the figures it was set from: RPC_HOP_MS and the localhost rate)."""
+    link = nw.link_of(["127.0.0.1:50052"])
+    base = {r["model"]: statistics.median(t["predicted_per_token_ms"] for t in r["timings"])
+            for r in rec["rows"] if not r["servers"]}
+    for row in _rows(rec):
+        lay = _layout(rec, specs[row["model"]], row["servers"])
+        measured = statistics.median(t["predicted_per_token_ms"] for t in row["timings"]) - base[row["model"]]
+        term = 1e3 * nw.seconds(nw.ubatch_traffic(lay, 1, 1, rec["prompt"] + 16, new_graph=False), link)
+        assert term == pytest.approx(measured, rel=0.25), (row["model"], row["servers"])
+
+
+def test_link_defaults_and_units() -> None:
+    assert nw.link_of(["127.0.0.1:50052", "localhost:1"]).source == "localhost (default)"
+    lan = nw.link_of(["127.0.0.1:50052", "192.168.1.5:50052"])
+    assert lan.source == "1GbE (default)" and lan.latency_ms == 0.2
+    assert lan.bandwidth_gbs == pytest.approx(0.1175)
+    assert nw.parse_bandwidth("10Gbit/s")[0] == pytest.approx(nw.parse_bandwidth("10GbE")[0])
+    assert nw.parse_bandwidth("10Gbps")[0] == nw.parse_bandwidth("10Gb/s")[0]
+    assert nw.parse_bandwidth("110MB/s")[0] == pytest.approx(0.11)
+    assert nw.parse_latency("300us") == pytest.approx(0.3) == nw.parse_latency("0.3ms") == nw.parse_latency("0.3")
+    assert nw.link_of(["h:1"], "1.1GB/s", "0.05").source == "--rpc-bandwidth 1.1GB/s, --rpc-latency 0.05"
+
+
+def test_fewer_servers_fewer_hops(specs: dict) -> None:
+    """The output layer alone on the last server: one more round trip, and only n_outputs rows go to it."""
+    spec = specs["gemma3-270m"]
+    cfg = RunConfig(n_ctx=4096, n_ubatch=512, rpc="a:1,b:1", tensor_split=(18.0, 1.0))
+    lay = nw.layout_of(spec, cfg, 2)
+    assert [r.n_layers for r in lay.runs] == [18, 0] and lay.runs[1].output
+    t = nw.ubatch_traffic(lay, 512, 1, 512, new_graph=True)
+    assert t.round_trips == 2 and t.get_bytes == spec.n_embd * 4 + spec.n_vocab * 4
+    one = nw.ubatch_traffic(nw.layout_of(spec, cfg.model_copy(update={"rpc": "a:1", "tensor_split": None}), 1),
+                            1, 1, 600, new_graph=False)
+    assert one.round_trips == 1 < nw.ubatch_traffic(lay, 1, 1, 600, new_graph=False).round_trips
