@@ -11,6 +11,7 @@ so the count is exact) and `--gen` decoded tokens, no prompt cache, no context c
 - the loopback link itself: the median TCP round trip of 1 byte, and the rate of a 256 MiB send.
 
     PYTHONPATH=. nice -n 10 python3 benchmarks/rpc_network_here.py [--out benchmarks/results/rpc-network-here.json]
+    (on the device, CUDA rpc-servers against llama-server on its local GPU: bash benchmarks/gpu/rpc.sh cuda-network)
 
 Every process it starts is in its own session and killed by its pid on exit (benchmarks/rpc_here.Procs).
 """
@@ -123,13 +124,17 @@ def complete(port: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
 
 
 def run_case(procs: Procs, bindir: Path, model: str, n_servers: int, logdir: Path, args: argparse.Namespace) -> dict:
-    servers = start_servers(procs, bindir, n_servers, logdir / f"s{n_servers}") if n_servers else []
+    servers = (start_servers(procs, bindir, n_servers, logdir / f"s{n_servers}", tuple(args.server_args.split()))
+               if n_servers else [])
     port = free_port()
     log = logdir / f"main-{n_servers}-{time.time_ns()}.log"
     cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-fit", "off",
            "--no-repack", "-t", "1", "-c", str(args.ctx), "-np", "1", "-ub", "512", "-cram", "0", "-ctxcp", "0"]
     if servers:
         cmd += ["--rpc", ",".join(ep for ep, _, _ in servers)]
+        if args.rpc_devices_only:  # the main process's own GPU left out
+            cmd += ["-dev", ",".join(f"RPC{i}" for i in range(n_servers))]
+    cmd += args.main_args.split()
     p = procs.start(cmd, log)
     t0 = time.time()
     while "listening on http" not in log.read_text(errors="replace"):
@@ -156,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--bindir", help="llama-server and ggml-rpc-server of another build (CUDA: benchmarks/gpu/rpc.sh)")
+    ap.add_argument("--server-args", default="", help="more rpc-server flags, e.g. '-d CUDA0'")
+    ap.add_argument("--main-args", default="", help="more llama-server flags, e.g. '-fa off'")
+    ap.add_argument("--rpc-devices-only", action="store_true", help="llama-server -dev RPC0,...: no local GPU")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    bindir = server_dir() / "bin"
+    bindir = Path(args.bindir) if args.bindir else server_dir() / "bin"
     procs = Procs()
     rows = []
     link = loopback()
@@ -181,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             [str(bindir / "llama-server"), "--version"], capture_output=True, text=True).stderr.strip().splitlines()},
         "what": "llama-server -t 1 with 0, 1, 2 CPU rpc-servers (-t 1, GGML_RPC_DEBUG=1) on 127.0.0.1: timings per "
                 "request and each server's commands per ubatch (first request)",
-        "prompt": args.prompt, "gen": args.gen, "ctx": args.ctx, "loopback": link, "rows": rows,
+        "prompt": args.prompt, "gen": args.gen, "ctx": args.ctx, "server_args": args.server_args,
+        "main_args": args.main_args, "loopback": link, "rows": rows,
         "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

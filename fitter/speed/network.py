@@ -7,8 +7,9 @@ benchmarks/results/rpc-network-here.json (every command each rpc-server served, 
   on the main host's CPU, so the first RPC split's input comes from the main host.
 - Into a split (set_tensor, one-way: the dispatcher sends it and waits for no answer): the activation entering its
   first layer (n_embd x n_tokens F32), and each graph input its layers use: inp_pos (n_tokens int32), per KV cache
-  (full, sliding-window) the k_idxs and v_idxs of set_rows (n_tokens int64 each) and the KQ mask (n_kv x n_tokens,
-  F16 with flash attention, else F32: build_attn_inp_kq_mask), a recurrent layer's s_copy, and on the split with the
+  (full, sliding-window) the k_idxs and v_idxs of set_rows (n_tokens int64 each; v_idxs without flash attention,
+  V transposed, n_tokens x n_embd_v_gqa_max) and the KQ mask (n_kv x n_tokens, F16 with flash attention, else F32:
+  build_attn_inp_kq_mask), a recurrent layer's s_copy, and on the split with the
   last layer inp_out_ids (n_outputs int32).
 - The graph (ggml_backend_rpc_graph_compute): a graph the device ran last (llama_context's graph reuse keeps the
   scheduler's split uid) is RPC_CMD_GRAPH_RECOMPUTE (4 bytes); a new one is RPC_CMD_GRAPH_COMPUTE with
@@ -49,9 +50,10 @@ NODES_PER_LAYER, TENSORS_PER_LAYER = 40, 56
 OUTPUT_NODES, OUTPUT_TENSORS = 5, 10
 KV_PAD = 256  # llama_kv_cache::get_n_kv: n_kv rounded up to max(n_pad, 256)
 # the hosts' handling of one round trip beyond the wire (the dispatcher's and the server's threads, the command's
-# reads): llama-server's decode here gained 0.36-0.44 ms per round trip with loopback servers whose ping is 0.03-0.07
-# ms (benchmarks/results/rpc-network-here.json; a 2-core VM, so an upper figure)
-RPC_HOP_MS = 0.37
+# reads): llama-server's decode here gained 0.35-0.55 ms per round trip with loopback servers whose ping is 0.03 ms;
+# 0.40 with the localhost rate puts the six runs of benchmarks/results/rpc-network-here*.json within 24% of the
+# time the servers added (a shared 2-core VM: an upper figure)
+RPC_HOP_MS = 0.40
 
 GBIT = 1e9 / 8 / 1e9  # GB/s in 1 Gbit/s
 TCP_GOODPUT = 0.94  # TCP over Ethernet at MTU 1500: 1448 payload bytes in 1538 on the wire
@@ -138,6 +140,7 @@ class Layout(NamedTuple):
     n_swa: int
     n_ctx: int
     n_ubatch: int
+    v_idx_width: int  # v_idxs per token: 1, or without flash attention (V transposed) n_embd_v_gqa_max
 
 
 def layout_of(spec: ModelSpec, config: RunConfig, n_devices: int) -> Layout:
@@ -166,7 +169,8 @@ def layout_of(spec: ModelSpec, config: RunConfig, n_devices: int) -> Layout:
         runs.append(Run(out_dev, 0, 0, False, False, True, False))
     fa = config.flash_attn != "off"
     return Layout(tuple(runs), spec.n_embd, spec.n_vocab, 2 if fa else 4, spec.n_swa,
-                  config.n_ctx or spec.n_ctx_train, min(config.n_ubatch or 512, config.n_batch or 2048))
+                  config.n_ctx or spec.n_ctx_train, min(config.n_ubatch or 512, config.n_batch or 2048),
+                  1 if fa else max((la.n_embd_v_gqa for la in spec.layers), default=1))
 
 
 class Traffic(NamedTuple):
@@ -192,7 +196,8 @@ def run_sets(lay: Layout, r: Run, n: int, n_out: int, n_kv: list[int]) -> list[i
     if r.n_layers:
         sets.append(n * 4)  # inp_pos
         for kv in n_kv[:r.caches]:
-            sets += [n * 8, n * 8, kv * n * lay.mask_bytes]  # k_idxs, v_idxs (int64), the KQ mask
+            # k_idxs, v_idxs (int64: llama_kv_cache::build_input_v_idxs), the KQ mask
+            sets += [n * 8, n * 8 * lay.v_idx_width, kv * n * lay.mask_bytes]
         if r.recurrent:
             sets.append(4)  # s_copy of the one sequence
     if r.last_layer and n_out:
