@@ -43,7 +43,8 @@ from fitter import PINNED_COMMIT  # noqa: E402
 from search.build_server import server_dir  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "rpc-network-here.json"
-MODELS = ("gemma3-270m", "qwen3-6l")
+MODELS = ("gemma3-270m", "qwen3-6l", "qwen3moe-6l", "qwen35-8l")  # rpc_here's
+DEFAULT_MODELS = MODELS[:2]
 _CMD = re.compile(r"^\[(set_tensor|get_tensor|graph_compute|graph_recompute|copy_tensor|set_tensor_hash)\] (.*)$",
                   re.MULTILINE)
 _SIZE = re.compile(r"size: (\d+)")
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loopback: {link}", flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="ggfit-rpcnet-") as tmp:
-            for label in args.only or MODELS:
+            for label in args.only or DEFAULT_MODELS:
                 path = model_path(label)
                 for n in (0, 1, 2):
                     row = run_case(procs, bindir, path, n, Path(tmp), args)

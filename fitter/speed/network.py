@@ -6,7 +6,8 @@ benchmarks/results/rpc-network-here.json (every command each rpc-server served, 
 - The layers run in order; each RPC device's consecutive layers are one split. The token embedding (a GET_ROWS) is
   on the main host's CPU, so the first RPC split's input comes from the main host.
 - Into a split (set_tensor, one-way: the dispatcher sends it and waits for no answer): the activation entering its
-  first layer (n_embd x n_tokens F32), and each graph input its layers use: inp_pos (n_tokens int32), per KV cache
+  first layer (n_embd x n_tokens F32), and each graph input its layers use: inp_pos (n_tokens int32, 4 a token
+  with M-RoPE), per KV cache
   (full, sliding-window) the k_idxs and v_idxs of set_rows (n_tokens int64 each; v_idxs without flash attention,
   V transposed, n_tokens x n_embd_v_gqa_max) and the KQ mask (n_kv x n_tokens, F16 with flash attention, else F32:
   build_attn_inp_kq_mask), a recurrent layer's s_copy, and on the split with the
@@ -44,10 +45,16 @@ SET_HEAD = RPC_TENSOR + 1 + 8  # serialize_set_tensor: rpc_tensor | cache_flag |
 GET_REQUEST = RPC_TENSOR + 8 + 8  # rpc_msg_get_tensor_req
 GRAPH_HEAD = 12  # serialize_graph: device, n_nodes, n_tensors
 RECOMPUTE = 4  # rpc_msg_graph_recompute_req
-# a new graph's nodes and tensors per layer and for the output layer: not counted from the graph (ggfit's own
-# estimate), from the recording: Gemma 3 40.1 nodes and 55.9 tensors a layer, a synthetic Qwen3 35 and 49.3
-NODES_PER_LAYER, TENSORS_PER_LAYER = 40, 56
-OUTPUT_NODES, OUTPUT_TENSORS = 5, 10
+# a new graph's nodes and tensors (serialize_graph) per layer and for the output layer: ggfit's estimate, from the
+# recordings (benchmarks/results/rpc-network-here*.json): an attention layer with a dense FFN 35 (Qwen3) to 40
+# (Gemma 3) nodes and 49 to 56 tensors, a MoE FFN 16 and 16 more, a recurrent layer (gated delta net) 66.5 and 84
+ATTN_LAYER = (38, 53)
+MOE_FFN = (16, 16)
+RECURRENT_LAYER = (67, 84)
+OUTPUT_GRAPH = (5, 10)
+# llama_model_rope_type's M-RoPE and IM-RoPE architectures: inp_pos has n_pos_per_embd = 4 positions a token
+MROPE_ARCHS = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp",
+                         "qwen3tts"})
 KV_PAD = 256  # llama_kv_cache::get_n_kv: n_kv rounded up to max(n_pad, 256)
 # the hosts' handling of one round trip beyond the wire (the dispatcher's and the server's threads, the command's
 # reads): llama-server's decode here gained 0.35-0.55 ms per round trip with loopback servers whose ping is 0.03 ms;
@@ -127,6 +134,7 @@ class Run(NamedTuple):
     n_layers: int
     caches: int  # KV caches its layers use (full, sliding-window): each has its own idxs and mask
     recurrent: bool
+    graph: tuple[int, int]  # a new graph's nodes and tensors (estimated)
     last_layer: bool  # holds the model's last layer (inp_out_ids; its output has n_outputs rows)
     output: bool  # holds the output layer (its out: the logits)
     next_on_device: bool  # the layers after it run on another device (else the main host reads its out, if any)
@@ -141,6 +149,7 @@ class Layout(NamedTuple):
     n_ctx: int
     n_ubatch: int
     v_idx_width: int  # v_idxs per token: 1, or without flash attention (V transposed) n_embd_v_gqa_max
+    n_pos_per_embd: int  # inp_pos per token (llama_hparams::n_pos_per_embd)
 
 
 def layout_of(spec: ModelSpec, config: RunConfig, n_devices: int) -> Layout:
@@ -163,14 +172,28 @@ def layout_of(spec: ModelSpec, config: RunConfig, n_devices: int) -> Layout:
             last = j == len(devs)
             output = last and out_dev == d
             runs.append(Run(d, j - il, len(kinds & {LayerKind.FULL, LayerKind.SWA}), LayerKind.RECURRENT in kinds,
-                            last, output, not last or (out_dev != d and out_dev != CPU_DEV)))
+                            _graph_size(spec, range(il, j), output), last, output,
+                            not last or (out_dev != d and out_dev != CPU_DEV)))
         il = j
     if out_dev != CPU_DEV and (not devs or devs[-1] != out_dev):  # the output layer alone on a device
-        runs.append(Run(out_dev, 0, 0, False, False, True, False))
+        runs.append(Run(out_dev, 0, 0, False, OUTPUT_GRAPH, False, True, False))
     fa = config.flash_attn != "off"
     return Layout(tuple(runs), spec.n_embd, spec.n_vocab, 2 if fa else 4, spec.n_swa,
                   config.n_ctx or spec.n_ctx_train, min(config.n_ubatch or 512, config.n_batch or 2048),
-                  1 if fa else max((la.n_embd_v_gqa for la in spec.layers), default=1))
+                  1 if fa else max((la.n_embd_v_gqa for la in spec.layers), default=1),
+                  4 if spec.architecture in MROPE_ARCHS else 1)
+
+
+def _graph_size(spec: ModelSpec, layers: range, output: bool) -> tuple[int, int]:
+    """A split's nodes and tensors, estimated by layer kind (ATTN_LAYER, MOE_FFN, RECURRENT_LAYER)."""
+    nodes, tensors = OUTPUT_GRAPH if output else (0, 0)
+    for il in layers:
+        lay = spec.layers[il]
+        n, t = RECURRENT_LAYER if lay.kind == LayerKind.RECURRENT else ATTN_LAYER
+        if lay.n_expert_used:
+            n, t = n + MOE_FFN[0], t + MOE_FFN[1]
+        nodes, tensors = nodes + n, tensors + t
+    return nodes, tensors
 
 
 class Traffic(NamedTuple):
@@ -194,7 +217,7 @@ def run_sets(lay: Layout, r: Run, n: int, n_out: int, n_kv: list[int]) -> list[i
     """The bytes of each set_tensor into one split (ggml_backend_sched_compute_splits' input copies)."""
     sets = [lay.n_embd * n * 4] if r.n_layers else [lay.n_embd * n_out * 4]  # the activation (F32)
     if r.n_layers:
-        sets.append(n * 4)  # inp_pos
+        sets.append(n * 4 * lay.n_pos_per_embd)  # inp_pos
         for kv in n_kv[:r.caches]:
             # k_idxs, v_idxs (int64: llama_kv_cache::build_input_v_idxs), the KQ mask
             sets += [n * 8, n * 8 * lay.v_idx_width, kv * n * lay.mask_bytes]
@@ -216,8 +239,7 @@ def run_graph(r: Run, new_graph: bool) -> int:
     """The graph command's payload: serialize_graph's (its nodes and tensors estimated), or a reused graph's."""
     if not new_graph:
         return RECOMPUTE
-    nodes = r.n_layers * NODES_PER_LAYER + (OUTPUT_NODES if r.output else 0)
-    tensors = r.n_layers * TENSORS_PER_LAYER + (OUTPUT_TENSORS if r.output else 0)
+    nodes, tensors = r.graph
     return GRAPH_HEAD + 8 * nodes + RPC_TENSOR * tensors
 
 

@@ -1,7 +1,8 @@
 """The RPC network term (fitter.speed.network) against what llama.cpp's rpc-servers served here: every set_tensor,
 graph command and get_tensor of a 512-token prompt and 31 decoded tokens with 1 and 2 servers
 (benchmarks/results/rpc-network-here.json, and -fa off: rpc-network-here-fa-off.json; benchmarks/rpc_network_here.py),
-replayed; and the term's seconds against the decode time the servers added there."""
+a MoE and a hybrid: rpc-network-here-moe-hybrid.json), replayed; and the term's seconds against the decode time the
+servers added there."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from fitter.speed import network as nw
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
-@pytest.fixture(scope="module", params=["rpc-network-here.json", "rpc-network-here-fa-off.json"])
+@pytest.fixture(scope="module", params=["rpc-network-here.json", "rpc-network-here-fa-off.json",
+                                        "rpc-network-here-moe-hybrid.json"])
 def rec(request) -> dict:
     return json.loads((RESULTS / request.param).read_text())
 
@@ -27,8 +29,10 @@ def specs(gemma: str) -> dict:
     import fitter
     from tests.synth import build
 
+    synth = {"qwen3-6l": ("qwen3", {"n_layer": 6}), "qwen3moe-6l": ("qwen3moe", {"n_layer": 6}),
+             "qwen35-8l": ("qwen35", {})}  # benchmarks/rpc_here.py's
     return {"gemma3-270m": fitter.load_model_spec(gemma)[1],
-            "qwen3-6l": fitter.load_model_spec(str(build("qwen3", n_layer=6)))[1]}
+            **{k: fitter.load_model_spec(str(build(b, **o)))[1] for k, (b, o) in synth.items()}}
 
 
 def _layout(rec: dict, spec, n: int) -> nw.Layout:
@@ -51,7 +55,8 @@ def test_every_command_counted(rec: dict, specs: dict) -> None:
             assert len(served) == rec["gen"]  # the prompt's ubatch, then one per decoded token after the first
             for j, u in enumerate(served):
                 n, n_pos = (rec["prompt"], rec["prompt"]) if j == 0 else (1, rec["prompt"] + j)
-                assert u["sets"] == nw.run_sets(lay, r, n, 1, nw.kv_widths(lay, n_pos)), (row["model"], j)
+                # the same copies (their order follows the graph's first use: a hybrid's s_copy may come first)
+                assert sorted(u["sets"]) == sorted(nw.run_sets(lay, r, n, 1, nw.kv_widths(lay, n_pos))), (row["model"], j)
                 out = nw.run_out(lay, r, n, 1)
                 assert u["gets"] == ([out] if out else [])
                 new = j < 2  # the prompt's graph and the first decoded token's are new; the others are reused
@@ -74,17 +79,25 @@ def test_traffic_totals(rec: dict, specs: dict) -> None:
         assert t.graph_bytes == nw.RECOMPUTE * row["servers"]
 
 
-def test_seconds_against_the_decode_time_added(rec: dict, specs: dict) -> None:
+def test_seconds_against_the_decode_time_added(specs: dict) -> None:
     """The term with the localhost link against llama-server's decode ms per token with n servers less with none
-    (the same -t 1 compute): within 30% (the runs RPC_HOP_MS and the localhost rate were set from, 24% at worst)."""
+    (the same -t 1 compute), over the 10 runs of all three recordings: their median within 10%, each within a factor
+    of 1.5 and 2 (RPC_HOP_MS and the localhost rate were set from the first two recordings; on this shared 2-core
+    machine a second server's hop cost 0.5-1.1 ms against 0.35-0.43 for the first: three processes on two cores)."""
     link = nw.link_of(["127.0.0.1:50052"])
-    base = {r["model"]: statistics.median(t["predicted_per_token_ms"] for t in r["timings"])
-            for r in rec["rows"] if not r["servers"]}
-    for row in _rows(rec):
-        lay = _layout(rec, specs[row["model"]], row["servers"])
-        measured = statistics.median(t["predicted_per_token_ms"] for t in row["timings"]) - base[row["model"]]
-        term = 1e3 * nw.seconds(nw.ubatch_traffic(lay, 1, 1, rec["prompt"] + 16, new_graph=False), link)
-        assert term == pytest.approx(measured, rel=0.30), (row["model"], row["servers"])
+    ratios = []
+    for name in ("rpc-network-here.json", "rpc-network-here-fa-off.json", "rpc-network-here-moe-hybrid.json"):
+        rec = json.loads((RESULTS / name).read_text())
+        base = {r["model"]: statistics.median(t["predicted_per_token_ms"] for t in r["timings"])
+                for r in rec["rows"] if not r["servers"]}
+        for row in _rows(rec):
+            lay = _layout(rec, specs[row["model"]], row["servers"])
+            measured = statistics.median(t["predicted_per_token_ms"] for t in row["timings"]) - base[row["model"]]
+            term = 1e3 * nw.seconds(nw.ubatch_traffic(lay, 1, 1, rec["prompt"] + 16, new_graph=False), link)
+            ratios.append(term / measured)
+    assert len(ratios) == 10
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.10), ratios
+    assert all(0.5 < r < 1.5 for r in ratios), [round(r, 2) for r in ratios]
 
 
 def test_link_defaults_and_units() -> None:
