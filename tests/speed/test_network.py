@@ -123,3 +123,25 @@ def test_fewer_servers_fewer_hops(specs: dict) -> None:
     one = nw.ubatch_traffic(nw.layout_of(spec, cfg.model_copy(update={"rpc": "a:1", "tensor_split": None}), 1),
                             1, 1, 600, new_graph=False)
     assert one.round_trips == 1 < nw.ubatch_traffic(lay, 1, 1, 600, new_graph=False).round_trips
+
+
+def test_servers_by_speed(gemma: str) -> None:
+    """fit's ranking of the --rpc server sets (fitter.fit.split_network): each one-server split before the two-server
+    one, which pays a second round trip per token; its cost in tok/s shown."""
+    import fitter
+    from fitter.fit.memory import predict
+    from fitter.fit.request import Speed
+    from fitter.fit.split_network import network_choices
+
+    header, spec = fitter.load_model_spec(gemma)
+    be, fe = fitter.Backend("rpc"), fitter.Frontend("server")
+    cfg = RunConfig(n_ctx=4096, rpc="10.0.0.1:50052,10.0.0.2:50052")
+    pred = predict(header, spec, cfg, be, fe)
+    speed = Speed("cpu", "20GB/s", 1, rpc_bandwidth="1GbE")
+    got = network_choices(header, spec, cfg, pred, be, fe, {"RPC0": 2 << 30, "RPC1": 2 << 30}, speed)
+    assert got is not None
+    choices = got.json["choices"]
+    assert [c["rpc"] for c in choices] == ["10.0.0.1:50052", "10.0.0.2:50052", cfg.rpc]
+    assert [c["round_trips"] for c in choices] == [1, 1, 2]
+    assert choices[0]["decode_tps"] > choices[2]["decode_tps"] and got.json["link"]["source"] == "1GbE"
+    assert "(fastest)" in got.text[1] and "tok/s decode)" in got.text[3]
