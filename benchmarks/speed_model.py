@@ -53,7 +53,7 @@ SYNTHETIC_ROUTING = ("qwen36-35b-a3b", "qwen3-30b-a3b", "deepseek2-30b-a3b")
 # the fixed costs, 1 / GFLOP/s per CPU thread; the fit moves off them only as far as the rows ask (RIDGE)
 PRIORS: dict[str, dict[str, float]] = {
     "decode": {"bw": 1.3, "kv": 1.3, "host": 1.5, "cpu": 0.05, "layer": 2e-5, "token": 3e-4, "split": 5e-5},
-    "prefill": {"c": 2.5, "attn": 2.5, "kq": 4.0, "read": 1.3, "act": 4.0, "copy": 8.0, "rec": 1.3, "cpu": 0.05, "layer": 5e-5, "ubatch": 1e-3,
+    "prefill": {"c": 2.5, "attn": 2.5, "attn.cpu": 0.1, "kq": 4.0, "read": 1.3, "act": 4.0, "copy": 8.0, "rec": 1.3, "cpu": 0.05, "layer": 5e-5, "ubatch": 1e-3,
                 "split": 1e-4},
 }
 RIDGE = 0.05  # weight of a prior, against a measured row's 1

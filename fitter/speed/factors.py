@@ -14,12 +14,12 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "token": 0.000650567
         },
         "prefill": {
-            "act": 3.8477,
-            "attn.cpu": 0.329603,
-            "cpu": 0.0196259,
-            "layer": 4.99745e-05,
-            "rec.cpu": 1.15872,
-            "ubatch": 0.00099961
+            "act": 6.81637,
+            "attn.cpu": 0.223566,
+            "cpu": 0.0205924,
+            "layer": 5.01868e-05,
+            "rec.cpu": 0.98549,
+            "ubatch": 0.00100082
         }
     },
     "cuda": {
@@ -36,19 +36,19 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "split": 7.21447e-05
         },
         "prefill": {
-            "act": 3.00447,
+            "act": 3.00448,
             "attn": 1.24183,
-            "attn.cpu": 0.00445393,
-            "c.float": 0.817989,
+            "attn.cpu": 0.00445525,
+            "c.float": 0.817988,
             "c.k": 1.0187,
-            "c.q4": 0.482318,
+            "c.q4": 0.482319,
             "c.q8": 1.12499,
-            "copy": 7.02578,
-            "kq": 5.87848,
-            "layer": 0.00040275,
-            "read": 1.54059,
+            "copy": 7.0257,
+            "kq": 5.8785,
+            "layer": 0.000402752,
+            "read": 1.5406,
             "rec": 1.22357,
-            "ubatch": 0.00376682
+            "ubatch": 0.00376672
         }
     },
     "metal": {
@@ -185,7 +185,7 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "cpu": {
         "decode": 0.9999,
-        "prefill": 0.9992
+        "prefill": 1.019
     },
     "nvidia-a100-80gb": {
         "decode": 1.316,
