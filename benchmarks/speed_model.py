@@ -229,7 +229,8 @@ def fit(train: list[Case]) -> dict[str, dict[str, dict[str, float]]]:
             reg = np.array([[w[i] / p if p and i == j else (RIDGE_ZERO if not p and i == j else 0.0)
                              for j in range(len(names))] for i, p in enumerate(prior)])
             x = _nnls(np.vstack([a, reg]), np.concatenate([b, [w[i] if p else 0.0 for i, p in enumerate(prior)]]))
-            out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x) if v > 0}
+            # every term the rows had, 0 included: a missing one takes its family's median (model.coefficient)
+            out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x)}
     return out
 
 

@@ -9,6 +9,7 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "bw.float": 1.4544,
             "bw.k": 1.34031,
             "bw.q8": 1.25208,
+            "cpu": 0.0,
             "kv.dev": 4.61456,
             "layer": 5.58246e-05,
             "token": 0.000650567
@@ -29,16 +30,22 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "bw.q4": 0.848676,
             "bw.q8": 1.12319,
             "cpu": 0.0859617,
+            "dq.float": 0.0,
             "dq.k": 9.09748,
+            "dq.q4": 0.0,
+            "dq.q8": 0.0,
+            "host": 0.0,
             "kv.dev": 1.60622,
             "kv.host": 4.90211,
             "layer": 8.1731e-05,
-            "split": 7.21447e-05
+            "split": 7.21447e-05,
+            "token": 0.0
         },
         "prefill": {
             "act": 3.00448,
             "attn": 1.24183,
             "attn.cpu": 0.00445525,
+            "attn.nofa": 0.0,
             "c.float": 0.817988,
             "c.k": 1.0187,
             "c.q4": 0.482319,
@@ -48,12 +55,14 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "layer": 0.000402752,
             "read": 1.5406,
             "rec": 1.22357,
+            "split": 0.0,
             "ubatch": 0.00376672
         }
     },
     "metal": {
         "decode": {
             "bw.float": 1.09958,
+            "bw.k": 0.0,
             "bw.q4": 0.0121608,
             "bw.q8": 0.0174306,
             "dq.float": 3.33889,
@@ -75,25 +84,26 @@ COEFFICIENTS: dict[str, dict[str, dict[str, float]]] = {
             "c.m5": 3.01401,
             "kq": 3.48407,
             "layer": 7.90032e-05,
+            "read": 0.0,
             "ubatch": 0.00129897
         }
     }
 }
 
-SPREAD: dict[str, float] = {"decode": 0.106, "prefill": 0.1339}
+SPREAD: dict[str, float] = {"decode": 0.1061, "prefill": 0.1339}
 
 # per hardware profile: measured / predicted seconds (decode, prefill) over its training rows
 PROFILE_SCALE: dict[str, dict[str, float]] = {
     "apple-m1-7": {
-        "decode": 0.8347,
+        "decode": 0.8445,
         "prefill": 1.013
     },
     "apple-m1-8": {
-        "decode": 1.706,
+        "decode": 1.707,
         "prefill": 1.003
     },
     "apple-m1-max-32": {
-        "decode": 1.133,
+        "decode": 1.142,
         "prefill": 1.238
     },
     "apple-m1-pro-16": {
@@ -120,7 +130,7 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 0.9707
     },
     "apple-m2-pro-19": {
-        "decode": 1.247,
+        "decode": 1.248,
         "prefill": 1.023
     },
     "apple-m2-ultra-60": {
@@ -128,11 +138,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.082
     },
     "apple-m2-ultra-76": {
-        "decode": 1.063,
+        "decode": 1.065,
         "prefill": 1.049
     },
     "apple-m3-10": {
-        "decode": 1.369,
+        "decode": 1.37,
         "prefill": 0.9974
     },
     "apple-m3-max-30": {
@@ -158,14 +168,14 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.012
     },
     "apple-m4-max-32": {
-        "decode": 0.8803
+        "decode": 0.8811
     },
     "apple-m4-max-40": {
         "decode": 0.9388,
         "prefill": 0.9934
     },
     "apple-m4-pro-16": {
-        "decode": 0.8557,
+        "decode": 0.8558,
         "prefill": 0.9953
     },
     "apple-m4-pro-20": {
@@ -177,11 +187,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.003
     },
     "apple-m5-max-40": {
-        "decode": 0.7832,
+        "decode": 0.7833,
         "prefill": 0.999
     },
     "apple-m5-pro-16": {
-        "decode": 0.7195
+        "decode": 0.7196
     },
     "cpu": {
         "decode": 0.9999,
@@ -192,11 +202,11 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
         "prefill": 1.214
     },
     "nvidia-dgx-spark": {
-        "decode": 0.9658,
+        "decode": 1.035,
         "prefill": 1.164
     },
     "nvidia-h100-pcie": {
-        "decode": 1.33,
+        "decode": 1.351,
         "prefill": 1.05
     },
     "nvidia-h200": {
@@ -209,14 +219,14 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "nvidia-rtx-3070": {
         "decode": 0.8794,
-        "prefill": 0.9231
+        "prefill": 0.9233
     },
     "nvidia-rtx-3080": {
         "decode": 0.8944,
-        "prefill": 0.8849
+        "prefill": 0.885
     },
     "nvidia-rtx-3090": {
-        "decode": 0.9333,
+        "decode": 1.034,
         "prefill": 1.025
     },
     "nvidia-rtx-3090-ti": {
@@ -224,40 +234,40 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     },
     "nvidia-rtx-4070-ti": {
         "decode": 0.9089,
-        "prefill": 0.8675
+        "prefill": 0.8676
     },
     "nvidia-rtx-4080": {
-        "decode": 0.8675,
+        "decode": 0.9078,
         "prefill": 0.7645
     },
     "nvidia-rtx-4090": {
-        "decode": 0.889,
-        "prefill": 0.8497
+        "decode": 0.9249,
+        "prefill": 0.8499
     },
     "nvidia-rtx-5060-ti": {
-        "decode": 0.8758,
+        "decode": 1.108,
         "prefill": 0.9624
     },
     "nvidia-rtx-5070": {
-        "decode": 0.8341,
+        "decode": 1.047,
         "prefill": 0.9436
     },
     "nvidia-rtx-5070-ti": {
         "prefill": 0.9188
     },
     "nvidia-rtx-5080": {
-        "decode": 0.7771,
+        "decode": 0.9123,
         "prefill": 0.8762
     },
     "nvidia-rtx-5090": {
-        "decode": 0.6891
+        "decode": 0.7764
     },
     "nvidia-rtx-6000-ada": {
         "decode": 0.9754,
         "prefill": 1.05
     },
     "nvidia-rtx-a6000": {
-        "decode": 0.9395,
+        "decode": 0.9616,
         "prefill": 1.027
     },
     "nvidia-rtx-pro-6000-blackwell": {
