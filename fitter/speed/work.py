@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 from fitter.ggml.types import row_size
+from fitter.gguf.header import TensorInfo
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import RunConfig
 from fitter.llama.hparams import LayerKind, ModelSpec
@@ -69,6 +70,19 @@ class DeviceWork:
 
     def add(self, table: dict[str, float], cls: str, v: float) -> None:
         table[cls] = table.get(cls, 0.0) + v
+
+    def add_matrix(self, t: TensorInfo, cls: str, f: float, n_used: int, il: int) -> None:
+        """A weight matrix of layer `il` a token multiplies `f` of (the experts it routes to), `n_used` times."""
+        self.bytes_matmul += t.nbytes
+        if f < 1.0:
+            self.expert_bytes += t.nbytes
+            self.expert_bytes_layer[il] = self.expert_bytes_layer.get(il, 0.0) + t.nbytes
+        self.add(self.bytes_token, cls, t.nbytes * f)
+        self.add(self.flops_token, cls, 2.0 * t.n_elements * f)
+        if t.name.startswith("output"):
+            self.add(self.out_flops_token, cls, 2.0 * t.n_elements)
+        else:
+            self.act_bytes_token += 4.0 * (t.shape[0] + t.shape[1]) * n_used
 
 
 @dataclass
@@ -129,18 +143,9 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
                 out.add(out.flops_token, cls, 2.0 * t.n_elements)
                 out.add(out.out_flops_token, cls, 2.0 * t.n_elements)
             continue
-        d.bytes_matmul += t.nbytes
-        f = frac if _EXPERTS.search(t.name) else 1.0
-        if f < 1.0:
-            d.expert_bytes += t.nbytes
-            il = inst.where if isinstance(inst.where, int) else -1  # tensor_instances' layer
-            d.expert_bytes_layer[il] = d.expert_bytes_layer.get(il, 0.0) + t.nbytes
-        d.add(d.bytes_token, cls, t.nbytes * f)
-        d.add(d.flops_token, cls, 2.0 * t.n_elements * f)
-        if t.name.startswith("output"):
-            d.add(d.out_flops_token, cls, 2.0 * t.n_elements)
-        else:
-            d.act_bytes_token += 4.0 * (t.shape[0] + t.shape[1]) * (spec.n_expert_used if f < 1.0 else 1)
+        experts = bool(_EXPERTS.search(t.name))
+        d.add_matrix(t, cls, frac if experts else 1.0, spec.n_expert_used if experts else 1,
+                     inst.where if isinstance(inst.where, int) else -1)  # tensor_instances' layer
     state = _state_bytes(spec)
     for il in range(spec.n_layer):
         lay = spec.layers[il]
