@@ -53,7 +53,7 @@ SYNTHETIC_ROUTING = ("qwen36-35b-a3b", "qwen3-30b-a3b", "deepseek2-30b-a3b")
 # the fixed costs, 1 / GFLOP/s per CPU thread; the fit moves off them only as far as the rows ask (RIDGE)
 PRIORS: dict[str, dict[str, float]] = {
     "decode": {"bw": 1.3, "kv": 1.3, "host": 1.5, "cpu": 0.05, "layer": 2e-5, "token": 3e-4, "split": 5e-5},
-    "prefill": {"c": 2.5, "attn": 2.5, "kq": 4.0, "read": 1.3, "copy": 8.0, "rec": 1.3, "cpu": 0.05, "layer": 5e-5, "ubatch": 1e-3,
+    "prefill": {"c": 2.5, "attn": 2.5, "attn.cpu": 0.1, "kq": 4.0, "read": 1.3, "act": 4.0, "copy": 8.0, "rec": 1.3, "cpu": 0.05, "layer": 5e-5, "ubatch": 1e-3,
                 "split": 1e-4},
 }
 RIDGE = 0.05  # weight of a prior, against a measured row's 1
@@ -65,7 +65,7 @@ STRONG = {"copy": 3.0}  # terms without a prior (dequantization): kept near 0 un
 
 # terms a backend's rows cannot pin down: Apple's prefill tracks its GPU cores, and a per-token cost per layer fitted
 # on its 86 prefill rows (one model size each, mostly) trades off against them (held-out worst 155%)
-LEFT_OUT: dict[str, set[str]] = {"metal": {"layer_token"}}
+LEFT_OUT: dict[str, set[str]] = {"metal": {"act"}}
 
 
 @dataclass
@@ -229,7 +229,8 @@ def fit(train: list[Case]) -> dict[str, dict[str, dict[str, float]]]:
             reg = np.array([[w[i] / p if p and i == j else (RIDGE_ZERO if not p and i == j else 0.0)
                              for j in range(len(names))] for i, p in enumerate(prior)])
             x = _nnls(np.vstack([a, reg]), np.concatenate([b, [w[i] if p else 0.0 for i, p in enumerate(prior)]]))
-            out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x) if v > 0}
+            # every term the rows had, 0 included: a missing one takes its family's median (model.coefficient)
+            out[backend.value][kind] = {k: float(f"{v:.6g}") for k, v in zip(names, x)}
     return out
 
 

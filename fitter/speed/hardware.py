@@ -45,6 +45,9 @@ class HardwareProfile(Record):
     fp16_tflops: float | None = None
     int8_tops: float | None = None  # NVIDIA's tensor cores (dense)
     gpu_cores: int | None = None  # Apple's GPU cores, NVIDIA's SMs as the specs give them
+    # the share of the tensor figures that mma.sync reaches (llama.cpp's MMQ and flash-attention kernels): Hopper's
+    # datasheet figures need wgmma, which only cuBLAS issues
+    mma_sync_share: float = 1.0
     memory_gib: tuple[float, ...] = ()  # the memory sizes the chip ships with
     pcie_gbs: float | None = None  # host <-> GPU, GB/s one way (NVIDIA discrete)
     nvml_names: tuple[str, ...] = ()  # what NVML / nvidia-smi call it
@@ -86,7 +89,7 @@ def profile_of(spec: dict[str, object]) -> HardwareProfile:
     return HardwareProfile(
         name=str(spec["name"]), chip=str(spec.get("chip") or spec["name"]), backend=Backend(str(spec["backend"])),
         unified=bool(spec.get("unified", False)), memory_bandwidth_gbs=num("memory_bandwidth_gbs"),
-        fp16_tflops=num("fp16_tflops"), int8_tops=num("int8_tops"),
+        fp16_tflops=num("fp16_tflops"), int8_tops=num("int8_tops"), mma_sync_share=num("mma_sync_share") or 1.0,
         gpu_cores=None if cores is None else int(cores),  # type: ignore[call-overload]
         memory_gib=tuple(float(x) for x in _tuple(spec.get("memory_gib"))), pcie_gbs=num("pcie_gbs"),
         nvml_names=tuple(str(x) for x in _tuple(spec.get("nvml_names"))),

@@ -14,6 +14,9 @@ Pure data. One dict per profile, named as issue 46 says: ``apple-m<gen>[-pro|-ma
   lower bound, 1398 MHz). Left out where no clock or figure was found (M3 and later).
 - ``int8_tops``: NVIDIA dense tensor-core INT8 TOPS, no sparsity. Not given for Apple.
 - ``gpu_cores``: Apple GPU cores; NVIDIA streaming multiprocessors (SMs).
+- ``mma_sync_share``: Hopper (H100, H200) only: the share of its tensor figures that the warp-level ``mma.sync``
+  instructions reach (0.5), the ones llama.cpp's MMQ and flash-attention kernels issue (ggml-cuda/mma.cuh); the
+  datasheet figures need the warpgroup ``wgmma`` instructions, which only cuBLAS issues. Default 1.
 - ``memory_gib``: the memory sizes the cited source names (often only the largest one offered).
 - ``pcie_gbs``: discrete NVIDIA cards: theoretical one-direction host-link bandwidth in GB/s of the bus
   the cited table names (PCIe 4.0 x16 = 32, PCIe 5.0 x16 = 64). Absent for unified parts.
@@ -78,6 +81,8 @@ _CYBIRD = ("https://github.com/CYBIRD-D/How-to-Choose-your-LLM-Model-for-transla
 _D15013 = "https://github.com/ggml-org/llama.cpp/discussions/15013"
 _PR4766 = "https://github.com/ggml-org/llama.cpp/pull/4766"
 _RTX3060 = "https://www.rtechsl.com/shop/rtx3060-12g-994"
+# Hopper's mma.sync at half its wgmma rate: "Dissecting the NVIDIA Hopper Architecture through Microbenchmarking"
+_HOPPER_MMA = "https://arxiv.org/html/2501.12084v2"
 _PRO6000 = "https://hardware-corner.net/rtx-5090-vs-rtx-pro-6000-spec-comparison-20250321"
 _PRO6000_SM = "https://www.topcpu.net/es/news/nvidia-launches-96gb-rtx-5090-model-with-a-whopping-price-tag-of-10000"
 # NVIDIA's announcement: 101 tensor TFLOPS, GeForce Ampere's headline figure (sparse FP16 = dense INT8, as gpumap's
@@ -183,7 +188,7 @@ _APPLE: tuple[dict[str, object], ...] = (
 def _nv(name: str, chip: str, *, bw: float, src: str, mem: tuple[int, ...], mem_src: str | None = None,
         sms: int | None = None, fp16: float | None = None, int8: float | None = None, pcie: float | None = None,
         nvml: tuple[str, ...] = (), nvml_src: str | None = None, sm_src: str | None = None,
-        compute_src: str | None = None, unified: bool = False) -> dict[str, object]:
+        compute_src: str | None = None, unified: bool = False, hopper: bool = False) -> dict[str, object]:
     """One NVIDIA profile; every figure given is sourced from ``src`` unless a field's own source is named."""
     spec: dict[str, object] = {"name": name, "chip": chip, "backend": "cuda", "unified": unified,
                                "memory_bandwidth_gbs": bw, "memory_gib": mem}
@@ -193,6 +198,9 @@ def _nv(name: str, chip: str, *, bw: float, src: str, mem: tuple[int, ...], mem_
         if value is not None:
             spec[key] = value
             sources[key] = key_src
+    if hopper:
+        spec["mma_sync_share"] = 0.5
+        sources["mma_sync_share"] = _HOPPER_MMA
     if nvml:
         spec["nvml_names"] = nvml
         sources["nvml_names"] = nvml_src or _D15013
@@ -248,11 +256,11 @@ _NVIDIA: tuple[dict[str, object], ...] = (
     _nv("nvidia-l40s", "NVIDIA L40S", bw=864.0, src=_GPUMAP, mem=(48,), fp16=366.0, int8=733.0, pcie=32.0,
         nvml=("NVIDIA L40S",), nvml_src=_XD_NB + "L40S_v3.ipynb"),
     _nv("nvidia-h100-sxm", "NVIDIA H100 SXM5 80GB", bw=3352.0, src=_GPUMAP, mem=(80,), sms=132, fp16=989.0,
-        int8=1979.0, pcie=64.0),
+        int8=1979.0, pcie=64.0, hopper=True),
     _nv("nvidia-h100-pcie", "NVIDIA H100 PCIe 80GB", bw=2048.0, src=_GPUMAP, mem=(80,), sms=114, fp16=756.0,
-        int8=1513.0, pcie=64.0, nvml=("NVIDIA H100 PCIe",), nvml_src=_XD_NB + "H100_PCIe_v3.ipynb"),
+        int8=1513.0, pcie=64.0, nvml=("NVIDIA H100 PCIe",), nvml_src=_XD_NB + "H100_PCIe_v3.ipynb", hopper=True),
     _nv("nvidia-h200", "NVIDIA H200 SXM5 141GB", bw=4800.0, src=_GPUMAP, mem=(141,), sms=132, fp16=989.0,
-        int8=1979.0, pcie=64.0, nvml=("NVIDIA H200",), nvml_src=_H200_SMI),
+        int8=1979.0, pcie=64.0, nvml=("NVIDIA H200",), nvml_src=_H200_SMI, hopper=True),
     # unified
     _nv("nvidia-dgx-spark", "NVIDIA DGX Spark (GB10 Grace Blackwell)", bw=273.0, src=_SPARK, mem=(128,),
         fp16=62.0, int8=250.0, compute_src=_SPARK_TENSOR, nvml=("NVIDIA GB10",), nvml_src=_SPARK_BENCH, unified=True),

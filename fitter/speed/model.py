@@ -72,15 +72,20 @@ def _gpu(backend: Backend) -> bool:
     return backends.get(backend).is_gpu
 
 
-def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k") -> float:
+def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k", batched: bool = False) -> float:
     """The device's compute scale for weights of a type class: on Apple its GPU cores (prefill tracks cores there;
     the factor per generation is fitted); on NVIDIA a quantized matrix runs on the integer tensor cores (mmq.cu,
-    a quarter of the INT8 TOPS: GeForce cards' FP16 rate with FP32 accumulation) and an F16 one through cuBLAS at the
-    FP16 rate; else a guess from the bandwidth where the profile has neither."""
+    a quarter of the INT8 TOPS: GeForce cards' FP16 rate with FP32 accumulation) and an F16 one through cuBLAS with
+    FP16 accumulation, half the INT8 TOPS on every tensor-core generation (twice the FP32-accumulate figure of
+    GeForce cards), both `batched` (a ubatch; a decoded token's vector kernels, mmvq.cu and mmvf.cu, keep the
+    unbatched scale); else a guess from the bandwidth where the profile has neither."""
     if backends.get(hw.backend).unified_memory and hw.gpu_cores:  # Apple
         return float(hw.gpu_cores)
-    if cls != "float" and hw.int8_tops:
-        return hw.int8_tops / 4
+    if cls != "float" and hw.int8_tops:  # ggml_cuda_mul_mat_q: mma.sync (mma.cuh), not wgmma
+        return hw.int8_tops / 4 * (hw.mma_sync_share if batched else 1.0)
+    if cls == "float" and hw.int8_tops and batched:
+        # ggml_cuda_mul_mat_cublas: F16 weights at a batch past mmf run cublasGemmEx with CUBLAS_COMPUTE_16F
+        return hw.int8_tops / 2
     if hw.fp16_tflops:
         return hw.fp16_tflops
     if hw.int8_tops:
@@ -88,6 +93,14 @@ def gpu_compute_tflops(hw: HardwareProfile, cls: str = "k") -> float:
     if hw.memory_bandwidth_gbs:
         return hw.memory_bandwidth_gbs / 10
     return 10.0
+
+
+def attention_tflops(hw: HardwareProfile) -> float:
+    """Flash attention's products: FP16 tensor-core MMA with FP32 accumulation (fattn-mma-f16.cuh), the profile's
+    FP16 figure; Apple's cores."""
+    if hw.fp16_tflops and not (backends.get(hw.backend).unified_memory and hw.gpu_cores):
+        return hw.fp16_tflops * hw.mma_sync_share  # ggml_cuda_flash_attn_ext_mma_f16: mma.sync, not wgmma
+    return gpu_compute_tflops(hw, "float")
 
 
 def apple_generation(hw: HardwareProfile) -> str:
@@ -152,26 +165,29 @@ def _copied(w: DeviceWork, work: Work, n_tokens: int, expert_use: ExpertUse | No
 
 
 def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: int, pos: float, threads: int,
-                 op_offload: bool, flash_attn: bool = True, expert_use: ExpertUse | None = None) -> dict[str, float]:
-    """Seconds for one ubatch of n_tokens whose tokens sit at mean position `pos`, at unit coefficients."""
+                 op_offload: bool, flash_attn: bool = True, expert_use: ExpertUse | None = None,
+                 n_out: int = 1) -> dict[str, float]:
+    """Seconds for one ubatch of n_tokens whose tokens sit at mean position `pos`, of which n_out output logits, at
+    unit coefficients."""
     out: dict[str, float] = {}
 
     def add(k: str, v: float) -> None:
         if v:
             out[k] = out.get(k, 0.0) + v
 
-    c_gpu = gpu_compute_tflops(hw, "float") * 1e12  # attention: F16 / F32 products
+    c_gpu = attention_tflops(hw) * 1e12
     gen = apple_generation(hw) if backends.get(backend).unified_memory else ""
     offload = _offloaded(backend, n_tokens, op_offload)
     pcie = (hw.pcie_gbs or 16.0) * _GB
     for d, w in work.devices.items():
         on_cpu = d == CPU_DEV or not _gpu(backend)
-        flops = {cls: f * n_tokens for cls, f in w.flops_token.items()}
+        flops = {cls: f * n_tokens - w.out_flops_token.get(cls, 0.0) * (n_tokens - n_out)
+                 for cls, f in w.flops_token.items()}
         if on_cpu and not (offload and d == CPU_DEV):
             add("cpu", sum(flops.values()) / (threads * 1e9))
         else:
             for cls, f in flops.items():
-                add(f"c.{gen or cls}", f / (gpu_compute_tflops(hw, cls) * 1e12))
+                add(f"c.{gen or cls}", f / (gpu_compute_tflops(hw, cls, batched=True) * 1e12))
             if d == CPU_DEV:  # streamed to the GPU once per ubatch, from pageable host memory (mmap)
                 add("copy", _copied(w, work, n_tokens, expert_use) / min(pcie, host_bandwidth(hw) * _GB))
             else:
@@ -186,7 +202,7 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
             add("kq", n_tokens * (w.kq_bytes_per_pos * n_pos + w.kq_swa_bytes_per_pos * n_swa) / _bandwidth(hw, d))
         if not on_cpu or not _gpu(backend):
             add("layer", float(w.n_layers))  # per ubatch: the kernels' launches and syncs
-            add("layer_token", float(w.n_layers * n_tokens))  # per token: the small ops (norms, routing, activations)
+            add("act", n_tokens * w.act_bytes_token / _bandwidth(hw, d))  # per token: the small ops on activations
     add("ubatch", 1.0)
     add("split", float(work.splits))
     return out
@@ -202,7 +218,7 @@ def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: i
     while done < n_prompt:
         n = min(n_ubatch, n_prompt - done)
         for k, v in ubatch_terms(work, hw, backend, n, depth + done + n / 2, threads, op_offload,
-                                 flash_attn, expert_use).items():
+                                 flash_attn, expert_use, n_out=1 if done + n >= n_prompt else 0).items():
             out[k] = out.get(k, 0.0) + v
         done += n
     return out
@@ -233,7 +249,7 @@ def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, 
         "bw": f"bandwidth ({gpu})", "kv": "KV cache reads", "dq": f"dequantization ({gpu})", "host": "host memory (CPU)",
         "cpu": "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
         "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
-        "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "layer_token": "small ops per token",
+        "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "act": "small ops per token (activations)",
         "rec": "recurrent state", "kq": "attention scores (KQ) in memory",
         "net": "network (RPC)",
     }.get(head, head)

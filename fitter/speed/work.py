@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
 from fitter.ggml.types import row_size
+from fitter.gguf.header import TensorInfo
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import RunConfig
 from fitter.llama.hparams import LayerKind, ModelSpec
@@ -47,6 +48,13 @@ class DeviceWork:
     bytes_matmul: float = 0.0  # of bytes_all: the matrices a ubatch multiplies (not the token embedding's GET_ROWS)
     bytes_token: dict[str, float] = field(default_factory=dict)  # what one decoded token reads
     flops_token: dict[str, float] = field(default_factory=dict)  # 2 x the weights a token multiplies
+    # F32 activations a token's matmuls read and write (src1 rows of ne00, dst rows of ne01: ggml_cuda_mul_mat),
+    # which the norms, activations, adds and the q8_1 quantization of src1 around them also pass through
+    act_bytes_token: float = 0.0
+    # of flops_token: the output matrix's (the logits), which a prompt computes for its last token only
+    # (llama_batch_allocr::init: without a logits array only the last token outputs; the graph's
+    # ggml_get_rows(inp_out_ids) drops the other rows before the output)
+    out_flops_token: dict[str, float] = field(default_factory=dict)
     expert_bytes: float = 0.0  # of bytes_all: MoE expert tensors (--n-cpu-moe / -ot moves these)
     expert_bytes_layer: dict[int, float] = field(default_factory=dict)  # expert_bytes by layer
     n_layers: int = 0  # repeating layers whose attention runs here
@@ -62,6 +70,19 @@ class DeviceWork:
 
     def add(self, table: dict[str, float], cls: str, v: float) -> None:
         table[cls] = table.get(cls, 0.0) + v
+
+    def add_matrix(self, t: TensorInfo, cls: str, f: float, n_used: int, il: int) -> None:
+        """A weight matrix of layer `il` a token multiplies `f` of (the experts it routes to), `n_used` times."""
+        self.bytes_matmul += t.nbytes
+        if f < 1.0:
+            self.expert_bytes += t.nbytes
+            self.expert_bytes_layer[il] = self.expert_bytes_layer.get(il, 0.0) + t.nbytes
+        self.add(self.bytes_token, cls, t.nbytes * f)
+        self.add(self.flops_token, cls, 2.0 * t.n_elements * f)
+        if t.name.startswith("output"):
+            self.add(self.out_flops_token, cls, 2.0 * t.n_elements)
+        else:
+            self.act_bytes_token += 4.0 * (t.shape[0] + t.shape[1]) * n_used
 
 
 @dataclass
@@ -120,15 +141,11 @@ def work_of(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Bac
                 out = dev(wp.default_dev("output"))  # a tied output: token_embd multiplied again for the logits
                 out.add(out.bytes_token, cls, t.nbytes)
                 out.add(out.flops_token, cls, 2.0 * t.n_elements)
+                out.add(out.out_flops_token, cls, 2.0 * t.n_elements)
             continue
-        d.bytes_matmul += t.nbytes
-        f = frac if _EXPERTS.search(t.name) else 1.0
-        if f < 1.0:
-            d.expert_bytes += t.nbytes
-            il = inst.where if isinstance(inst.where, int) else -1  # tensor_instances' layer
-            d.expert_bytes_layer[il] = d.expert_bytes_layer.get(il, 0.0) + t.nbytes
-        d.add(d.bytes_token, cls, t.nbytes * f)
-        d.add(d.flops_token, cls, 2.0 * t.n_elements * f)
+        experts = bool(_EXPERTS.search(t.name))
+        d.add_matrix(t, cls, frac if experts else 1.0, spec.n_expert_used if experts else 1,
+                     inst.where if isinstance(inst.where, int) else -1)  # tensor_instances' layer
     state = _state_bytes(spec)
     for il in range(spec.n_layer):
         lay = spec.layers[il]
