@@ -21,6 +21,7 @@ class BackendName(str, Enum):
     cuda = "cuda"
     cpu = "cpu"
     rpc = "rpc"
+    rpc_cuda = "rpc-cuda"
 
 
 class FrontendName(str, Enum):

@@ -132,7 +132,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
     if d.spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")
     budgets = Budgets.parse(b.budget, b.margin, be, host_budget=s.host_budget, split_mode=s.split_mode,
-                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget) if s.rpc else None)
+                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget, be) if s.rpc else None)
     cfg = run_config(
         **context_fields(c), kv_unified=s.kv_unified, swa_full=s.swa_full, n_gpu_layers=p.n_gpu_layers,
         no_mmap=s.no_mmap, no_repack=not s.repack,

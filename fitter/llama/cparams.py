@@ -253,6 +253,9 @@ class ContextParams(Record):
     embeddings: bool
     defaults_applied: dict[str, str]
     build: LlamaBuild = PINNED  # the llama.cpp build whose rules apply (fitter.llama_builds)
+    # the V cache transposed (llama_model::create_memory: !cparams.flash_attn); None: not flash_attn. -fa auto that
+    # resolve_fused_ops turns off keeps the cache made before it, with flash attention on: False
+    v_trans: bool | None = None
 
 
 def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:

@@ -3,6 +3,7 @@ one-line errors. The buffers against llama.cpp's own runs: tests/fit/test_rpc_re
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
@@ -150,9 +151,20 @@ def test_budget_auto_reads_every_server(fake_server) -> None:
     assert f"--rpc {a},{b}" in r.stdout and "-ts 3,1" in r.stdout  # llama.cpp splits by the free memory
 
 
-def test_a_local_gpu_beside_rpc_devices_is_refused() -> None:
-    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "8GiB", "--no-speed")
-    assert r.returncode == 2 and "not modelled yet" in r.stderr
+def test_a_local_gpu_beside_rpc_devices_has_a_budget_each() -> None:
+    """--backend cuda with --rpc: devices RPC0, CUDA0 in llama.cpp's order, each against its own --budget; a local
+    Metal GPU beside RPC devices is refused in one line."""
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "2GiB,3GiB",
+               "--no-speed", "-c", "4096", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out["split"]["device_totals"]) == ["RPC0", "CUDA0"]
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "1GiB",
+               "--no-speed", "-c", "4096", "-ts", "1,1,1")
+    assert r.returncode == 2
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "metal", "--budget", "8GiB",
+               "--no-speed")
+    assert r.returncode == 2 and "a CUDA GPU (--backend cuda)" in r.stderr
 
 
 def test_the_python_probe_runner_refuses_rpc() -> None:
@@ -207,4 +219,4 @@ def test_the_proposed_split_fits_a_longer_context_than_the_budgets_split() -> No
 
 def test_a_budget_per_device_must_name_every_server() -> None:
     r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB", "--no-speed")
-    assert r.returncode == 2 and "3 values for 2 RPC servers" in r.stderr
+    assert r.returncode == 2 and "3 values for 2 devices (RPC0, RPC1)" in r.stderr

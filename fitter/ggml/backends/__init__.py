@@ -14,13 +14,14 @@ from fitter.ggml.backends.base import Backend, BackendError, BackendImpl
 from fitter.ggml.backends.cpu import CPUBackend
 from fitter.ggml.backends.cuda import CUDABackend
 from fitter.ggml.backends.metal import MetalBackend
-from fitter.ggml.backends.rpc import RPCBackend
+from fitter.ggml.backends.rpc import RPCBackend, RPCLocalCUDABackend
 
 BACKENDS: dict[Backend, BackendImpl] = {
     Backend.CPU: CPUBackend(),
     Backend.CUDA: CUDABackend(),
     Backend.METAL: MetalBackend(),
     Backend.RPC: RPCBackend(),
+    Backend.RPC_CUDA: RPCLocalCUDABackend(),
 }
 
 
@@ -31,7 +32,7 @@ def get(backend: Backend | str) -> BackendImpl:
     try:
         return BACKENDS[Backend(str(backend).lower())]
     except ValueError:
-        raise BackendError(f"backend '{backend}': use cpu, cuda, metal or rpc") from None
+        raise BackendError(f"backend '{backend}': use cpu, cuda, metal, rpc or rpc-cuda") from None
 
 
 def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:

@@ -31,5 +31,6 @@ The rules ggfit mirrors (pinned build 0c1e57098bba; RPC protocol 7.0.0):
 from __future__ import annotations
 
 from fitter.ggml.backends.rpc.backend import RPCBackend
+from fitter.ggml.backends.rpc.local import RPCLocalCUDABackend
 
-__all__ = ["RPCBackend"]
+__all__ = ["RPCBackend", "RPCLocalCUDABackend"]
