@@ -228,7 +228,11 @@ def _rpc(p: Plan) -> None:
     p.rpc_hosts = host_totals(p.pred, parse_endpoints(p.cfg.rpc or ""))
     avail = p.avail
     if isinstance(avail, dict):
-        p.rpc_split = propose_for(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, build=p.build)
+        # over the layers -ngl as given offloads (all by default), else over those the solver's placement keeps
+        asked = p.cfg.model_copy(update={"n_gpu_layers": p.request.config.n_gpu_layers})
+        p.rpc_split = propose_for(p.header, p.spec, asked, p.pred, p.be, p.fe, avail, build=p.build)
+        if not p.rpc_split.json["n_ctx"] and asked.n_gpu_layers != p.cfg.n_gpu_layers:
+            p.rpc_split = propose_for(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, build=p.build)
 
 
 def _solve(req: FitRequest, path: str, header: GGUFHeader, spec: ModelSpec, draft: Draft | None) -> Plan:

@@ -107,10 +107,12 @@ def propose_for(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, pred: Predi
                              f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}", {"tensor_split": None, "n_ctx": 0})
     ts = ",".join(f"{x:g}" for x in sp.tensor_split)
     totals = sp.pred.device_totals() if sp.pred else {}
-    text = (f"split: -ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
+    ngl = f"-ngl {base.n_gpu_layers} " if base.n_gpu_layers >= 0 else ""
+    text = (f"split: {ngl}-ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
             f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}: " + ", ".join(
                 f"{d} {totals.get(d, 0) / 2**20:,.2f} of {a / 2**20:,.2f} MiB" for d, a in avail.items()))
-    return SplitProposal(text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals})
+    return SplitProposal(text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals,
+                                "n_gpu_layers": base.n_gpu_layers})
 
 
 def host_totals(pred: Prediction, endpoints: list[str]) -> dict:
