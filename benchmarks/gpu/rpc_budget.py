@@ -22,6 +22,7 @@ import contextlib
 import json
 import signal
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "build_s": round(time.time() - t0, 1)}
     procs = Procs()
     try:
-        logdir = Path(args.out).with_suffix(".logs")
+        logdir = Path(tempfile.mkdtemp(prefix="ggfit-rpc-budget-"))  # the logs' tails go into the JSON
         n_servers = 3 if args.cpu else 2  # --cpu: the third server stands for CUDA0
         servers = start_servers(procs, Path(args.bindir), n_servers, logdir, ("-d", "CPU") if not args.cpu else ())
         eps = [ep for ep, _, _ in servers]

@@ -238,12 +238,7 @@ def predict(
     mark) stay empty: the same bytes, for a caller that reads totals only (the solver's searches), without the
     allocator's bookkeeping of the live tensors (an eighth of a prediction)."""
     cal = _calibration(spec.architecture, backend, build) if calibrated else None
-    config, fa_note = _resolve_fa_auto(spec, config, backend, n_gpus)
-    cp = resolve_context(spec, config, frontend, build=build)
-    if fa_note:
-        cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
-        if backends.get(backend).local_gpus:  # the caches were made with FA on (llama_context: memory, then
-            cp = cp.model_copy(update={"v_trans": False})  # sched_reserve's resolve_fused_ops)
+    config, cp = _context_of(spec, config, backend, frontend, build, n_gpus)
     use_mtp = config.spec_type == "draft-mtp"
     wp = placement_of(spec, config, backend, n_gpus)
     ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
@@ -372,6 +367,18 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend,
     if why:
         return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on {impl.label}: {why})"
     return config, None
+
+
+def _context_of(spec: ModelSpec, config: RunConfig, backend: Backend, frontend: Frontend, build: LlamaBuild,
+                n_gpus: int) -> tuple[RunConfig, ContextParams]:
+    """The config with -fa auto resolved, and its context (the note says why -fa auto went off)."""
+    config, fa_note = _resolve_fa_auto(spec, config, backend, n_gpus)
+    cp = resolve_context(spec, config, frontend, build=build)
+    if fa_note:
+        cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
+        if backends.get(backend).local_gpus:  # the caches were made with FA on (llama_context: memory, then
+            cp = cp.model_copy(update={"v_trans": False})  # sched_reserve's resolve_fused_ops)
+    return config, cp
 
 
 def _fa_shapes_on_local(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int) -> list[FlashAttnShape]:

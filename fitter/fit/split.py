@@ -117,11 +117,13 @@ def propose_for(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, pred: Predi
 
 def host_totals(pred: Prediction, endpoints: list[str]) -> dict:
     """`--json`'s "hosts" with --rpc: what each rpc-server holds (its devices' buffers, one device per server: RPC0,
-    RPC1, ... in --rpc order) and what the main host keeps (token embedding, logits, host compute; mapped weights by
-    their tensors' bytes)."""
+    RPC1, ... in --rpc order) and what the main host keeps: its own GPU's buffers (CUDA0 beside the RPC devices)
+    and host memory (token embedding, logits, host compute; mapped weights by their tensors' bytes)."""
     per_device = pred.device_totals()
     hosts: dict[str, dict] = {}
     for i, ep in enumerate(endpoints):
         n = per_device.get(f"RPC{i}", 0)
         hosts[ep] = {"devices": {f"RPC{i}": n}, "bytes": n}
-    return {**hosts, "main": {"bytes": pred.host_bytes}}
+    local = {d: n for d, n in per_device.items() if d not in {f"RPC{i}" for i in range(len(endpoints))}}
+    main: dict = {"devices": local, "host_bytes": pred.host_bytes} if local else {}
+    return {**hosts, "main": {**main, "bytes": pred.host_bytes + sum(local.values())}}

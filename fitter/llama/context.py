@@ -389,15 +389,7 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
 
     subs = [impl.on(g) for g in gpus]  # each device's own backend (RPC devices beside a local GPU)
     mixed = any(sub is not impl for sub in subs)
-
-    def sizer(sub: BackendImpl) -> Callable[[Tensor], int]:
-        def dev_size(t: Tensor) -> int:
-            if t.op == "NONE":  # a split input copy
-                return sub.copy_size(t)
-            return sub.compute_size(t)
-        return dev_size
-
-    dev_size = sizer(impl)
+    dev_size = _dev_sizer(impl)
 
     override = None
     if wp.overrides:
@@ -421,14 +413,8 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
                    optimize_segments=getattr(impl, "optimize_segments", None))
     if mixed:
         _per_device(pl, impl, {be_of[g]: sub for g, sub in zip(gpus, subs)})
-    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
-    if not c.build.has("gallocr_chunked_vbuffer"):
-        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
-    dev = [(sub.alignment, sizer(sub) if mixed else dev_size, max_size) for sub in subs]
-    host = (impl.host_alignment, Tensor.nbytes, SIZE_MAX)
-    per_buffer = [dev[0], host, *dev[1:]]  # buffer ids as the scheduler's: the first GPU, the host, the others
-    ga = Gallocr([a for a, _, _ in per_buffer], [f for _, f, _ in per_buffer], trace=terms,
-                 max_buffer_size=[m for _, _, m in per_buffer])
+    ga, per_buffer = _gallocr(c, impl, [(sub, _dev_sizer(sub) if mixed else dev_size) for sub in subs],
+                              metal_max_buffer_length, terms)
     r = _allocated(c, ga, details, tkey, pl, _copy_sizer(pl, per_buffer) if mixed else dev_size, content_key=ctkey)
     names = [(device_buffer_name(impl, gpus[0]), subs[0].alignment), (impl.host_buffer_name, impl.host_alignment)]
     names += [(device_buffer_name(impl, g), sub.alignment) for g, sub in zip(gpus[1:], subs[1:])]
@@ -438,6 +424,28 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             out.append(_compute_buffer(name, r.sizes[i], r.peaks[i], align, terms))
     return out
+
+
+def _dev_sizer(sub: BackendImpl) -> Callable[[Tensor], int]:
+    """A device's alloc size of a compute tensor in its buffer: split input copies by its copy_size."""
+    def dev_size(t: Tensor) -> int:
+        if t.op == "NONE":  # a split input copy
+            return sub.copy_size(t)
+        return sub.compute_size(t)
+    return dev_size
+
+
+def _gallocr(c: GraphContext, impl: BackendImpl, subs: list[tuple[BackendImpl, Callable[[Tensor], int]]],
+             metal_max_buffer_length: int | None, terms: bool) -> tuple[Gallocr, list]:
+    """The allocator of the scheduler's buffers (ids as its backends: the first GPU, the host, the other GPUs),
+    each GPU's with its own backend's alignment and alloc sizes."""
+    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
+    if not c.build.has("gallocr_chunked_vbuffer"):
+        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
+    dev = [(sub.alignment, size, max_size) for sub, size in subs]
+    per_buffer = [dev[0], (impl.host_alignment, Tensor.nbytes, SIZE_MAX), *dev[1:]]
+    return Gallocr([a for a, _, _ in per_buffer], [f for _, f, _ in per_buffer], trace=terms,
+                   max_buffer_size=[m for _, _, m in per_buffer]), per_buffer
 
 
 def _per_device(pl: Placement, impl: BackendImpl, by_id: dict[int, BackendImpl]) -> None:
