@@ -46,6 +46,7 @@ from cli_options import (
     PlacementOptions,
     PromptKind,
     PromptTokensOpt,
+    Rpc,
     RunnerName,
     RunnerOpt,
     SeedOpt,
@@ -153,6 +154,7 @@ def quants(
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
+    rpc: Rpc = None,
     build: BuildOptions,
     speed: SpeedOptions,
     as_json: AsJson = False,
@@ -164,7 +166,7 @@ def quants(
     from fitter.fit.plan import plan_quants
 
     req = quants_request(model, budget, frontend, context, placement, adapters, model_draft, build, speed,
-                         candidates=candidate, no_imatrix=no_imatrix)
+                         candidates=candidate, no_imatrix=no_imatrix, rpc=rpc)
     q = plan_quants(req)
     if q.context is not None:
         warn_ctx_train(q.context, q.spec)

@@ -150,18 +150,21 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
 
 def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                    a: AdapterOptions, model_draft: Optional[str], bo: BuildOptions, sp: SpeedOptions, *,
-                   candidates: Optional[list[str]], no_imatrix: bool) -> QuantsRequest:
-    """`ggfit quants`' flags as a QuantsRequest: one device budget, the flags every quant is predicted at."""
+                   candidates: Optional[list[str]], no_imatrix: bool, rpc: Optional[str] = None) -> QuantsRequest:
+    """`ggfit quants`' flags as a QuantsRequest: one device budget (with --rpc one per device), the flags every
+    quant is predicted at."""
     from fitter.fit.request import Budgets, FitRequest, QuantsRequest
 
     build = llama_build_of(bo.llama_build, bo.llama_server)
     speed = speed_of(sp, build)
-    be, fe = backend_for(b.backend, speed), frontend_of(frontend)
+    be, fe = rpc_backend(rpc, backend_for(b.backend, speed)), frontend_of(frontend)
+    devices = rpc_budgets(rpc, b.budget, be) if rpc else None
+    ts = tuple(round(d.bytes / 2**30, 3) for d in devices) if devices else None  # llama.cpp: by free memory
     cfg = run_config(**context_fields(c), draft_model=model_draft,
                      spec_type="draft-simple" if model_draft else "none", n_gpu_layers=p.n_gpu_layers,
                      n_cpu_moe=p.n_cpu_moe, cpu_moe=p.cpu_moe, override_tensor=tuple(p.override_tensor or ()),
-                     no_kv_offload=p.no_kv_offload, **adapter_fields(a))
-    budgets = Budgets.parse(b.budget, b.margin, be, several=False)
+                     no_kv_offload=p.no_kv_offload, **adapter_fields(a), rpc=rpc, tensor_split=ts)
+    budgets = Budgets.parse(b.budget, b.margin, be, several=False, devices=devices)
     fit = FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                      model_draft=model_draft)
     return QuantsRequest(fit=fit, candidates=tuple(candidates or ()), include_imatrix=not no_imatrix)

@@ -412,7 +412,8 @@ def plan_quants(req: QuantsRequest) -> QuantsPlan:
     cands = quant_fit.evaluate(header, spec, f.config, f.backend, f.frontend, f.budgets.main.bytes,
                                f.budgets.margin_bytes, candidates=req.candidates, draft=draft,
                                include_imatrix=req.include_imatrix, build=f.build,
-                               rate=f.speed.rates(f.backend) if f.speed is not None else None)
+                               rate=f.speed.rates(f.backend) if f.speed is not None else None,
+                               per_device=f.budgets.per_device)
     best = quant_fit.best_fit(cands)
     none = (quant_fit.why_none_fits(cands, cands[0].n_ctx, f.backend.value, spec.n_expert > 0)
             if cands and not best else None)

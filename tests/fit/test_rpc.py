@@ -220,3 +220,19 @@ def test_the_proposed_split_fits_a_longer_context_than_the_budgets_split() -> No
 def test_a_budget_per_device_must_name_every_server() -> None:
     r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB", "--no-speed")
     assert r.returncode == 2 and "3 values for 2 devices (RPC0, RPC1)" in r.stderr
+
+
+def test_quants_takes_a_budget_per_rpc_device() -> None:
+    """quants --rpc: every quant against each device's own budget (the fullest device's headroom), the layers split
+    by the budgets as llama.cpp splits by free memory; a local CUDA GPU after the RPC devices."""
+    r = _ggfit("quants", "gemma3-270m", "--rpc", "127.0.0.1:1", "--backend", "cuda", "--budget", "1200MiB,1400MiB",
+               "--no-speed", "-c", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend"] == "rpc-cuda" and out["best"]
+    q1 = out["candidates"][0]
+    pooled = (1200 + 1400) * 2**20 - 2 * out["margin_bytes"] - q1["total_device_bytes"]  # one budget for both
+    assert q1["fits"] and 0 <= q1["headroom_bytes"] < pooled
+    r = _ggfit("quants", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB",
+               "--no-speed")
+    assert r.returncode == 2 and "3 values for 2 devices" in r.stderr
