@@ -216,6 +216,7 @@ def optimise(
     build: BuildOptions,
     engine: EnginesOpt = None,
     speed_cut: Annotated[Optional[float], typer.Option("--speed-cut", help="Skip configs the speed model predicts below this share of the best predicted (0: off; default: the study file's speed_cut, 0.5).")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers: every trial's llama-server gets --rpc and -ts 1,1,... (--runner server); --budget is each device's.")] = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -223,7 +224,7 @@ def optimise(
 
     optimise_run(models, study, budget, storage=storage, trials=trials, runner=runner, drafts=draft, seed=seed,
                  no_compare=no_compare, placement=placement, no_op_offload=no_op_offload, adapters=adapters,
-                 build=build, engine=engine, speed_cut=speed_cut)
+                 build=build, engine=engine, speed_cut=speed_cut, rpc=rpc)
 
 
 @app.command("compare-engines")
