@@ -60,6 +60,7 @@ class KVGraph:
     g: Graph
     build: LlamaBuild
     fa: bool
+    v_trans: bool  # the V cache transposed (GraphContext: not fa unless the context says)
     v_less: bool
     symbolic: bool
     n_tokens: int
