@@ -31,7 +31,7 @@ from cli_options import (
     backend_of_hardware,
     frontend_of,
 )
-from cli_rpc import rpc_backend, rpc_budgets
+from cli_rpc import rpc_backend, rpc_backends, rpc_budgets
 from cli_session import session_ask
 
 
@@ -140,7 +140,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
         draft_type_k=d.draft_type_k, draft_type_v=d.draft_type_v, draft_n_max=d.draft_n_max,
         **placement_fields(p.n_cpu_moe, p.cpu_moe, p.override_tensor, p.no_kv_offload, s.no_op_offload, s.split_mode,
                            s.main_gpu, s.tensor_split, list(budgets.devices), be.value),
-        **adapter_fields(a), rpc=s.rpc,
+        **adapter_fields(a), rpc=s.rpc, rpc_backends=rpc_backends(s.rpc, b.budget, s.rpc_backend) if s.rpc else (),
     )
     return FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                       model_draft=d.model_draft, solve_ctx=c.n_ctx is None, asked_batch=c.n_batch,

@@ -38,6 +38,24 @@ def rpc_backend(rpc: str | None, be: Any) -> Any:
     return fitter.Backend("rpc")
 
 
+def rpc_backends(rpc: str, budget: str, given: str | None) -> tuple[str, ...]:
+    """The backend each server runs (RunConfig.rpc_backends): --rpc-backend, else with --budget auto what each
+    server's buffer type says (protocol.RemoteDevice.backend), else every server a CPU one."""
+    from fitter.ggml.backends.rpc.protocol import parse_endpoints, query_devices
+
+    endpoints = parse_endpoints(rpc)
+    if given:
+        kinds = tuple(k.strip().upper() for k in given.split(","))
+        bad = [k for k in kinds if k not in ("CPU", "CUDA")]
+        if bad or len(kinds) not in (1, len(endpoints)):
+            raise fitter.ConfigError(f"--rpc-backend {given}: CPU or CUDA, one per --rpc server "
+                                     f"({len(endpoints)}) or one for all")
+        return kinds * len(endpoints) if len(kinds) == 1 else kinds
+    if str(budget).strip().lower() == "auto":
+        return tuple(d.backend for d in query_devices(endpoints))
+    return ()
+
+
 def rpc_budgets(rpc: str, budget: str, be: Any = None) -> list[Budget]:
     """One budget per device, in llama.cpp's device order (the RPC devices, then a local GPU)."""
     from fitter.ggml import backends

@@ -98,7 +98,7 @@ def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: i
     n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1, n_rpc)
     return weight_placement(len(spec.layers), backend, config.n_gpu_layers, overrides=config.tensor_overrides(),
                             n_gpus=n_gpus, tensor_split=config.tensor_split, split_mode=config.split_mode,
-                            main_gpu=config.main_gpu)
+                            main_gpu=config.main_gpu, remote=config.rpc_backends)
 
 
 def repack_applies(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> bool:

@@ -87,6 +87,9 @@ class RunConfig(Record):
     main_gpu: int = 0  # -mg
     tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per GPU
     rpc: str | None = None  # --rpc HOST:PORT,...: rpc-servers whose devices (RPC0, ...) come first (Backend.RPC)
+    # the backend each RPC device's server runs, llama.cpp's registry names in RPC order ("CPU", "CUDA"); not a
+    # llama.cpp flag: ggfit reads it from the servers (--budget auto) or --rpc-backend; () or a missing one: CPU
+    rpc_backends: tuple[str, ...] = ()
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
     lora: tuple[tuple[str, float], ...] = ()
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)

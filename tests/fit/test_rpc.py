@@ -28,7 +28,7 @@ def _recv(conn: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int) -> None:
+def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int, align: int = 32) -> None:
     """rpc_serve_client's answers to HELLO, DEVICE_COUNT and GET_DEVICE_MEMORY (ggml-rpc.cpp), as a CPU server sends
     them: every answer is a u64 size and its payload."""
     with conn:
@@ -45,6 +45,8 @@ def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int) -> None:
                 out = struct.pack("<I", len(mem))
             elif cmd == 11:
                 out = struct.pack("<QQ", *mem[struct.unpack("<I", payload)[0]])
+            elif cmd in (1, 2):  # GET_ALIGNMENT, GET_MAX_SIZE of the CPU's buffer type
+                out = struct.pack("<Q", align if cmd == 1 else 2**64 - 1)
             else:
                 return
             conn.sendall(struct.pack("<Q", len(out)) + out)
@@ -55,7 +57,7 @@ def fake_server():
     """Start stand-in servers: fake_server(mem, major=7) -> "127.0.0.1:PORT"."""
     socks = []
 
-    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True) -> str:
+    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True, align: int = 32) -> str:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         s.listen(4)
@@ -68,7 +70,7 @@ def fake_server():
                 except OSError:
                     return
                 if answer:
-                    _serve(conn, mem, major)
+                    _serve(conn, mem, major, align)
                 else:
                     socks.append(conn)  # accepted, never answered
 
@@ -236,3 +238,16 @@ def test_quants_takes_a_budget_per_rpc_device() -> None:
     r = _ggfit("quants", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB",
                "--no-speed")
     assert r.returncode == 2 and "3 values for 2 devices" in r.stderr
+
+
+def test_the_servers_buffer_type_says_its_backend(fake_server) -> None:
+    """GET_ALIGNMENT: a CUDA server's buffer type answers 128, a CPU one's 32; --budget auto reads each server's
+    backend so (RunConfig.rpc_backends), --rpc-backend says it without a live server."""
+    from cli_rpc import rpc_backends
+
+    cuda = fake_server([(8 * 2**30, 8 * 2**30)], align=128)
+    cpu = fake_server([(8 * 2**30, 8 * 2**30)])
+    assert [d.backend for d in query_devices([cuda, cpu])] == ["CUDA", "CPU"]
+    assert rpc_backends(f"{cuda},{cpu}", "auto", None) == ("CUDA", "CPU")
+    assert rpc_backends("a:1,b:2", "4GiB", "cuda") == ("CUDA", "CUDA")
+    assert rpc_backends("a:1,b:2", "4GiB", None) == ()

@@ -35,12 +35,14 @@ def get(backend: Backend | str) -> BackendImpl:
         raise BackendError(f"backend '{backend}': use cpu, cuda, metal, rpc or rpc-cuda") from None
 
 
-def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:
-    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo.
+def tensor_info_alloc_size(t: Any, backend: Backend | str | BackendImpl) -> int:
+    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo (the
+    backend, or the device's own BackendImpl where devices differ).
 
     Unaligned (the caller pads to the alignment): ggml_nbytes, plus MATRIX_ROW_PADDING on CUDA.
     """
-    return get(backend).tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
+    impl = backend if isinstance(backend, BackendImpl) else get(backend)
+    return impl.tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
 
 
 __all__ = ["BACKENDS", "BackendError", "BackendImpl", "get", "tensor_info_alloc_size"]

@@ -200,8 +200,9 @@ class BackendImpl:
         kind; RPC devices beside a local GPU each answer for their own."""
         return self
 
-    def device_ids(self, n_gpus: int) -> list[int]:
-        """The device ids of a placement over n_gpus devices, in llama.cpp's order (llama_model::devices)."""
+    def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
+        """The device ids of a placement over n_gpus devices, in llama.cpp's order (llama_model::devices); `remote`:
+        the backend each RPC device's server runs (RunConfig.rpc_backends)."""
         return list(range(n_gpus))
 
     def device_names(self, n_gpus: int) -> list[str]:

@@ -32,5 +32,8 @@ from __future__ import annotations
 
 from fitter.ggml.backends.rpc.backend import RPCBackend
 from fitter.ggml.backends.rpc.local import RPCLocalCUDABackend
+from fitter.ggml.backends.rpc.remote import RPCRemoteCUDABackend
 
-__all__ = ["RPCBackend", "RPCLocalCUDABackend"]
+RPCBackend.remote_gpu = RPCRemoteCUDABackend()  # the devices of a server whose GPU is CUDA (RunConfig.rpc_backends)
+
+__all__ = ["RPCBackend", "RPCLocalCUDABackend", "RPCRemoteCUDABackend"]

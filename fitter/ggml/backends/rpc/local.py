@@ -42,16 +42,17 @@ class RPCLocalCUDABackend(RPCBackend):
         self.remote_impl: BackendImpl = RPCBackend()
 
     def on(self, device: int) -> BackendImpl:
-        return (self.local if device >= LOCAL else self.remote_impl).for_build(self.build)
+        return (self.local.for_build(self.build) if device >= LOCAL
+                else self.remote_impl.for_build(self.build).on(device))
 
-    def device_ids(self, n_gpus: int) -> list[int]:
-        return [*range(n_gpus - self.local_gpus), *(LOCAL + i for i in range(self.local_gpus))]
+    def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
+        return [*super().device_ids(n_gpus - self.local_gpus, remote), *(LOCAL + i for i in range(self.local_gpus))]
 
     def device_names(self, n_gpus: int) -> list[str]:
         return [self.buffer_name(i) for i in self.device_ids(n_gpus)]
 
     def buffer_name(self, device: int) -> str:
-        return self.local.buffer_name(device - LOCAL) if device >= LOCAL else f"RPC{device}"
+        return self.local.buffer_name(device - LOCAL) if device >= LOCAL else super().buffer_name(device)
 
     def is_device_buffer(self, buffer: str) -> bool:
         return super().is_device_buffer(buffer) or self.local.is_device_buffer(buffer)
