@@ -47,6 +47,7 @@ from cli_options import (
     PromptKind,
     PromptTokensOpt,
     Rpc,
+    RpcBackend,
     RunnerName,
     RunnerOpt,
     SeedOpt,
@@ -155,6 +156,7 @@ def quants(
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
     rpc: Rpc = None,
+    rpc_backend: RpcBackend = None,
     build: BuildOptions,
     speed: SpeedOptions,
     as_json: AsJson = False,
@@ -166,7 +168,7 @@ def quants(
     from fitter.fit.plan import plan_quants
 
     req = quants_request(model, budget, frontend, context, placement, adapters, model_draft, build, speed,
-                         candidates=candidate, no_imatrix=no_imatrix, rpc=rpc)
+                         candidates=candidate, no_imatrix=no_imatrix, rpc=rpc, rpc_kinds=rpc_backend)
     q = plan_quants(req)
     if q.context is not None:
         warn_ctx_train(q.context, q.spec)
@@ -217,6 +219,7 @@ def optimise(
     engine: EnginesOpt = None,
     speed_cut: Annotated[Optional[float], typer.Option("--speed-cut", help="Skip configs the speed model predicts below this share of the best predicted (0: off; default: the study file's speed_cut, 0.5).")] = None,
     rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers: every trial's llama-server gets --rpc and -ts 1,1,... (--runner server); --budget is each device's.")] = None,
+    rpc_backend: RpcBackend = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -224,7 +227,7 @@ def optimise(
 
     optimise_run(models, study, budget, storage=storage, trials=trials, runner=runner, drafts=draft, seed=seed,
                  no_compare=no_compare, placement=placement, no_op_offload=no_op_offload, adapters=adapters,
-                 build=build, engine=engine, speed_cut=speed_cut, rpc=rpc)
+                 build=build, engine=engine, speed_cut=speed_cut, rpc=rpc, rpc_kinds=rpc_backend)
 
 
 @app.command("compare-engines")

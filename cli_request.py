@@ -150,7 +150,8 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
 
 def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                    a: AdapterOptions, model_draft: Optional[str], bo: BuildOptions, sp: SpeedOptions, *,
-                   candidates: Optional[list[str]], no_imatrix: bool, rpc: Optional[str] = None) -> QuantsRequest:
+                   candidates: Optional[list[str]], no_imatrix: bool, rpc: Optional[str] = None,
+                   rpc_kinds: Optional[str] = None) -> QuantsRequest:
     """`ggfit quants`' flags as a QuantsRequest: one device budget (with --rpc one per device), the flags every
     quant is predicted at."""
     from fitter.fit.request import Budgets, FitRequest, QuantsRequest
@@ -163,7 +164,8 @@ def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Cont
     cfg = run_config(**context_fields(c), draft_model=model_draft,
                      spec_type="draft-simple" if model_draft else "none", n_gpu_layers=p.n_gpu_layers,
                      n_cpu_moe=p.n_cpu_moe, cpu_moe=p.cpu_moe, override_tensor=tuple(p.override_tensor or ()),
-                     no_kv_offload=p.no_kv_offload, **adapter_fields(a), rpc=rpc, tensor_split=ts)
+                     no_kv_offload=p.no_kv_offload, **adapter_fields(a), rpc=rpc, tensor_split=ts,
+                     rpc_backends=rpc_backends(rpc, b.budget, rpc_kinds) if rpc else ())
     budgets = Budgets.parse(b.budget, b.margin, be, several=False, devices=devices)
     fit = FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                      model_draft=model_draft)

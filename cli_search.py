@@ -22,7 +22,8 @@ from cli_request import llama_build_of, lora_fields, run_config
 def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storage: Optional[str],
                  trials: Optional[int], runner: RunnerName, drafts: Optional[list[str]], seed: Optional[int],
                  no_compare: bool, placement: PlacementOptions, no_op_offload: bool, adapters: AdapterOptions,
-                 build: BuildOptions, engine: Optional[str], speed_cut: Optional[float], rpc: Optional[str] = None) -> None:
+                 build: BuildOptions, engine: Optional[str], speed_cut: Optional[float], rpc: Optional[str] = None,
+                 rpc_kinds: Optional[str] = None) -> None:
     """`ggfit optimise`: check the flags, then the engine study or the Optuna study of one engine."""
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
@@ -45,21 +46,22 @@ def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storag
         compare_engines_run(models[0], models[1], budget=budget.budget, margin=budget.margin, trials=trials,
                             prompt_tokens=64, gen_tokens=16, llama_server=build.llama_server, seed=seed, as_json=False)
         return
-    be, fixed = _rpc_study(rpc, runner, budget)
+    be, fixed = _rpc_study(rpc, runner, budget, rpc_kinds)
     study_def = _study_with(study, {**_fixed_flags(p, no_op_offload, adapters), **fixed})
     _run_study(models, study_def, budget, storage=storage, trials=trials, runner=runner.value, drafts=drafts, seed=seed,
                no_compare=no_compare, llama_server=build.llama_server, llama_build=llama_build, speed_cut=speed_cut,
                backend=be)
 
 
-def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions) -> tuple[Any, dict[str, Any]]:
+def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions,
+               rpc_kinds: Optional[str] = None) -> tuple[Any, dict[str, Any]]:
     """optimise --rpc: the backend with the RPC devices (rpc, or rpc-cuda beside a local GPU) and the [fixed] flags
     every trial shares: --rpc, and -ts with a share each (the one --budget is each device's; llama.cpp would split by
     free memory, which a study does not read)."""
     be = backend_of(budget.backend)
     if not rpc:
         return be, {}
-    from cli_rpc import rpc_backend
+    from cli_rpc import rpc_backend, rpc_backends
     from fitter.ggml import backends
     from fitter.ggml.backends.rpc.protocol import parse_endpoints
 
@@ -69,7 +71,8 @@ def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions) ->
         raise fitter.ConfigError(f"--budget {budget.budget} with --rpc: optimise takes one size, each device's budget")
     be = rpc_backend(rpc, be)
     n = len(parse_endpoints(rpc)) + backends.get(be).local_gpus
-    return be, {"rpc": rpc, "tensor_split": (1.0,) * n}
+    kinds = rpc_backends(rpc, budget.budget, rpc_kinds)
+    return be, {"rpc": rpc, "tensor_split": (1.0,) * n, **({"rpc_backends": kinds} if kinds else {})}
 
 
 def _fixed_flags(p: PlacementOptions, no_op_offload: bool, a: AdapterOptions) -> dict[str, Any]:
