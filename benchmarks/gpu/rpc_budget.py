@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -131,6 +132,15 @@ def load_and_ask(procs: Procs, bindir: Path, path: str, cfg: RunConfig, pred: Pr
             "build": {"number": int(m.group(1)), "commit": m.group(2)} if m else None}
 
 
+def gpu() -> str:
+    """nvidia-smi's name, memory and driver of the GPU ('none' without one)."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "none"
+
+
 @contextlib.contextmanager
 def no_hold(free_bytes: int, out: Path) -> Iterator[int]:
     yield free_bytes
@@ -144,7 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     path = str(build("qwen3", **(SMALL if args.cpu else MODEL)))
     header, spec = load_model_spec(path)
-    doc: dict[str, Any] = {"llama_cpp": {"commit": PINNED_COMMIT, "binaries": args.bindir}, "model": path,
+    doc: dict[str, Any] = {"llama_cpp": {"commit": PINNED_COMMIT, "binaries": args.bindir}, "device": gpu(),
+                           "command": " ".join(sys.argv), "model": path,
                            "model_overrides": SMALL if args.cpu else MODEL, "backend": be.value, "held": held,
                            "build_s": round(time.time() - t0, 1)}
     procs = Procs()
