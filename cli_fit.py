@@ -129,7 +129,8 @@ def plan_json(r: Plan) -> dict[str, Any]:
     if r.fit_params is not None:
         out["check"] = r.fit_params
     if r.rpc_hosts is not None:  # --rpc: what each host holds, and the -ts that fits the largest context
-        out.update(hosts=r.rpc_hosts, split=r.rpc_split.json if r.rpc_split else None)
+        out.update(hosts=r.rpc_hosts, split=r.rpc_split.json if r.rpc_split else None,
+                   split_network=r.rpc_network.json if r.rpc_network else None)
     return out
 
 
@@ -183,6 +184,8 @@ def print_fit(r: Plan) -> None:
     the verdict last (verdict_line: the same as JSON's). Exit code Plan.exit_code."""
     if r.rpc_split is not None:
         print(r.rpc_split.text + "\n")
+    if r.rpc_network is not None:
+        print("\n".join(r.rpc_network.text) + "\n")
     _print_head(r)
     if r.solutions:
         print_recommendation(r)

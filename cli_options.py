@@ -135,6 +135,8 @@ HostBandwidthOpt = Annotated[Optional[str], typer.Option("--host-bandwidth", met
 Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", help="llama.cpp's -t: CPU threads for the layers and experts on the CPU (default: llama.cpp's, the physical cores).")]
 SpeedPromptOpt = Annotated[int, typer.Option("--speed-prompt", metavar="N", help="The prompt of the predicted prefill rate: llama-bench's pp<N> (default 512).")]
 SpeedDepthOpt = Annotated[int, typer.Option("--speed-depth", metavar="D", help="Context depth of the predicted rates: llama-bench's -d (default 0).")]
+RpcBandwidthOpt = Annotated[Optional[str], typer.Option("--rpc-bandwidth", metavar="RATE", help="With --rpc: the network to the rpc-servers, for the predicted rates: 1GbE, 2.5GbE, 10GbE, 25GbE, localhost, a bit rate (1Gbit/s, 10Gbps) or a byte rate (110MB/s) (default: localhost when every server is on 127.0.0.1 or localhost, else 1GbE).")]
+RpcLatencyOpt = Annotated[Optional[str], typer.Option("--rpc-latency", metavar="MS", help="With --rpc: one round trip to the rpc-servers, as ping shows it: 0.3, 0.3ms, 300us (default: the --rpc-bandwidth preset's; 1GbE 0.2 ms, 10GbE 0.1 ms, localhost 0.03 ms).")]
 NoSpeedOpt = Annotated[bool, typer.Option("--no-speed", help="Predict no prefill and decode rates (and detect no hardware).")]
 
 CheckOpt = Annotated[bool, typer.Option("--check", help="Also run llama.cpp's own dry run on this config and compare.")]
@@ -255,6 +257,8 @@ class SpeedOptions(OptionGroup):
     threads: Threads = None
     speed_prompt: SpeedPromptOpt = 512
     speed_depth: SpeedDepthOpt = 0
+    rpc_bandwidth: RpcBandwidthOpt = None
+    rpc_latency: RpcLatencyOpt = None
     no_speed: NoSpeedOpt = False
 
 

@@ -93,12 +93,17 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
                 tensor_split=ts)
 
 
-def speed_of(s: SpeedOptions, build: LlamaBuild) -> Speed:
+def speed_of(s: SpeedOptions, build: LlamaBuild, rpc: str | None = None) -> Speed:
     """The speed settings (fitter.fit.request.Speed): --hardware, --host-bandwidth, -t, --speed-prompt,
-    --speed-depth, --no-speed."""
+    --speed-depth, --no-speed, and with --rpc the network's --rpc-bandwidth and --rpc-latency."""
     from fitter.fit.request import Speed
 
-    return Speed(s.hardware, s.host_bandwidth, s.threads, s.speed_prompt, s.speed_depth, off=s.no_speed, build=build)
+    if rpc is None and (s.rpc_bandwidth is not None or s.rpc_latency is not None):
+        given = "--rpc-bandwidth" if s.rpc_bandwidth is not None else "--rpc-latency"
+        raise fitter.ConfigError(f"{given}: the network to the rpc-servers goes with --rpc HOST:PORT,...")
+
+    return Speed(s.hardware, s.host_bandwidth, s.threads, s.speed_prompt, s.speed_depth, off=s.no_speed, build=build,
+                 rpc_bandwidth=s.rpc_bandwidth, rpc_latency=s.rpc_latency)
 
 
 def backend_for(given: BackendName | None, speed: Speed) -> Backend:
@@ -127,7 +132,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
         build = fitter.build_of_binary(fit_params)
     else:
         build = llama_build_of(bo.llama_build, bo.llama_server)
-    speed = speed_of(sp, build)
+    speed = speed_of(sp, build, s.rpc)
     be, fe = rpc_backend(s.rpc, backend_for(b.backend, speed)), frontend_of(frontend)
     if d.spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")

@@ -67,6 +67,7 @@ class Plan(Record, frozen=False):
     # issue 47 (--rpc): the -ts over the RPC devices that fits the largest context, and what each host holds
     rpc_split: Any = None  # fitter.fit.split.SplitProposal
     rpc_hosts: dict[str, Any] | None = None
+    rpc_network: Any = None  # fitter.fit.split_network.NetworkChoice: the servers' sets by speed
     # issue 48: what llama-server holds over the request's session (fitter.session.fit.FitSession; None: not asked,
     # or not llama-server)
     session: Any = None
@@ -233,6 +234,9 @@ def _rpc(p: Plan) -> None:
         p.rpc_split = propose_for(p.header, p.spec, asked, p.pred, p.be, p.fe, avail, build=p.build)
         if not p.rpc_split.json["n_ctx"] and asked.n_gpu_layers != p.cfg.n_gpu_layers:
             p.rpc_split = propose_for(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, build=p.build)
+        from fitter.fit.split_network import network_choices
+
+        p.rpc_network = network_choices(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, p.speed, build=p.build)
 
 
 def _solve(req: FitRequest, path: str, header: GGUFHeader, spec: ModelSpec, draft: Draft | None) -> Plan:

@@ -65,7 +65,8 @@ class Speed:
     `predict` gives a config's rates (None where none can be said: `note` says why)."""
 
     def __init__(self, hardware: str = "auto", host_bandwidth: str | None = None, threads: int | None = None,
-                 prompt: int = 512, depth: int = 0, *, off: bool = False, build: LlamaBuild | None = None) -> None:
+                 prompt: int = 512, depth: int = 0, *, off: bool = False, build: LlamaBuild | None = None,
+                 rpc_bandwidth: str | None = None, rpc_latency: str | None = None) -> None:
         from fitter.llama_builds import PINNED
         from fitter.speed.hardware import get_profile, parse_bandwidth
 
@@ -83,6 +84,15 @@ class Speed:
         # -t checked as given; llama.cpp's default (the physical cores, read from /sys) only where a rate will use it
         self.threads = resolve_threads(threads) if threads is not None or not off else 0
         self.prompt, self.depth, self.build = prompt, depth, build or PINNED
+        # --rpc-bandwidth, --rpc-latency: checked as given (fitter.speed.network), used with --rpc's servers
+        self.rpc_bandwidth, self.rpc_latency = rpc_bandwidth, rpc_latency
+        if rpc_bandwidth is not None or rpc_latency is not None:
+            from fitter.speed import network
+
+            if rpc_bandwidth is not None:
+                network.parse_bandwidth(rpc_bandwidth)
+            if rpc_latency is not None:
+                network.parse_latency(rpc_latency)
         self.note = ""
         self.notes: list[str] = []  # quants: the notes of its rates
         self.rated: dict[str, tuple[float, float]] = {}  # quants: (prefill, decode) by candidate name
@@ -129,6 +139,10 @@ class Speed:
         p = self.profile
         if self.off or p is None:
             return None
+        network = None
+        if backends.get(backend).remote:  # the servers' devices compute as the profile's; the network between
+            network, config, n_gpus = self._remote(spec, config, n_gpus)
+            backend = p.backend
         gpu = backends.get(backend).is_gpu
         if gpu and backend != p.backend:
             on = f"this machine ({p.name})" if self.auto else f"{p.name} ({p.backend.value})"
@@ -142,13 +156,31 @@ class Speed:
                                    getattr(bench, "n_threads", None) or self.threads)
                                   if bench is not None else (self.prompt, self.depth, self.threads))
         sp = predict_speed(header, spec, config, backend, hw, prompt=prompt, depth=depth, threads=threads,
-                           n_gpus=n_gpus, scale=cal.scale if cal else scale, calibrated=cal.label if cal else "")
+                           n_gpus=n_gpus, scale=cal.scale if cal else scale, calibrated=cal.label if cal else "",
+                           network=network)
         notes = []
+        if network is not None:
+            notes.append(f"RPC devices as {p.name}; network {network.link.source}, "
+                         f"{network.link.bandwidth_gbs * 1e3:,.0f} MB/s, {network.link.latency_ms:g} ms ping, "
+                         f"{network.hops} round trip{'s' if network.hops != 1 else ''} per token")
         if gpu and not hw.memory_bandwidth_gbs:
             notes.append(ROUGH)
         if needed and not hw.host_bandwidth_gbs:
             notes.append(f"host bandwidth of {hw.name} unknown: a desktop's assumed (--host-bandwidth sets it)")
         return sp, notes
+
+    def _remote(self, spec: ModelSpec, config: RunConfig, n_gpus: int) -> tuple[Any, RunConfig, int]:
+        """--rpc: the network (fitter.speed.network) and the config and device count the servers compute with: each
+        RPC device as a device of the --hardware profile (CPU rpc-servers: cpu; CUDA ones: an NVIDIA profile)."""
+        from fitter.ggml.backends.rpc.protocol import parse_endpoints
+        from fitter.speed.network import Network, layout_of, link_of
+
+        assert self.profile is not None
+        endpoints = parse_endpoints(config.rpc) if config.rpc else []
+        n_dev = max(n_gpus, len(endpoints), 1)
+        net = Network(layout_of(spec, config, n_dev), link_of(endpoints, self.rpc_bandwidth, self.rpc_latency))
+        local = config.model_copy(update={"rpc": None})
+        return net, local, n_dev if backends.get(self.profile.backend).is_gpu else 1
 
     def rates(self, backend: Backend) -> RateHook | None:
         """quant_fit.evaluate's `rate`: each fitting quant's (prefill, decode) rates, kept in `rated` by name."""

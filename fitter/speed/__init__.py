@@ -5,11 +5,14 @@ from the GGUF header, the placement and a hardware profile (issue 46).
     model (fitter.speed.model) seconds per token and per ubatch: each term (bandwidth, compute, PCIe, host memory,
                                fixed costs) times a coefficient fitted per backend (fitter.speed.factors)
     hardware                   the profiles (`ggfit hardware`), this machine (`--hardware auto`), host bandwidth
+    network                    what llama.cpp's RPC backend sends per ubatch between hosts, and its seconds (issue 47)
     bench_file                 llama-bench's outputs (md, csv, json, jsonl, sql) and ggfit probes, for calibration
     calibration                a machine's measured/predicted ratios, stored with the llama.cpp build
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from fitter.ggml.backends.base import Backend
 from fitter.gguf.reader import GGUFHeader
@@ -19,6 +22,9 @@ from fitter.speed import factors
 from fitter.speed.hardware import HardwareProfile
 from fitter.speed.model import Rates, SpeedPrediction, bound_of, decode_terms, finite, prefill_terms, seconds, spread
 from fitter.speed.work import work_of
+
+if TYPE_CHECKING:
+    from fitter.speed.network import Network
 
 DEFAULT_PROMPT = 512  # llama-bench -p
 DEFAULT_GEN = 128  # llama-bench -n
@@ -37,13 +43,19 @@ def coefficients(backend: Backend, scale: dict[str, float] | None = None) -> tup
 
 def predict_speed(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Backend, hw: HardwareProfile, *,
                   prompt: int = DEFAULT_PROMPT, depth: int = 0, threads: int = 8, n_gpus: int = 1,
-                  scale: dict[str, float] | None = None, calibrated: str = "") -> SpeedPrediction:
-    """llama-bench's pp<prompt> (at the config's -ub) and tg rates after `depth` tokens, for this placement."""
+                  scale: dict[str, float] | None = None, calibrated: str = "",
+                  network: Network | None = None) -> SpeedPrediction:
+    """llama-bench's pp<prompt> (at the config's -ub) and tg rates after `depth` tokens, for this placement;
+    `network`: the devices are behind RPC (fitter.speed.network), its terms added in seconds."""
     work = work_of(header, spec, config, backend, n_gpus)
     n_ubatch = min(config.n_ubatch or DEFAULT_UBATCH, config.n_batch or DEFAULT_N_BATCH)
     dec_co, pre_co = coefficients(backend, scale)
     dt = decode_terms(work, hw, backend, depth + DEFAULT_GEN // 2, threads)  # llama-bench tg128 runs d .. d + 128
     pt = prefill_terms(work, hw, backend, prompt, n_ubatch, depth, threads, op_offload=not config.no_op_offload)
+    if network is not None:  # seconds already: coefficient 1, never fitted
+        dt.update(network.decode_terms(depth + DEFAULT_GEN // 2))
+        pt.update(network.prefill_terms(prompt, n_ubatch, depth))
+        dec_co, pre_co = {**dec_co, "net": 1.0}, {**pre_co, "net": 1.0}
     s_dec, s_pre = seconds(dt, dec_co), seconds(pt, pre_co)
     decode = finite(1.0 / s_dec) if s_dec > 0 else 0.0
     prefill = finite(prompt / s_pre) if s_pre > 0 else 0.0

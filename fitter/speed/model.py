@@ -235,6 +235,7 @@ def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, 
         "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
         "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "layer_token": "small ops per token",
         "rec": "recurrent state", "kq": "attention scores (KQ) in memory",
+        "net": "network (RPC)",
     }.get(head, head)
 
 

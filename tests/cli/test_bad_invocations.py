@@ -199,6 +199,12 @@ CASES += [
     (("report", "s1", "--storage", "{db}", "--out", "/proc/nope"), "--out /proc/nope"),
     (("report", "s1", "--storage", "{db}", "--out", "{file}"), "not a directory"),
     (("report", "s1", "--storage", "{db}", "--out", "{file}/sub"), "--out"),
+    # the network to the rpc-servers (issue 47 in the speed model)
+    (("fit", M, *B, "--rpc", "127.0.0.1:50052", "--rpc-bandwidth", "fast"), "--rpc-bandwidth fast"),
+    (("fit", M, *B, "--rpc", "127.0.0.1:50052", "--rpc-bandwidth", "0Gbit/s"), "above 0"),
+    (("fit", M, *B, "--rpc", "127.0.0.1:50052", "--rpc-latency", "soon"), "--rpc-latency soon"),
+    (("fit", M, *B, "--rpc-bandwidth", "10GbE"), "goes with --rpc"),
+    (("quants", M, *B, "--rpc-latency", "0.2"), "goes with --rpc"),
     # hardware profiles
     (("hardware", "no-such-chip"), "ggfit hardware no-such-chip: no such hardware profile"),
     (("hardware", "--no-such-flag"), "--no-such-flag"),
