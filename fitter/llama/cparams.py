@@ -263,11 +263,13 @@ class ContextParams(Record):
 
 def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
     """The config that gives llama-server the resolved context `cp` with every value explicit (what `fit` prints to
-    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to. Without `draft_model`
+    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to (but where it went off
+    after the caches were made, v_trans False: -fa off would transpose V, so it stays auto). Without `draft_model`
     the external draft is dropped (a solution without it); a native MTP head stays."""
+    fa = "auto" if cp.v_trans is False and not cp.flash_attn else "on" if cp.flash_attn else "off"
     update: dict[str, Any] = {
         "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k, "type_v": cp.type_v,
-        "flash_attn": "on" if cp.flash_attn else "off", "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
+        "flash_attn": fa, "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
         "swa_full": cp.swa_full, "draft_model": draft_model,
     }
     if draft_model is None and config.spec_type == "draft-simple":

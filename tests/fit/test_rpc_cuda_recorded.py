@@ -91,6 +91,9 @@ def test_fa_auto_turns_off_where_cuda0_holds_a_tiny_head_layer() -> None:
     (r,) = [r for f, r in ROWS if "local" in f and r["model"] == "qwen3-6l" and r["config"]["n_ubatch"] == 256]
     cp = _predict(r).context
     assert not cp.flash_attn and cp.v_trans is False and "CUDA0" in cp.defaults_applied["flash_attn"]
+    from fitter.llama.cparams import served_config
+
+    assert served_config(cp, RunConfig(), None).flash_attn == "auto"  # what fit prints: -fa off would transpose V
     (r,) = [r for f, r in ROWS if "local" in f and r["model"] == "qwen3-6l" and r["config"]["n_ubatch"] == 1024]
     assert _predict(r).context.flash_attn  # CUDA0 holds the output layer alone
 
