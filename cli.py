@@ -46,6 +46,8 @@ from cli_options import (
     PlacementOptions,
     PromptKind,
     PromptTokensOpt,
+    Rpc,
+    RpcBackend,
     RunnerName,
     RunnerOpt,
     SeedOpt,
@@ -153,6 +155,8 @@ def quants(
     model_draft: ModelDraft = None,
     candidate: Annotated[Optional[list[str]], typer.Option("--candidate", help="NAME=PATH_OR_URL or NAME=21109MiB (repeatable).")] = None,
     no_imatrix: Annotated[bool, typer.Option("--no-imatrix", help="Leave out quants that need an importance matrix.")] = False,
+    rpc: Rpc = None,
+    rpc_backend: RpcBackend = None,
     build: BuildOptions,
     speed: SpeedOptions,
     as_json: AsJson = False,
@@ -164,7 +168,7 @@ def quants(
     from fitter.fit.plan import plan_quants
 
     req = quants_request(model, budget, frontend, context, placement, adapters, model_draft, build, speed,
-                         candidates=candidate, no_imatrix=no_imatrix)
+                         candidates=candidate, no_imatrix=no_imatrix, rpc=rpc, rpc_kinds=rpc_backend)
     q = plan_quants(req)
     if q.context is not None:
         warn_ctx_train(q.context, q.spec)
@@ -214,6 +218,8 @@ def optimise(
     build: BuildOptions,
     engine: EnginesOpt = None,
     speed_cut: Annotated[Optional[float], typer.Option("--speed-cut", help="Skip configs the speed model predicts below this share of the best predicted (0: off; default: the study file's speed_cut, 0.5).")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers: every trial's llama-server gets --rpc and -ts 1,1,... (--runner server); --budget is each device's.")] = None,
+    rpc_backend: RpcBackend = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and
     which never probes a config the memory model says will not fit. Killed, it resumes where it stopped."""
@@ -221,7 +227,7 @@ def optimise(
 
     optimise_run(models, study, budget, storage=storage, trials=trials, runner=runner, drafts=draft, seed=seed,
                  no_compare=no_compare, placement=placement, no_op_offload=no_op_offload, adapters=adapters,
-                 build=build, engine=engine, speed_cut=speed_cut)
+                 build=build, engine=engine, speed_cut=speed_cut, rpc=rpc, rpc_kinds=rpc_backend)
 
 
 @app.command("compare-engines")

@@ -31,7 +31,7 @@ from cli_options import (
     backend_of_hardware,
     frontend_of,
 )
-from cli_rpc import rpc_backend, rpc_budgets
+from cli_rpc import rpc_backend, rpc_backends, rpc_budgets
 from cli_session import session_ask
 
 
@@ -137,7 +137,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
     if d.spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")
     budgets = Budgets.parse(b.budget, b.margin, be, host_budget=s.host_budget, split_mode=s.split_mode,
-                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget) if s.rpc else None)
+                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget, be) if s.rpc else None)
     cfg = run_config(
         **context_fields(c), kv_unified=s.kv_unified, swa_full=s.swa_full, n_gpu_layers=p.n_gpu_layers,
         no_mmap=s.no_mmap, no_repack=not s.repack,
@@ -145,7 +145,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
         draft_type_k=d.draft_type_k, draft_type_v=d.draft_type_v, draft_n_max=d.draft_n_max,
         **placement_fields(p.n_cpu_moe, p.cpu_moe, p.override_tensor, p.no_kv_offload, s.no_op_offload, s.split_mode,
                            s.main_gpu, s.tensor_split, list(budgets.devices), be.value),
-        **adapter_fields(a), rpc=s.rpc,
+        **adapter_fields(a), rpc=s.rpc, rpc_backends=rpc_backends(s.rpc, b.budget, s.rpc_backend) if s.rpc else (),
     )
     return FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                       model_draft=d.model_draft, solve_ctx=c.n_ctx is None, asked_batch=c.n_batch,
@@ -155,18 +155,23 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
 
 def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: ContextOptions, p: PlacementOptions,
                    a: AdapterOptions, model_draft: Optional[str], bo: BuildOptions, sp: SpeedOptions, *,
-                   candidates: Optional[list[str]], no_imatrix: bool) -> QuantsRequest:
-    """`ggfit quants`' flags as a QuantsRequest: one device budget, the flags every quant is predicted at."""
+                   candidates: Optional[list[str]], no_imatrix: bool, rpc: Optional[str] = None,
+                   rpc_kinds: Optional[str] = None) -> QuantsRequest:
+    """`ggfit quants`' flags as a QuantsRequest: one device budget (with --rpc one per device), the flags every
+    quant is predicted at."""
     from fitter.fit.request import Budgets, FitRequest, QuantsRequest
 
     build = llama_build_of(bo.llama_build, bo.llama_server)
     speed = speed_of(sp, build)
-    be, fe = backend_for(b.backend, speed), frontend_of(frontend)
+    be, fe = rpc_backend(rpc, backend_for(b.backend, speed)), frontend_of(frontend)
+    devices = rpc_budgets(rpc, b.budget, be) if rpc else None
+    ts = tuple(round(d.bytes / 2**30, 3) for d in devices) if devices else None  # llama.cpp: by free memory
     cfg = run_config(**context_fields(c), draft_model=model_draft,
                      spec_type="draft-simple" if model_draft else "none", n_gpu_layers=p.n_gpu_layers,
                      n_cpu_moe=p.n_cpu_moe, cpu_moe=p.cpu_moe, override_tensor=tuple(p.override_tensor or ()),
-                     no_kv_offload=p.no_kv_offload, **adapter_fields(a))
-    budgets = Budgets.parse(b.budget, b.margin, be, several=False)
+                     no_kv_offload=p.no_kv_offload, **adapter_fields(a), rpc=rpc, tensor_split=ts,
+                     rpc_backends=rpc_backends(rpc, b.budget, rpc_kinds) if rpc else ())
+    budgets = Budgets.parse(b.budget, b.margin, be, several=False, devices=devices)
     fit = FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                      model_draft=model_draft)
     return QuantsRequest(fit=fit, candidates=tuple(candidates or ()), include_imatrix=not no_imatrix)

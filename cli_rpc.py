@@ -1,9 +1,11 @@
 """`--rpc HOST:PORT,...`: llama.cpp's RPC devices for `fit` and friends (issue 47; fitter.ggml.backends.rpc).
 
-The main host's CPU with rpc-servers beside it is the backend `rpc`: its devices are RPC0, RPC1, ... in the order
---rpc names the servers (one device per server unless a server offers several: `--budget auto` asks). `--budget` is
-one value for every RPC device, one per device in llama.cpp's order, or `auto`: each server's own answer to
-RPC_CMD_GET_DEVICE_MEMORY (a CPU rpc-server reports all its RAM as free, as llama.cpp then splits by)."""
+The main host's CPU with rpc-servers beside it is the backend `rpc`; with the main host's CUDA GPU too (`--backend
+cuda`), `rpc-cuda`: its devices are RPC0, RPC1, ... in the order --rpc names the servers (one device per server
+unless a server offers several: `--budget auto` asks), then CUDA0 (llama_model_load puts RPC devices first).
+`--budget` is one value for every device, one per device in llama.cpp's order, or `auto`: each server's own answer to
+RPC_CMD_GET_DEVICE_MEMORY (a CPU rpc-server reports all its RAM as free, as llama.cpp then splits by), and the local
+GPU's free memory as ggfit reads it without --rpc."""
 
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ from fitter.fit.sizes import Budget
 
 
 def rpc_backend(rpc: str | None, be: Any) -> Any:
-    """The backend with --rpc: a CPU main host with RPC devices beside it; a local GPU beside RPC devices is not
-    modelled yet."""
+    """The backend with --rpc: a CPU main host (rpc), or a CUDA one (rpc-cuda), with RPC devices beside it."""
     from fitter.ggml import backends
 
     impl = backends.get(be)
@@ -26,26 +27,58 @@ def rpc_backend(rpc: str | None, be: Any) -> Any:
     from fitter.ggml.backends.rpc.protocol import parse_endpoints
 
     parse_endpoints(rpc)
-    if impl.is_gpu and not impl.remote:
-        raise fitter.ConfigError(f"--rpc with a local {be.value} device: ggfit models RPC devices beside a CPU main "
-                                 f"host (--backend cpu); a local GPU with them is not modelled yet")
+    if impl.remote:
+        return be
+    if impl.is_gpu:
+        mixed = [b for b in fitter.Backend if backends.get(b).local_gpus and backends.get(b).on(1 << 16).kind == be]
+        if not mixed:
+            raise fitter.ConfigError(f"--rpc with a local {be.value} device: ggfit models RPC devices beside a CPU "
+                                     "main host (--backend cpu) or a CUDA GPU (--backend cuda)")
+        return mixed[0]
     return fitter.Backend("rpc")
 
 
-def rpc_budgets(rpc: str, budget: str) -> list[Budget]:
-    """One budget per RPC device, in llama.cpp's device order."""
+def rpc_backends(rpc: str, budget: str, given: str | None) -> tuple[str, ...]:
+    """The backend each server runs (RunConfig.rpc_backends): --rpc-backend, else with --budget auto what each
+    server's buffer type says (protocol.RemoteDevice.backend), else every server a CPU one."""
     from fitter.ggml.backends.rpc.protocol import parse_endpoints, query_devices
 
     endpoints = parse_endpoints(rpc)
+    if given:
+        kinds = tuple(k.strip().upper() for k in given.split(","))
+        bad = [k for k in kinds if k not in ("CPU", "CUDA")]
+        if bad or len(kinds) not in (1, len(endpoints)):
+            raise fitter.ConfigError(f"--rpc-backend {given}: CPU or CUDA, one per --rpc server "
+                                     f"({len(endpoints)}) or one for all")
+        return kinds * len(endpoints) if len(kinds) == 1 else kinds
     if str(budget).strip().lower() == "auto":
-        return [Budget(bytes=d.free, source=f"RPC{i} {d.endpoint}: the rpc-server's free memory",
-                       note="a CPU rpc-server reports all its RAM as free")
-                for i, d in enumerate(query_devices(endpoints))]
-    buds = fitter.parse_budgets(budget, "rpc")
+        return tuple(d.backend for d in query_devices(endpoints))
+    return ()
+
+
+def rpc_budgets(rpc: str, budget: str, be: Any = None) -> list[Budget]:
+    """One budget per device, in llama.cpp's device order (the RPC devices, then a local GPU)."""
+    from fitter.ggml import backends
+    from fitter.ggml.backends.rpc.protocol import parse_endpoints, query_devices
+
+    endpoints = parse_endpoints(rpc)
+    impl = backends.get(be or fitter.Backend("rpc"))
+    local = impl.on(1 << 16)  # the main host's own GPU (itself where there is none)
+    n = len(endpoints) + impl.local_gpus
+    if str(budget).strip().lower() == "auto":
+        out = [Budget(bytes=d.free, source=f"RPC{i} {d.endpoint}: the rpc-server's free memory",
+                      note="a CPU rpc-server reports all its RAM as free")
+               for i, d in enumerate(query_devices(endpoints))]
+        if impl.local_gpus:
+            b = fitter.parse_budget("auto", local.kind.value)
+            out.append(b.model_copy(update={"source": f"{local.name}: {b.source}"}))
+        return out
+    buds = fitter.parse_budgets(budget, impl.kind.value)
+    names = impl.device_names(n)
     if len(buds) == 1:
-        return [buds[0].model_copy(update={"source": f"{buds[0].source} (RPC{i} {ep})"})
-                for i, ep in enumerate(endpoints)]
-    if len(buds) != len(endpoints):  # one device per server (auto asks how many each has)
-        raise fitter.ConfigError(f"--budget {budget}: {len(buds)} values for {len(endpoints)} RPC servers; give one "
-                                 "per device in --rpc order (RPC0, RPC1, ...), one for all, or auto")
+        return [buds[0].model_copy(update={"source": f"{buds[0].source} ({name})"}) for name in names]
+    if len(buds) != n:  # one device per server (auto asks how many each has)
+        raise fitter.ConfigError(f"--budget {budget}: {len(buds)} values for {n} devices ({', '.join(names)}); give "
+                                 "one per device in llama.cpp's order (RPC devices in --rpc order, then the local "
+                                 "GPU), one for all, or auto")
     return buds

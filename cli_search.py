@@ -22,7 +22,8 @@ from cli_request import llama_build_of, lora_fields, run_config
 def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storage: Optional[str],
                  trials: Optional[int], runner: RunnerName, drafts: Optional[list[str]], seed: Optional[int],
                  no_compare: bool, placement: PlacementOptions, no_op_offload: bool, adapters: AdapterOptions,
-                 build: BuildOptions, engine: Optional[str], speed_cut: Optional[float]) -> None:
+                 build: BuildOptions, engine: Optional[str], speed_cut: Optional[float], rpc: Optional[str] = None,
+                 rpc_kinds: Optional[str] = None) -> None:
     """`ggfit optimise`: check the flags, then the engine study or the Optuna study of one engine."""
     if runner in (RunnerName.openai, RunnerName.mlx):
         raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
@@ -41,13 +42,37 @@ def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storag
             "--runner": runner != RunnerName.python, "--backend": bool(budget.backend), "--no-compare": no_compare,
             "--llama-build": bool(build.llama_build), "-ngl": p.n_gpu_layers != -1, "--n-cpu-moe": bool(p.n_cpu_moe),
             "--cpu-moe": p.cpu_moe, "-ot": bool(p.override_tensor), "--no-kv-offload": p.no_kv_offload,
-            "--no-op-offload": no_op_offload}):
+            "--no-op-offload": no_op_offload, "--rpc": bool(rpc)}):
         compare_engines_run(models[0], models[1], budget=budget.budget, margin=budget.margin, trials=trials,
                             prompt_tokens=64, gen_tokens=16, llama_server=build.llama_server, seed=seed, as_json=False)
         return
-    study_def = _study_with(study, _fixed_flags(p, no_op_offload, adapters))
+    be, fixed = _rpc_study(rpc, runner, budget, rpc_kinds)
+    study_def = _study_with(study, {**_fixed_flags(p, no_op_offload, adapters), **fixed})
     _run_study(models, study_def, budget, storage=storage, trials=trials, runner=runner.value, drafts=drafts, seed=seed,
-               no_compare=no_compare, llama_server=build.llama_server, llama_build=llama_build, speed_cut=speed_cut)
+               no_compare=no_compare, llama_server=build.llama_server, llama_build=llama_build, speed_cut=speed_cut,
+               backend=be)
+
+
+def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions,
+               rpc_kinds: Optional[str] = None) -> tuple[Any, dict[str, Any]]:
+    """optimise --rpc: the backend with the RPC devices (rpc, or rpc-cuda beside a local GPU) and the [fixed] flags
+    every trial shares: --rpc, and -ts with a share each (the one --budget is each device's; llama.cpp would split by
+    free memory, which a study does not read)."""
+    be = backend_of(budget.backend)
+    if not rpc:
+        return be, {}
+    from cli_rpc import rpc_backend, rpc_backends
+    from fitter.ggml import backends
+    from fitter.ggml.backends.rpc.protocol import parse_endpoints
+
+    if runner != RunnerName.server:  # llama-cpp-python's loader registers no RPC device
+        raise fitter.ConfigError(f"--rpc {rpc}: the {runner.value} runner loads no RPC devices; use --runner server")
+    if "," in budget.budget or budget.budget.strip().lower() == "auto":
+        raise fitter.ConfigError(f"--budget {budget.budget} with --rpc: optimise takes one size, each device's budget")
+    be = rpc_backend(rpc, be)
+    n = len(parse_endpoints(rpc)) + backends.get(be).local_gpus
+    kinds = rpc_backends(rpc, budget.budget, rpc_kinds)
+    return be, {"rpc": rpc, "tensor_split": (1.0,) * n, **({"rpc_backends": kinds} if kinds else {})}
 
 
 def _fixed_flags(p: PlacementOptions, no_op_offload: bool, a: AdapterOptions) -> dict[str, Any]:
@@ -74,7 +99,8 @@ def _study_with(study: str, given: dict[str, Any]) -> Any:
 
 def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, storage: Optional[str],
                trials: Optional[int], runner: Literal["python", "server"], drafts: Optional[list[str]],
-               seed: Optional[int], no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float]) -> None:
+               seed: Optional[int], no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float],
+               backend: Any = None) -> None:
     from search.study import NothingFits, run_study  # optuna: only for this command
     from search.study.prior import study_hardware
 
@@ -82,7 +108,7 @@ def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, stor
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with fitter.Progress("optimise") as live:
             result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget.budget,
-                               margin=budget.margin, backend=backend_of(budget.backend).value, storage=storage,
+                               margin=budget.margin, backend=(backend or backend_of(budget.backend)).value, storage=storage,
                                n_trials=trials, runner=runner, drafts=drafts or (), llama_server=llama_server,
                                seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,

@@ -92,10 +92,14 @@ def _pred(header, spec, cfg: dict[str, Any], be: Backend, fe: Frontend, draft) -
         p = predict(header, spec, rc, be, fe, draft if rc.spec_type == "draft-simple" else None)
     except ConfigError as e:
         return {"refused": str(e)}
-    # the build is the pinned one throughout (the grid predates it as a field)
-    return {"context": p.context.model_dump(mode="json", exclude={"build"}),
-            "draft_context": p.draft_context.model_dump(mode="json", exclude={"build"}) if p.draft_context else None,
+    # the build is the pinned one throughout (the grid predates it as a field), and v_trans too where it is None (it
+    # follows flash_attn; set only where -fa auto went off beside RPC devices)
+    return {"context": _context(p.context), "draft_context": _context(p.draft_context) if p.draft_context else None,
             "buffers": [[b.owner, b.device, b.kind, b.bytes, b.counts] for b in p.buffers]}
+
+
+def _context(cp) -> dict[str, Any]:
+    return cp.model_dump(mode="json", exclude={"build"} | ({"v_trans"} if cp.v_trans is None else set()))
 
 
 def grid(log=print) -> dict[str, Any]:

@@ -14,7 +14,10 @@
 #   cuda-server-fa-off  as cuda-server with -fa off (a remote that aborted is restarted before the next load)
 #   cuda-network  benchmarks/rpc_network_here.py: llama-server on CUDA0 alone, then on 1 and 2 rpc-servers serving
 #               CUDA0 (-fa off): the commands per ubatch and the time each hop adds -> $OUT/rpc-network-cuda.json
-#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server] [cuda-server-fa-off] [cuda-network]
+#   budget      issue 47's budget check (benchmarks/gpu/rpc_budget.py): CUDA0 held to 6 GiB free beside two CPU
+#               rpc-servers; ggfit's proposed -ts and -c load and answer, a -ts predicted 512 MiB over CUDA0's budget
+#               ends out of memory -> $OUT/rpc-budget.json (BUDGET_ARGS: more rpc_budget.py flags)
+#   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server] [cuda-server-fa-off] [cuda-network] [budget]
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REPO=$(pwd)
@@ -45,6 +48,8 @@ for part in "${@:-cuda-main cuda-server}"; do
         elif [ "$p" = cuda-network ]; then  # the synthetic Qwen3 only (no Gemma 3 on the device)
             python3 benchmarks/rpc_network_here.py --only qwen3-6l --bindir $B/bin --server-args "-d CUDA0" \
                 --rpc-devices-only --main-args "-fa off" --out "$OUT/rpc-network-cuda.json" || true
+        elif [ "$p" = budget ]; then  # hold.py needs the device's torch
+            python3 benchmarks/gpu/rpc_budget.py --bindir $B/bin --out "$OUT/rpc-budget.json" ${BUDGET_ARGS:-} || true
         elif [ "$p" = cuda-server-fa-off ]; then  # -fa off: CUDA's FA kernels refuse the tiny synthetic heads
             python3 benchmarks/rpc_here.py $ONLY --bindir $B/bin --server-args "-d CUDA0" --rpc-devices-only \
                 --main-args "-fa off" --out "$OUT/rpc-cuda-server-fa-off.json" || true

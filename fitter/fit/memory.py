@@ -16,6 +16,7 @@ from fitter.fit.calibration import Applied, BufferChange, Calibration, build_key
 from fitter.fit.calibration import load as load_calibration
 from fitter.ggml import backends
 from fitter.ggml.backends import tensor_info_alloc_size
+from fitter.ggml.backends.base import FlashAttnShape
 from fitter.gguf.reader import GGUFHeader
 from fitter.llama.context import compute_buffers
 from fitter.llama.cparams import Backend, ConfigError, ContextParams, Frontend, RunConfig, resolve_context
@@ -93,10 +94,11 @@ def placement_of(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: i
     """Where llama.cpp puts each layer and tensor for these flags (-ngl, -ot, --cpu-moe, --n-cpu-moe, -sm, -mg, -ts).
     There are at least as many GPUs as -ts has proportions and -mg needs."""
     n_rpc = len(config.rpc.split(",")) if config.rpc else 0  # one device per rpc-server unless told more (n_gpus)
+    n_rpc += backends.get(backend).local_gpus if n_rpc else 0  # a local GPU after the RPC devices
     n_gpus = max(n_gpus, len(config.tensor_split or ()), config.main_gpu + 1, n_rpc)
     return weight_placement(len(spec.layers), backend, config.n_gpu_layers, overrides=config.tensor_overrides(),
                             n_gpus=n_gpus, tensor_split=config.tensor_split, split_mode=config.split_mode,
-                            main_gpu=config.main_gpu)
+                            main_gpu=config.main_gpu, remote=config.rpc_backends)
 
 
 def repack_applies(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int = 1) -> bool:
@@ -140,7 +142,7 @@ def _context_buffers(
     # type of the output layer's device (the CPU's own when the output layer stays on the CPU)
     n_out = cp.n_seq_max
     output = spec.n_vocab * n_out * 4 + (spec.n_embd * n_out * 4 if cp.embeddings else 0)
-    out_host = impl.host_buffer_name if wp.layer_dev[-1] != CPU_DEV else "CPU"
+    out_host = impl.on(wp.layer_dev[-1]).host_buffer_name if wp.layer_dev[-1] != CPU_DEV else "CPU"
     out.append(Buffer(owner=owner, device=out_host, kind="output", bytes=output,
                       counts=counts_against_budget(backend, False),  # host memory: the host buffer type
                       detail=f"logits {spec.n_vocab} x {n_out} outputs x f32"))
@@ -236,10 +238,7 @@ def predict(
     mark) stay empty: the same bytes, for a caller that reads totals only (the solver's searches), without the
     allocator's bookkeeping of the live tensors (an eighth of a prediction)."""
     cal = _calibration(spec.architecture, backend, build) if calibrated else None
-    config, fa_note = _resolve_fa_auto(spec, config, backend)
-    cp = resolve_context(spec, config, frontend, build=build)
-    if fa_note:
-        cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
+    config, cp = _context_of(spec, config, backend, frontend, build, n_gpus)
     use_mtp = config.spec_type == "draft-mtp"
     wp = placement_of(spec, config, backend, n_gpus)
     ctx_kw: dict = dict(placement=wp, kv_host=config.no_kv_offload, op_offload=not config.no_op_offload, terms=terms)
@@ -349,7 +348,8 @@ def build_differences(header: GGUFHeader, spec: ModelSpec, config: RunConfig, ba
     return out
 
 
-def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tuple[RunConfig, str | None]:
+def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend,
+                     n_gpus: int = 1) -> tuple[RunConfig, str | None]:
     """-fa auto: llama_context::resolve_fused_ops turns flash attention off when a layer's FLASH_ATTN_EXT cannot run
     on the device (the backend's fa_auto_unsupported_reason: Metal's ggml_metal_device_supports_op; the CPU runs every
     FA node; CUDA's rules are not mirrored), unless a quantized V cache made llama_init_from_model force it on."""
@@ -360,10 +360,37 @@ def _resolve_fa_auto(spec: ModelSpec, config: RunConfig, backend: Backend) -> tu
         return config, None  # forced on for the quantized V cache
     heads = ((layer.n_embd_head_k, layer.n_embd_head_v) for layer in spec.layers[: spec.n_layer]
              if layer.kind != LayerKind.RECURRENT and layer.has_kv)  # in layer order (read only where the rules are)
-    why = impl.fa_auto_unsupported_reason(heads, config.type_k, config.type_v)
+    if impl.local_gpus:  # RPC devices beside a local GPU: the layers on each device, by that device's rules
+        why = impl.fa_auto_unsupported_reason_on(_fa_shapes_on_local(spec, config, backend, n_gpus))
+    else:
+        why = impl.fa_auto_unsupported_reason(heads, config.type_k, config.type_v)
     if why:
         return config.model_copy(update={"flash_attn": "off"}), f"off (-fa auto on {impl.label}: {why})"
     return config, None
+
+
+def _context_of(spec: ModelSpec, config: RunConfig, backend: Backend, frontend: Frontend, build: LlamaBuild,
+                n_gpus: int) -> tuple[RunConfig, ContextParams]:
+    """The config with -fa auto resolved, and its context (the note says why -fa auto went off)."""
+    config, fa_note = _resolve_fa_auto(spec, config, backend, n_gpus)
+    cp = resolve_context(spec, config, frontend, build=build)
+    if fa_note:
+        cp = cp.model_copy(update={"defaults_applied": {**cp.defaults_applied, "flash_attn": fa_note}})
+        if backends.get(backend).local_gpus:  # the caches were made with FA on (llama_context: memory, then
+            cp = cp.model_copy(update={"v_trans": False})  # sched_reserve's resolve_fused_ops)
+    return config, cp
+
+
+def _fa_shapes_on_local(spec: ModelSpec, config: RunConfig, backend: Backend, n_gpus: int) -> list[FlashAttnShape]:
+    """The FLASH_ATTN_EXT shapes (heads, cache types) of the attention layers on a GPU of the main host, beside RPC
+    devices, which take every op."""
+    impl = backends.get(backend)
+    wp = placement_of(spec, config, backend, n_gpus)
+    return [FlashAttnShape(d_k=layer.n_embd_head_k, d_v=layer.n_embd_head_v, n_q=1, n_head=layer.n_head,
+                           n_head_kv=layer.n_head_kv, n_kv=256, type_k=config.type_k, type_v=config.type_v)
+            for il, layer in enumerate(spec.layers[: spec.n_layer])
+            if layer.kind != LayerKind.RECURRENT and layer.has_kv and wp.layer_dev[il] != CPU_DEV
+            and not impl.on(wp.layer_dev[il]).remote]
 
 
 def _draft_context(spec: ModelSpec, config: RunConfig, frontend: Frontend, build: LlamaBuild, *,

@@ -229,7 +229,11 @@ def _rpc(p: Plan) -> None:
     p.rpc_hosts = host_totals(p.pred, parse_endpoints(p.cfg.rpc or ""))
     avail = p.avail
     if isinstance(avail, dict):
-        p.rpc_split = propose_for(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, build=p.build)
+        # over the layers -ngl as given offloads (all by default), else over those the solver's placement keeps
+        asked = p.cfg.model_copy(update={"n_gpu_layers": p.request.config.n_gpu_layers})
+        p.rpc_split = propose_for(p.header, p.spec, asked, p.pred, p.be, p.fe, avail, build=p.build)
+        if not p.rpc_split.json["n_ctx"] and asked.n_gpu_layers != p.cfg.n_gpu_layers:
+            p.rpc_split = propose_for(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, build=p.build)
         from fitter.fit.split_network import network_choices
 
         p.rpc_network = network_choices(p.header, p.spec, p.cfg, p.pred, p.be, p.fe, avail, p.speed, build=p.build)
@@ -412,7 +416,8 @@ def plan_quants(req: QuantsRequest) -> QuantsPlan:
     cands = quant_fit.evaluate(header, spec, f.config, f.backend, f.frontend, f.budgets.main.bytes,
                                f.budgets.margin_bytes, candidates=req.candidates, draft=draft,
                                include_imatrix=req.include_imatrix, build=f.build,
-                               rate=f.speed.rates(f.backend) if f.speed is not None else None)
+                               rate=f.speed.rates(f.backend) if f.speed is not None else None,
+                               per_device=f.budgets.per_device)
     best = quant_fit.best_fit(cands)
     none = (quant_fit.why_none_fits(cands, cands[0].n_ctx, f.backend.value, spec.n_expert > 0)
             if cands and not best else None)

@@ -16,7 +16,7 @@ from fitter.fit.budget import parse_size
 from fitter.fit.largest import next_hint
 from fitter.fit.memory import predict
 from fitter.fit.quants import QuantPrediction, predict_all
-from fitter.fit.solver import CTX_STEP, largest_context
+from fitter.fit.solver import CTX_STEP, Available, excess, largest_context
 from fitter.ggml import backends
 from fitter.ggml.types import pad
 from fitter.gguf.constants import GGMLQuantizationType
@@ -156,10 +156,15 @@ def evaluate(
     include_imatrix: bool = True,
     build: LlamaBuild = PINNED,
     rate: Callable[[str, GGUFHeader, ModelSpec, RunConfig], object] | None = None,
+    per_device: dict[str, int] | None = None,
 ) -> list[Candidate]:
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
-    called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates)."""
-    available = budget_bytes - margin_bytes
+    called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates).
+    `per_device`: a budget per device (--rpc's devices, in llama.cpp's order), each less the margin; a candidate
+    fits when every device does, its headroom the fullest device's."""
+    available: Available = budget_bytes - margin_bytes
+    if per_device:
+        available = {name: b - margin_bytes for name, b in per_device.items()}
     entries = _ftype_entries(header, spec, include_imatrix) + _candidate_entries(header, candidates)
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)
@@ -175,14 +180,15 @@ def evaluate(
                               draft=draft, ctx_max=max(s.n_ctx_train, pred.context.n_ctx), build=build, hint=hint,
                               asked=asked)
         hint = next_hint(asked, big.n_ctx // CTX_STEP, hint)
-        if rate is not None and total <= available:
+        headroom = -excess(pred, available)
+        if rate is not None and headroom >= 0:
             cp = pred.context
             rate(name, h, s, cfg.model_copy(update={"n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
                                                     "type_k": cp.type_k, "type_v": cp.type_v}))
         out.append(Candidate(
             name=name, source=source, file_bytes=h.file_size, total_device_bytes=total,
-            headroom_bytes=available - total, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,
-            fits=total <= available, needs_imatrix=needs_im, exact=exact, note=note,
+            headroom_bytes=headroom, n_ctx=pred.context.n_ctx, largest_ctx=big.n_ctx,
+            fits=headroom >= 0, needs_imatrix=needs_im, exact=exact, note=note,
         ))
     out.sort(key=lambda c: c.file_bytes)
     return out

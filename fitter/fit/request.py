@@ -226,7 +226,7 @@ class Budgets(Record):
         margin_bytes = budget_.parse_margin(margin, backend.value)
         available = budget_.available_bytes(main, margin_bytes)
         # one budget per GPU: each device within its own (the layers split by the budgets unless -ts says otherwise)
-        per_device = ({impl.device_name(i): b.bytes for i, b in enumerate(devices)}
+        per_device = (dict(zip(impl.device_names(len(devices)), (b.bytes for b in devices)))
                       if len(devices) > 1 and split_mode != "none" else None)
         for b in devices[1:]:
             budget_.available_bytes(b, margin_bytes)

@@ -107,19 +107,23 @@ def propose_for(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, pred: Predi
                              f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}", {"tensor_split": None, "n_ctx": 0})
     ts = ",".join(f"{x:g}" for x in sp.tensor_split)
     totals = sp.pred.device_totals() if sp.pred else {}
-    text = (f"split: -ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
+    ngl = f"-ngl {base.n_gpu_layers} " if base.n_gpu_layers >= 0 else ""
+    text = (f"split: {ngl}-ts {ts} (layers per device, the output layer on the last) fits -c {sp.n_ctx} at -ub "
             f"{cp.n_ubatch}, K/V {cp.type_k}/{cp.type_v}: " + ", ".join(
                 f"{d} {totals.get(d, 0) / 2**20:,.2f} of {a / 2**20:,.2f} MiB" for d, a in avail.items()))
-    return SplitProposal(text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals})
+    return SplitProposal(text, {"tensor_split": list(sp.tensor_split), "n_ctx": sp.n_ctx, "device_totals": totals,
+                                "n_gpu_layers": base.n_gpu_layers})
 
 
 def host_totals(pred: Prediction, endpoints: list[str]) -> dict:
     """`--json`'s "hosts" with --rpc: what each rpc-server holds (its devices' buffers, one device per server: RPC0,
-    RPC1, ... in --rpc order) and what the main host keeps (token embedding, logits, host compute; mapped weights by
-    their tensors' bytes)."""
+    RPC1, ... in --rpc order) and what the main host keeps: its own GPU's buffers (CUDA0 beside the RPC devices)
+    and host memory (token embedding, logits, host compute; mapped weights by their tensors' bytes)."""
     per_device = pred.device_totals()
     hosts: dict[str, dict] = {}
     for i, ep in enumerate(endpoints):
         n = per_device.get(f"RPC{i}", 0)
         hosts[ep] = {"devices": {f"RPC{i}": n}, "bytes": n}
-    return {**hosts, "main": {"bytes": pred.host_bytes}}
+    local = {d: n for d, n in per_device.items() if d not in {f"RPC{i}" for i in range(len(endpoints))}}
+    main: dict = {"devices": local, "host_bytes": pred.host_bytes} if local else {}
+    return {**hosts, "main": {**main, "bytes": pred.host_bytes + sum(local.values())}}

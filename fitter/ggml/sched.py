@@ -59,6 +59,8 @@ class Placement(Record, frozen=False):
     # where `flat`: the backend's graph_optimize over the segments of distinct layers (n, pro, seg0, templates, keys,
     # epi): the chunks to allocate (fitter.ggml.backends.metal.segments), or None: the graph is built whole
     optimize_segments: Callable[..., Any] | None = None
+    # devices of several backends (RPC devices beside a local GPU): each GPU backend id's supports_op and offload_op
+    by_id: dict[int, tuple[Callable[[Tensor], bool], Callable[[Tensor], bool]]] | None = None
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -66,7 +68,16 @@ class Placement(Record, frozen=False):
         return (GPU, *range(2, self.n_gpus + 1), HOST)
 
     def sup(self, b: int, node: Tensor) -> bool:  # ggml_backend_supports_op
+        if self.by_id is not None and b != HOST:
+            return self.by_id[b][0](node)
         return b == HOST or self.supports(node)
+
+    def offload_to(self, t: Tensor) -> int:
+        """The first backend before the CPU that takes an op on a host weight (ggml_backend_sched_backend_id_from_cur:
+        supports_op and offload_op), or HOST."""
+        if self.by_id is None:
+            return GPU if self.sup(GPU, t) and self.offload(t) else HOST
+        return next((b for b in self.order[:-1] if self.sup(b, t) and self.by_id[b][1](t)), HOST)
 
 
 def _be_of(t: Tensor) -> int:
@@ -85,8 +96,8 @@ def _backend_id_from_cur(pl: Placement, t: Tensor) -> int:  # ggml_backend_sched
         for src in t.src:
             if src is not None and src.w == IS_WEIGHT:
                 b = src.be
-                if b == HOST and pl.op_offload and pl.sup(GPU, t) and pl.offload(t):
-                    return GPU  # "1.off"
+                if b == HOST and pl.op_offload and (off := pl.offload_to(t)) != HOST:
+                    return off  # "1.off"
                 return b if pl.sup(b, t) else -1
     return -1
 

@@ -380,15 +380,16 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     n_all = len(sp.layers)
     wp = placement or weight_placement(n_all, impl.kind, n_gpu_layers)
     gpus = wp.gpus or [0]
+    if impl.local_gpus:  # a local GPU is the scheduler's backend with or without layers (it takes offloaded ops)
+        gpus = sorted(set(gpus) | {d for d in wp.devices if not impl.on(d).remote})
     # backend ids: the first GPU 0, the CPU (HOST) 1, the other GPUs 2, 3, ... (fitter.ggml.sched.Placement.order)
     be_of = {g: (0 if k == 0 else k + 1) for k, g in enumerate(gpus)}
     be_of[CPU_DEV] = HOST
     layer_dev = [be_of[d] for d in wp.layer_dev]
 
-    def dev_size(t: Tensor) -> int:
-        if t.op == "NONE":  # a split input copy
-            return impl.copy_size(t)
-        return impl.compute_size(t)
+    subs = [impl.on(g) for g in gpus]  # each device's own backend (RPC devices beside a local GPU)
+    mixed = any(sub is not impl for sub in subs)
+    dev_size = _dev_sizer(impl)
 
     override = None
     if wp.overrides:
@@ -410,22 +411,53 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
                    every_input=c.build.has("sched_copies_every_input"), flat=impl.reorders_graph,
                    pin_layer_norms=impl.keeps_layer_pins and (n_layer_all_on_gpu or c.n_tokens < 32),
                    optimize_segments=getattr(impl, "optimize_segments", None))
-    n_extra = len(gpus) - 1
-    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
-    if not c.build.has("gallocr_chunked_vbuffer"):
-        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
-    ga = Gallocr([impl.alignment, impl.host_alignment] + [impl.alignment] * n_extra,
-                 [dev_size, Tensor.nbytes] + [dev_size] * n_extra, trace=terms,
-                 max_buffer_size=[max_size, SIZE_MAX] + [max_size] * n_extra)
-    r = _allocated(c, ga, details, tkey, pl, dev_size, content_key=ctkey)
-    names = [(device_buffer_name(impl, gpus[0]), impl.alignment), (impl.host_buffer_name, impl.host_alignment)]
-    names += [(device_buffer_name(impl, g), impl.alignment) for g in gpus[1:]]
+    if mixed:
+        _per_device(pl, impl, {be_of[g]: sub for g, sub in zip(gpus, subs)})
+    ga, per_buffer = _gallocr(c, impl, [(sub, _dev_sizer(sub) if mixed else dev_size) for sub in subs],
+                              metal_max_buffer_length, terms)
+    r = _allocated(c, ga, details, tkey, pl, _copy_sizer(pl, per_buffer) if mixed else dev_size, content_key=ctkey)
+    names = [(device_buffer_name(impl, gpus[0]), subs[0].alignment), (impl.host_buffer_name, impl.host_alignment)]
+    names += [(device_buffer_name(impl, g), sub.alignment) for g, sub in zip(gpus[1:], subs[1:])]
     out = []
     for i in (0, *range(2, len(names)), 1):  # the GPUs, then the host
         name, align = names[i]
         if r.sizes[i] > 1:  # sched_reserve prints (and allocates) only buffers larger than 1 byte
             out.append(_compute_buffer(name, r.sizes[i], r.peaks[i], align, terms))
     return out
+
+
+def _dev_sizer(sub: BackendImpl) -> Callable[[Tensor], int]:
+    """A device's alloc size of a compute tensor in its buffer: split input copies by its copy_size."""
+    def dev_size(t: Tensor) -> int:
+        if t.op == "NONE":  # a split input copy
+            return sub.copy_size(t)
+        return sub.compute_size(t)
+    return dev_size
+
+
+def _gallocr(c: GraphContext, impl: BackendImpl, subs: list[tuple[BackendImpl, Callable[[Tensor], int]]],
+             metal_max_buffer_length: int | None, terms: bool) -> tuple[Gallocr, list]:
+    """The allocator of the scheduler's buffers (ids as its backends: the first GPU, the host, the other GPUs),
+    each GPU's with its own backend's alignment and alloc sizes."""
+    max_size = impl.max_size(metal_max_buffer_length=metal_max_buffer_length)
+    if not c.build.has("gallocr_chunked_vbuffer"):
+        max_size = SIZE_MAX  # 0.3.16 ggml-alloc.c: one buffer per backend, never split into chunks
+    dev = [(sub.alignment, size, max_size) for sub, size in subs]
+    per_buffer = [dev[0], (impl.host_alignment, Tensor.nbytes, SIZE_MAX), *dev[1:]]
+    return Gallocr([a for a, _, _ in per_buffer], [f for _, f, _ in per_buffer], trace=terms,
+                   max_buffer_size=[m for _, _, m in per_buffer]), per_buffer
+
+
+def _per_device(pl: Placement, impl: BackendImpl, by_id: dict[int, BackendImpl]) -> None:
+    """Devices of several backends (fitter.ggml.backends.rpc.local): each scheduler id's supports_op, offload_op and
+    graph_optimize (over its own splits)."""
+    pl.by_id = {b: (sub.supports_op, sub.offload_op) for b, sub in by_id.items()}
+    pl.graph_optimize = impl.graph_optimize_on(frozenset(b for b, sub in by_id.items() if not sub.remote))
+
+
+def _copy_sizer(pl: Placement, per_buffer: list[tuple[int, Callable[[Tensor], int], int]]) -> Callable[[Tensor], int]:
+    """A split input copy's size in the buffer of the backend it is copied to (its `be`)."""
+    return lambda t: per_buffer[t.be][1](t) if 0 <= t.be < len(per_buffer) else t.nbytes()
 
 
 def _compute_buffer(device: str, size: int, peak: list[tuple[str, int]], align: int, terms: bool) -> ComputeBuffer:

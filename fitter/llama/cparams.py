@@ -87,6 +87,9 @@ class RunConfig(Record):
     main_gpu: int = 0  # -mg
     tensor_split: tuple[float, ...] | None = None  # -ts: a proportion per GPU
     rpc: str | None = None  # --rpc HOST:PORT,...: rpc-servers whose devices (RPC0, ...) come first (Backend.RPC)
+    # the backend each RPC device's server runs, llama.cpp's registry names in RPC order ("CPU", "CUDA"); not a
+    # llama.cpp flag: ggfit reads it from the servers (--budget auto) or --rpc-backend; () or a missing one: CPU
+    rpc_backends: tuple[str, ...] = ()
     # LoRA adapters (common_params.lora_adapters): --lora FILE (scale 1) / --lora-scaled FILE:SCALE, in order
     lora: tuple[tuple[str, float], ...] = ()
     # multimodal projector (mtmd_context_params): its weights and compute buffer (fitter.mtmd)
@@ -253,15 +256,20 @@ class ContextParams(Record):
     embeddings: bool
     defaults_applied: dict[str, str]
     build: LlamaBuild = PINNED  # the llama.cpp build whose rules apply (fitter.llama_builds)
+    # the V cache transposed (llama_model::create_memory: !cparams.flash_attn); None: not flash_attn. -fa auto that
+    # resolve_fused_ops turns off keeps the cache made before it, with flash attention on: False
+    v_trans: bool | None = None
 
 
 def served_config(cp: ContextParams, config: RunConfig, draft_model: str | None) -> RunConfig:
     """The config that gives llama-server the resolved context `cp` with every value explicit (what `fit` prints to
-    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to. Without `draft_model`
+    run): -np auto written as its slots and unified cache, -fa auto as what it resolved to (but where it went off
+    after the caches were made, v_trans False: -fa off would transpose V, so it stays auto). Without `draft_model`
     the external draft is dropped (a solution without it); a native MTP head stays."""
+    fa = "auto" if cp.v_trans is False and not cp.flash_attn else "on" if cp.flash_attn else "off"
     update: dict[str, Any] = {
         "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch, "type_k": cp.type_k, "type_v": cp.type_v,
-        "flash_attn": "on" if cp.flash_attn else "off", "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
+        "flash_attn": fa, "n_parallel": cp.n_seq_max, "kv_unified": cp.kv_unified,
         "swa_full": cp.swa_full, "draft_model": draft_model,
     }
     if draft_model is None and config.spec_type == "draft-simple":

@@ -99,6 +99,8 @@ class GraphContext(KVGraph):
         self.d = details
         self.arch = spec.architecture
         self.fa = cp.flash_attn
+        # the V cache transposed without flash attention (llama_model::create_memory: attn_v_trans)
+        self.v_trans = not cp.flash_attn if cp.v_trans is None else cp.v_trans
         self.build = cp.build
         # MLA caches only the latent K (V is a view of it) since #19067; before, V had a cache of its own (0.3.16)
         self.v_less = spec.is_mla and self.build.has("mla_v_less_cache")

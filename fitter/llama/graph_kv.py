@@ -60,6 +60,7 @@ class KVGraph:
     g: Graph
     build: LlamaBuild
     fa: bool
+    v_trans: bool  # the V cache transposed (GraphContext: not fa unless the context says)
     v_less: bool
     symbolic: bool
     n_tokens: int
@@ -95,7 +96,7 @@ class KVGraph:
             rot_k = n // 2
         if head_v_all > 0 and BLCK[tv] > 1 and full_v % 64 == 0 and not self.v_less:
             rot_v = 64
-        return KVCacheView(size=size, n_stream=self.n_stream, type_k=tk, type_v=tv, v_trans=not self.fa, rot_k=rot_k,
+        return KVCacheView(size=size, n_stream=self.n_stream, type_k=tk, type_v=tv, v_trans=self.v_trans, rot_k=rot_k,
                            rot_v=rot_v, layers=list(layers))
 
     def kv_tensors(self, kv: KVCacheView, il: int) -> tuple[Tensor, Tensor | None]:

@@ -50,7 +50,7 @@ CPU_DEV = -1  # a tensor, layer or cache in host memory (the CPU device's buffer
 
 def device_buffer_name(impl: backends.BackendImpl, i: int) -> str:
     """GPU number i's buffer type name (ggml_backend_cuda_buffer_type(i): CUDA0, CUDA1, ...)."""
-    return re.sub(r"\d+$", str(i), impl.name)
+    return impl.buffer_name(i)
 
 
 class WeightPlacement(Record):
@@ -81,16 +81,16 @@ class WeightPlacement(Record):
 def weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int = -1, *,
                      overrides: Sequence[tuple[str, str]] = (), n_gpus: int = 1,
                      tensor_split: Sequence[float] | None = None, split_mode: str = "layer",
-                     main_gpu: int = 0) -> WeightPlacement:
+                     main_gpu: int = 0, remote: tuple[str, ...] = ()) -> WeightPlacement:
     """llama_model::load_tensors' layer assignment (llama-model.cpp) and the overrides' buffer types by name, as
     common/arg.cpp parse_tensor_buffer_overrides accepts them (each device's default buffer type: CPU, CUDA0, ...).
     Without -ts the layers split by free memory, taken as equal on every GPU."""
     key = (n_layer_all, backend, n_gpu_layers, tuple(map(tuple, overrides)), n_gpus,
-           None if tensor_split is None else tuple(tensor_split), split_mode, main_gpu)
+           None if tensor_split is None else tuple(tensor_split), split_mode, main_gpu, remote)
     hit = _PLACEMENTS.get(key)
     if hit is None:  # every prediction asks (frozen: one answer can serve them all)
         hit = _weight_placement(n_layer_all, backend, n_gpu_layers, overrides, n_gpus, tensor_split, split_mode,
-                                main_gpu)
+                                main_gpu, remote)
         if len(_PLACEMENTS) >= 64:
             _PLACEMENTS.clear()
         _PLACEMENTS[key] = hit
@@ -102,7 +102,7 @@ _PLACEMENTS: dict[tuple, WeightPlacement] = CACHES.keep({}, "weights")
 
 def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, overrides: Sequence[tuple[str, str]],
                       n_gpus: int, tensor_split: Sequence[float] | None, split_mode: str,
-                      main_gpu: int) -> WeightPlacement:
+                      main_gpu: int, remote: tuple[str, ...] = ()) -> WeightPlacement:
     impl = backends.get(backend)
     if not impl.is_gpu:
         return WeightPlacement(layer_dev=(CPU_DEV,) * (n_layer_all + 1), overrides=_overrides(overrides, impl, []))
@@ -118,7 +118,8 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         raise ConfigError(f"-ts {','.join(f'{x:g}' for x in tensor_split)}: {len(tensor_split)} proportions for "
                           f"{n_gpus} GPU(s)")
     # llama_model_load: -sm none keeps the main GPU alone
-    devices = [main_gpu] if split_mode == "none" else list(range(n_gpus))
+    ids = impl.device_ids(n_gpus, remote)  # RPC devices first, then a local GPU (fitter.ggml.backends.rpc)
+    devices = [ids[main_gpu]] if split_mode == "none" else ids
     ts = list(tensor_split or ())[: len(devices)] if split_mode != "none" else []
     ts += [0.0] * (len(devices) - len(ts))
     splits = ts if any(x > 0 for x in ts) else [1.0] * len(devices)
@@ -138,8 +139,7 @@ def _weight_placement(n_layer_all: int, backend: Backend, n_gpu_layers: int, ove
         x = _f32(float(il - i_gpu_start) / act)
         k = next((i for i, p in enumerate(points) if _f32(p) > x), len(points) - 1)
         layer_dev.append(devices[min(k, len(devices) - 1)])
-    names = [device_buffer_name(impl, i) for i in range(n_gpus)]
-    return WeightPlacement(layer_dev=tuple(layer_dev), overrides=_overrides(overrides, impl, names),
+    return WeightPlacement(layer_dev=tuple(layer_dev), overrides=_overrides(overrides, impl, ids),
                            devices=tuple(devices))
 
 
@@ -147,8 +147,8 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def _overrides(overrides: Sequence[tuple[str, str]], impl: backends.BackendImpl, gpu_names: list[str]) -> tuple:
-    known = {"CPU": CPU_DEV, **{n: i for i, n in enumerate(gpu_names)}}
+def _overrides(overrides: Sequence[tuple[str, str]], impl: backends.BackendImpl, gpu_ids: list[int]) -> tuple:
+    known = {"CPU": CPU_DEV, **{impl.buffer_name(i): i for i in gpu_ids}}
     out = []
     for pattern, buft in overrides:
         if buft not in known:
@@ -261,9 +261,8 @@ def weight_buffers(
     out: list[WeightBuffer] = []
     for d in [CPU_DEV] + sorted({g for g, _ in groups if g != CPU_DEV}):
         gpu = d != CPU_DEV
-        dev_backend = backend if gpu else Backend.CPU
-        impl = backends.get(dev_backend)
-        name = device_buffer_name(impl, d) if gpu else impl.name
+        impl = device.on(d) if gpu else backends.get(Backend.CPU)
+        name = device.buffer_name(d) if gpu else impl.name
         shards = sorted(s for (g, s) in groups if g == d)
         if not shards:
             continue
@@ -280,9 +279,9 @@ def weight_buffers(
             # without mmap the CPU side uses the GPU's pinned host buffer type (CUDA_Host)
             align = impl.alignment
             if not gpu:
-                name = device.host_buffer_name
+                name = device.cpu_weight_buffer or device.host_buffer_name
             ts = [tensors[i] for s in shards for i in groups[(d, s)][0]]
-            size = sum(pad(alloc_size(t, dev_backend) if alloc_size else t.nbytes, align) for t in ts)
+            size = sum(pad(alloc_size(t, impl) if alloc_size else t.nbytes, align) for t in ts)
             out.append(WeightBuffer(buffer=name, on_device=gpu, bytes=size, tensor_bytes=sum(t.nbytes for t in ts),
                                     n_tensors=len(ts), shard=shards[0]))
     return out

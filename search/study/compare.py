@@ -132,7 +132,7 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
     baseline = Measurement(flags=base_flags, status="not probed")
     mine = Measurement(flags=best.short(), status="not probed")
     try:
-        bp = predictor.predict(base).total_device_bytes
+        bp = predictor.device_bytes(predictor.predict(base))
     except ConfigError as e:
         bp = None
         baseline.status, baseline.reason = "invalid", str(e)

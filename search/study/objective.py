@@ -44,6 +44,15 @@ class Predictor:
         draft = self.spec(dm) if cand.config.spec_type == "draft-simple" and dm else None
         return predict(header, spec, cand.config, self.backend, self.frontend, draft, build=self.build)
 
+    def device_bytes(self, pred) -> int:
+        """What the one --budget holds: the device total; with --rpc (the budget is each device's) the fullest
+        device's."""
+        from fitter.ggml import backends
+
+        if backends.get(self.backend).remote:
+            return max(pred.device_totals().values(), default=0)
+        return pred.total_device_bytes
+
 
 @dataclass(frozen=True)
 class Prober:
@@ -144,7 +153,7 @@ class Objective:
             trial.set_user_attr("reason", str(e))
             trial.set_constraint("invalid", 1.0)
             raise optuna.TrialPruned(f"invalid: {e}") from None
-        total = pred.total_device_bytes
+        total = self.predictor.device_bytes(pred)
         over = total - self.avail
         trial.set_user_attr("predicted_bytes", total)
         trial.set_user_attr("available_bytes", self.avail)

@@ -90,7 +90,7 @@ class SpeedPrior:
         for params in itertools.islice(space.grid(), GRID_CAP):
             cand = space.candidate(params)
             try:
-                if self.predictor.predict(cand).total_device_bytes > self.avail:
+                if self.predictor.device_bytes(self.predictor.predict(cand)) > self.avail:
                     continue
             except ConfigError:
                 continue

@@ -197,7 +197,8 @@ def _check_weights(p: _Plan) -> None:
             pred = p.predictor.predict(p.space.candidate(params))
         except ConfigError:
             return  # a config llama.cpp refuses says nothing about the weights: let the trials judge
-        w = sum(b.bytes for b in pred.buffers if b.counts and b.kind in ("model", "lora"))
+        weights = [b for b in pred.buffers if b.counts and b.kind in ("model", "lora")]
+        w = p.predictor.device_bytes(pred.model_copy(update={"buffers": weights}))  # --rpc: the fullest device's
         if lightest is None or w < lightest[0]:
             lightest = (w, label)
     if lightest is not None and lightest[0] > p.avail:

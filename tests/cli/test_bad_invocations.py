@@ -320,7 +320,7 @@ def test_choice_options_list_their_values_in_help_and_agree_with_fitter(capfd):
         cli.main(["fit", "--help"])
     assert e.value.code == 0
     out = " ".join(capfd.readouterr().out.split())
-    assert "--backend <metal|cuda|cpu|rpc>" in out and "<server|library>" in out and "<on|off|auto>" in out
+    assert "--backend <metal|cuda|cpu|rpc|rpc-cuda>" in out and "<server|library>" in out and "<on|off|auto>" in out
     with pytest.raises(SystemExit) as e:
         cli.main(["fit", M, "--flash-attn", "maybe"])
     assert e.value.code == 2

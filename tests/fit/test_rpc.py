@@ -3,6 +3,7 @@ one-line errors. The buffers against llama.cpp's own runs: tests/fit/test_rpc_re
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
@@ -27,7 +28,7 @@ def _recv(conn: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int) -> None:
+def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int, align: int = 32) -> None:
     """rpc_serve_client's answers to HELLO, DEVICE_COUNT and GET_DEVICE_MEMORY (ggml-rpc.cpp), as a CPU server sends
     them: every answer is a u64 size and its payload."""
     with conn:
@@ -44,6 +45,8 @@ def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int) -> None:
                 out = struct.pack("<I", len(mem))
             elif cmd == 11:
                 out = struct.pack("<QQ", *mem[struct.unpack("<I", payload)[0]])
+            elif cmd in (1, 2):  # GET_ALIGNMENT, GET_MAX_SIZE of the CPU's buffer type
+                out = struct.pack("<Q", align if cmd == 1 else 2**64 - 1)
             else:
                 return
             conn.sendall(struct.pack("<Q", len(out)) + out)
@@ -54,7 +57,7 @@ def fake_server():
     """Start stand-in servers: fake_server(mem, major=7) -> "127.0.0.1:PORT"."""
     socks = []
 
-    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True) -> str:
+    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True, align: int = 32) -> str:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         s.listen(4)
@@ -67,7 +70,7 @@ def fake_server():
                 except OSError:
                     return
                 if answer:
-                    _serve(conn, mem, major)
+                    _serve(conn, mem, major, align)
                 else:
                     socks.append(conn)  # accepted, never answered
 
@@ -150,9 +153,20 @@ def test_budget_auto_reads_every_server(fake_server) -> None:
     assert f"--rpc {a},{b}" in r.stdout and "-ts 3,1" in r.stdout  # llama.cpp splits by the free memory
 
 
-def test_a_local_gpu_beside_rpc_devices_is_refused() -> None:
-    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "8GiB", "--no-speed")
-    assert r.returncode == 2 and "not modelled yet" in r.stderr
+def test_a_local_gpu_beside_rpc_devices_has_a_budget_each() -> None:
+    """--backend cuda with --rpc: devices RPC0, CUDA0 in llama.cpp's order, each against its own --budget; a local
+    Metal GPU beside RPC devices is refused in one line."""
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "2GiB,3GiB",
+               "--no-speed", "-c", "4096", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out["split"]["device_totals"]) == ["RPC0", "CUDA0"]
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "cuda", "--budget", "1GiB",
+               "--no-speed", "-c", "4096", "-ts", "1,1,1")
+    assert r.returncode == 2
+    r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:50052", "--backend", "metal", "--budget", "8GiB",
+               "--no-speed")
+    assert r.returncode == 2 and "a CUDA GPU (--backend cuda)" in r.stderr
 
 
 def test_the_python_probe_runner_refuses_rpc() -> None:
@@ -207,4 +221,33 @@ def test_the_proposed_split_fits_a_longer_context_than_the_budgets_split() -> No
 
 def test_a_budget_per_device_must_name_every_server() -> None:
     r = _ggfit("fit", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB", "--no-speed")
-    assert r.returncode == 2 and "3 values for 2 RPC servers" in r.stderr
+    assert r.returncode == 2 and "3 values for 2 devices (RPC0, RPC1)" in r.stderr
+
+
+def test_quants_takes_a_budget_per_rpc_device() -> None:
+    """quants --rpc: every quant against each device's own budget (the fullest device's headroom), the layers split
+    by the budgets as llama.cpp splits by free memory; a local CUDA GPU after the RPC devices."""
+    r = _ggfit("quants", "gemma3-270m", "--rpc", "127.0.0.1:1", "--backend", "cuda", "--budget", "1200MiB,1400MiB",
+               "--no-speed", "-c", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend"] == "rpc-cuda" and out["best"]
+    q1 = out["candidates"][0]
+    pooled = (1200 + 1400) * 2**20 - 2 * out["margin_bytes"] - q1["total_device_bytes"]  # one budget for both
+    assert q1["fits"] and 0 <= q1["headroom_bytes"] < pooled
+    r = _ggfit("quants", "gemma3-270m", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--budget", "1GiB,1GiB,1GiB",
+               "--no-speed")
+    assert r.returncode == 2 and "3 values for 2 devices" in r.stderr
+
+
+def test_the_servers_buffer_type_says_its_backend(fake_server) -> None:
+    """GET_ALIGNMENT: a CUDA server's buffer type answers 128, a CPU one's 32; --budget auto reads each server's
+    backend so (RunConfig.rpc_backends), --rpc-backend says it without a live server."""
+    from cli_rpc import rpc_backends
+
+    cuda = fake_server([(8 * 2**30, 8 * 2**30)], align=128)
+    cpu = fake_server([(8 * 2**30, 8 * 2**30)])
+    assert [d.backend for d in query_devices([cuda, cpu])] == ["CUDA", "CPU"]
+    assert rpc_backends(f"{cuda},{cpu}", "auto", None) == ("CUDA", "CPU")
+    assert rpc_backends("a:1,b:2", "4GiB", "cuda") == ("CUDA", "CUDA")
+    assert rpc_backends("a:1,b:2", "4GiB", None) == ()

@@ -14,13 +14,14 @@ from fitter.ggml.backends.base import Backend, BackendError, BackendImpl
 from fitter.ggml.backends.cpu import CPUBackend
 from fitter.ggml.backends.cuda import CUDABackend
 from fitter.ggml.backends.metal import MetalBackend
-from fitter.ggml.backends.rpc import RPCBackend
+from fitter.ggml.backends.rpc import RPCBackend, RPCLocalCUDABackend
 
 BACKENDS: dict[Backend, BackendImpl] = {
     Backend.CPU: CPUBackend(),
     Backend.CUDA: CUDABackend(),
     Backend.METAL: MetalBackend(),
     Backend.RPC: RPCBackend(),
+    Backend.RPC_CUDA: RPCLocalCUDABackend(),
 }
 
 
@@ -31,15 +32,17 @@ def get(backend: Backend | str) -> BackendImpl:
     try:
         return BACKENDS[Backend(str(backend).lower())]
     except ValueError:
-        raise BackendError(f"backend '{backend}': use cpu, cuda, metal or rpc") from None
+        raise BackendError(f"backend '{backend}': use cpu, cuda, metal, rpc or rpc-cuda") from None
 
 
-def tensor_info_alloc_size(t: Any, backend: Backend | str) -> int:
-    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo.
+def tensor_info_alloc_size(t: Any, backend: Backend | str | BackendImpl) -> int:
+    """The `alloc_size(tensor, backend)` hook of fitter.llama.weights.weight_buffers for a gguf TensorInfo (the
+    backend, or the device's own BackendImpl where devices differ).
 
     Unaligned (the caller pads to the alignment): ggml_nbytes, plus MATRIX_ROW_PADDING on CUDA.
     """
-    return get(backend).tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
+    impl = backend if isinstance(backend, BackendImpl) else get(backend)
+    return impl.tensor_alloc_size(t.ggml_type, t.shape, t.nbytes)
 
 
 __all__ = ["BACKENDS", "BackendError", "BackendImpl", "get", "tensor_info_alloc_size"]

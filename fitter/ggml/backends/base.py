@@ -14,6 +14,7 @@ differ most between backends; the alloc-size tables of each backend are in its m
 from __future__ import annotations
 
 import copy
+import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
@@ -37,6 +38,7 @@ class Backend(str, Enum):
     CUDA = "cuda"
     METAL = "metal"
     RPC = "rpc"  # devices of rpc-servers on other hosts (--rpc), the main host's CPU beside them
+    RPC_CUDA = "rpc-cuda"  # rpc-servers' devices, then the main host's CUDA GPU (--rpc with --backend cuda)
 
 
 class Overhead(NamedTuple):
@@ -188,6 +190,28 @@ class BackendImpl:
     host_overhead: Overhead | None = None
     margin_safety = True
     build: LlamaBuild = PINNED  # whose ggml this is: the per-build rules ask build.has() (fitter.llama_builds.changes)
+    local_gpus = 0  # GPUs of the main host after the RPC devices (--rpc beside a local GPU: fitter.ggml.backends.rpc)
+    # the host buffer type of CPU weights without mmap (make_cpu_buft_list: the first device's that has one); None:
+    # host_buffer_name
+    cpu_weight_buffer: str | None = None
+
+    def on(self, device: int) -> BackendImpl:
+        """The backend of device id `device` of a placement (fitter.llama.weights): itself where every device is of one
+        kind; RPC devices beside a local GPU each answer for their own."""
+        return self
+
+    def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
+        """The device ids of a placement over n_gpus devices, in llama.cpp's order (llama_model::devices); `remote`:
+        the backend each RPC device's server runs (RunConfig.rpc_backends)."""
+        return list(range(n_gpus))
+
+    def device_names(self, n_gpus: int) -> list[str]:
+        """llama.cpp's names of n_gpus devices, in its order (a --budget per device is keyed by them)."""
+        return [self.device_name(i) for i in range(n_gpus)]
+
+    def buffer_name(self, device: int) -> str:
+        """Device id `device`'s buffer type name (ggml_backend_cuda_buffer_type(i): CUDA0, CUDA1, ...)."""
+        return re.sub(r"\d+$", str(device), self.name)
 
     def device_name(self, index: int) -> str:
         """llama.cpp's name of the device at `index` ("CUDA1"): its registry's name and the index (a --budget per GPU
@@ -232,6 +256,11 @@ class BackendImpl:
         """Why `-fa auto` turns flash attention off for a model whose attention layers have these (K, V) head sizes,
         in layer order, and these cache types (llama_context::resolve_fused_ops: a layer's FLASH_ATTN_EXT cannot run on
         the device); None: it stays as asked. The CPU runs every FA node."""
+        return None
+
+    def fa_auto_unsupported_reason_on(self, shapes: list[FlashAttnShape]) -> str | None:
+        """-fa auto where devices of several backends hold layers (local_gpus): why the FA node of one of these layers,
+        on the main host's GPU, cannot run there; None: it stays as asked."""
         return None
 
     def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
@@ -332,3 +361,8 @@ class BackendImpl:
 
     def graph_optimize(self, segments: list) -> None:
         """ggml_backend graph_optimize: nothing on the CPU."""
+
+    def graph_optimize_on(self, own: frozenset[int]) -> Any:
+        """graph_optimize where devices of several backends share the graph: over the splits of scheduler ids `own`
+        (the devices of this backend's kind of graph_optimize) only."""
+        return self.graph_optimize

@@ -14,13 +14,14 @@ from fitter.ggml.tensor import HOST, Tensor, is_contiguous
 from fitter.ggml.types import F32
 
 
-def cuda_alloc_deps(seq: list[Segment]) -> None:
+def cuda_alloc_deps(seq: list[Segment], own: frozenset[int] | None = None) -> None:
     """ggml_backend_cuda_graph_optimize: tensors kept alive for CUDA's fusions, split by split.
 
     Two matchers: the MoE weighted reduction (ggml_cuda_match_moe_weighted_reduction: experts and
     router weights live until the last ADD of the per-expert views) and the top-k MoE routing fusion
     (ggml_cuda_topk_moe_fusion: every node of the gating pattern and its sources live until the node
-    after it). Each kept set becomes a GGML_OP_NONE node after its `until` node (graph_copy).
+    after it). Each kept set becomes a GGML_OP_NONE node after its `until` node (graph_copy). `own`: the scheduler
+    ids of CUDA's devices where others beside it are not the CPU (RPC devices: fitter.ggml.backends.rpc.local).
     """
     for seg in seq:
         nodes = [n for n in seg.nodes if not n.name.endswith(("#dep", "#copy"))]
@@ -39,7 +40,7 @@ def cuda_alloc_deps(seq: list[Segment]) -> None:
         i = 0
         while i < n_nodes:
             node = nodes[i]
-            if node.be == HOST:  # the CPU's nodes (CUDA's graph_optimize sees its own splits only)
+            if node.be == HOST or (own is not None and node.be not in own):  # CUDA sees its own splits only
                 i += 1
                 continue
             m = _match_moe_reduction(nodes, i, uses)

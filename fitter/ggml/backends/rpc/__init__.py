@@ -31,5 +31,9 @@ The rules ggfit mirrors (pinned build 0c1e57098bba; RPC protocol 7.0.0):
 from __future__ import annotations
 
 from fitter.ggml.backends.rpc.backend import RPCBackend
+from fitter.ggml.backends.rpc.local import RPCLocalCUDABackend
+from fitter.ggml.backends.rpc.remote import RPCRemoteCUDABackend
 
-__all__ = ["RPCBackend"]
+RPCBackend.remote_gpu = RPCRemoteCUDABackend()  # the devices of a server whose GPU is CUDA (RunConfig.rpc_backends)
+
+__all__ = ["RPCBackend", "RPCLocalCUDABackend", "RPCRemoteCUDABackend"]

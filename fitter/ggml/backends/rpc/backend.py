@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 _DEVICE = re.compile(r"RPC\d+")
+REMOTE_GPU = 32  # the id offset of an RPC device a GPU rpc-server serves (fitter.ggml.backends.rpc.remote)
 
 
 class RPCBackend(BackendImpl):
@@ -38,6 +39,21 @@ class RPCBackend(BackendImpl):
     overhead = Overhead(45 << 20, "a CPU rpc-server's resident memory beyond its buffers (measured here)")
     host_overhead = Overhead(51 << 20, "the main llama-server's resident memory beyond its host buffers, beside CPU "
                                        "rpc-servers (measured here)")  # checked against real loads (an RPC dry run allocates nothing on the servers)
+
+    def on(self, device: int) -> BackendImpl:
+        """A device a GPU rpc-server serves (id REMOTE_GPU + n) has that GPU's buffer type (rpc/remote.py)."""
+        if device >= REMOTE_GPU:
+            assert self.remote_gpu is not None  # set by fitter.ggml.backends.rpc
+            return self.remote_gpu.for_build(self.build)
+        return self
+
+    remote_gpu: BackendImpl | None = None  # a device a CUDA rpc-server serves (rpc/remote.py; set by rpc/__init__)
+
+    def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
+        return [i + (REMOTE_GPU if i < len(remote) and remote[i].upper() != "CPU" else 0) for i in range(n_gpus)]
+
+    def buffer_name(self, device: int) -> str:
+        return f"RPC{device % REMOTE_GPU}"
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")

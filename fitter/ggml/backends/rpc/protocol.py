@@ -1,7 +1,9 @@
 """Ask an rpc-server for its devices' memory over llama.cpp's RPC protocol (ggml-rpc.cpp, protocol 7.x), as
 `--budget auto` with `--rpc` needs: HELLO (negotiate_hello), DEVICE_COUNT (ggml_backend_rpc_get_device_count),
-then GET_DEVICE_MEMORY per device (ggml_backend_rpc_get_device_memory). One TCP connection per server, a timeout on
-every step; a server that does not answer raises RPCError with the endpoint in its message."""
+then per device GET_DEVICE_MEMORY (ggml_backend_rpc_get_device_memory) and the default buffer type's
+GET_ALIGNMENT / GET_MAX_SIZE (what ggml_backend_rpc_buffer_type asks once): the alignment says the server's backend
+(CUDA's buffer type 128, the CPU's 32). One TCP connection per server, a timeout on every step; a server that does
+not answer raises RPCError with the endpoint in its message."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import NamedTuple
 
 from fitter.errors import GGFitError
 
+RPC_CMD_GET_ALIGNMENT = 1
+RPC_CMD_GET_MAX_SIZE = 2
 RPC_CMD_GET_DEVICE_MEMORY = 11
 RPC_CMD_HELLO = 14
 RPC_CMD_DEVICE_COUNT = 15
@@ -28,6 +32,14 @@ class RemoteDevice(NamedTuple):
     device: int  # the device's number on its server (its buffer type is RPC<device>[endpoint])
     free: int
     total: int
+    alignment: int = 32  # RPC_CMD_GET_ALIGNMENT of the device's default buffer type
+    max_size: int = 2**64 - 1  # RPC_CMD_GET_MAX_SIZE
+
+    @property
+    def backend(self) -> str:
+        """The server's backend in llama.cpp's registry names, by its buffer type's alignment: CUDA's 128
+        (ggml_backend_cuda_buffer_type_get_alignment), else the CPU's (fitter.ggml.backends.rpc.remote)."""
+        return "CUDA" if self.alignment == 128 else "CPU"
 
 
 def parse_endpoints(text: str) -> list[str]:
@@ -76,8 +88,11 @@ def query_server(endpoint: str, timeout: float = 5.0) -> list[RemoteDevice]:
             (count,) = struct.unpack("<I", _call(sock, RPC_CMD_DEVICE_COUNT, b"", 4))
             out = []
             for i in range(count):
-                free, total = struct.unpack("<QQ", _call(sock, RPC_CMD_GET_DEVICE_MEMORY, struct.pack("<I", i), 16))
-                out.append(RemoteDevice(endpoint, i, free, total))
+                dev = struct.pack("<I", i)
+                free, total = struct.unpack("<QQ", _call(sock, RPC_CMD_GET_DEVICE_MEMORY, dev, 16))
+                (align,) = struct.unpack("<Q", _call(sock, RPC_CMD_GET_ALIGNMENT, dev, 8))
+                (max_size,) = struct.unpack("<Q", _call(sock, RPC_CMD_GET_MAX_SIZE, dev, 8))
+                out.append(RemoteDevice(endpoint, i, free, total, align, max_size))
             return out
     except (OSError, ConnectionError, struct.error) as e:
         why = "no answer" if isinstance(e, socket.timeout) else str(e) or type(e).__name__
