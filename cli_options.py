@@ -82,7 +82,7 @@ NoKvOffload = Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="Kee
 NoOpOffload = Annotated[bool, typer.Option("--no-op-offload", help="Do not run ops on host weights on the GPU.")]
 SplitModeOpt = Annotated[str, typer.Option("-sm", "--split-mode", metavar="none|layer|row", help="How to split the model across GPUs (default layer; row is refused: the pinned build fails it).")]
 MainGpu = Annotated[int, typer.Option("-mg", "--main-gpu", metavar="INDEX", help="The GPU for the whole model with -sm none.")]
-RpcBackend = Annotated[Optional[str], typer.Option("--rpc-backend", metavar="CPU|CUDA,...", help="The backend each --rpc server runs (rpc-server -d CPU or -d CUDA0), one per server or one for all; --budget auto asks the servers instead. Default CPU.")]
+RpcBackend = Annotated[Optional[str], typer.Option("--rpc-backend", metavar="CPU|CUDA|MTL,...", help="The backend each --rpc server runs (rpc-server -d CPU, -d CUDA0, or -d MTL0 on a Mac: MTL or METAL), one per server or one for all; --budget auto asks the servers instead. Default CPU.")]
 Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers (rpc-server), as llama-server reads them: their devices RPC0, RPC1, ... come before local ones; --budget per device or auto (asks each server).")]
 TensorSplit = Annotated[Optional[str], typer.Option("-ts", "--tensor-split", metavar="N0,N1,...", help="Proportion of the layers per GPU, e.g. 3,1 (default: the --budget values).")]
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", metavar="SIZE", help=f"System RAM that may hold weights on the CPU, KV on the host and host buffers: {SIZE_HELP}, or auto (default: the RAM available now).")]

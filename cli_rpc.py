@@ -4,8 +4,9 @@ The main host's CPU with rpc-servers beside it is the backend `rpc`; with the ma
 cuda`), `rpc-cuda`: its devices are RPC0, RPC1, ... in the order --rpc names the servers (one device per server
 unless a server offers several: `--budget auto` asks), then CUDA0 (llama_model_load puts RPC devices first).
 `--budget` is one value for every device, one per device in llama.cpp's order, or `auto`: each server's own answer to
-RPC_CMD_GET_DEVICE_MEMORY (a CPU rpc-server reports all its RAM as free, as llama.cpp then splits by), and the local
-GPU's free memory as ggfit reads it without --rpc."""
+RPC_CMD_GET_DEVICE_MEMORY (a CPU rpc-server reports all its RAM as free, as llama.cpp then splits by; a Mac's Metal
+server its working set less what Metal holds), and the local GPU's free memory as ggfit reads it without --rpc.
+`--rpc-backend` names each server's backend (CPU, CUDA, MTL for a Mac) where `auto` does not ask."""
 
 from __future__ import annotations
 
@@ -38,18 +39,22 @@ def rpc_backend(rpc: str | None, be: Any) -> Any:
     return fitter.Backend("rpc")
 
 
+SERVER_BACKENDS = {"CPU": "CPU", "CUDA": "CUDA", "MTL": "MTL", "METAL": "MTL"}  # llama.cpp's registry names
+
+
 def rpc_backends(rpc: str, budget: str, given: str | None) -> tuple[str, ...]:
-    """The backend each server runs (RunConfig.rpc_backends): --rpc-backend, else with --budget auto what each
-    server's buffer type says (protocol.RemoteDevice.backend), else every server a CPU one."""
+    """The backend each server runs (RunConfig.rpc_backends): --rpc-backend (CPU, CUDA, or a Mac's Metal: MTL as
+    llama.cpp's registry names it, or METAL), else with --budget auto what each server's buffer type says
+    (protocol.RemoteDevice.backend), else every server a CPU one."""
     from fitter.ggml.backends.rpc.protocol import parse_endpoints, query_devices
 
     endpoints = parse_endpoints(rpc)
     if given:
-        kinds = tuple(k.strip().upper() for k in given.split(","))
-        bad = [k for k in kinds if k not in ("CPU", "CUDA")]
-        if bad or len(kinds) not in (1, len(endpoints)):
-            raise fitter.ConfigError(f"--rpc-backend {given}: CPU or CUDA, one per --rpc server "
-                                     f"({len(endpoints)}) or one for all")
+        words = [k.strip().upper() for k in given.split(",")]
+        kinds = tuple(SERVER_BACKENDS.get(k, "") for k in words)
+        if "" in kinds or len(kinds) not in (1, len(endpoints)):
+            raise fitter.ConfigError(f"--rpc-backend {given}: CPU, CUDA or MTL (a Mac's Metal), one per --rpc "
+                                     f"server ({len(endpoints)}) or one for all")
         return kinds * len(endpoints) if len(kinds) == 1 else kinds
     if str(budget).strip().lower() == "auto":
         return tuple(d.backend for d in query_devices(endpoints))
@@ -66,8 +71,7 @@ def rpc_budgets(rpc: str, budget: str, be: Any = None) -> list[Budget]:
     local = impl.on(1 << 16)  # the main host's own GPU (itself where there is none)
     n = len(endpoints) + impl.local_gpus
     if str(budget).strip().lower() == "auto":
-        out = [Budget(bytes=d.free, source=f"RPC{i} {d.endpoint}: the rpc-server's free memory",
-                      note="a CPU rpc-server reports all its RAM as free")
+        out = [Budget(bytes=d.free, source=f"RPC{i} {d.endpoint}: the rpc-server's free memory", note=d.memory_note)
                for i, d in enumerate(query_devices(endpoints))]
         if impl.local_gpus:
             b = fitter.parse_budget("auto", local.kind.value)

@@ -381,7 +381,8 @@ def _gpu_buffers(c: GraphContext, impl: BackendImpl, n_gpu_layers: int, metal_ma
     wp = placement or weight_placement(n_all, impl.kind, n_gpu_layers)
     gpus = wp.gpus or [0]
     if impl.local_gpus:  # a local GPU is the scheduler's backend with or without layers (it takes offloaded ops)
-        gpus = sorted(set(gpus) | {d for d in wp.devices if not impl.on(d).remote})
+        order = {d: i for i, d in enumerate(wp.devices)}  # llama_model::devices' order, not the ids'
+        gpus = sorted(set(gpus) | {d for d in wp.devices if not impl.on(d).remote}, key=lambda d: order.get(d, d))
     # backend ids: the first GPU 0, the CPU (HOST) 1, the other GPUs 2, 3, ... (fitter.ggml.sched.Placement.order)
     be_of = {g: (0 if k == 0 else k + 1) for k, g in enumerate(gpus)}
     be_of[CPU_DEV] = HOST

@@ -64,7 +64,11 @@ class WeightPlacement(Record):
 
     @property
     def gpus(self) -> list[int]:
-        return sorted({d for d in self.layer_dev if d != CPU_DEV} | {d for _, d in self.overrides if d != CPU_DEV})
+        """The GPUs holding layers or overridden tensors, in llama_model::devices' order (the scheduler's backends:
+        RPC devices' ids carry their server's backend, so id order is not device order)."""
+        order = {d: i for i, d in enumerate(self.devices)}
+        return sorted({d for d in self.layer_dev if d != CPU_DEV} | {d for _, d in self.overrides if d != CPU_DEV},
+                      key=lambda d: (order.get(d, len(order)), d))
 
     def default_dev(self, where: int | str) -> int:
         if where == "input":

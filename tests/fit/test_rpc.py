@@ -28,7 +28,8 @@ def _recv(conn: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int, align: int = 32) -> None:
+def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int, align: int = 32,
+           max_size: int = 2**64 - 1) -> None:
     """rpc_serve_client's answers to HELLO, DEVICE_COUNT and GET_DEVICE_MEMORY (ggml-rpc.cpp), as a CPU server sends
     them: every answer is a u64 size and its payload."""
     with conn:
@@ -45,8 +46,8 @@ def _serve(conn: socket.socket, mem: list[tuple[int, int]], major: int, align: i
                 out = struct.pack("<I", len(mem))
             elif cmd == 11:
                 out = struct.pack("<QQ", *mem[struct.unpack("<I", payload)[0]])
-            elif cmd in (1, 2):  # GET_ALIGNMENT, GET_MAX_SIZE of the CPU's buffer type
-                out = struct.pack("<Q", align if cmd == 1 else 2**64 - 1)
+            elif cmd in (1, 2):  # GET_ALIGNMENT, GET_MAX_SIZE of the server's buffer type (the CPU's by default)
+                out = struct.pack("<Q", align if cmd == 1 else max_size)
             else:
                 return
             conn.sendall(struct.pack("<Q", len(out)) + out)
@@ -57,7 +58,8 @@ def fake_server():
     """Start stand-in servers: fake_server(mem, major=7) -> "127.0.0.1:PORT"."""
     socks = []
 
-    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True, align: int = 32) -> str:
+    def start(mem: list[tuple[int, int]], major: int = 7, answer: bool = True, align: int = 32,
+              max_size: int = 2**64 - 1) -> str:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         s.listen(4)
@@ -70,7 +72,7 @@ def fake_server():
                 except OSError:
                     return
                 if answer:
-                    _serve(conn, mem, major, align)
+                    _serve(conn, mem, major, align, max_size)
                 else:
                     socks.append(conn)  # accepted, never answered
 

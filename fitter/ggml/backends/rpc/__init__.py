@@ -13,7 +13,8 @@ The rules ggfit mirrors (pinned build 0c1e57098bba; RPC protocol 7.0.0):
   supports_op true for every op (the remote is not asked); offload_op NULL (never takes a host weight's op).
 - Buffer type (ggml_backend_rpc_buffer_type): named `RPC<i>[HOST:PORT]` with i the device's index on its server (not
   the global n). Alignment and max size are asked once from the remote's default buffer type (RPC_CMD_GET_ALIGNMENT /
-  GET_MAX_SIZE): a CPU server 32 and SIZE_MAX, as the CPU's. get_alloc_size asks the remote only for a quantized
+  GET_MAX_SIZE): a CPU server 32 and SIZE_MAX, as the CPU's; a CUDA one 128 and SIZE_MAX; a Mac's Metal one 32 and
+  maxBufferLength (rpc/remote.py). get_alloc_size asks the remote only for a quantized
   non-view tensor with ne[0] % 512 != 0 or an op whose size may expand (ggml_op_alloc_size_may_expand), and never
   returns below ggml_nbytes: a CPU server gives ggml_nbytes throughout.
 - Memory (ggml_backend_rpc_get_device_memory): RPC_CMD_GET_DEVICE_MEMORY returns the remote device's free and total
@@ -30,10 +31,11 @@ The rules ggfit mirrors (pinned build 0c1e57098bba; RPC protocol 7.0.0):
 
 from __future__ import annotations
 
-from fitter.ggml.backends.rpc.backend import RPCBackend
+from fitter.ggml.backends.rpc.backend import REMOTE_GPU, REMOTE_METAL, RPCBackend
 from fitter.ggml.backends.rpc.local import RPCLocalCUDABackend
-from fitter.ggml.backends.rpc.remote import RPCRemoteCUDABackend
+from fitter.ggml.backends.rpc.remote import RPCRemoteCUDABackend, RPCRemoteMetalBackend
 
-RPCBackend.remote_gpu = RPCRemoteCUDABackend()  # the devices of a server whose GPU is CUDA (RunConfig.rpc_backends)
+# the devices of a server whose GPU is CUDA or a Mac's Metal (RunConfig.rpc_backends)
+RPCBackend.remote_servers = {REMOTE_GPU: RPCRemoteCUDABackend(), REMOTE_METAL: RPCRemoteMetalBackend()}
 
-__all__ = ["RPCBackend", "RPCLocalCUDABackend", "RPCRemoteCUDABackend"]
+__all__ = ["RPCBackend", "RPCLocalCUDABackend", "RPCRemoteCUDABackend", "RPCRemoteMetalBackend"]

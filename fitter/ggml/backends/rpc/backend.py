@@ -13,12 +13,19 @@ from typing import TYPE_CHECKING
 
 from fitter.ggml.backends.base import HOST_ALIGNMENT, Backend, BackendImpl, Overhead
 from fitter.ggml.tensor import Tensor
+from fitter.llama_builds import LlamaBuild
 
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
 _DEVICE = re.compile(r"RPC\d+")
-REMOTE_GPU = 32  # the id offset of an RPC device a GPU rpc-server serves (fitter.ggml.backends.rpc.remote)
+# A placement's device id of an RPC device (fitter.llama.weights): its RPC number plus the offset of its server's
+# backend (llama.cpp's registry names), so each device answers with its server's buffer type (rpc/remote.py); the
+# main host's own GPU after them is rpc.local.LOCAL (128)
+SLOT = 32
+REMOTE_GPU = 32  # a CUDA rpc-server's device
+REMOTE_METAL = 64  # a Metal rpc-server's device (a Mac: rpc-server -d MTL0)
+REMOTE_IDS = {"CPU": 0, "CUDA": REMOTE_GPU, "MTL": REMOTE_METAL}
 
 
 class RPCBackend(BackendImpl):
@@ -41,19 +48,24 @@ class RPCBackend(BackendImpl):
                                        "rpc-servers (measured here)")  # checked against real loads (an RPC dry run allocates nothing on the servers)
 
     def on(self, device: int) -> BackendImpl:
-        """A device a GPU rpc-server serves (id REMOTE_GPU + n) has that GPU's buffer type (rpc/remote.py)."""
-        if device >= REMOTE_GPU:
-            assert self.remote_gpu is not None  # set by fitter.ggml.backends.rpc
-            return self.remote_gpu.for_build(self.build)
-        return self
+        """A device a GPU rpc-server serves (id REMOTE_GPU or REMOTE_METAL + n) has that GPU's buffer type
+        (rpc/remote.py)."""
+        served = self.remote_servers.get(device - device % SLOT)
+        return served.for_build(self.build) if served is not None else self
 
-    remote_gpu: BackendImpl | None = None  # a device a CUDA rpc-server serves (rpc/remote.py; set by rpc/__init__)
+    # the devices of GPU rpc-servers by their id offset (rpc/remote.py; set by rpc/__init__)
+    remote_servers: dict[int, BackendImpl] = {}
 
     def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
-        return [i + (REMOTE_GPU if i < len(remote) and remote[i].upper() != "CPU" else 0) for i in range(n_gpus)]
+        return [i + (REMOTE_IDS[remote[i].upper()] if i < len(remote) else 0) for i in range(n_gpus)]
 
     def buffer_name(self, device: int) -> str:
-        return f"RPC{device % REMOTE_GPU}"
+        return f"RPC{device % SLOT}"
+
+    def fa_alloc_reads_kv_type(self, build: LlamaBuild, queries_per_stream: int) -> bool:
+        """A GPU server's FLASH_ATTN_EXT alloc size may read the K/V type (CUDA's f16 copies, Metal's strides): the
+        compute graph keeps the cache types as given (exact for CPU servers too, one cached graph fewer)."""
+        return True
 
     def free_memory(self, probes: DeviceProbes) -> FreeMemory:
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")

@@ -20,7 +20,7 @@ from fitter.ggml.backends.cuda.backend import CUDABackend, cuda_fa_unsupported_r
 from fitter.ggml.backends.cuda.fusion import cuda_alloc_deps
 from fitter.ggml.backends.rpc.backend import RPCBackend
 
-LOCAL = 64  # the local GPU's device id in a placement: after every RPC device (ids 0, 1, ...)
+LOCAL = 128  # the local GPU's device id in a placement: after every RPC device's (rpc.backend.REMOTE_IDS)
 
 
 class RPCLocalCUDABackend(RPCBackend):

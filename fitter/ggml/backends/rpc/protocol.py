@@ -2,7 +2,8 @@
 `--budget auto` with `--rpc` needs: HELLO (negotiate_hello), DEVICE_COUNT (ggml_backend_rpc_get_device_count),
 then per device GET_DEVICE_MEMORY (ggml_backend_rpc_get_device_memory) and the default buffer type's
 GET_ALIGNMENT / GET_MAX_SIZE (what ggml_backend_rpc_buffer_type asks once): the alignment says the server's backend
-(CUDA's buffer type 128, the CPU's 32). One TCP connection per server, a timeout on every step; a server that does
+(CUDA's buffer type 128, the CPU's 32) and the max size tells a Mac's Metal (32 too, but maxBufferLength where the
+CPU's is SIZE_MAX). One TCP connection per server, a timeout on every step; a server that does
 not answer raises RPCError with the endpoint in its message."""
 
 from __future__ import annotations
@@ -37,9 +38,20 @@ class RemoteDevice(NamedTuple):
 
     @property
     def backend(self) -> str:
-        """The server's backend in llama.cpp's registry names, by its buffer type's alignment: CUDA's 128
-        (ggml_backend_cuda_buffer_type_get_alignment), else the CPU's (fitter.ggml.backends.rpc.remote)."""
-        return "CUDA" if self.alignment == 128 else "CPU"
+        """The server's backend in llama.cpp's registry names, by its buffer type's alignment and max size: CUDA's
+        128 (ggml_backend_cuda_buffer_type_get_alignment); 32 and a finite max size, Metal's (MTL:
+        ggml_backend_metal_buffer_type_shared_get_max_size, the device's maxBufferLength); else the CPU's (32, no
+        get_max_size: SIZE_MAX). fitter.ggml.backends.rpc.remote."""
+        if self.alignment == 128:
+            return "CUDA"
+        return "MTL" if self.alignment == 32 and self.max_size < 2**64 - 1 else "CPU"
+
+    @property
+    def memory_note(self) -> str:
+        """What the server's free memory is (ggml_backend_dev_memory on its device), for --budget auto's note."""
+        return {"CUDA": "cudaMemGetInfo's free VRAM on the server",
+                "MTL": "the Mac's recommendedMaxWorkingSetSize less what Metal holds (ggml_metal_device_get_memory)"
+                }.get(self.backend, "a CPU rpc-server reports all its RAM as free")
 
 
 def parse_endpoints(text: str) -> list[str]:
