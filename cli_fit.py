@@ -103,6 +103,7 @@ def plan_json(r: Plan) -> dict[str, Any]:
         "budget_source": r.bud.source,
         "margin_bytes": b.margin_bytes,
         "margin_source": fitter.margin_note(r.be.value) if b.margin_default else "--margin",
+        "device_margins": _device_margins(r),
         "config": r.pred.context.model_dump(mode="json"),
         "buffers": [x.model_dump(mode="json") for x in r.pred.buffers],
         "total_device_bytes": r.pred.total_device_bytes,
@@ -134,6 +135,17 @@ def plan_json(r: Plan) -> dict[str, Any]:
     return out
 
 
+def _device_margins(r: Plan) -> dict[str, dict] | None:
+    """Each device's own default margin where they differ (--rpc: fitter.fit.margin.device_margins)."""
+    from fitter.fit.margin import device_margin_notes
+
+    b = r.budgets
+    if not b.margins:
+        return None
+    notes = device_margin_notes(r.be.value, len(b.devices), r.cfg.rpc_backends)
+    return {name: {"bytes": m, "source": notes.get(name, "")} for name, m in b.margins.items()}
+
+
 def _print_head(r: Plan) -> None:
     """The model, backend, build, budget, the defaults llama.cpp applied and its caps of -b and -ub."""
     spec, pred, b = r.spec, r.pred, r.budgets
@@ -143,8 +155,12 @@ def _print_head(r: Plan) -> None:
     print_build(r.build, r.differences)
     note = f" [{r.bud.note}]" if r.bud.note else ""
     why = f" ({fitter.margin_note(r.be.value)})" if b.margin_default else ""
-    print(f"budget   {mib(r.bud.bytes)} ({r.bud.source}){note}, margin {mib(b.margin_bytes)}{why} -> "
+    margin = r.bud.bytes - b.available if b.margins else b.margin_bytes  # the main device's own
+    why = " (each device its own below)" if b.margins else why
+    print(f"budget   {mib(r.bud.bytes)} ({r.bud.source}){note}, margin {mib(margin)}{why} -> "
           f"{mib(b.available)} available")
+    for name, m in (_device_margins(r) or {}).items():
+        print(f"margin   {name} {mib(m['bytes'])} ({m['source']})")
     if pred.context.defaults_applied:
         print("defaults " + ", ".join(f"{k} = {v}" for k, v in pred.context.defaults_applied.items()))
     # llama_context::llama_context caps n_batch at n_ctx and n_ubatch at n_batch without a word; ggfit says so

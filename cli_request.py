@@ -136,8 +136,10 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
     be, fe = rpc_backend(s.rpc, backend_for(b.backend, speed)), frontend_of(frontend)
     if d.spec_type not in (None, "draft-simple", "draft-mtp"):
         raise fitter.ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")
+    kinds = rpc_backends(s.rpc, b.budget, s.rpc_backend) if s.rpc else ()
     budgets = Budgets.parse(b.budget, b.margin, be, host_budget=s.host_budget, split_mode=s.split_mode,
-                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget, be) if s.rpc else None)
+                            main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget, be) if s.rpc else None,
+                            remote=kinds)
     cfg = run_config(
         **context_fields(c), kv_unified=s.kv_unified, swa_full=s.swa_full, n_gpu_layers=p.n_gpu_layers,
         no_mmap=s.no_mmap, no_repack=not s.repack,
@@ -145,7 +147,7 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
         draft_type_k=d.draft_type_k, draft_type_v=d.draft_type_v, draft_n_max=d.draft_n_max,
         **placement_fields(p.n_cpu_moe, p.cpu_moe, p.override_tensor, p.no_kv_offload, s.no_op_offload, s.split_mode,
                            s.main_gpu, s.tensor_split, list(budgets.devices), be.value),
-        **adapter_fields(a), rpc=s.rpc, rpc_backends=rpc_backends(s.rpc, b.budget, s.rpc_backend) if s.rpc else (),
+        **adapter_fields(a), rpc=s.rpc, rpc_backends=kinds,
     )
     return FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                       model_draft=d.model_draft, solve_ctx=c.n_ctx is None, asked_batch=c.n_batch,
@@ -171,7 +173,7 @@ def quants_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Cont
                      n_cpu_moe=p.n_cpu_moe, cpu_moe=p.cpu_moe, override_tensor=tuple(p.override_tensor or ()),
                      no_kv_offload=p.no_kv_offload, **adapter_fields(a), rpc=rpc, tensor_split=ts,
                      rpc_backends=rpc_backends(rpc, b.budget, rpc_kinds) if rpc else ())
-    budgets = Budgets.parse(b.budget, b.margin, be, several=False, devices=devices)
+    budgets = Budgets.parse(b.budget, b.margin, be, several=False, devices=devices, remote=cfg.rpc_backends)
     fit = FitRequest(model=model, config=cfg, backend=be, frontend=fe, build=build, budgets=budgets, speed=speed,
                      model_draft=model_draft)
     return QuantsRequest(fit=fit, candidates=tuple(candidates or ()), include_imatrix=not no_imatrix)

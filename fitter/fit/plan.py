@@ -258,7 +258,7 @@ def _solve_table(req: FitRequest, path: str, header: GGUFHeader, spec: ModelSpec
                  cfg: RunConfig, kwargs: dict[str, Any]) -> Plan:
     be, fe, b, bud = req.backend, req.frontend, req.build, req.budgets
     solutions = solver.solve(header, spec, cfg, be, fe, bud.main.bytes, bud.margin_bytes, draft=draft, build=b,
-                             per_device=bud.per_device, **kwargs)
+                             per_device=bud.per_device, margins=bud.margins, **kwargs)
     rec = solver.recommend(solutions, spec.n_ctx_train)
     pred = (solver.prediction_for(header, spec, cfg, be, fe, rec, draft, build=b) if rec else
             predict(header, spec, cfg.model_copy(update={"n_ctx": 256}), be, fe, draft, build=b))
@@ -417,7 +417,7 @@ def plan_quants(req: QuantsRequest) -> QuantsPlan:
                                f.budgets.margin_bytes, candidates=req.candidates, draft=draft,
                                include_imatrix=req.include_imatrix, build=f.build,
                                rate=f.speed.rates(f.backend) if f.speed is not None else None,
-                               per_device=f.budgets.per_device)
+                               per_device=f.budgets.per_device, margins=f.budgets.margins)
     best = quant_fit.best_fit(cands)
     none = (quant_fit.why_none_fits(cands, cands[0].n_ctx, f.backend.value, spec.n_expert > 0)
             if cands and not best else None)

@@ -157,14 +157,15 @@ def evaluate(
     build: LlamaBuild = PINNED,
     rate: Callable[[str, GGUFHeader, ModelSpec, RunConfig], object] | None = None,
     per_device: dict[str, int] | None = None,
+    margins: dict[str, int] | None = None,
 ) -> list[Candidate]:
     """Every predicted ftype and every given candidate at the requested settings, sorted by file size. `rate` is
     called with each fitting one's name, header, spec and the config it was predicted at (cli_speed: its rates).
     `per_device`: a budget per device (--rpc's devices, in llama.cpp's order), each less the margin; a candidate
-    fits when every device does, its headroom the fullest device's."""
+    fits when every device does, its headroom the fullest device's; `margins`: a device's own margin where it has one."""
     available: Available = budget_bytes - margin_bytes
     if per_device:
-        available = {name: b - margin_bytes for name, b in per_device.items()}
+        available = {name: b - (margins or {}).get(name, margin_bytes) for name, b in per_device.items()}
     entries = _ftype_entries(header, spec, include_imatrix) + _candidate_entries(header, candidates)
     out = []
     hint = None  # each candidate's search starts where the last one's ended (solver.largest_fitting)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Union
 
 from fitter.fit import budget as budget_
-from fitter.fit.margin import default_host_margin
+from fitter.fit.margin import default_host_margin, device_margins
 from fitter.ggml import backends
 from fitter.llama.cparams import ConfigError
 from fitter.record import Record
@@ -208,28 +208,35 @@ class Budgets(Record):
     margin_default: bool  # --margin not given: the backend's own
     available: int
     per_device: dict[str, int] | None = None
+    # the default margin of each device where they differ (--rpc: each device its own backend's, fitter.fit.margin
+    # .device_margins); None: margin_bytes on every device
+    margins: dict[str, int] | None = None
     host: Budget | None = None  # system RAM beside a GPU (None: the CPU backend, or unified memory without one given)
     host_margin: int = 0
 
     @classmethod
     def parse(cls, budget: str, margin: str | None, backend: Backend, *, host_budget: str | None = None,
               split_mode: str = "layer", main_gpu: int = 0, several: bool = True,
-              devices: list[Budget] | None = None) -> Budgets:
+              devices: list[Budget] | None = None, remote: tuple[str, ...] = ()) -> Budgets:
         """The budgets of `fit` (several: one per GPU, and a host budget) or of `quants` (several=False: one device
-        budget); `devices`: already one per device (--rpc's, asked of the servers). A margin that leaves nothing is
-        the user's error (BudgetError)."""
+        budget); `devices`: already one per device (--rpc's, asked of the servers; `remote`: each server's backend,
+        RunConfig.rpc_backends, whose margin its device gets). A margin that leaves nothing is the user's error
+        (BudgetError)."""
         impl = backends.get(backend)
         if devices is None:
             devices = (budget_.parse_budgets(budget, backend.value) if several
                        else [budget_.parse_budget(budget, backend.value)])
-        main = devices[main_gpu] if split_mode == "none" and main_gpu < len(devices) else devices[0]
+        i_main = main_gpu if split_mode == "none" and main_gpu < len(devices) else 0
+        main = devices[i_main]
         margin_bytes = budget_.parse_margin(margin, backend.value)
-        available = budget_.available_bytes(main, margin_bytes)
+        names = impl.device_names(len(devices))
+        margins = device_margins(backend.value, len(devices), remote) if margin is None and impl.remote else None
+        available = budget_.available_bytes(main, (margins or {}).get(names[i_main], margin_bytes))
         # one budget per GPU: each device within its own (the layers split by the budgets unless -ts says otherwise)
-        per_device = (dict(zip(impl.device_names(len(devices)), (b.bytes for b in devices)))
+        per_device = (dict(zip(names, (b.bytes for b in devices)))
                       if len(devices) > 1 and split_mode != "none" else None)
-        for b in devices[1:]:
-            budget_.available_bytes(b, margin_bytes)
+        for name, b in zip(names[1:], devices[1:]):
+            budget_.available_bytes(b, (margins or {}).get(name, margin_bytes))
         # system RAM next to the GPU (default: what is available now); on the CPU everything is the one budget, and a
         # Mac's unified memory is the device budget already (a host budget there only when given)
         host = None
@@ -237,13 +244,17 @@ class Budgets(Record):
             host = budget_.parse_host_budget(host_budget)
         return cls(devices=tuple(devices), main=main, margin_bytes=margin_bytes, margin_default=margin is None,
                    available=available, per_device=per_device, host=host,
-                   host_margin=default_host_margin(backend.value))
+                   host_margin=default_host_margin(backend.value), margins=margins if per_device else None)
+
+    def margin_of(self, device: str) -> int:
+        """The margin a device's budget leaves: its own backend's (margins), else margin_bytes."""
+        return (self.margins or {}).get(device, self.margin_bytes)
 
     @property
     def avail(self) -> int | dict[str, int]:
-        """What the prediction may use: the available bytes, or per GPU (each budget less the margin)."""
+        """What the prediction may use: the available bytes, or per GPU (each budget less its margin)."""
         if self.per_device:
-            return {name: b - self.margin_bytes for name, b in self.per_device.items()}
+            return {name: b - self.margin_of(name) for name, b in self.per_device.items()}
         return self.available
 
     @property

@@ -137,12 +137,13 @@ def solve(
     ctx_max: int | None = None,
     build: LlamaBuild = PINNED,
     per_device: dict[str, int] | None = None,
+    margins: dict[str, int] | None = None,
 ) -> list[Solution]:
     """Largest n_ctx for every ubatch x K/V pair, with and without the draft (or MTP head). `per_device`: the budget
-    of each GPU by buffer name (the margin is taken from each)."""
+    of each GPU by buffer name (the margin is taken from each: `margins`' where it names the device)."""
     available: Available = budget_bytes - margin_bytes
     if per_device:
-        available = {name: b - margin_bytes for name, b in per_device.items()}
+        available = {name: b - (margins or {}).get(name, margin_bytes) for name, b in per_device.items()}
     ctx_max = ctx_max or spec.n_ctx_train
     has_spec = draft is not None or base.spec_type == "draft-mtp"
     out = []

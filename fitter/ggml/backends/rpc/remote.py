@@ -68,6 +68,7 @@ class RPCRemoteCUDABackend(RPCRemoteGPU):
 
     alignment = CUDA_ALIGNMENT  # RPC_CMD_GET_ALIGNMENT: ggml_backend_cuda_buffer_type_get_alignment
     remote_backend = "CUDA"  # the server's backend, in llama.cpp's registry names
+    overhead = CUDABackend.overhead  # the server's CUDA context and pool, as a local GPU's (fitter.fit.margin)
 
     def __init__(self) -> None:
         self.cuda = self.served = CUDABackend()
