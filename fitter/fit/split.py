@@ -6,10 +6,13 @@ output layer counted on the last. The budgets' own proportions (llama.cpp's spli
 last device holds the output layer and the logits, and that a device's compute buffer does not shrink with its
 layers: where one device fills first, moving layers off it lets the context grow.
 
-The search: for a context, fill the devices front to back, each with the most layers that keep it within its budget
-(its bytes grow with its own layers); the last takes the rest and must fit too. The largest such context is found in
-CTX_STEP steps by bisection (fits at a context imply fits below it, as for the solver). Every answer is a full
-prediction of the proposed -ts: what it reports is what ggfit predicts llama.cpp allocates.
+The search: for a context, start from llama.cpp's own split by the budgets (what -ts set to each device's available
+bytes gives, whole layers by load_tensors' upper_bound rule: _proportional), then, while a device is over its budget,
+move one layer off the device furthest over to the one with the most room (_balance); where that finds nothing, fill
+the devices front to back, each with the most layers that keep it within its budget (_fill). The largest such context
+is found in CTX_STEP steps by bisection (fits at a context imply fits below it, as for the solver), so where the
+context is not what limits (the training context fits), the split stays llama.cpp's by the budgets. Every answer is a
+full prediction of the proposed -ts: what it reports is what ggfit predicts llama.cpp allocates.
 """
 
 from __future__ import annotations
@@ -25,9 +28,43 @@ from fitter.llama_builds import PINNED, LlamaBuild
 
 
 class Split(NamedTuple):
-    tensor_split: tuple[float, ...]  # whole layers per device, llama.cpp's device order ((): none fits)
+    tensor_split: tuple[float, ...]  # whole layers per device, llama.cpp's device order ((): none fits; 0: none there)
     n_ctx: int
     pred: Prediction | None  # the prediction at that -ts and n_ctx
+
+
+def _proportional(n_layers: int, shares: list[int]) -> list[int]:
+    """Whole layers per device as llama_model::load_tensors assigns them for -ts `shares`: layer il goes to the first
+    device whose cumulative share exceeds il / n_layers (std::upper_bound over the normalised cumulative splits)."""
+    total = sum(shares)
+    if total <= 0:
+        shares, total = [1] * len(shares), len(shares)
+    cum = [sum(shares[: i + 1]) / total for i in range(len(shares))]
+    counts = [0] * len(shares)
+    for il in range(n_layers):
+        x = il / n_layers
+        counts[min(next((i for i, c in enumerate(cum) if c > x), len(cum) - 1), len(cum) - 1)] += 1
+    return counts
+
+
+def _balance(counts: list[int], devices: list[str], over: Callable[[tuple[int, ...]], dict[str, int]],
+             ) -> tuple[int, ...] | None:
+    """From `counts`, one layer at a time off the device furthest over its budget (`over`: bytes over each device's
+    budget, negative: room) onto the device with the most room, until every device fits; None when no device has room
+    for it or a split comes back."""
+    seen: set[tuple[int, ...]] = set()
+    while tuple(counts) not in seen:
+        seen.add(tuple(counts))
+        o = over(tuple(counts))
+        src = max((d for i, d in enumerate(devices) if counts[i] > 0), key=lambda d: o[d])
+        if o[src] <= 0:
+            return tuple(counts)
+        dst = min(devices, key=lambda d: o[d])
+        if o[dst] >= 0:
+            return None
+        counts[devices.index(src)] -= 1
+        counts[devices.index(dst)] += 1
+    return None
 
 
 def _fill(n_layers: int, devices: list[str], fits: Callable[[tuple[int, ...], int], bool]) -> tuple[int, ...] | None:
@@ -70,10 +107,16 @@ def propose_split(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend:
             preds[key] = predict(header, spec, cfg, backend, frontend, build=build, terms=False)
         return preds[key]
 
+    def over(counts: tuple[int, ...], n_ctx: int) -> dict[str, int]:
+        totals = pred(counts, n_ctx).device_totals()
+        return {d: totals.get(d, 0) - available[d] for d in devices}
+
+    start = _proportional(n_layers, [max(available[d], 0) for d in devices])
+
     def at(steps: int) -> tuple[int, ...] | None:
         n_ctx = steps * CTX_STEP
-        return _fill(n_layers, devices, lambda c, i: pred(c, n_ctx).device_totals().get(devices[i], 0)
-                     <= available[devices[i]])
+        return (_balance(list(start), devices, lambda c: over(c, n_ctx))
+                or _fill(n_layers, devices, lambda c, i: over(c, n_ctx)[devices[i]] <= 0))
 
     lo, hi = 0, (ctx_max or spec.n_ctx_train) // CTX_STEP
     best: tuple[int, ...] | None = None
