@@ -32,7 +32,7 @@ def test_buffer_types():
     assert [backends.get(b).host_buffer_name for b in ("cpu", "cuda", "metal")] == ["CPU", "CUDA_Host", "CPU"]
     assert backends.get("cuda").max_size() == SIZE_MAX
     assert backends.get("metal").max_size(metal_max_buffer_length=17 * GiB) == 17 * GiB
-    with pytest.raises(backends.BackendError, match="use cpu, cuda, metal or rpc"):
+    with pytest.raises(backends.BackendError, match="use cpu, cuda, metal, rpc or rpc-cuda"):
         backends.get("vulkan")
 
 
