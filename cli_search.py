@@ -46,33 +46,32 @@ def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storag
         compare_engines_run(models[0], models[1], budget=budget.budget, margin=budget.margin, trials=trials,
                             prompt_tokens=64, gen_tokens=16, llama_server=build.llama_server, seed=seed, as_json=False)
         return
-    be, fixed = _rpc_study(rpc, runner, budget, rpc_kinds)
+    be, fixed, budgets = _rpc_study(rpc, runner, budget, rpc_kinds)
     study_def = _study_with(study, {**_fixed_flags(p, no_op_offload, adapters), **fixed})
     _run_study(models, study_def, budget, storage=storage, trials=trials, runner=runner.value, drafts=drafts, seed=seed,
                no_compare=no_compare, llama_server=build.llama_server, llama_build=llama_build, speed_cut=speed_cut,
-               backend=be)
+               backend=be, rpc_budgets=budgets)
 
 
 def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions,
-               rpc_kinds: Optional[str] = None) -> tuple[Any, dict[str, Any]]:
-    """optimise --rpc: the backend with the RPC devices (rpc, or rpc-cuda beside a local GPU) and the [fixed] flags
-    every trial shares: --rpc, and -ts with a share each (the one --budget is each device's; llama.cpp would split by
-    free memory, which a study does not read)."""
+               rpc_kinds: Optional[str] = None) -> tuple[Any, dict[str, Any], Any]:
+    """optimise --rpc: the backend with the RPC devices (rpc, or rpc-cuda beside a local GPU), the [fixed] flags
+    every trial shares (--rpc and each server's backend) and the budgets as `fit` takes them (one for every device,
+    one per device in llama.cpp's order, or auto; each less its own margin: fitter.fit.request.Budgets). -ts is
+    each trial's own: the split ggfit proposes at its context (search.study.objective.Predictor.placed)."""
     be = backend_of(budget.backend)
     if not rpc:
-        return be, {}
-    from cli_rpc import rpc_backend, rpc_backends
-    from fitter.ggml import backends
-    from fitter.ggml.backends.rpc.protocol import parse_endpoints
+        return be, {}, None
+    from cli_rpc import rpc_backend, rpc_backends, rpc_budgets
+    from fitter.fit.request import Budgets
 
     if runner != RunnerName.server:  # llama-cpp-python's loader registers no RPC device
         raise fitter.ConfigError(f"--rpc {rpc}: the {runner.value} runner loads no RPC devices; use --runner server")
-    if "," in budget.budget or budget.budget.strip().lower() == "auto":
-        raise fitter.ConfigError(f"--budget {budget.budget} with --rpc: optimise takes one size, each device's budget")
     be = rpc_backend(rpc, be)
-    n = len(parse_endpoints(rpc)) + backends.get(be).local_gpus
     kinds = rpc_backends(rpc, budget.budget, rpc_kinds)
-    return be, {"rpc": rpc, "tensor_split": (1.0,) * n, **({"rpc_backends": kinds} if kinds else {})}
+    budgets = Budgets.parse(budget.budget, budget.margin, be, devices=rpc_budgets(rpc, budget.budget, be),
+                            remote=kinds)
+    return be, {"rpc": rpc, **({"rpc_backends": kinds} if kinds else {})}, budgets
 
 
 def _fixed_flags(p: PlacementOptions, no_op_offload: bool, a: AdapterOptions) -> dict[str, Any]:
@@ -100,15 +99,18 @@ def _study_with(study: str, given: dict[str, Any]) -> Any:
 def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, storage: Optional[str],
                trials: Optional[int], runner: Literal["python", "server"], drafts: Optional[list[str]],
                seed: Optional[int], no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float],
-               backend: Any = None) -> None:
+               backend: Any = None, rpc_budgets: Any = None) -> None:
     from search.study import NothingFits, run_study  # optuna: only for this command
     from search.study.prior import study_hardware
 
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
         with fitter.Progress("optimise") as live:
-            result = run_study([fitter.resolve_model(m) for m in models], study_def, budget=budget.budget,
-                               margin=budget.margin, backend=(backend or backend_of(budget.backend)).value, storage=storage,
+            b = rpc_budgets  # --rpc: the first device's budget and margin, and what each device may hold
+            result = run_study([fitter.resolve_model(m) for m in models], study_def,
+                               budget=b.main if b else budget.budget, margin=b.main.bytes - b.available if b else budget.margin,
+                               per_device=b.avail if b and b.per_device else None,
+                               backend=(backend or backend_of(budget.backend)).value, storage=storage,
                                n_trials=trials, runner=runner, drafts=drafts or (), llama_server=llama_server,
                                seed=seed, compare_defaults=not no_compare,
                                progress=lambda line: print(line, file=sys.stderr, flush=True), live=live,

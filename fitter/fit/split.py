@@ -88,48 +88,66 @@ def _fill(n_layers: int, devices: list[str], fits: Callable[[tuple[int, ...], in
     return tuple(counts) if counts[-1] > 0 and fits(tuple(counts), len(devices) - 1) else None
 
 
+class _Splitter:
+    """The split search over `available`'s devices at `base`'s flags: each context's whole layers per device (at) and
+    the prediction of a split (pred), every prediction made once."""
+
+    def __init__(self, header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
+                 available: dict[str, int], build: LlamaBuild) -> None:
+        self.args = (header, spec, base, backend, frontend, build)
+        self.available, self.devices = available, list(available)
+        # the offloaded layers, the output layer counted (llama_model::load_tensors: act_gpu_layers)
+        n_all = len(spec.layers) + 1
+        self.n_layers = n_all if base.n_gpu_layers < 0 else min(base.n_gpu_layers, n_all)
+        self.start = _proportional(self.n_layers, [max(available[d], 0) for d in self.devices])
+        self.preds: dict[tuple, Prediction] = {}
+
+    def pred(self, counts: tuple[int, ...], n_ctx: int) -> Prediction:
+        key = (counts, n_ctx)
+        if key not in self.preds:
+            header, spec, base, backend, frontend, build = self.args
+            cfg = base.model_copy(update={"n_ctx": n_ctx, "tensor_split": tuple(float(c) for c in counts)})
+            self.preds[key] = predict(header, spec, cfg, backend, frontend, build=build, terms=False)
+        return self.preds[key]
+
+    def over(self, counts: tuple[int, ...], n_ctx: int) -> dict[str, int]:
+        totals = self.pred(counts, n_ctx).device_totals()
+        return {d: totals.get(d, 0) - self.available[d] for d in self.devices}
+
+    def at(self, n_ctx: int) -> tuple[int, ...] | None:
+        """The split that fits every device at n_ctx (None: none found); llama.cpp's by the budgets where it fits."""
+        if self.n_layers < len(self.devices):
+            return None
+        counts = (_balance(list(self.start), self.devices, lambda c: self.over(c, n_ctx))
+                  or _fill(self.n_layers, self.devices, lambda c, i: self.over(c, n_ctx)[self.devices[i]] <= 0))
+        return counts if counts is not None and excess(self.pred(counts, n_ctx), self.available) <= 0 else None
+
+
 def propose_split(header: GGUFHeader, spec: ModelSpec, base: RunConfig, backend: Backend, frontend: Frontend,
                   available: dict[str, int], *, ctx_max: int | None = None, build: LlamaBuild = PINNED) -> Split:
     """The -ts (whole layers per device, in `available`'s order: llama.cpp's device order) that fits the largest
     context at `base`'s -ub and K/V types; n_ctx 0 where none fits even CTX_STEP."""
-    devices = list(available)
-    # the offloaded layers, the output layer counted (llama_model::load_tensors: act_gpu_layers)
-    n_all = len(spec.layers) + 1
-    n_layers = n_all if base.n_gpu_layers < 0 else min(base.n_gpu_layers, n_all)
-    if n_layers < len(devices):
-        return Split((), 0, None)
-    preds: dict[tuple, Prediction] = {}
-
-    def pred(counts: tuple[int, ...], n_ctx: int) -> Prediction:
-        key = (counts, n_ctx)
-        if key not in preds:
-            cfg = base.model_copy(update={"n_ctx": n_ctx, "tensor_split": tuple(float(c) for c in counts)})
-            preds[key] = predict(header, spec, cfg, backend, frontend, build=build, terms=False)
-        return preds[key]
-
-    def over(counts: tuple[int, ...], n_ctx: int) -> dict[str, int]:
-        totals = pred(counts, n_ctx).device_totals()
-        return {d: totals.get(d, 0) - available[d] for d in devices}
-
-    start = _proportional(n_layers, [max(available[d], 0) for d in devices])
-
-    def at(steps: int) -> tuple[int, ...] | None:
-        n_ctx = steps * CTX_STEP
-        return (_balance(list(start), devices, lambda c: over(c, n_ctx))
-                or _fill(n_layers, devices, lambda c, i: over(c, n_ctx)[devices[i]] <= 0))
-
+    sp = _Splitter(header, spec, base, backend, frontend, available, build)
     lo, hi = 0, (ctx_max or spec.n_ctx_train) // CTX_STEP
     best: tuple[int, ...] | None = None
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        counts = at(mid)
-        if counts is not None and excess(pred(counts, mid * CTX_STEP), available) <= 0:
+        counts = sp.at(mid * CTX_STEP)
+        if counts is not None:
             lo, best = mid, counts
         else:
             hi = mid - 1
     if best is None or lo == 0:
         return Split((), 0, None)
-    return Split(tuple(float(c) for c in best), lo * CTX_STEP, pred(best, lo * CTX_STEP))
+    return Split(tuple(float(c) for c in best), lo * CTX_STEP, sp.pred(best, lo * CTX_STEP))
+
+
+def split_at(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backend, frontend: Frontend,
+             available: dict[str, int], *, build: LlamaBuild = PINNED) -> tuple[float, ...] | None:
+    """The -ts ggfit proposes for `cfg` at its own context (optimise's trials: each its own); None where no split
+    fits every device there."""
+    counts = _Splitter(header, spec, cfg, backend, frontend, available, build).at(cfg.n_ctx)
+    return tuple(float(c) for c in counts) if counts is not None else None
 
 
 class SplitProposal(NamedTuple):

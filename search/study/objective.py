@@ -27,28 +27,54 @@ from search.workload import Workload
 
 
 class Predictor:
-    """`fitter.fit.memory.predict` for a candidate, each model file read once."""
+    """`fitter.fit.memory.predict` for a candidate, each model file read once. `per_device` (optimise --rpc): what
+    each device may hold (its budget less its margin) by llama.cpp's name, `avail` the study's available bytes."""
 
-    def __init__(self, backend: Backend, frontend: Frontend, build: LlamaBuild = PINNED):
+    def __init__(self, backend: Backend, frontend: Frontend, build: LlamaBuild = PINNED,
+                 per_device: dict[str, int] | None = None, avail: int = 0):
         self.backend, self.frontend, self.build = backend, frontend, build
+        self.per_device, self.avail = per_device, avail
         self._specs: dict[str, Any] = {}
+        self._splits: dict[str, tuple[float, ...] | None] = {}
 
     def spec(self, path: str):
         if path not in self._specs:
             self._specs[path] = load_model_spec(path)
         return self._specs[path]
 
+    def placed(self, cand: Candidate) -> Candidate:
+        """With a budget per device and no -ts given: the candidate with the -ts ggfit proposes at its own context, -ub
+        and K/V types (fitter.fit.split.split_at), else llama.cpp's split by the budgets (none fits: the trial is then
+        predicted over and skipped)."""
+        cfg = cand.config
+        if not self.per_device or not cfg.rpc or cfg.tensor_split is not None:
+            return cand
+        key = f"{cand.model_path}|{cfg.model_dump_json()}"
+        if key not in self._splits:
+            from fitter.fit.split import split_at
+
+            header, spec = self.spec(cand.model_path)
+            self._splits[key] = split_at(header, spec, cfg, self.backend, self.frontend, self.per_device,
+                                         build=self.build)
+        ts = self._splits[key] or tuple(float(max(a, 0)) for a in self.per_device.values())
+        return cand.model_copy(update={"config": cfg.model_copy(update={"tensor_split": ts})})
+
     def predict(self, cand: Candidate):
+        cand = self.placed(cand)
         header, spec = self.spec(cand.model_path)
         dm = cand.config.draft_model
         draft = self.spec(dm) if cand.config.spec_type == "draft-simple" and dm else None
         return predict(header, spec, cand.config, self.backend, self.frontend, draft, build=self.build)
 
     def device_bytes(self, pred) -> int:
-        """What the one --budget holds: the device total; with --rpc (the budget is each device's) the fullest
-        device's."""
+        """What the one --budget holds: the device total; with --rpc and one budget for every device the fullest
+        device's; with a budget per device, `avail` plus the excess of the device furthest over its own (negative:
+        the least headroom), so that comparing it with `avail` compares every device with its own budget."""
         from fitter.ggml import backends
 
+        if self.per_device:
+            totals = pred.device_totals()
+            return self.avail + max(totals.get(d, 0) - a for d, a in self.per_device.items())
         if backends.get(self.backend).remote:
             return max(pred.device_totals().values(), default=0)
         return pred.total_device_bytes
@@ -123,7 +149,7 @@ class Objective:
             raise
 
     def _run(self, trial: optuna.Trial) -> float | list[float]:
-        cand = self.space.candidate(self.space.suggest(trial))
+        cand = self.predictor.placed(self.space.candidate(self.space.suggest(trial)))  # --rpc: its -ts
         self._start(trial, cand)
         over = self._predict(trial, cand)
         self._speed(trial, cand)

@@ -140,7 +140,7 @@ def _ctx_choices(d: StudyDef, dist: LengthDistribution | None, n_ctx_train: int,
 
 def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Frontend, n_trials: int | None,
           runner: str, drafts: Sequence[str | os.PathLike[str]], workload: Workload | None,
-          confirm_rounds: int, build: LlamaBuild) -> _Plan:
+          confirm_rounds: int, build: LlamaBuild, per_device: dict[str, int] | None = None) -> _Plan:
     d = load_study(study_def)
     if workload is not None:
         d = d.model_copy(update={"workload": workload})
@@ -156,13 +156,17 @@ def _plan(model, study_def, *, budget, margin, backend: Backend, frontend: Front
     b = _as_budget(budget, backend)
     margin_bytes = margin if isinstance(margin, int) else parse_margin(margin, backend.value)
     avail = available_bytes(b, margin_bytes)
-    predictor = Predictor(backend, frontend, build)
+    predictor = Predictor(backend, frontend, build, per_device=per_device, avail=avail)
     spec0 = _same_model(predictor, models)
     for dr in drafts_l:
         predictor.spec(dr)
     ctx_need = d.workload.prompt_tokens + d.workload.gen_tokens
     dist = LengthDistribution(d.prompt_lengths) if d.prompt_lengths else None
     notes: list[str] = []
+    if per_device:  # optimise --rpc: the budget above is the first device's
+        notes.append("each device against its own budget less its margin: " + ", ".join(
+            f"{name} {a / MiB:,.0f} MiB" for name, a in per_device.items()) + "; each trial's -ts the split ggfit "
+            "proposes at its context")
     ctx_choices = _ctx_choices(d, dist, spec0.n_ctx_train, ctx_need, notes)
     space = SearchSpace(d.space, models=models, n_ctx_train=spec0.n_ctx_train, ctx_need=ctx_need, fixed=d.fixed,
                         drafts=drafts_l, has_mtp=bool(getattr(spec0, "has_mtp", False)), runner=runner,
@@ -343,19 +347,21 @@ def run_study(
     llama_build: LlamaBuild = PINNED,
     hardware: HardwareProfile | None = None,
     speed_cut: float | None = None,
+    per_device: dict[str, int] | None = None,
 ) -> StudyResult:
     """Run (or resume, or join) the study and return its best config, measured against llama.cpp's defaults (the
     arguments: the module's docstring)."""
     backend = Backend(backend)
     p = _plan(model, study_def, budget=budget, margin=margin, backend=backend, frontend=frontend, n_trials=n_trials,
-              runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build)
+              runner=runner, drafts=drafts, workload=workload, confirm_rounds=confirm_rounds, build=llama_build,
+              per_device=per_device)
     if speed_cut is not None:
         _set_speed_cut(p, speed_cut)
     d, say = p.d, _Say(progress, live)
     if feasibility:
         _check_weights(p)
     sname = name or study_name(d, p.models, budget_bytes=p.budget.bytes, margin_bytes=p.margin_bytes, backend=backend,
-                               runner=runner, drafts=p.drafts)
+                               runner=runner, drafts=p.drafts, devices=per_device)
     st, url = _storage(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prober = Prober(probe, d.workload, runner, None if backends.get(backend).is_gpu else p.budget.bytes, timeout, llama_server)
@@ -435,7 +441,7 @@ def _as_it_stands(result: StudyResult, study: optuna.Study, p: _Plan, url: str, 
 
 def _best(result: StudyResult, p: _Plan, best_t) -> Candidate:
     """The best trial's config into the result: the llama-server command and the JSON."""
-    cand = p.space.candidate(best_t.params)
+    cand = p.predictor.placed(p.space.candidate(best_t.params))  # --rpc: the trial's -ts
     result.command = cand.command()
     result.config = {"model": cand.model_path, **cand.config.model_dump(mode="json", exclude_defaults=True),
                      "threads": cand.threads, "draft_p_min": cand.draft_p_min,

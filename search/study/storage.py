@@ -107,13 +107,16 @@ def _file_id(path: str) -> dict[str, Any]:
 
 
 def study_name(study_def: StudyDef, models: Sequence[str], *, budget_bytes: int, margin_bytes: int,
-               backend: Backend, runner: str, drafts: Sequence[str] = ()) -> str:
-    """``<study>-<model stem>-<10 hex>``: stable for the same models, device, budget, runner and study definition."""
+               backend: Backend, runner: str, drafts: Sequence[str] = (), devices: dict[str, int] | None = None) -> str:
+    """``<study>-<model stem>-<10 hex>``: stable for the same models, device, budget (`devices`: what each --rpc
+    device may hold), runner and study definition."""
     payload: dict[str, Any] = {
         "models": [_file_id(m) for m in models], "drafts": [_file_id(d) for d in drafts],
         "device": device_id(backend), "budget": budget_bytes, "margin": margin_bytes, "runner": runner,
         "study": study_def.model_dump(mode="json"),
     }
+    if devices:  # a budget per device (optimise --rpc); names of the studies without one unchanged
+        payload["devices"] = devices
     if study_def.speed_cut == SPEED_CUT:  # the default leaves the names of studies made before it unchanged
         del payload["study"]["speed_cut"]
     h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]

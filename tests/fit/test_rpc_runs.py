@@ -1,6 +1,6 @@
 """probe and optimise with --rpc against a real CPU rpc-server of the pinned build on 127.0.0.1 (issue 47): the server
 runner hands --rpc to llama-server, whose weights, KV and compute land on the server (GGML_RPC_DEBUG=1 logs each
-buffer it allocates), and a study's trials do the same with the one --budget as each device's."""
+buffer it allocates), and a study's trials do the same, each device against its own --budget, each trial with the -ts ggfit proposes."""
 
 from __future__ import annotations
 
@@ -30,34 +30,47 @@ pytestmark = pytest.mark.skipif(not (_bindir() / "ggml-rpc-server").exists(),
 
 
 @pytest.fixture
-def rpc_server(tmp_path):
-    """One CPU ggml-rpc-server on a free port, logging its allocations; stopped by its pid."""
+def rpc_servers(tmp_path):
+    """start(i) -> (endpoint, log): CPU ggml-rpc-servers on free ports, each logging its allocations; stopped by
+    their pids."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "rpc.log"
-    with log.open("wb") as f:
-        p = subprocess.Popen([str(_bindir() / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                             stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "GGML_RPC_DEBUG": "1"},
-                             start_new_session=True)
-    ep = f"127.0.0.1:{port}"
-    try:
+    procs = []
+
+    def start(i: int = 0) -> tuple[str, Path]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = tmp_path / f"rpc{i}.log"
+        with log.open("wb") as f:
+            procs.append(subprocess.Popen([str(_bindir() / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port),
+                                           "-t", "1"], stdout=f, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "GGML_RPC_DEBUG": "1"}, start_new_session=True))
+        ep = f"127.0.0.1:{port}"
         for _ in range(100):
             try:
                 query_server(ep, timeout=1.0)
                 break
             except RPCError:
                 time.sleep(0.1)
-        yield ep, log
+        return ep, log
+
+    try:
+        yield start
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def rpc_server(rpc_servers):
+    """One CPU ggml-rpc-server on a free port, logging its allocations."""
+    return rpc_servers(0)
 
 
 def _ggfit(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -81,11 +94,18 @@ def test_probe_with_the_server_runner_loads_on_the_rpc_server(rpc_server) -> Non
     assert "[alloc_buffer]" in log.read_text(errors="replace")  # the weights, KV and compute went there
 
 
-def test_optimise_trials_run_with_rpc(rpc_server, tmp_path) -> None:
-    ep, log = rpc_server
-    r = _ggfit("optimise", _model(), "--rpc", ep, "--runner", "server", "--budget", "2GiB", "--trials", "2",
-               "--no-compare", "--llama-server", str(_bindir() / "llama-server"),
+def test_optimise_trials_run_with_rpc(rpc_servers, tmp_path) -> None:
+    """Two servers, a budget each as fit takes them: every trial runs with the -ts ggfit proposes at its own
+    context (here, with room on both, llama.cpp's split by the budgets, 3:1 for 3 GiB against 1 GiB less the margins),
+    not a fixed 1,1."""
+    from fitter.fit.split import _proportional
+
+    (ep0, log0), (ep1, log1) = rpc_servers(0), rpc_servers(1)
+    r = _ggfit("optimise", _model(), "--rpc", f"{ep0},{ep1}", "--runner", "server", "--budget", "3GiB,1GiB",
+               "--trials", "2", "--no-compare", "--llama-server", str(_bindir() / "llama-server"),
                "--storage", f"sqlite:///{tmp_path / 'study.db'}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert f"--rpc {ep}" in r.stdout and "-ts 1" in r.stdout
-    assert "[alloc_buffer]" in log.read_text(errors="replace")
+    margin = 301 * 2**20  # a CPU rpc-server's (fitter.fit.margin)
+    ts = ",".join(str(c) for c in _proportional(7, [3 * 2**30 - margin, 2**30 - margin]))
+    assert f"--rpc {ep0},{ep1}" in r.stdout and f"-ts {ts}" in r.stdout and ts == "6,1"
+    assert all("[alloc_buffer]" in log.read_text(errors="replace") for log in (log0, log1))

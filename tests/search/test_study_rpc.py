@@ -1,0 +1,38 @@
+"""optimise --rpc: each device against its own budget (Predictor.per_device) and each trial with the -ts ggfit
+proposes at its own context (Predictor.placed, fitter.fit.split.split_at), not a fixed 1,1,..."""
+
+from __future__ import annotations
+
+from fitter.bundled import resolve_model
+from fitter.fit.split import _proportional, split_at
+from fitter.llama.cparams import Backend, Frontend, RunConfig
+from fitter.llama.model import load_model_spec
+from search.candidate import Candidate
+from search.study.objective import Predictor
+
+MiB = 2**20
+
+
+def _cand(n_ctx: int) -> Candidate:
+    return Candidate(model_path=resolve_model("gemma3-270m"),
+                     config=RunConfig(n_ctx=n_ctx, n_ubatch=512, rpc="a:1,b:2,c:3"))
+
+
+def test_a_trial_takes_the_split_ggfit_proposes_at_its_context() -> None:
+    avail = {"RPC0": 1000 * MiB, "RPC1": 300 * MiB, "RPC2": 300 * MiB}
+    p = Predictor(Backend.RPC, Frontend.SERVER, per_device=avail, avail=avail["RPC0"])
+    header, spec = load_model_spec(resolve_model("gemma3-270m"))
+    cand = p.placed(_cand(32768))
+    ts = cand.config.tensor_split
+    assert ts == split_at(header, spec, _cand(32768).config, Backend.RPC, Frontend.SERVER, avail) == (14.0, 4.0, 1.0)
+    assert p.device_bytes(p.predict(_cand(32768))) <= p.avail  # every device within its own budget
+    small = p.placed(_cand(4096)).config.tensor_split  # room everywhere: llama.cpp's split by the budgets
+    assert small == tuple(float(c) for c in _proportional(19, list(avail.values())))
+
+
+def test_a_given_ts_is_kept_and_a_split_that_fits_nowhere_is_over() -> None:
+    avail = {"RPC0": 200 * MiB, "RPC1": 200 * MiB, "RPC2": 100 * MiB}
+    p = Predictor(Backend.RPC, Frontend.SERVER, per_device=avail, avail=avail["RPC0"])
+    given = _cand(4096).model_copy(update={"config": _cand(4096).config.model_copy(update={"tensor_split": (1.0,) * 3})})
+    assert p.placed(given).config.tensor_split == (1.0, 1.0, 1.0)
+    assert p.device_bytes(p.predict(_cand(32768))) > p.avail  # the 170 MiB output layer fits no split here
