@@ -146,7 +146,7 @@ def split_at(header: GGUFHeader, spec: ModelSpec, cfg: RunConfig, backend: Backe
              available: dict[str, int], *, build: LlamaBuild = PINNED) -> tuple[float, ...] | None:
     """The -ts ggfit proposes for `cfg` at its own context (optimise's trials: each its own); None where no split
     fits every device there."""
-    counts = _Splitter(header, spec, cfg, backend, frontend, available, build).at(cfg.n_ctx)
+    counts = _Splitter(header, spec, cfg, backend, frontend, available, build).at(cfg.n_ctx or spec.n_ctx_train)
     return tuple(float(c) for c in counts) if counts is not None else None
 
 
