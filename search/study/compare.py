@@ -86,15 +86,16 @@ def compare_verdict(objectives: Sequence[str], mine: Measurement, base: Measurem
 def same_run(a: Candidate, b: Candidate, spec, frontend: Frontend = Frontend.SERVER) -> bool:
     """Whether two candidates are the same llama.cpp run: the context llama.cpp builds (llama_context's cparams after
     llama-server's defaults, as `fitter.llama.cparams.resolve_context` mirrors them: -b 2048, -ub 512, -np auto, -fa auto
-    = on ...), the model side (-ngl, mmap, repack), the thread count run_probe passes (-t, default os.cpu_count())
-    and the drafter."""
+    = on ...), the model side (-ngl, mmap, repack), the devices (--rpc, -ts), the thread count run_probe passes (-t,
+    default os.cpu_count()) and the drafter."""
     threads = os.cpu_count() or 1  # run_probe's default
 
     def run(c: Candidate):
         cp = resolve_context(spec, c.config, frontend).model_dump(exclude={"defaults_applied"})
         cf = c.config
-        return (c.model_path, cp, c.threads or threads, cf.n_gpu_layers, cf.no_mmap, cf.no_repack, cf.spec_type,
-                cf.draft_model, cf.draft_type_k, cf.draft_type_v, c.draft_p_min if cf.spec_type != "none" else None)
+        return (c.model_path, cp, c.threads or threads, cf.n_gpu_layers, cf.no_mmap, cf.no_repack, cf.rpc,
+                cf.tensor_split, cf.spec_type, cf.draft_model, cf.draft_type_k, cf.draft_type_v,
+                c.draft_p_min if cf.spec_type != "none" else None)
 
     try:
         return run(a) == run(b)
@@ -115,7 +116,9 @@ def compare_with_defaults(result: StudyResult, study, best_t, best: Candidate, d
                           say: Callable[[str], None], live: Progress | None) -> None:
     """Probe llama.cpp's defaults (-m MODEL -c <best's context>) and the best config, alternating, and compare them
     with their measured spreads. When the best config is the defaults' own run, say so: nothing to compare."""
-    base = Candidate(model_path=model0, config=RunConfig(n_ctx=best.config.n_ctx), threads=None)
+    # --rpc stays (the devices are the setup, not a choice), -ts not: llama.cpp splits by the devices' free memory
+    base = Candidate(model_path=model0, config=RunConfig(n_ctx=best.config.n_ctx, rpc=best.config.rpc,
+                                                         rpc_backends=best.config.rpc_backends), threads=None)
     base_flags = base.short(model_label=Path(model0).name) + " (llama-server defaults)"
     if same_run(best, base, predictor.spec(model0)[1], predictor.frontend):
         mine = _trial_measurement(best_t, best.short())

@@ -45,18 +45,20 @@ class Predictor:
     def placed(self, cand: Candidate) -> Candidate:
         """With a budget per device and no -ts given: the candidate with the -ts ggfit proposes at its own context, -ub
         and K/V types (fitter.fit.split.split_at), else llama.cpp's split by the budgets (none fits: the trial is then
-        predicted over and skipped)."""
+        predicted over and skipped). A candidate the space did not propose (no params: llama.cpp's defaults, the
+        compare's baseline) gets llama.cpp's split by free memory, here the budgets."""
         cfg = cand.config
         if not self.per_device or not cfg.rpc or cfg.tensor_split is not None:
             return cand
         key = f"{cand.model_path}|{cfg.model_dump_json()}"
-        if key not in self._splits:
+        if cand.params and key not in self._splits:
             from fitter.fit.split import split_at
 
             header, spec = self.spec(cand.model_path)
             self._splits[key] = split_at(header, spec, cfg, self.backend, self.frontend, self.per_device,
                                          build=self.build)
-        ts = self._splits[key] or tuple(float(max(a, 0)) for a in self.per_device.values())
+        proposed = self._splits.get(key) if cand.params else None
+        ts = proposed or tuple(float(max(a, 0)) for a in self.per_device.values())
         return cand.model_copy(update={"config": cfg.model_copy(update={"tensor_split": ts})})
 
     def predict(self, cand: Candidate):

@@ -13,8 +13,9 @@ from search.study.objective import Predictor
 MiB = 2**20
 
 
-def _cand(n_ctx: int) -> Candidate:
-    return Candidate(model_path=resolve_model("gemma3-270m"),
+def _cand(n_ctx: int, trial: bool = True) -> Candidate:
+    """A candidate the space proposed (params given), or llama.cpp's defaults (trial=False)."""
+    return Candidate(model_path=resolve_model("gemma3-270m"), params={"n_ctx": n_ctx} if trial else {},
                      config=RunConfig(n_ctx=n_ctx, n_ubatch=512, rpc="a:1,b:2,c:3"))
 
 
@@ -36,3 +37,13 @@ def test_a_given_ts_is_kept_and_a_split_that_fits_nowhere_is_over() -> None:
     given = _cand(4096).model_copy(update={"config": _cand(4096).config.model_copy(update={"tensor_split": (1.0,) * 3})})
     assert p.placed(given).config.tensor_split == (1.0, 1.0, 1.0)
     assert p.device_bytes(p.predict(_cand(32768))) > p.avail  # the 170 MiB output layer fits no split here
+
+
+def test_llama_cpps_defaults_split_by_the_budgets() -> None:
+    """The compare's baseline (no params: not proposed by the space) is predicted with llama.cpp's split by free
+    memory, the budgets here; a trial of the same config keeps ggfit's split."""
+    avail = {"RPC0": 1000 * MiB, "RPC1": 300 * MiB, "RPC2": 300 * MiB}
+    p = Predictor(Backend.RPC, Frontend.SERVER, per_device=avail, avail=avail["RPC0"])
+    assert p.placed(_cand(32768)).config.tensor_split == (14.0, 4.0, 1.0)
+    assert p.placed(_cand(32768, trial=False)).config.tensor_split == tuple(float(a) for a in avail.values())
+    assert p.placed(_cand(32768)).config.tensor_split == (14.0, 4.0, 1.0)
