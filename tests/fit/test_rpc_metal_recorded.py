@@ -1,8 +1,9 @@
 """--rpc with a Mac's Metal rpc-server (`rpc-server -d MTL0`), replayed where a recording exists (none yet: no Mac
-here). On a Mac with the pinned llama.cpp built with Metal and GGML_RPC=ON:
+here). On an Apple Silicon Mac (search.build_server builds the pinned llama-server and ggml-rpc-server there with
+GGML_RPC=ON, and CMake turns Metal on by default on macOS; untested here):
 
-    PYTHONPATH=. python3 benchmarks/rpc_here.py --bindir BUILD/bin --server-args '-d MTL0' --rpc-devices-only \\
-        --no-dry --out benchmarks/results/rpc-metal-server-mac.json
+    PYTHONPATH=. python3 benchmarks/rpc_here.py --server-args '-d MTL0' --rpc-devices-only --no-dry \\
+        --out benchmarks/results/rpc-metal-server-mac.json
 
 records every buffer each server allocated (GGML_RPC_DEBUG); these tests then hold every RPC buffer to the byte, as
 tests/fit/test_rpc_cuda_server_recorded.py does for CUDA servers. Until then tests/fit/test_rpc_metal.py holds the
