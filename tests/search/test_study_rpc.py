@@ -9,6 +9,7 @@ from fitter.llama.cparams import Backend, Frontend, RunConfig
 from fitter.llama.model import load_model_spec
 from search.candidate import Candidate
 from search.study.objective import Predictor
+from tests.fit.test_rpc import fake_server  # noqa: F401 (the fixture)
 
 MiB = 2**20
 
@@ -47,3 +48,19 @@ def test_llama_cpps_defaults_split_by_the_budgets() -> None:
     assert p.placed(_cand(32768)).config.tensor_split == (14.0, 4.0, 1.0)
     assert p.placed(_cand(32768, trial=False)).config.tensor_split == tuple(float(a) for a in avail.values())
     assert p.placed(_cand(32768)).config.tensor_split == (14.0, 4.0, 1.0)
+
+
+def test_optimise_takes_the_budgets_as_fit_does(fake_server) -> None:  # noqa: F811
+    """optimise --rpc's budgets: one per device or auto (each server's answer), each less its own margin; only --rpc
+    and the servers' backends are fixed (no -ts)."""
+    from cli_options import BudgetOptions, RunnerName
+    from cli_search import _rpc_study
+    from fitter.fit.margin import default_margin
+
+    mac = fake_server([(20 * 2**30, 25559 * MiB)], max_size=21 * 2**30)
+    cpu = fake_server([(8 * 2**30, 8 * 2**30)])
+    be, fixed, b = _rpc_study(f"{mac},{cpu}", RunnerName.server, BudgetOptions(budget="auto"))
+    assert be == Backend.RPC and fixed == {"rpc": f"{mac},{cpu}", "rpc_backends": ("MTL", "CPU")}
+    assert b.avail == {"RPC0": 20 * 2**30 - default_margin("metal"), "RPC1": 8 * 2**30 - default_margin("rpc")}
+    _, fixed, b = _rpc_study("a:1,b:2", RunnerName.server, BudgetOptions(budget="3GiB,1GiB"))
+    assert fixed == {"rpc": "a:1,b:2"} and b.avail == {"RPC0": 3 * 2**30 - 301 * MiB, "RPC1": 2**30 - 301 * MiB}
