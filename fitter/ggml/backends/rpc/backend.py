@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from fitter.ggml.backends.base import HOST_ALIGNMENT, Backend, BackendImpl, Overhead
+from fitter.ggml.backends.base import HOST_ALIGNMENT, Backend, BackendError, BackendImpl, Overhead
 from fitter.ggml.tensor import Tensor
 from fitter.llama_builds import LlamaBuild
 
@@ -26,6 +26,14 @@ SLOT = 32
 REMOTE_GPU = 32  # a CUDA rpc-server's device
 REMOTE_METAL = 64  # a Metal rpc-server's device (a Mac: rpc-server -d MTL0)
 REMOTE_IDS = {"CPU": 0, "CUDA": REMOTE_GPU, "MTL": REMOTE_METAL}
+
+
+def _server_offset(name: str) -> int:
+    """The id offset of a server's backend by llama.cpp's registry name (METAL: MTL, as --rpc-backend takes it)."""
+    key = {"METAL": "MTL"}.get(name.strip().upper(), name.strip().upper())
+    if key not in REMOTE_IDS:
+        raise BackendError(f"rpc-server backend '{name}': CPU, CUDA or MTL (a Mac's Metal)")
+    return REMOTE_IDS[key]
 
 
 class RPCBackend(BackendImpl):
@@ -57,7 +65,7 @@ class RPCBackend(BackendImpl):
     remote_servers: dict[int, BackendImpl] = {}
 
     def device_ids(self, n_gpus: int, remote: tuple[str, ...] = ()) -> list[int]:
-        return [i + (REMOTE_IDS[remote[i].upper()] if i < len(remote) else 0) for i in range(n_gpus)]
+        return [i + (_server_offset(remote[i]) if i < len(remote) else 0) for i in range(n_gpus)]
 
     def buffer_name(self, device: int) -> str:
         return f"RPC{device % SLOT}"
