@@ -9,8 +9,7 @@ from typing import Any
 
 from fitter.llama.cparams import ConfigError
 from fitter.record import Record
-from fitter.session.router import host_on_budget
-from fitter.session.server import MIB, CacheFlags, ServerSession, server_session
+from fitter.session.server import MIB, CacheFlags, ServerSession, host_on_budget, server_session
 
 
 class SessionAsk(Record):

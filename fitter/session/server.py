@@ -20,7 +20,8 @@ The model: distinct prompts (no shared prefix), one at a time, each of `prompt` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import field
 
 from fitter.llama.cparams import ContextParams
 from fitter.llama.hparams import ModelSpec
@@ -97,6 +98,15 @@ class ServerSession(Record):
         return self.limit.bytes + self.allocator_bytes
 
 
+def host_on_budget(backend) -> bool:
+    """Whether host memory (the prompt cache, checkpoints) counts against the device budget: the CPU's one RAM, or a
+    unified memory (Metal); next to a discrete GPU it is the host budget's."""
+    from fitter.ggml import backends
+
+    impl = backends.get(backend)
+    return not impl.is_gpu or impl.unified_memory
+
+
 def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int) -> list[int]:
     """n_tokens at each checkpoint one prompt processed from scratch leaves in its slot (server_context::
     update_slots: batches of at most n_batch break 4 + n_ubatch and 4 tokens before the end; a checkpoint is made
@@ -121,34 +131,38 @@ def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int)
     return out
 
 
-@dataclass
-class _Slot:
+class _Slot(Record, frozen=False):
     prompt: int | None = None  # request id whose tokens it holds
     t_last: int = -1
     checkpoints: int = 0  # bytes
 
 
-@dataclass
-class _Cache:
+class _Cache(Record, frozen=False):
     limit_bytes: int  # 0 = no limit
     limit_tokens: int
-    entries: list[tuple[int, int, int]] = field(default_factory=list)  # (request id, bytes, tokens), oldest first
+    entries: deque[tuple[int, int, int]] = field(default_factory=deque)  # (request id, bytes, tokens), oldest first
+    ids: set[int] = field(default_factory=set)  # the entries' request ids
     size: int = 0
     n_tokens: int = 0
+    settled: bool = False  # update() found nothing to evict, and nothing changed since: it would find nothing again
 
     def _push(self, e: tuple[int, int, int]) -> None:
+        self.settled = False
         self.entries.append(e)
+        self.ids.add(e[0])
         self.size += e[1]
         self.n_tokens += e[2]
 
     def _pop(self) -> None:
-        e = self.entries.pop(0)
+        self.settled = False
+        e = self.entries.popleft()
+        self.ids.discard(e[0])
         self.size -= e[1]
         self.n_tokens -= e[2]
 
     def alloc(self, prompt: int, size: int, tokens: int) -> None:
         # server_prompt_cache::alloc
-        if any(e[0] == prompt for e in self.entries):
+        if prompt in self.ids:
             return  # "prompt is already in the cache"
         if self.limit_bytes > 0 and size > self.limit_bytes:
             return  # "exceeds cache size limit, skipping"
@@ -159,14 +173,19 @@ class _Cache:
 
     def update(self) -> None:
         # server_prompt_cache::update
+        if self.settled:
+            return
+        n = len(self.entries)
         if self.limit_bytes > 0:
             while self.entries and self.size > self.limit_bytes:
                 self._pop()
-        per_token = max(1.0, self.size / max(1, self.n_tokens))
-        cur = max(self.limit_tokens, int(self.limit_bytes / per_token)) if self.limit_bytes > 0 else self.limit_tokens
-        if self.limit_tokens > 0:
+        if self.limit_tokens > 0 and self.n_tokens > self.limit_tokens:  # else within `cur` below
+            per_token = max(1.0, self.size / max(1, self.n_tokens))
+            cur = (max(self.limit_tokens, int(self.limit_bytes / per_token)) if self.limit_bytes > 0
+                   else self.limit_tokens)
             while self.entries and self.n_tokens > cur:
                 self._pop()
+        self.settled = len(self.entries) == n
 
 
 def _save(cache: _Cache, slot: _Slot, entry: int, tokens: int) -> None:

@@ -12,7 +12,7 @@ experts), does 2 FLOPs per weight and token of the weights it uses, and attends 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
@@ -21,6 +21,7 @@ from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import RunConfig
 from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.weights import CPU_DEV, tensor_instances
+from fitter.record import Record
 
 # ggml types by how their matrix kernels behave (dequantization work per byte differs)
 TYPE_CLASSES: dict[str, str] = {
@@ -38,8 +39,7 @@ def type_class(type_name: str) -> str:
     return TYPE_CLASSES.get(type_name.upper(), "iq")
 
 
-@dataclass
-class DeviceWork:
+class DeviceWork(Record, frozen=False):
     """One device's share of a token: bytes and FLOPs by type class."""
 
     device: int  # a GPU index, or CPU_DEV
@@ -64,8 +64,7 @@ class DeviceWork:
         table[cls] = table.get(cls, 0.0) + v
 
 
-@dataclass
-class Work:
+class Work(Record, frozen=False):
     """A config's work per token on each device, and what the run crosses between them."""
 
     devices: dict[int, DeviceWork]
