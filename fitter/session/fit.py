@@ -123,8 +123,10 @@ def session_of(r: Any, ask: SessionAsk) -> FitSession | None:
     dcp = r.pred.draft_context
     draft = None if dcp is None else (r.spec, dcp, True) if r.cfg.spec_type == "draft-mtp" else (r.draft[1], dcp, False)
 
+    sizes: dict[tuple[int, bool], int] = {}  # the states' and checkpoints' bytes, the same for every run's flags
+
     def run(fl: CacheFlags) -> ServerSession:
-        return server_session(r.spec, cp, p, gen, [requests], fl, draft=draft)
+        return server_session(r.spec, cp, p, gen, [requests], fl, draft=draft, sizes=sizes)
 
     s = run(flags)
     if not host_on_budget(r.be):
