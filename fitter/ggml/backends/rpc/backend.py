@@ -17,7 +17,7 @@ from fitter.ggml.tensor import Tensor
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
-_DEVICE = re.compile(r"RPC\d+")
+_DEVICE = r"RPC\d+"  # compiled on first use (re's cache), not at every command's import
 
 
 class RPCBackend(BackendImpl):
@@ -43,7 +43,7 @@ class RPCBackend(BackendImpl):
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")
 
     def is_device_buffer(self, buffer: str) -> bool:
-        return bool(_DEVICE.fullmatch(buffer))
+        return bool(re.fullmatch(_DEVICE, buffer))
 
     def supports_op(self, t: Tensor) -> bool:
         return True  # ggml_backend_rpc_device_supports_op: the remote is not asked
