@@ -125,10 +125,12 @@ def session_of(r: Any, ask: SessionAsk) -> FitSession | None:
 
     sizes: dict[tuple[int, bool], int] = {}  # the states' and checkpoints' bytes, the same for every run's flags
 
-    def run(fl: CacheFlags) -> ServerSession:
-        return server_session(r.spec, cp, p, gen, [requests], fl, draft=draft, sizes=sizes)
+    def run(fl: CacheFlags, n_requests: tuple[int, ...] = ()) -> ServerSession:
+        """The session with these flags: its points after n_requests (none for a proposed cap: only its ceiling,
+        a closed form, is printed)."""
+        return server_session(r.spec, cp, p, gen, list(n_requests), fl, draft=draft, sizes=sizes)
 
-    s = run(flags)
+    s = run(flags, (requests,))
     if not host_on_budget(r.be):
         where = "host"
         headroom = None if r.host is None or r.host_avail is None else r.host_avail - r.pred.host_bytes
