@@ -28,8 +28,9 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
     """{"prefill_tps", "decode_tps", "prompt_tokens", "depth", "hardware", "backend", "calibrated"} for the probe's
     config, or None where the model cannot say (an unknown architecture, a config it refuses): the probe's own
     result stands whatever the speed model makes of it."""
-    from fitter.speed import calibration, predict_speed
+    from fitter.speed import calibration
     from fitter.speed.machine import detect, host_needed, with_host
+    from fitter.speed.predict import predict_speed
 
     try:
         header, spec = load_model_spec(os.fspath(model_path))

@@ -51,6 +51,21 @@ def test_the_process_caches_are_cleared_before_each_test() -> None:
     assert not context._CACHE and not traced_graph._TRACED and not header_cache.is_enabled()
 
 
+def test_trace_state_lives_on_objects_the_fixture_resets() -> None:
+    """The two flags a graph's build reads (the guards being recorded, whether to trace) are attributes of objects
+    that CACHES holds, so that the tests' fixture resets them as it empties the memos."""
+    from fitter.cache import CACHES
+    from fitter.ggml.symbolic import RECORDING
+    from fitter.llama.traced_graph import TRACING, predict_once
+
+    with predict_once():
+        assert not TRACING.on
+    assert TRACING.on
+    RECORDING.guards, TRACING.on = set(), False
+    CACHES.clear("traced")
+    assert RECORDING.guards is None and TRACING.on
+
+
 # a comparison of a backend with one backend's name: Backend.METAL == ..., != "cuda", in ("metal", ...), "cuda" in b,
 # or a table keyed by names: {Backend.CUDA: ..., }, {"cpu": ...}
 _NAME = r"""(Backend\.(CPU|CUDA|METAL)|["'](cpu|cuda|metal)["'])"""

@@ -19,8 +19,8 @@ from fitter.llama.cparams import ConfigError, Frontend, RunConfig
 from fitter.llama.hparams import ModelSpec
 from fitter.llama_builds import PINNED, LlamaBuild
 from fitter.record import Record
-from fitter.speed import DEFAULT_GEN, SpeedPrediction, predict_speed
 from fitter.speed.hardware import HardwareProfile
+from fitter.speed.predict import DEFAULT_GEN, SpeedPrediction, predict_speed
 
 UBATCHES = (512, 1024, 2048)
 SPAN = 4  # lever steps beyond the choice

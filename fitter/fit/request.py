@@ -133,9 +133,6 @@ class Speed:
                 bench: object = None, scale: dict[str, float] | None = None) -> SpeedResult | None:
         """The config's SpeedPrediction and the notes that go with it, or None (and `note`: why). `bench`: a
         llama-bench row's test (its prompt, depth and threads) with `scale` instead of the stored calibration."""
-        from fitter.speed import predict_speed
-        from fitter.speed.machine import host_needed
-
         p = self.profile
         if self.off or p is None:
             return None
@@ -149,6 +146,9 @@ class Speed:
             self.note = (f"speed not predicted: --backend {backend.value} on {on}; "
                          "--hardware NAME names the device whose rates to predict")
             return None
+        from fitter.speed.machine import host_needed  # the model of rates only where it predicts
+        from fitter.speed.predict import predict_speed
+
         needed = host_needed(header, spec, config, backend, n_gpus)
         hw = self.host(needed)
         cal = self.calibration() if bench is None else None

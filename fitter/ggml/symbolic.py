@@ -18,6 +18,8 @@ import operator
 import threading
 from typing import Any, Callable
 
+from fitter.cache import CACHES
+
 # the variables: 0 the full KV cache's cells (n_ctx_seq), 1 the sliding-window cache's (swa_cells), 2 the tokens
 # of the reserved ubatch in units of a power of two (GraphContext.tokens_unit: GGML_PAD and chunkings stay exact)
 N_VARS = 3
@@ -32,11 +34,21 @@ _ZERO = (0,) * N_MONO
 # (coefficients, constant, op, argument, expected): op(value, argument) == expected must hold for a reuse
 Guard = tuple[tuple[int, ...], int, Callable[[Any, Any], Any], Any, Any]
 
-_local = threading.local()  # .guards: the trace this thread is recording (None or absent: none)
+class Recording(threading.local):
+    """The guards of the trace this thread records (`trace`; None: none), on this object, not in a module name;
+    CACHES.clear() (the tests' fixture) ends any a failed test left."""
+
+    guards: set[Guard] | None = None
+
+    def clear(self) -> None:
+        self.guards = None
+
+
+RECORDING = CACHES.keep(Recording(), "traced")
 
 
 def _record(k: tuple[int, ...], c: int, op: Callable[[Any, Any], Any], arg: Any, expected: Any) -> None:
-    g = getattr(_local, "guards", None)
+    g = RECORDING.guards
     if g is not None:
         g.add((k, c, op, arg, expected))
 
@@ -238,11 +250,11 @@ class trace:
     """`with trace() as guards:` records the guards of the Syms used inside it."""
 
     def __enter__(self) -> set[Guard]:
-        self.prev = getattr(_local, "guards", None)
+        self.prev = RECORDING.guards
         g: set[Guard] = set()
-        _local.guards = g
+        RECORDING.guards = g
         return g
 
     def __exit__(self, *exc: object) -> None:
-        _local.guards = self.prev
+        RECORDING.guards = self.prev
 

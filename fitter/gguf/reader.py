@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitter.errors import GGUFError, SourceError, UnsupportedModelError
 from fitter.gguf import header_cache
 from fitter.gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
-from fitter.gguf.cursor import _Cursor, _read_array, _read_value
 from fitter.gguf.header import (
     _GGML_TYPE_BY_ID,
     _VALUE_TYPE_BY_ID,
@@ -31,6 +30,9 @@ from fitter.gguf.header import (
 )
 from fitter.gguf.source import ByteSource, FileSource, open_source
 from fitter.gguf.split import whole_model
+
+if TYPE_CHECKING:
+    from fitter.gguf.cursor import _Cursor
 
 GGML_MAX_DIMS = 4  # ggml.h
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses names of this length or longer
@@ -92,6 +94,8 @@ def read_header_from(src: ByteSource, shard: int = 0) -> GGUFHeader:
     It reads the header in file order with the checks of gguf_init_from_reader (ggml/src/gguf.cpp) where they
     fall, so that each refusal can be matched to upstream's.
     """
+    from fitter.gguf.cursor import _Cursor, _read_array, _read_value  # a parse only: a cached header needs none
+
     cur = _Cursor(src)
     if cur.size == 0:
         raise cur.fail("the file is empty (0 bytes), not a GGUF file", 0)

@@ -73,8 +73,9 @@ class FileSource:
             pass
 
 
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
-_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)")
+# compiled on first use (re's cache): only a URL's reads parse them, not every command's import
+_CONTENT_RANGE = r"bytes\s+(\d+)-(\d+)/(\d+|\*)"
+_UNSATISFIED_RANGE = r"bytes\s+\*/(\d+)"
 
 
 class HttpSource:
@@ -124,7 +125,7 @@ class HttpSource:
             with e:  # closes the connection without reading the error body
                 if e.code == 416:
                     # Past the end; "bytes */N" tells the size (an empty file answers this to bytes=0-...).
-                    m = _UNSATISFIED_RANGE.match(e.headers.get("Content-Range", "") if e.headers else "")
+                    m = re.match(_UNSATISFIED_RANGE, e.headers.get("Content-Range", "") if e.headers else "")
                     if m:
                         self.size = int(m.group(1))
                     if self.size >= 0:
@@ -136,7 +137,7 @@ class HttpSource:
                     f"{self.name}: the server does not support HTTP Range requests (answered {resp.status} "
                     "to a ranged GET); download the file and pass its path instead"
                 )
-            m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+            m = re.match(_CONTENT_RANGE, resp.headers.get("Content-Range", ""))
             if not m or m.group(3) == "*":
                 raise SourceError(f"{self.name}: the server's 206 answer has no usable Content-Range header")
             start, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))

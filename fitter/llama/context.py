@@ -61,7 +61,7 @@ from fitter.llama.layer_segments import (  # noqa: F401  (_emulate_full, _flatte
     _simulate,
 )
 from fitter.llama.models import default_details, has_mtp_graph, model_of
-from fitter.llama.traced_graph import _TRACED, _TRACED_BY_CONTENT, _TRACED_MAX, _TRACING, _Traced
+from fitter.llama.traced_graph import _TRACED, _TRACED_BY_CONTENT, _TRACED_MAX, TRACING, _Traced
 from fitter.llama.weights import CPU_DEV, WeightPlacement, device_buffer_name, weight_placement
 from fitter.record import Record
 
@@ -91,7 +91,7 @@ def _allocated(c: GraphContext, ga: Gallocr, details: GraphDetails | None, key: 
                     header_types_read[0] = True
                 return hit.run(ga)
     prepare = _prepare_mtp if c.mtp else _prepare
-    if key is None or not _TRACING.get():
+    if key is None or not TRACING.on:
         return prepare(c, pl, copy_size)[0](ga)
     read_before = header_types_read[0]
     header_types_read[0] = False

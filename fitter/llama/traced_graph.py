@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from contextvars import ContextVar
+import threading
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Callable, Iterator
@@ -240,7 +240,19 @@ atexit.register(_TRACED_BY_CONTENT.clear)
 # a few graphs, the most recently used: a search or a sweep asks one (model, ubatch, K/V type) after another, and
 # every graph kept is ~3K objects the cyclic collector walks again and again (and once more at exit)
 _TRACED_MAX = 4
-_TRACING: ContextVar[bool] = ContextVar("ggfit_tracing", default=True)  # whether a graph built is traced for reuse (predict_once: not)
+
+
+class Tracing(threading.local):
+    """Whether a graph built now, in this thread, is traced for reuse (predict_once: not), on this object rather than
+    in a module name; CACHES.clear() (the tests' fixture) restores the default."""
+
+    on: bool = True
+
+    def clear(self) -> None:
+        self.on = True
+
+
+TRACING = CACHES.keep(Tracing(), "traced")
 
 
 @contextlib.contextmanager
@@ -248,11 +260,11 @@ def predict_once() -> Iterator[None]:
     """Inside, a graph is built and allocated for its one prediction, not traced for another n_ctx or n_ubatch
     (a traced graph already kept is still reused): for a caller that asks each model, context and placement once, as
     `ggfit fit -c` does, the trace is work no later prediction uses (~6% of that command's instructions)."""
-    token = _TRACING.set(False)
+    was, TRACING.on = TRACING.on, False
     try:
         yield
     finally:
-        _TRACING.reset(token)
+        TRACING.on = was
 
 
 def _reachable(segs: list[Segment]) -> dict[Tensor, None]:

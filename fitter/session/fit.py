@@ -9,8 +9,7 @@ from typing import Any
 
 from fitter.llama.cparams import ConfigError
 from fitter.record import Record
-from fitter.session.router import host_on_budget
-from fitter.session.server import MIB, CacheFlags, ServerSession, server_session
+from fitter.session.server import MIB, CacheFlags, ServerSession, host_on_budget, server_session
 
 
 class SessionAsk(Record):
@@ -124,10 +123,14 @@ def session_of(r: Any, ask: SessionAsk) -> FitSession | None:
     dcp = r.pred.draft_context
     draft = None if dcp is None else (r.spec, dcp, True) if r.cfg.spec_type == "draft-mtp" else (r.draft[1], dcp, False)
 
-    def run(fl: CacheFlags) -> ServerSession:
-        return server_session(r.spec, cp, p, gen, [requests], fl, draft=draft)
+    sizes: dict[tuple[int, bool], int] = {}  # the states' and checkpoints' bytes, the same for every run's flags
 
-    s = run(flags)
+    def run(fl: CacheFlags, n_requests: tuple[int, ...] = ()) -> ServerSession:
+        """The session with these flags: its points after n_requests (none for a proposed cap: only its ceiling,
+        a closed form, is printed)."""
+        return server_session(r.spec, cp, p, gen, list(n_requests), fl, draft=draft, sizes=sizes)
+
+    s = run(flags, (requests,))
     if not host_on_budget(r.be):
         where = "host"
         headroom = None if r.host is None or r.host_avail is None else r.host_avail - r.pred.host_bytes

@@ -19,6 +19,7 @@ from pathlib import Path
 from fitter.errors import GGFitError
 from fitter.llama.cparams import SERVER_FLAGS
 from fitter.record import Record
+from fitter.session.server import host_on_budget
 
 PRESET_KEYS = {"load-on-startup", "stop-timeout", "dedup-cache-models"}  # common_params_add_preset_options
 MODELS_MAX_DEFAULT = 4  # common_params::models_max
@@ -141,15 +142,6 @@ def largest_group(models: list[Resident], available: int) -> list[str]:
             best = max(fits, key=lambda g: sum(m.bytes for m in g))
             return [m.name for m in best]
     return []
-
-
-def host_on_budget(backend) -> bool:
-    """Whether host memory (the prompt cache, checkpoints) counts against the device budget: the CPU's one RAM, or a
-    unified memory (Metal); next to a discrete GPU it is the host budget's."""
-    from fitter.ggml import backends
-
-    impl = backends.get(backend)
-    return not impl.is_gpu or impl.unified_memory
 
 
 def session_flags(args: list[str]):

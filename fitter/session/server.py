@@ -20,7 +20,8 @@ The model: distinct prompts (no shared prefix), one at a time, each of `prompt` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import field
 
 from fitter.llama.cparams import ContextParams
 from fitter.llama.hparams import ModelSpec
@@ -97,6 +98,15 @@ class ServerSession(Record):
         return self.limit.bytes + self.allocator_bytes
 
 
+def host_on_budget(backend) -> bool:
+    """Whether host memory (the prompt cache, checkpoints) counts against the device budget: the CPU's one RAM, or a
+    unified memory (Metal); next to a discrete GPU it is the host budget's."""
+    from fitter.ggml import backends
+
+    impl = backends.get(backend)
+    return not impl.is_gpu or impl.unified_memory
+
+
 def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int) -> list[int]:
     """n_tokens at each checkpoint one prompt processed from scratch leaves in its slot (server_context::
     update_slots: batches of at most n_batch break 4 + n_ubatch and 4 tokens before the end; a checkpoint is made
@@ -121,34 +131,38 @@ def checkpoint_positions(n_prompt: int, n_batch: int, n_ubatch: int, n_max: int)
     return out
 
 
-@dataclass
-class _Slot:
+class _Slot(Record, frozen=False):
     prompt: int | None = None  # request id whose tokens it holds
     t_last: int = -1
     checkpoints: int = 0  # bytes
 
 
-@dataclass
-class _Cache:
+class _Cache(Record, frozen=False):
     limit_bytes: int  # 0 = no limit
     limit_tokens: int
-    entries: list[tuple[int, int, int]] = field(default_factory=list)  # (request id, bytes, tokens), oldest first
+    entries: deque[tuple[int, int, int]] = field(default_factory=deque)  # (request id, bytes, tokens), oldest first
+    ids: set[int] = field(default_factory=set)  # the entries' request ids
     size: int = 0
     n_tokens: int = 0
+    settled: bool = False  # update() found nothing to evict, and nothing changed since: it would find nothing again
 
     def _push(self, e: tuple[int, int, int]) -> None:
+        self.settled = False
         self.entries.append(e)
+        self.ids.add(e[0])
         self.size += e[1]
         self.n_tokens += e[2]
 
     def _pop(self) -> None:
-        e = self.entries.pop(0)
+        self.settled = False
+        e = self.entries.popleft()
+        self.ids.discard(e[0])
         self.size -= e[1]
         self.n_tokens -= e[2]
 
     def alloc(self, prompt: int, size: int, tokens: int) -> None:
         # server_prompt_cache::alloc
-        if any(e[0] == prompt for e in self.entries):
+        if prompt in self.ids:
             return  # "prompt is already in the cache"
         if self.limit_bytes > 0 and size > self.limit_bytes:
             return  # "exceeds cache size limit, skipping"
@@ -159,14 +173,19 @@ class _Cache:
 
     def update(self) -> None:
         # server_prompt_cache::update
+        if self.settled:
+            return
+        n = len(self.entries)
         if self.limit_bytes > 0:
             while self.entries and self.size > self.limit_bytes:
                 self._pop()
-        per_token = max(1.0, self.size / max(1, self.n_tokens))
-        cur = max(self.limit_tokens, int(self.limit_bytes / per_token)) if self.limit_bytes > 0 else self.limit_tokens
-        if self.limit_tokens > 0:
+        if self.limit_tokens > 0 and self.n_tokens > self.limit_tokens:  # else within `cur` below
+            per_token = max(1.0, self.size / max(1, self.n_tokens))
+            cur = (max(self.limit_tokens, int(self.limit_bytes / per_token)) if self.limit_bytes > 0
+                   else self.limit_tokens)
             while self.entries and self.n_tokens > cur:
                 self._pop()
+        self.settled = len(self.entries) == n
 
 
 def _save(cache: _Cache, slot: _Slot, entry: int, tokens: int) -> None:
@@ -197,10 +216,16 @@ def _request(k: int, slots: list[_Slot], cache: _Cache | None, idle_saves: bool,
     lru.prompt, lru.t_last, lru.checkpoints = k, k, ckpt
 
 
-def _point(n: int, slots: list[_Slot], cache: _Cache | None) -> SessionPoint:
+def _totals(slots: list[_Slot], cache: _Cache | None) -> tuple[int, int, int, int]:
+    """(cache bytes, entries, tokens, the slots' checkpoint bytes) now."""
     size, entries, tokens = (cache.size, len(cache.entries), cache.n_tokens) if cache is not None else (0, 0, 0)
+    return size, entries, tokens, sum(s.checkpoints for s in slots)
+
+
+def _point(n: int, totals: tuple[int, int, int, int]) -> SessionPoint:
+    size, entries, tokens, ckpt = totals
     return SessionPoint(requests=n, cache_bytes=size, cache_entries=entries, cache_tokens=tokens,
-                        checkpoint_bytes=sum(s.checkpoints for s in slots), token_bytes=TOKEN_BYTES * tokens)
+                        checkpoint_bytes=ckpt, token_bytes=TOKEN_BYTES * tokens)
 
 
 def _limit(n_slots: int, n_ctx: int, flags: CacheFlags, unified: bool, entry: int, tokens: int,
@@ -219,8 +244,18 @@ def _limit(n_slots: int, n_ctx: int, flags: CacheFlags, unified: bool, entry: in
                         checkpoint_bytes=ckpt * (1 if cleared else n_slots), token_bytes=TOKEN_BYTES * k * tokens)
 
 
+def _relative(k: int, slots: list[_Slot], cache: _Cache | None) -> tuple:
+    """The state after request k with request ids counted back from k. The requests' rules only compare ids with each
+    other (the LRU slot, a prompt already cached), so two requests that leave the same relative state go on alike."""
+    cached = () if cache is None else tuple(k - e[0] for e in cache.entries)
+    return cached, tuple((None if s.prompt is None else k - s.prompt, k - s.t_last, s.checkpoints) for s in slots)
+
+
 def _run(n_requests: list[int], n_slots: int, n_ctx: int, flags: CacheFlags, unified: bool,
-         entry: int, tokens: int, ckpt: int) -> list[SessionPoint]:
+         entry: int, tokens: int, ckpt: int, *, repeat: bool = True) -> list[SessionPoint]:
+    """The points after each of n_requests requests. Once the state after request k is the state after k - n_slots
+    (the slots taken in turn), every later request repeats that cycle: the rest are read off it (repeat=False: every
+    request simulated, tests/session compare)."""
     cache = None
     if flags.cache_ram_mib != 0:
         cache = _Cache(limit_bytes=MIB * max(0, flags.cache_ram_mib), limit_tokens=n_ctx)
@@ -228,16 +263,27 @@ def _run(n_requests: list[int], n_slots: int, n_ctx: int, flags: CacheFlags, uni
     slots = [_Slot() for _ in range(n_slots)]
     points: list[SessionPoint] = []
     wanted = set(n_requests)
+    seen: dict[int, tuple[tuple, tuple[int, int, int, int]]] = {}  # the last n_slots requests' states and totals
     for k in range(1, max(n_requests, default=0) + 1):
         _request(k, slots, cache, idle_saves, unified, entry, tokens, ckpt)
+        totals = _totals(slots, cache)
         if k in wanted:
-            points.append(_point(k, slots, cache))
+            points.append(_point(k, totals))
+        if not repeat:
+            continue
+        state = _relative(k, slots, cache)
+        if k - n_slots in seen and seen[k - n_slots][0] == state:  # a cycle of n_slots requests from k - n_slots
+            cycle = {j: seen[j][1] for j in seen}
+            return points + [_point(n, cycle[k - n_slots + (n - k) % n_slots]) for n in sorted(wanted) if n > k]
+        seen[k] = (state, totals)
+        seen.pop(k - n_slots, None)
     return points
 
 
 def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_requests: list[int],
                    flags: CacheFlags | None = None, *, mrope: bool = False,
-                   draft: tuple[ModelSpec, ContextParams, bool] | None = None) -> ServerSession:
+                   draft: tuple[ModelSpec, ContextParams, bool] | None = None,
+                   sizes: dict[tuple[int, bool], int] | None = None) -> ServerSession:
     """The host memory llama-server holds after each of `n_requests` requests of `prompt` tokens generating `gen`,
     and its ceiling; cp is the context llama-server runs (fitter.predict's `context`). `draft`: the speculative
     context (its model, context and whether it is an MTP head): server_slot::prompt_save stores its state beside the
@@ -245,10 +291,15 @@ def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_
     flags = flags or CacheFlags()
     n_tokens = prompt + max(0, gen - 1)  # the last sampled token is never decoded ("stop processing: n_tokens")
 
+    memo = {} if sizes is None else sizes  # `sizes`: kept by a caller that asks again with other flags
+
     def size(n: int, partial: bool) -> int:
-        out = seq_state_bytes(spec, cp, n, partial=partial, mrope=mrope)
-        if draft is not None:
-            out += seq_state_bytes(draft[0], draft[1], n, partial=partial, mtp=draft[2])
+        out = memo.get((n, partial))
+        if out is None:
+            out = seq_state_bytes(spec, cp, n, partial=partial, mrope=mrope)
+            if draft is not None:
+                out += seq_state_bytes(draft[0], draft[1], n, partial=partial, mtp=draft[2])
+            memo[n, partial] = out
         return out
 
     state = size(n_tokens, False)

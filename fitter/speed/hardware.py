@@ -300,13 +300,14 @@ def default_threads() -> int:
 # --- host memory bandwidth -----------------------------------------------------------------------------------
 
 _UNITS = {"": 1e9, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(k|m|g|t|ki|mi|gi|ti)b\s*(?:/\s*s|ps)?\s*", re.IGNORECASE)
+# compiled where a rate is read (re's own cache), not at every command's import
+_RATE = r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(k|m|g|t|ki|mi|gi|ti)b\s*(?:/\s*s|ps)?\s*"
 
 
 def parse_bandwidth(text: str, flag: str = "--host-bandwidth") -> float:
     """A memory bandwidth as a user writes it ("90GB/s", "90 GB/s", "900MB/s", "1.2TB/s", "80GiB/s") -> GB/s
     (1e9 bytes per second, as vendors and STREAM state it); anything else is one line (HardwareError)."""
-    m = _RATE.fullmatch(text)
+    m = re.fullmatch(_RATE, text, re.IGNORECASE)
     if not m:
         raise HardwareError(f"{flag} {text}: use a rate with its unit, e.g. 90GB/s, 900MB/s, 1.2TB/s")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()] / 1e9

@@ -277,7 +277,7 @@ def seconds(t: Traffic, link: Link) -> float:
 
 
 class Network(NamedTuple):
-    """The RPC splits and the link: the speed model's network terms (fitter.speed.predict_speed)."""
+    """The RPC splits and the link: the speed model's network terms (fitter.speed.predict.predict_speed)."""
 
     layout: Layout
     link: Link

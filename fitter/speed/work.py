@@ -12,7 +12,7 @@ experts), does 2 FLOPs per weight and token of the weights it uses, and attends 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
@@ -22,6 +22,7 @@ from fitter.gguf.reader import GGUFHeader
 from fitter.llama.cparams import RunConfig
 from fitter.llama.hparams import LayerKind, ModelSpec
 from fitter.llama.weights import CPU_DEV, tensor_instances
+from fitter.record import Record
 
 # ggml types by how their matrix kernels behave (dequantization work per byte differs)
 TYPE_CLASSES: dict[str, str] = {
@@ -39,8 +40,7 @@ def type_class(type_name: str) -> str:
     return TYPE_CLASSES.get(type_name.upper(), "iq")
 
 
-@dataclass
-class DeviceWork:
+class DeviceWork(Record, frozen=False):
     """One device's share of a token: bytes and FLOPs by type class."""
 
     device: int  # a GPU index, or CPU_DEV
@@ -85,8 +85,7 @@ class DeviceWork:
             self.act_bytes_token += 4.0 * (t.shape[0] + t.shape[1]) * n_used
 
 
-@dataclass
-class Work:
+class Work(Record, frozen=False):
     """A config's work per token on each device, and what the run crosses between them."""
 
     devices: dict[int, DeviceWork]

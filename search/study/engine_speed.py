@@ -1,7 +1,7 @@
 """compare-engines' prediction before any probe (issue 46): MLX's decode rate over llama.cpp's, from one bandwidth
 model.
 
-llama.cpp's side is `fitter.speed.predict_speed` (its coefficients fitted on measured llama-bench rates; backend
+llama.cpp's side is `fitter.speed.predict.predict_speed` (its coefficients fitted on measured llama-bench rates; backend
 metal on an Apple profile, cuda or cpu otherwise). MLX's side is the bytes mlx-lm reads per decoded token (its
 resident weights, fitter.mlx.weights; of an MoE's expert tensors only num_experts_per_tok / num_experts; the token
 embedding only when it is also the output head) over the profile's memory bandwidth times MLX_DECODE_EFFICIENCY,
@@ -22,8 +22,8 @@ from pydantic import BaseModel
 
 from fitter import Backend, RunConfig
 from fitter.mlx.weights import weight_bytes
-from fitter.speed import coefficients, predict_speed
 from fitter.speed.hardware import HardwareProfile
+from fitter.speed.predict import coefficients, predict_speed
 
 MLX_DECODE_EFFICIENCY = 0.65  # share of memory bandwidth mlx-lm's decode reaches: assumed, not fitted (no MLX truth)
 _EXPERTS = ("switch_mlp.", ".experts.")  # mlx-lm's stacked MoE experts (SwitchGLU), gpt-oss's experts

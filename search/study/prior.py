@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitter import ConfigError
-from fitter.speed import predict_speed
 from fitter.speed.hardware import HardwareProfile
+from fitter.speed.predict import predict_speed
 from search.space import Candidate, SearchSpace
 from search.study.define import StudyDef
 

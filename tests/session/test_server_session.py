@@ -99,3 +99,20 @@ def test_a_draft_travels_with_the_saved_prompt_and_its_checkpoints():
     s = predicted({"model": "synth-gemma3", "n_ctx": 16384, "prompt": 2000, "gen": 8, "flags": DRAFT}, [3])
     assert round(s.state_bytes / MIB, 3) == 20.128 and [round(c / MIB, 3) for c in s.checkpoints] == [11.262] * 2
     assert round(s.points[0].cache_bytes / MIB, 3) == 85.304
+
+
+@pytest.mark.parametrize("flags", [CacheFlags(), CacheFlags(cache_ram_mib=-1), CacheFlags(cache_ram_mib=0),
+                                   CacheFlags(cache_ram_mib=40, cache_idle_slots=False),
+                                   CacheFlags(cache_ram_mib=100, ctx_checkpoints=1)])
+@pytest.mark.parametrize("n_parallel, kv_unified", [(None, None), (1, False), (3, False), (2, True)])
+def test_the_points_past_a_cycle_are_the_simulated_ones(flags, n_parallel, kv_unified):
+    """server._run reads the points after a repeating cycle of requests off the cycle: the same as simulating every
+    request up to the last asked."""
+    from fitter.session import server
+
+    header, spec = load_model_spec(resolve_model(M))
+    cp = predict(header, spec, RunConfig(n_ctx=8192, n_parallel=n_parallel, kv_unified=kv_unified)).context
+    entry, ckpt = 18 * MIB, 9 * MIB
+    args = (cp.n_seq_max, cp.n_ctx, flags, cp.kv_unified, entry, 607, ckpt)
+    wanted = [1, 2, 3, 5, 8, 13, 40, 99, 100, 101, 257]
+    assert server._run(wanted, *args) == server._run(wanted, *args, repeat=False)

@@ -12,8 +12,8 @@ import pytest
 from fitter import Backend, Frontend, RunConfig, load_model_spec
 from fitter.fit.fastest import fastest_placements
 from fitter.fit.solver import solve_placement
-from fitter.speed import predict_speed
 from fitter.speed.hardware import get_profile
+from fitter.speed.predict import predict_speed
 from tests.synth.shapes import build_shape, quant_types
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/speed-h200.json").read_text())["rows"]

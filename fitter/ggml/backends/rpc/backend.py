@@ -18,7 +18,7 @@ from fitter.llama_builds import LlamaBuild
 if TYPE_CHECKING:
     from fitter.ggml.backends.probes import DeviceProbes, FreeMemory
 
-_DEVICE = re.compile(r"RPC\d+")
+_DEVICE = r"RPC\d+"  # compiled on first use (re's cache), not at every command's import
 # A placement's device id of an RPC device (fitter.llama.weights): its RPC number plus the offset of its server's
 # backend (llama.cpp's registry names), so each device answers with its server's buffer type (rpc/remote.py); the
 # main host's own GPU after them is rpc.local.LOCAL (128)
@@ -79,7 +79,7 @@ class RPCBackend(BackendImpl):
         raise NotImplementedError("an RPC device's memory is asked of its server: fitter.ggml.backends.rpc.protocol")
 
     def is_device_buffer(self, buffer: str) -> bool:
-        return bool(_DEVICE.fullmatch(buffer))
+        return bool(re.fullmatch(_DEVICE, buffer))
 
     def supports_op(self, t: Tensor) -> bool:
         return True  # ggml_backend_rpc_device_supports_op: the remote is not asked
