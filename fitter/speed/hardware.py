@@ -54,6 +54,11 @@ class HardwareProfile(Record):
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # field -> URL of the figure
     host_bandwidth_gbs: float | None = None  # the host memory's (CPU side of partial offload), GB/s
     host_bandwidth_source: str = ""  # how host_bandwidth_gbs was had: measured (date), --host-bandwidth, unified, ...
+    # this CPU's matrix rates in llama.cpp's kernels, GFLOP/s per thread by type class (fitter.speed.cpu_rate):
+    # a ubatch's (prefill) and a decoded token's (in-cache, compute alone); empty where not measured
+    cpu_prefill_gflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    cpu_decode_gflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    cpu_rate_source: str = ""
     n_devices: int = 1  # GPUs of this profile found on this machine (detect); 1 for a named profile
     detected_by: str = ""  # detect(): how this machine was recognised
 
