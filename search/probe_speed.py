@@ -29,14 +29,14 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
     config, or None where the model cannot say (an unknown architecture, a config it refuses): the probe's own
     result stands whatever the speed model makes of it."""
     from fitter.speed import calibration, predict_speed
-    from fitter.speed.machine import detect, host_needed, with_host
+    from fitter.speed.machine import detect, host_needed, with_cpu_rate, with_host
 
     try:
         header, spec = load_model_spec(os.fspath(model_path))
         p = detect()
         be = _backend(p, system_info)
         cfg = config.model_copy(update={"n_parallel": 1})
-        hw = with_host(p, host_needed(header, spec, cfg, be))
+        hw = with_cpu_rate(with_host(p, host_needed(header, spec, cfg, be)), threads, not backends.get(be).is_gpu)
         cal = None
         if build_commit:
             from fitter.llama_builds import resolve_build
