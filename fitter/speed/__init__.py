@@ -45,7 +45,7 @@ DEFAULT_UBATCH = 512  # llama_context_default_params n_ubatch
 def coefficients(backend: Backend, scale: dict[str, float] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """The fitted coefficients (decode, prefill) of a backend, times a calibration's scales (time per measured)."""
     co = factors.COEFFICIENTS.get(backend.value, {})
-    measured = {f"{MEASURED}.{c}": 1.0 for c in CLASSES}  # at this CPU's measured rate: 1, scaled as the rest
+    measured = {f"{MEASURED}.{c}": 1.0 for c in (*CLASSES, "attn")}  # at this CPU's measured rate: 1, scaled as the rest
     dec, pre = {**measured, **co.get("decode", {})}, {**measured, **co.get("prefill", {})}
     if scale:
         dec = {k: v * scale.get("decode", 1.0) for k, v in dec.items()}

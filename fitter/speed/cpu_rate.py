@@ -30,7 +30,10 @@ from fitter.record import Record
 RATE_CACHE = "cpu-rate.json"
 CLASSES = ("k", "q8", "q4", "float")
 PREFILL_TOKENS = 256
-DECODE_TOKENS = 48
+DECODE_TOKENS = 64
+# the fastest of several: on a shared machine another process stalls llama.cpp's threads at each ggml_barrier, and
+# the fastest run is the CPU's rate (each prefill run of these models takes 0.02-0.2 s)
+PREFILL_REPEATS = 7
 _LAYERS = (2, 4)  # both end in llama.cpp's cheap last layer (only the output rows past attention)
 # (n_embd, n_ff, n_head, n_head_kv): prefill at a small real model's width; decode small enough for the L2/L3 caches
 _PREFILL_DIMS = (1024, 4096, 16, 4)
@@ -145,7 +148,8 @@ def rates_of(result: dict[str, Any], threads: int) -> tuple[dict[str, float], di
 
 
 def _child(models: dict[str, list[str]], threads: int) -> dict[str, Any]:
-    req = {"threads": threads, "prefill_tokens": PREFILL_TOKENS, "decode_tokens": DECODE_TOKENS, "repeats": 3, **models}
+    req = {"threads": threads, "prefill_tokens": PREFILL_TOKENS, "decode_tokens": DECODE_TOKENS,
+           "repeats": PREFILL_REPEATS, **models}
     try:
         r = subprocess.run([sys.executable, "-m", "fitter.speed._cpu_rate_child", json.dumps(req)], capture_output=True,
                            text=True, timeout=_TIMEOUT_S, check=False,

@@ -209,7 +209,12 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         n_pos = pos + 1
         n_swa = min(n_pos, work.n_swa or n_pos)
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * n_swa)
-        add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
+        if on_cpu and not _gpu(backend) and hw.cpu_prefill_gflops:
+            # ggml_compute_forward_flash_attn_ext_tiled: Q tiles against F16 K and V tiles, at the F16 matmul's rate
+            add(f"{MEASURED}.attn", attn / (threads * cpu_gflops(hw.cpu_prefill_gflops, "float") * 1e9))
+        else:
+            add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"),
+                attn / (threads * 1e9 if on_cpu else c_gpu))
         if not (on_cpu or flash_attn):  # the KQ matrix goes through memory: bound by bandwidth at long prompts
             add("kq", n_tokens * (w.kq_bytes_per_pos * n_pos + w.kq_swa_bytes_per_pos * n_swa) / _bandwidth(hw, d))
         if not on_cpu or not _gpu(backend):
