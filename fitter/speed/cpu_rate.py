@@ -178,7 +178,8 @@ def measure_cpu_rate(threads: int, *, refresh: bool = False) -> CpuRate:
     from fitter.speed.hardware import _machine_key
 
     path = os.path.join(cache_root(), RATE_CACHE)
-    key = {"machine": _machine_key(), "threads": threads, "build": _build()}
+    build = _build()
+    key = {"machine": _machine_key(), "threads": threads, "build": build}
     if not refresh:
         try:
             with open(path, encoding="utf-8") as f:
@@ -206,4 +207,4 @@ def measure_cpu_rate(threads: int, *, refresh: bool = False) -> CpuRate:
     except OSError as e:
         where = f"not cached: {e.strerror or e}"
     return CpuRate(prefill_gflops=pre, decode_gflops=dec, threads=threads,
-                   source=f"measured here {date}, llama.cpp's kernels; {where}", build=key["build"])
+                   source=f"measured here {date}, llama.cpp's kernels; {where}", build=build)
