@@ -175,7 +175,7 @@ def measure_cpu_rate(threads: int, *, refresh: bool = False) -> CpuRate:
     """This CPU's rates at `threads`, measured once per machine, thread count and llama-cpp-python build and cached
     in ggfit's cache directory (cpu-rate.json, with the date); `refresh` measures again. CpuRateError where the
     child fails."""
-    from fitter.speed.hardware import _machine_key
+    from fitter.speed.hardware import _machine_key, write_cache
 
     path = os.path.join(cache_root(), RATE_CACHE)
     build = _build()
@@ -198,13 +198,5 @@ def measure_cpu_rate(threads: int, *, refresh: bool = False) -> CpuRate:
     record = {**key, "date": date, "prefill_gflops": pre, "decode_gflops": dec, "seconds": result,
               "method": "fitter.speed.cpu_rate: 2- and 4-layer llama models per type class, llama-cpp-python, "
                         "extra CPU buffer types off; GFLOP/s per thread"}
-    try:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, path)
-        where = f"cached in {path}"
-    except OSError as e:
-        where = f"not cached: {e.strerror or e}"
     return CpuRate(prefill_gflops=pre, decode_gflops=dec, threads=threads,
-                   source=f"measured here {date}, llama.cpp's kernels; {where}", build=build)
+                   source=f"measured here {date}, llama.cpp's kernels; {write_cache(path, record)}", build=build)
