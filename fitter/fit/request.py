@@ -122,6 +122,13 @@ class Speed:
             self.profile = p  # measured once per command
         return p
 
+    def cpu_rate(self, hw: HardwareProfile, threads: int, needed: bool) -> HardwareProfile:
+        """The profile with this CPU's matrix rates at -t `threads` where the CPU backend runs the model on this
+        machine (measured once per thread count, then cached: fitter.speed.cpu_rate)."""
+        from fitter.speed.machine import with_cpu_rate
+
+        return with_cpu_rate(hw, threads, needed and self._this_machine())
+
     def calibration(self) -> SpeedCalibration | None:
         if self._cal is False:
             from fitter.speed import calibration
@@ -155,6 +162,7 @@ class Speed:
         prompt, depth, threads = ((max(getattr(bench, "n_prompt", 0) or 0, 1), getattr(bench, "n_depth", 0) or 0,
                                    getattr(bench, "n_threads", None) or self.threads)
                                   if bench is not None else (self.prompt, self.depth, self.threads))
+        hw = self.cpu_rate(hw, threads, not gpu)
         sp = predict_speed(header, spec, config, backend, hw, prompt=prompt, depth=depth, threads=threads,
                            n_gpus=n_gpus, scale=cal.scale if cal else scale, calibrated=cal.label if cal else "",
                            network=network)

@@ -6,6 +6,7 @@ from the GGUF header, the placement and a hardware profile (issue 46).
     model (fitter.speed.model) seconds per token and per ubatch: each term (bandwidth, compute, PCIe, host memory,
                                fixed costs) times a coefficient fitted per backend (fitter.speed.factors)
     hardware                   the profiles (`ggfit hardware`), this machine (`--hardware auto`), host bandwidth
+    cpu_rate                   this CPU's matrix rates in llama.cpp's kernels, by type class, measured once and cached
     network                    what llama.cpp's RPC backend sends per ubatch between hosts, and its seconds (issue 47)
     bench_file                 llama-bench's outputs (md, csv, json, jsonl, sql) and ggfit probes, for calibration
     calibration                a machine's measured/predicted ratios, stored with the llama.cpp build

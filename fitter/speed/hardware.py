@@ -54,6 +54,11 @@ class HardwareProfile(Record):
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # field -> URL of the figure
     host_bandwidth_gbs: float | None = None  # the host memory's (CPU side of partial offload), GB/s
     host_bandwidth_source: str = ""  # how host_bandwidth_gbs was had: measured (date), --host-bandwidth, unified, ...
+    # this CPU's matrix rates in llama.cpp's kernels, GFLOP/s per thread by type class (fitter.speed.cpu_rate):
+    # a ubatch's (prefill) and a decoded token's (in-cache, compute alone); empty where not measured
+    cpu_prefill_gflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    cpu_decode_gflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    cpu_rate_source: str = ""
     n_devices: int = 1  # GPUs of this profile found on this machine (detect); 1 for a named profile
     detected_by: str = ""  # detect(): how this machine was recognised
 
@@ -376,16 +381,20 @@ def measure_host_bandwidth(*, refresh: bool = False, mib: int = 256, seconds: fl
     date = time.strftime("%Y-%m-%d", time.gmtime())
     record = {"gbs": round(gbs, 2), "date": date, "machine": key, "threads": n_threads, "mib": mib,
               "method": "STREAM copy with numpy: bytes read + written / the fastest copy's time"}
+    return round(gbs, 2), f"measured here {date}, STREAM copy with numpy; {write_cache(path, record)}"
+
+
+def write_cache(path: str, record: dict[str, Any]) -> str:
+    """A measurement's record written to `path` (a temporary name, then renamed); "cached in PATH", or why not."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
         os.replace(tmp, path)
-        where = f"cached in {path}"
+        return f"cached in {path}"
     except OSError as e:
-        where = f"not cached: {e.strerror or e}"
-    return round(gbs, 2), f"measured here {date}, STREAM copy with numpy; {where}"
+        return f"not cached: {e.strerror or e}"
 
 
 def resolve(name: str = "auto", host_bandwidth: str | None = None, *,

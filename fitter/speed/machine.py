@@ -1,6 +1,7 @@
 """This machine's profile for a prediction that must stay cheap (`fit`, `quants`, each probe): detected once, its host
 memory bandwidth measured (once, then cached by fitter.speed.hardware) only where a prediction reads weights from
-host memory: weights on the CPU beside a GPU backend, or the CPU backend."""
+host memory: weights on the CPU beside a GPU backend, or the CPU backend; and this CPU's matrix rates (measured once
+per thread count, then cached by fitter.speed.cpu_rate) only where the CPU backend runs the model."""
 
 from __future__ import annotations
 
@@ -43,8 +44,24 @@ def with_host(p: HardwareProfile, needed: bool) -> HardwareProfile:
     return p
 
 
+def with_cpu_rate(p: HardwareProfile, threads: int, needed: bool, *, refresh: bool = False) -> HardwareProfile:
+    """This machine's profile `p` with its CPU's matrix rates at `threads` (fitter.speed.cpu_rate: measured once per
+    thread count, then cached) where `needed` (the CPU backend runs the model); as it is where the measurement
+    fails (the fitted per-thread rate stands) or where it carries rates already; `refresh` measures again."""
+    if p.cpu_prefill_gflops or not needed or threads < 1:
+        return p
+    from fitter.speed.cpu_rate import CpuRateError, measure_cpu_rate
+
+    try:
+        r = measure_cpu_rate(threads, refresh=refresh)
+    except CpuRateError as e:
+        return p.model_copy(update={"cpu_rate_source": f"not measured: {e}"})
+    return p.model_copy(update={"cpu_prefill_gflops": r.prefill_gflops, "cpu_decode_gflops": r.decode_gflops,
+                                "cpu_rate_source": f"{r.source} (-t {threads})"})
+
+
 def detect() -> HardwareProfile:
     return hardware.detect()
 
 
-__all__ = ["detect", "host_needed", "weights_on_host", "with_host"]
+__all__ = ["detect", "host_needed", "weights_on_host", "with_cpu_rate", "with_host"]

@@ -12,7 +12,12 @@ and a ubatch of U prompt tokens (pp<N> at -ub U)
     (op offload: U >= 32 on CUDA)  +  CPU weights' FLOPs / (threads x 1 GFLOP/s) x a_cpu  +  layers x a_layer
     + a_ubatch.
 
-Each time is linear in its coefficients `a`, fitted per backend to measured llama-bench runs
+Where the profile carries this CPU's measured rates (fitter.speed.cpu_rate, GFLOP/s per thread by type class), the
+CPU backend's compute terms are FLOPs / (threads x that rate) with coefficient 1 (`cpum.<class>`, never fitted):
+a ubatch's at the prefill rate, a decoded token's at the in-cache decode rate, and a decoded token then takes the
+larger of a class's bytes over the bandwidth and its compute, not their sum (parts_of).
+
+Each time is linear in its coefficients `a` (but for that larger of two), fitted per backend to measured llama-bench runs
 (benchmarks/speed_model.py --fit writes fitter/speed/factors.py; `ggfit calibrate --bench` scales them to one
 machine). The largest term names the resource that bounds the rate.
 """
@@ -36,6 +41,7 @@ ExpertUse = Callable[[int, int], float]
 Kind = Literal["decode", "prefill"]
 _GB = 1e9
 _APPLE_GEN = re.compile(r"apple-m(\d)")
+MEASURED = "cpum"  # terms in seconds at this CPU's measured rate (fitter.speed.cpu_rate): coefficient 1, not fitted
 
 
 class Rates(Record):
@@ -136,7 +142,10 @@ def decode_terms(work: Work, hw: HardwareProfile, backend: Backend, depth: int, 
         where = "host" if host else "dev"
         for cls, b in w.bytes_token.items():
             add(f"bw.{cls}" if not host else "host", b / bw)
-        if host or not _gpu(backend):
+        if not _gpu(backend) and hw.cpu_decode_gflops:  # measured: bw.<cls> and cpum.<cls> overlap (seconds)
+            for cls, f in w.flops_token.items():
+                add(f"{MEASURED}.{cls}", f / (threads * cpu_gflops(hw.cpu_decode_gflops, cls) * 1e9))
+        elif host or not _gpu(backend):
             add("cpu", sum(w.flops_token.values()) / (threads * 1e9))
         else:
             for cls, f in w.flops_token.items():
@@ -183,7 +192,10 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         on_cpu = d == CPU_DEV or not _gpu(backend)
         flops = {cls: f * n_tokens - w.out_flops_token.get(cls, 0.0) * (n_tokens - n_out)
                  for cls, f in w.flops_token.items()}
-        if on_cpu and not (offload and d == CPU_DEV):
+        if on_cpu and not _gpu(backend) and hw.cpu_prefill_gflops:  # this CPU's rate, measured: coefficient 1
+            for cls, f in flops.items():
+                add(f"{MEASURED}.{cls}", f / (threads * cpu_gflops(hw.cpu_prefill_gflops, cls) * 1e9))
+        elif on_cpu and not (offload and d == CPU_DEV):
             add("cpu", sum(flops.values()) / (threads * 1e9))
         else:
             for cls, f in flops.items():
@@ -197,7 +209,12 @@ def ubatch_terms(work: Work, hw: HardwareProfile, backend: Backend, n_tokens: in
         n_pos = pos + 1
         n_swa = min(n_pos, work.n_swa or n_pos)
         attn = n_tokens * (w.attn_flops_per_pos * n_pos + w.attn_swa_flops_per_pos * n_swa)
-        add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"), attn / (threads * 1e9 if on_cpu else c_gpu))
+        if on_cpu and not _gpu(backend) and hw.cpu_prefill_gflops:
+            # ggml_compute_forward_flash_attn_ext_tiled: Q tiles against F16 K and V tiles, at the F16 matmul's rate
+            add(f"{MEASURED}.attn", attn / (threads * cpu_gflops(hw.cpu_prefill_gflops, "float") * 1e9))
+        else:
+            add("attn.cpu" if on_cpu else ("attn" if flash_attn else "attn.nofa"),
+                attn / (threads * 1e9 if on_cpu else c_gpu))
         if not (on_cpu or flash_attn):  # the KQ matrix goes through memory: bound by bandwidth at long prompts
             add("kq", n_tokens * (w.kq_bytes_per_pos * n_pos + w.kq_swa_bytes_per_pos * n_swa) / _bandwidth(hw, d))
         if not on_cpu or not _gpu(backend):
@@ -224,22 +241,48 @@ def prefill_terms(work: Work, hw: HardwareProfile, backend: Backend, n_prompt: i
     return out
 
 
+def cpu_gflops(rates: dict[str, float], cls: str) -> float:
+    """A measured per-thread rate of a type class; a class not measured (iq) takes the median of those measured."""
+    if cls in rates:
+        return rates[cls]
+    v = sorted(rates.values())
+    return v[len(v) // 2]
+
+
 def coefficient(coef: dict[str, float], key: str) -> float:
     """A term's coefficient; a type class or generation the fit never saw ("bw.iq", "c.m6") takes the median of its
-    family's ("bw.*", "c.*"), a term of no fitted family 0."""
+    family's ("bw.*", "c.*"), a term of no fitted family 0; a measured CPU rate's (cpum.*) is 1 unless set."""
     if key in coef:
         return coef[key]
+    if key.startswith(MEASURED + "."):
+        return 1.0
     family = key.split(".")[0] + "."
     same = sorted(v for k, v in coef.items() if k.startswith(family))
     return same[len(same) // 2] if same else 0.0
 
 
+def parts_of(terms: dict[str, float], coef: dict[str, float]) -> dict[str, float]:
+    """Each term's seconds. A type class's weight bytes and its measured CPU compute (bw.<cls>, cpum.<cls>) overlap:
+    ggml_graph_compute_thread runs each node on every thread and ggml_barrier waits for the last; in
+    ggml_compute_forward_mul_mat a decoded token's src0 rows are handed out in chunks, each thread's vec_dot
+    streams its rows while it computes, so a matmul takes the longer of reading its weights and computing them,
+    not their sum. A class's matmuls share its bytes per FLOP: the sum over them of the larger is the larger of
+    the class's sums. The smaller of the pair counts 0."""
+    parts = {k: v * coefficient(coef, k) for k, v in terms.items()}
+    for k in [k for k in parts if k.startswith(MEASURED + ".")]:
+        mem = "bw." + k.split(".", 1)[1]
+        if mem in parts:
+            lo = min((mem, k), key=lambda x: parts[x])
+            parts[lo] = 0.0
+    return parts
+
+
 def seconds(terms: dict[str, float], coef: dict[str, float]) -> float:
-    return sum(v * coefficient(coef, k) for k, v in terms.items())
+    return sum(parts_of(terms, coef).values())
 
 
 def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, work: Work) -> str:
-    parts = {k: v * coefficient(coef, k) for k, v in terms.items()}
+    parts = parts_of(terms, coef)
     if not parts:
         return "unknown"
     key = max(parts, key=lambda k: parts[k])
@@ -247,7 +290,7 @@ def bound_of(terms: dict[str, float], coef: dict[str, float], backend: Backend, 
     head = key.split(".")[0]
     return {
         "bw": f"bandwidth ({gpu})", "kv": "KV cache reads", "dq": f"dequantization ({gpu})", "host": "host memory (CPU)",
-        "cpu": "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
+        "cpu": "CPU compute", MEASURED: "CPU compute", "c": f"compute ({gpu})", "attn": "attention", "read": f"bandwidth ({gpu})",
         "copy": f"PCIe (CPU weights to {gpu})", "layer": "fixed per-layer cost", "token": "fixed per-token cost",
         "ubatch": "fixed per-ubatch cost", "split": "host<->GPU syncs", "act": "small ops per token (activations)",
         "rec": "recurrent state", "kq": "attention scores (KQ) in memory",

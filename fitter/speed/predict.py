@@ -10,8 +10,18 @@ from fitter.llama.cparams import DEFAULT_N_BATCH, RunConfig
 from fitter.llama.hparams import ModelSpec
 from fitter.speed import factors
 from fitter.speed.hardware import HardwareProfile
-from fitter.speed.model import Rates, SpeedPrediction, bound_of, decode_terms, finite, prefill_terms, seconds, spread
-from fitter.speed.work import work_of
+from fitter.speed.model import (
+    MEASURED,
+    Rates,
+    SpeedPrediction,
+    bound_of,
+    decode_terms,
+    finite,
+    prefill_terms,
+    seconds,
+    spread,
+)
+from fitter.speed.work import CLASSES, work_of
 
 if TYPE_CHECKING:
     from fitter.speed.network import Network
@@ -24,7 +34,8 @@ DEFAULT_UBATCH = 512  # llama_context_default_params n_ubatch
 def coefficients(backend: Backend, scale: dict[str, float] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """The fitted coefficients (decode, prefill) of a backend, times a calibration's scales (time per measured)."""
     co = factors.COEFFICIENTS.get(backend.value, {})
-    dec, pre = dict(co.get("decode", {})), dict(co.get("prefill", {}))
+    measured = {f"{MEASURED}.{c}": 1.0 for c in (*CLASSES, "attn")}  # at this CPU's measured rate: 1, scaled as the rest
+    dec, pre = {**measured, **co.get("decode", {})}, {**measured, **co.get("prefill", {})}
     if scale:
         dec = {k: v * scale.get("decode", 1.0) for k, v in dec.items()}
         pre = {k: v * scale.get("prefill", 1.0) for k, v in pre.items()}
