@@ -150,9 +150,12 @@ def rates_of(result: dict[str, Any], threads: int) -> tuple[dict[str, float], di
 def _child(models: dict[str, list[str]], threads: int) -> dict[str, Any]:
     req = {"threads": threads, "prefill_tokens": PREFILL_TOKENS, "decode_tokens": DECODE_TOKENS,
            "repeats": PREFILL_REPEATS, **models}
-    try:
+    from fitter.oracle.child_process import child_preexec
+
+    print(f"ggfit: measuring this CPU's matmul rate at -t {threads} once (about 10 s; cached)", file=sys.stderr)
+    try:  # the child dies with ggfit (PR_SET_PDEATHSIG), as every child ggfit starts
         r = subprocess.run([sys.executable, "-m", "fitter.speed._cpu_rate_child", json.dumps(req)], capture_output=True,
-                           text=True, timeout=_TIMEOUT_S, check=False,
+                           text=True, timeout=_TIMEOUT_S, check=False, preexec_fn=child_preexec(),
                            cwd=str(Path(__file__).resolve().parent.parent.parent))
     except subprocess.TimeoutExpired:
         raise CpuRateError(f"CPU rate measurement took over {_TIMEOUT_S:.0f} s") from None
