@@ -218,7 +218,7 @@ def optimise(
     build: BuildOptions,
     engine: EnginesOpt = None,
     speed_cut: Annotated[Optional[float], typer.Option("--speed-cut", help="Skip configs the speed model predicts below this share of the best predicted (0: off; default: the study file's speed_cut, 0.5).")] = None,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp's RPC servers: every trial's llama-server gets --rpc and -ts 1,1,... (--runner server); --budget is each device's.")] = None,
+    rpc: Rpc = None,
     rpc_backend: RpcBackend = None,
 ) -> None:
     """Search for the fastest config that fits: an Optuna study whose trials are real probes, and

@@ -21,7 +21,7 @@ FLAG_OF = {
     "draft_model": "--model-draft", "draft_type_k": "--spec-draft-type-k", "draft_type_v": "--spec-draft-type-v",
     "draft_n_max": "--spec-draft-n-max", "n_cpu_moe": "--n-cpu-moe", "cpu_moe": "--cpu-moe", "override_tensor": "-ot",
     "no_kv_offload": "-nkvo", "no_op_offload": "--no-op-offload", "split_mode": "-sm", "main_gpu": "-mg",
-    "tensor_split": "-ts", "rpc": "--rpc", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
+    "tensor_split": "-ts", "rpc": "--rpc", "rpc_backends": "--rpc-backend", "lora": "--lora", "mmproj": "--mmproj", "no_mmproj_offload": "--no-mmproj-offload",
 }
 
 
@@ -225,6 +225,11 @@ def _loras(v: Any) -> tuple[tuple[str, float], ...]:
     return tuple((_str(path), _number(scale)) for path, scale in v)
 
 
+def _server_backends(v: Any) -> tuple[str, ...]:
+    # the registry names an rpc-server's device reports (fitter.ggml.backends.rpc.backend.REMOTE_IDS)
+    return tuple(_one_of("CPU", "CUDA", "MTL")(k) for k in v)
+
+
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda v: None if v is None else check(v)
 
@@ -244,7 +249,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "draft_type_v": _kv_type, "draft_n_max": _COUNT, "n_cpu_moe": _COUNT, "cpu_moe": _bool,
     "override_tensor": _overrides, "no_kv_offload": _bool, "no_op_offload": _bool,
     "split_mode": _one_of(*get_args(SplitMode)), "main_gpu": _COUNT, "tensor_split": _optional(_split),
-    "rpc": _optional(_str), "lora": _loras, "mmproj": _optional(_str), "no_mmproj_offload": _bool,
+    "rpc": _optional(_str), "rpc_backends": _server_backends, "lora": _loras, "mmproj": _optional(_str), "no_mmproj_offload": _bool,
 }
 
 

@@ -166,12 +166,9 @@ def _child(models: dict[str, list[str]], threads: int) -> dict[str, Any]:
 
 
 def _build() -> str:
-    try:
-        from importlib.metadata import version
+    from fitter.llama_builds import installed_llama_cpp_python  # reads the dist-info: no importlib.metadata
 
-        return f"llama-cpp-python {version('llama-cpp-python')}"
-    except Exception:  # noqa: BLE001
-        return "llama-cpp-python ?"
+    return f"llama-cpp-python {installed_llama_cpp_python() or '?'}"
 
 
 def measure_cpu_rate(threads: int, *, refresh: bool = False) -> CpuRate:

@@ -89,6 +89,18 @@ def test_rpc_backend_names_the_mac_as_llama_cpp_does() -> None:
     assert r.returncode == 2 and "CPU, CUDA or MTL" in r.stderr
 
 
+def test_run_config_takes_only_the_server_backends_rpc_knows() -> None:
+    """RunConfig.rpc_backends holds llama.cpp's registry names that RPC's REMOTE_IDS maps; another is --rpc-backend's
+    ConfigError, as a RunConfig built outside the CLI (a study's trial) would be refused."""
+    from fitter.ggml.backends.rpc.backend import REMOTE_IDS
+    from fitter.llama.flags import ConfigError
+
+    for kind in REMOTE_IDS:
+        assert RunConfig(rpc="a:1", rpc_backends=[kind]).rpc_backends == (kind,)
+    with pytest.raises(ConfigError, match="--rpc-backend METAL"):
+        RunConfig(rpc="a:1", rpc_backends=("METAL",))
+
+
 def test_a_cuda_box_beside_a_mac() -> None:
     """Mixed backends: a CUDA main host (rpc-cuda) with a Mac's Metal rpc-server: RPC0 (the Mac) then CUDA0, each
     within its own budget; the Mac's device with Metal's buffer type."""
