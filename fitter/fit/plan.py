@@ -95,11 +95,11 @@ class Plan(Record, frozen=False):
 
     @property
     def bud(self) -> Budget:
-        return self.request.budgets.main
+        return self.budgets.main
 
     @property
     def host(self) -> Budget | None:
-        return self.request.budgets.host
+        return self.budgets.host
 
     @property
     def speed(self) -> Speed | None:
@@ -116,11 +116,11 @@ class Plan(Record, frozen=False):
 
     @property
     def avail(self) -> int | dict[str, int]:
-        return self.request.budgets.avail
+        return self.budgets.avail
 
     @property
     def host_avail(self) -> int | None:
-        return self.request.budgets.host_avail
+        return self.budgets.host_avail
 
     # --- what the plan concludes ------------------------------------------------------------------------------
     @property
@@ -221,6 +221,19 @@ def plan(req: FitRequest) -> Plan:
     return p
 
 
+def predict_plan(req: FitRequest, *, model: tuple[GGUFHeader, ModelSpec] | None = None,
+                 draft: Draft | None = None) -> Plan:
+    """The plan of one config as given, nothing solved or placed: a probe's, a study trial's (FitRequest.trial) and
+    `fit -c`'s first step. `model` and `draft`: the model and its draft already read (a study reads each file
+    once); else read here."""
+    path = resolve_model(req.model) if model is None else req.model
+    header, spec = model if model is not None else load_model_spec(path)
+    if draft is None and req.model_draft:
+        draft = load_model_spec(resolve_model(req.model_draft))
+    pred = predict(header, spec, req.config, req.backend, req.frontend, draft, build=req.build)
+    return Plan(request=req, path=path, header=header, spec=spec, draft=draft, cfg=req.config, pred=pred)
+
+
 def _rpc(p: Plan) -> None:
     """--rpc: what each host holds, and with several devices the -ts that fits the largest context."""
     from fitter.fit.split import host_totals, propose_for
@@ -243,8 +256,9 @@ def _solve(req: FitRequest, path: str, header: GGUFHeader, spec: ModelSpec, draf
     """Predict the config as given, or (no -c) solve for the largest context and predict the recommended one; where
     the placement given fits no context, the table is solved again with the placement solve_placement finds."""
     if not req.solve_ctx:
-        pred = predict(header, spec, req.config, req.backend, req.frontend, draft, build=req.build)
-        return Plan(request=req, path=path, header=header, spec=spec, draft=draft, cfg=req.config, pred=pred)
+        p = predict_plan(req, model=(header, spec), draft=draft)
+        p.path = path
+        return p
     kwargs: dict[str, Any] = {"ubatches": solver.table_ubatches(spec, req.asked_batch, req.asked_ubatch)}
     if req.kv_given:
         kwargs["kv_pairs"] = ((req.config.type_k, req.config.type_v),)

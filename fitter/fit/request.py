@@ -254,6 +254,17 @@ class Budgets(Record):
                    available=available, per_device=per_device, host=host,
                    host_margin=default_host_margin(backend.value), margins=margins if per_device else None)
 
+    @classmethod
+    def held(cls, avail: int, per_device: dict[str, int] | None = None) -> Budgets:
+        """A study's budgets, margins already taken: `avail` the bytes its trials may use (the first device's with
+        several), `per_device` what each device may hold (optimise --rpc)."""
+        from fitter.fit.sizes import Budget
+
+        b = Budget(bytes=avail, source="the study's available bytes")
+        devices = tuple(Budget(bytes=a, source=name) for name, a in per_device.items()) if per_device else (b,)
+        return cls(devices=devices, main=devices[0], margin_bytes=0, margin_default=False, available=avail,
+                   per_device=per_device)
+
     def margin_of(self, device: str) -> int:
         """The margin a device's budget leaves: its own backend's (margins), else margin_bytes."""
         return (self.margins or {}).get(device, self.margin_bytes)
@@ -292,6 +303,15 @@ class FitRequest(Record):
     # issue 48: the session `fit` shows (fitter.session.fit.SessionAsk: llama-server's cache flags, N requests of
     # P + G tokens); plan() adds what llama-server holds over it (Plan.session). None: none asked
     session: Any = None
+
+    @classmethod
+    def trial(cls, model: str, config: RunConfig, backend: Backend, frontend: Frontend, build: LlamaBuild,
+              budgets: Budgets) -> FitRequest:
+        """One config as given, as a probe, a study's trial or compare-engines runs it (fitter.fit.plan.predict_plan):
+        `model` a resolved path, its draft the config's, `budgets` the study's (Budgets.held)."""
+        draft = config.draft_model if config.spec_type == "draft-simple" else None
+        return cls(model=model, config=config, backend=backend, frontend=frontend, build=build, budgets=budgets,
+                   model_draft=draft)
 
     @property
     def n_gpus(self) -> int:

@@ -30,9 +30,12 @@ from fitter import (
     RunConfig,
     load_mlx_model,
     load_model_spec,
-    predict,
     predict_mlx,
 )
+from fitter.fit.plan import predict_plan
+from fitter.fit.request import Budgets, FitRequest
+from fitter.llama.cparams import Frontend
+from fitter.llama_builds import PINNED
 from fitter.speed.hardware import HardwareProfile
 from search.runner_mlx import MlxFlags, mlx_probe, served_probe
 from search.runner_openai import OpenAIProbe
@@ -170,7 +173,8 @@ class _Objective:
         if engine == "llama":
             ub = trial.suggest_categorical("n_ubatch", LLAMA_UBATCH)
             cfg = RunConfig(n_ctx=self.n_ctx, n_batch=max(512, ub), n_ubatch=ub, n_parallel=1)
-            predicted = predict(self.header, self.spec, cfg, backend=Backend.CPU).total_device_bytes
+            req = FitRequest.trial(self.gguf, cfg, Backend.CPU, Frontend.SERVER, PINNED, Budgets.held(self.avail))
+            predicted = predict_plan(req, model=(self.header, self.spec)).pred.total_device_bytes
         else:
             step = trial.suggest_categorical("prefill_step_size", MLX_STEP)
             kvb = trial.suggest_categorical("kv_bits", MLX_KV_BITS)

@@ -16,7 +16,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import PINNED, Backend, ConfigError, Frontend, LlamaBuild, MiB, Progress, load_model_spec, predict
+from fitter import PINNED, Backend, ConfigError, Frontend, LlamaBuild, MiB, Progress, load_model_spec
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef
@@ -27,7 +27,7 @@ from search.workload import Workload
 
 
 class Predictor:
-    """`fitter.fit.memory.predict` for a candidate, each model file read once. `per_device` (optimise --rpc): what
+    """A candidate's plan (fitter.fit.plan.predict_plan), each model file read once. `per_device` (optimise --rpc): what
     each device may hold (its budget less its margin) by llama.cpp's name, `avail` the study's available bytes."""
 
     def __init__(self, backend: Backend, frontend: Frontend, build: LlamaBuild = PINNED,
@@ -61,12 +61,19 @@ class Predictor:
         ts = proposed or tuple(float(max(a, 0)) for a in self.per_device.values())
         return cand.model_copy(update={"config": cfg.model_copy(update={"tensor_split": ts})})
 
-    def predict(self, cand: Candidate):
+    def plan(self, cand: Candidate):
+        """The trial's plan (fitter.fit.plan.predict_plan): its config as given, held to the study's budgets."""
+        from fitter.fit.plan import predict_plan
+        from fitter.fit.request import Budgets, FitRequest
+
         cand = self.placed(cand)
-        header, spec = self.spec(cand.model_path)
-        dm = cand.config.draft_model
-        draft = self.spec(dm) if cand.config.spec_type == "draft-simple" and dm else None
-        return predict(header, spec, cand.config, self.backend, self.frontend, draft, build=self.build)
+        req = FitRequest.trial(cand.model_path, cand.config, self.backend, self.frontend, self.build,
+                               Budgets.held(self.avail, self.per_device))
+        return predict_plan(req, model=self.spec(cand.model_path),
+                            draft=self.spec(req.model_draft) if req.model_draft else None)
+
+    def predict(self, cand: Candidate):
+        return self.plan(cand).pred
 
     def device_bytes(self, pred) -> int:
         """What the one --budget holds: the device total; with --rpc and one budget for every device the fullest
