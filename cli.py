@@ -14,7 +14,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 import cli_session
-import fitter
 from cli_options import (
     MODEL_HELP,
     SIZE_HELP,
@@ -60,7 +59,7 @@ from cli_options import (
     split_server_flags,
     with_groups,
 )
-from fitter import GGFitError
+from fitter.errors import GGFitError
 
 # typer >= 0.20 vendors its own click (typer._click); older releases use click itself: take the classes from typer
 _UsageError: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -281,10 +280,11 @@ def calibrate(
     """Run llama.cpp's dry run over a small grid here and store compute-buffer corrections for this
     architecture, backend and llama.cpp build; later predictions use them. With --log, learn them from
     a log of your own llama.cpp instead; with --bench, calibrate the speed model from llama-bench's rates."""
+    from fitter.llama.flags import ConfigError  # defined there (fitter.llama.cparams re-exports it)
 
     if bench is not None:
         if log is not None or list_ or clear:
-            raise fitter.ConfigError("--bench with --log, --list or --clear: use one at a time")
+            raise ConfigError("--bench with --log, --list or --clear: use one at a time")
         from cli_request import llama_build_of
         from fitter.fit.request import Speed
 
@@ -294,32 +294,33 @@ def calibrate(
         calibrate_bench(bench, model, speed, no_store=no_store, as_json=as_json)
         return
     if hardware != "auto" or host_bandwidth is not None:
-        raise fitter.ConfigError("--hardware and --host-bandwidth go with --bench FILE (the speed calibration)")
+        raise ConfigError("--hardware and --host-bandwidth go with --bench FILE (the speed calibration)")
     if log is not None:
         if list_ or clear:
-            raise fitter.ConfigError("--log with --list or --clear: use one at a time")
+            raise ConfigError("--log with --list or --clear: use one at a time")
         from cli_calibrate import calibrate_log
 
         calibrate_log(log, model, backend, llama_build, no_store, as_json)
         return
     if llama_build is not None or no_store:
-        raise fitter.ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE or --bench FILE "
-                                 "(without it, calibrate measures the llama.cpp installed here)")
+        raise ConfigError(f"{'--llama-build' if llama_build is not None else '--no-store'} goes with --log FILE or --bench FILE "
+                          "(without it, calibrate measures the llama.cpp installed here)")
     if list_ or clear:
         from cli_output import calibrate_clear, calibrate_list
         from cli_speed import list_speed_calibrations
+        from fitter.fit import calibration
 
         if list_ and clear:
-            raise fitter.ConfigError("--list and --clear: use one at a time")
+            raise ConfigError("--list and --clear: use one at a time")
         if list_:
-            calibrate_list(fitter.calibration, model, as_json)
+            calibrate_list(calibration, model, as_json)
             if not as_json:
                 list_speed_calibrations()
         else:
-            calibrate_clear(fitter.calibration, model, as_json)
+            calibrate_clear(calibration, model, as_json)
         return
     if model is None:
-        raise fitter.ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
+        raise ConfigError("calibrate needs a MODEL (or --list, or --clear [ARCH])")
     from cli_calibrate import calibrate_grid
 
     calibrate_grid(model, backend, as_json)
@@ -347,37 +348,41 @@ def probe(
     reasoning: Annotated[bool, typer.Option("--reasoning/--no-reasoning", help="openai runner: leave the template's thinking on.")] = False,
 ) -> None:
     """Prove a config with a real request in an isolated process: ok, oom, crash, timeout or error."""
+    from fitter.progress import Progress  # the standard library only
     if runner == RunnerName.openai:
         from search.runner_openai import OpenAIProbe
 
         if not url:
-            raise fitter.GGFitError("--runner openai needs --url (the server's base URL, e.g. http://127.0.0.1:8080)")
-        with fitter.Progress("probe", json_output=as_json) as live:  # each request as it ends, on stderr
+            raise GGFitError("--runner openai needs --url (the server's base URL, e.g. http://127.0.0.1:8080)")
+        with Progress("probe", json_output=as_json) as live:  # each request as it ends, on stderr
             res = OpenAIProbe(url, model=model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats,
                               depths=tuple(depth or (0,)), concurrency=tuple(concurrency or (1,)), timeout=timeout,
                               pid=pid, soak=soak, reasoning=reasoning, progress=live).run()
         print(res.model_dump_json(indent=2) if as_json else res.summary())
         raise typer.Exit(0 if res.ok else 1)
     if model is None:
-        raise fitter.GGFitError(f"Missing argument 'MODEL' (--runner {runner.value} needs one; --runner openai takes --url)")
+        raise GGFitError(f"Missing argument 'MODEL' (--runner {runner.value} needs one; --runner openai takes --url)")
     if runner == RunnerName.mlx:
+        from fitter.mlx import require_mlx_lm
+        from fitter.mlx.config import load_mlx_model
         from search.runner_mlx import MlxFlags, mlx_probe
         from search.runner_openai import OpenAIProbe
 
-        fitter.require_mlx_lm()
-        fitter.load_mlx_model(model)  # a missing or hostile model directory: one line, before the server starts
-        with fitter.Progress("probe", json_output=as_json) as live:  # the server's start, each request, on stderr
+        require_mlx_lm()
+        load_mlx_model(model)  # a missing or hostile model directory: one line, before the server starts
+        with Progress("probe", json_output=as_json) as live:  # the server's start, each request, on stderr
             res, cmd = mlx_probe(model, MlxFlags(extra_args=tuple(ctx.args)), lambda u, p: OpenAIProbe(
                 u, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, depths=tuple(depth or (0,)),
                 concurrency=tuple(concurrency or (1,)), pid=p, soak=soak, reasoning=reasoning, progress=live),
                 timeout=timeout, progress=live)
         print(res.model_dump_json(indent=2) if as_json else res.summary() + "\n  command: " + " ".join(cmd))
         raise typer.Exit(0 if res.ok else 1)
+    from fitter.llama.flags import ConfigError
     from search.probe import probe_cli  # the probe machinery: only for this command
     from search.workload import Workload  # pydantic: not for --help
 
     if not (0 < timeout < float("inf")):
-        raise fitter.ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
+        raise ConfigError(f"--timeout {timeout:g}: use a number of seconds above 0")
     workload = Workload.from_flags(prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeats=repeats, kind=kind.value)
     code, text = probe_cli(model, list(ctx.args), runner=runner.value, budget=budget, llama_server=llama_server,
                            timeout=timeout, workload=workload, as_json=as_json, soak=soak)

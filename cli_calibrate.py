@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-import fitter
 from cli_options import BackendName, backend_of
 from cli_output import calibration_lines, print_log_extras, print_log_side
-from fitter import GGFitError
+from fitter.errors import GGFitError
 
 
 def calibrate_grid(model: str, backend: BackendName | None, as_json: bool) -> None:
     """llama.cpp's dry runs over a small grid here, and the compute corrections stored for this build and backend."""
+    from fitter.bundled import resolve_model
+    from fitter.fit import calibration
+    from fitter.oracle.calibrate import calibrate
+    from fitter.progress import Progress
+
     be = backend_of(backend)
-    path = fitter.resolve_model(model)
-    fitter.calibration.check_store()  # before the dry runs, not a traceback after them
-    with fitter.Progress("calibrate", json_output=as_json) as progress:
-        cal, rows = fitter.calibrate(path, be, progress=progress)
-    where = fitter.calibration.save(cal)
+    path = resolve_model(model)
+    calibration.check_store()  # before the dry runs, not a traceback after them
+    with Progress("calibrate", json_output=as_json) as progress:
+        cal, rows = calibrate(path, be, progress=progress)
+    where = calibration.save(cal)
     if as_json:
         print(json.dumps({"calibration": cal.model_dump(mode="json"), "identity": cal.identity, "grid": rows,
                           "stored": str(where)}, indent=2))
@@ -41,13 +45,19 @@ def calibrate_grid(model: str, backend: BackendName | None, as_json: bool) -> No
 def calibrate_log(path: str, model: Optional[str], backend: BackendName | None, llama_build: Optional[str],
                    no_store: bool, as_json: bool) -> None:
     """`ggfit calibrate --log FILE [MODEL]`: the log's buffers next to the prediction for its build and settings."""
-    ulog = fitter.read_user_log(path)
+    from fitter.bundled import resolve_model
+    from fitter.fit import calibration
+    from fitter.ggml.backends.base import Backend
+    from fitter.oracle.calibrate import compare_log, record_log
+    from fitter.oracle.user_log import read_user_log
+
+    ulog = read_user_log(path)
     if not no_store:
-        fitter.calibration.check_store()
-    be = fitter.Backend(backend.value) if backend else None
+        calibration.check_store()
+    be = Backend(backend.value) if backend else None
     try:
-        cmp = fitter.compare_log(ulog, fitter.resolve_model(model) if model else None, backend=be,
-                                 llama_build=llama_build)
+        cmp = compare_log(ulog, resolve_model(model) if model else None, backend=be,
+                          llama_build=llama_build)
     except GGFitError:
         if not as_json:  # what the log says, then why ggfit cannot predict it (one line on stderr)
             print_log_side(ulog)
@@ -55,7 +65,7 @@ def calibrate_log(path: str, model: Optional[str], backend: BackendName | None, 
     stored = None
     if cmp.prediction is not None and not no_store:
         try:
-            stored = fitter.record_log(cmp)
+            stored = record_log(cmp)
         except GGFitError as e:
             cmp.notes.append(str(e))
     if as_json:
@@ -65,7 +75,9 @@ def calibrate_log(path: str, model: Optional[str], backend: BackendName | None, 
 
 
 def _log_json(ulog: Any, cmp: Any, stored: Any) -> dict[str, Any]:
-    return {"log": fitter.log_summary(ulog), "build": cmp.build.label() if cmp.build else None,
+    from fitter.oracle.user_log import log_summary
+
+    return {"log": log_summary(ulog), "build": cmp.build.label() if cmp.build else None,
                "backend": cmp.backend.value if cmp.backend else None, "model": cmp.model,
                "architecture": cmp.architecture, "frontend": cmp.frontend.value if cmp.frontend else None,
                "config": cmp.config.model_dump(mode="json") if cmp.config else None, "assumed": cmp.assumed,
@@ -106,6 +118,8 @@ def _print_log(ulog: Any, cmp: Any, stored: Any) -> None:
               f"({len(cal.logs)} log{'s' if len(cal.logs) > 1 else ''}): {where}")
         for line in calibration_lines(cal):
             print(f"  {line}")
-        flag = cal.llama_cpp if not cal.llama_cpp.startswith(fitter.LLAMA_CPP_COMMIT[:12]) else "pinned"
+        from fitter.llama_builds import LLAMA_CPP_COMMIT
+
+        flag = cal.llama_cpp if not cal.llama_cpp.startswith(LLAMA_CPP_COMMIT[:12]) else "pinned"
         print(f"later predictions for llama.cpp {cal.llama_cpp[:12]} on {cal.backend} use it "
               f"(ggfit fit ... --llama-build {flag} --backend {cal.backend})")

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-import fitter
 from cli_verdict import (
     alternatives_json,
     batch_notes,
@@ -49,12 +48,14 @@ def print_breakdown(pred, available: int, per_device: dict[str, int] | None = No
 
 def print_build(build, differences) -> None:
     """Which build's rules applied, and (not the pinned build) where its rules differ in a way that costs here."""
+    from fitter.llama_builds import PINNED
+
     if build.is_pinned:
         return
     matter = [d for d in differences if d.device_bytes]
     print(f"build    {build.label()}: {build.how}")
     if matter:
-        print(f"         rules of this build that differ from the pinned {fitter.PINNED.label()} here:")
+        print(f"         rules of this build that differ from the pinned {PINNED.label()} here:")
     for d in matter:
         print(f"         - {d.line}")
     if len(differences) > len(matter):
@@ -70,13 +71,15 @@ def warn_ctx_train(cp, spec) -> None:
 
 
 def _host_json(r: Plan) -> dict[str, Any]:
+    from fitter.fit.margin import host_margin_note
+
     host = r.host
     return {
         "host_bytes": r.pred.host_bytes,
         "host_budget_bytes": host.bytes if host is not None else None,
         "host_budget_source": host.source if host is not None else None,
         "host_margin_bytes": r.budgets.host_margin if host is not None else None,
-        "host_margin_source": fitter.host_margin_note(r.be.value) if host is not None else None,
+        "host_margin_source": host_margin_note(r.be.value) if host is not None else None,
     }
 
 
@@ -92,17 +95,20 @@ def _placement_json(r: Plan) -> dict[str, Any]:
 
 def plan_json(r: Plan) -> dict[str, Any]:
     """`fit --json`: the plan, every field the text prints and the verdict's (the same line and exit code)."""
+    from fitter.fit.margin import margin_note
+    from fitter.llama_builds import build_label
+
     b = r.budgets
     out = {
         "backend": r.be.value,
         "frontend": r.fe.value,
-        "llama_cpp": fitter.build_label() if r.build.is_pinned else r.build.label(),
+        "llama_cpp": build_label() if r.build.is_pinned else r.build.label(),
         "llama_build": {"label": r.build.label(), "how": r.build.how, "pinned": r.build.is_pinned,
                         "differences": [d.model_dump(mode="json") for d in r.differences]},
         "budget_bytes": r.bud.bytes,
         "budget_source": r.bud.source,
         "margin_bytes": b.margin_bytes,
-        "margin_source": fitter.margin_note(r.be.value) if b.margin_default else "--margin",
+        "margin_source": margin_note(r.be.value) if b.margin_default else "--margin",
         "device_margins": _device_margins(r),
         "config": r.pred.context.model_dump(mode="json"),
         "buffers": [x.model_dump(mode="json") for x in r.pred.buffers],
@@ -148,13 +154,16 @@ def _device_margins(r: Plan) -> dict[str, dict] | None:
 
 def _print_head(r: Plan) -> None:
     """The model, backend, build, budget, the defaults llama.cpp applied and its caps of -b and -ub."""
+    from fitter.fit.margin import margin_note
+    from fitter.llama_builds import build_label
+
     spec, pred, b = r.spec, r.pred, r.budgets
     print(f"model    {r.path} ({spec.architecture}, {spec.file_type_name or '?'}, {mib(spec.file_size)})")
     print(f"backend  {r.be.value}, {r.fe.value} defaults, "
-          + (fitter.build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
+          + (build_label() if r.build.is_pinned else f"rules of {r.build.label()}"))
     print_build(r.build, r.differences)
     note = f" [{r.bud.note}]" if r.bud.note else ""
-    why = f" ({fitter.margin_note(r.be.value)})" if b.margin_default else ""
+    why = f" ({margin_note(r.be.value)})" if b.margin_default else ""
     margin = r.bud.bytes - b.available if b.margins else b.margin_bytes  # the main device's own
     why = " (each device its own below)" if b.margins else why
     print(f"budget   {mib(r.bud.bytes)} ({r.bud.source}){note}, margin {mib(margin)}{why} -> "
@@ -170,6 +179,8 @@ def _print_head(r: Plan) -> None:
 
 def _print_memory(r: Plan) -> None:
     """The breakdown, the rates, the calibration and checks, and the host side."""
+    from fitter.fit.margin import host_margin_note
+
     pred, b = r.pred, r.budgets
     print()
     print_breakdown(pred, b.available, r.avail if b.per_device else None)  # type: ignore[arg-type]
@@ -191,7 +202,7 @@ def _print_memory(r: Plan) -> None:
     if r.host is not None:
         hb, ha = pred.host_bytes, r.host_avail
         print(f"host memory: {mib(hb)} of the {mib(r.host.bytes)} host budget ({r.host.source}) less a "
-              f"{mib(b.host_margin)} host margin ({fitter.host_margin_note(r.be.value)}): "
+              f"{mib(b.host_margin)} host margin ({host_margin_note(r.be.value)}): "
               + ("fits" if ha is not None and hb <= ha else "does NOT fit"))
 
 
@@ -261,15 +272,18 @@ def print_quants_plan(q: QuantsPlan, as_json: bool) -> None:
     """`ggfit quants`' table (or JSON): each quant's sizes and rates, the best fit, or why none fits (exit 1)."""
     import json
 
+    from fitter.fit.quant_fit import BEST_RULE
+    from fitter.llama_builds import build_label
+
     f = q.request.fit
     speed, be, build, b = f.speed, f.backend, f.build, f.budgets
     assert speed is not None
     if as_json:
-        print(json.dumps({"backend": be.value, "llama_cpp": fitter.build_label() if build.is_pinned else build.label(),
+        print(json.dumps({"backend": be.value, "llama_cpp": build_label() if build.is_pinned else build.label(),
                           "budget_bytes": b.main.bytes, "margin_bytes": b.margin_bytes,
                           "header_bytes_fetched": q.header.bytes_fetched,
                           "candidates": [candidate_json(speed, c) for c in q.candidates],
-                          "best": q.best.name if q.best else None, "best_rule": fitter.BEST_RULE,
+                          "best": q.best.name if q.best else None, "best_rule": BEST_RULE,
                           "none_fits": q.none_fits, "speed": settings_json(speed)},
                          indent=2))
         raise typer.Exit(1 if q.none_fits else 0)  # as the text: 1 when nothing fits
@@ -282,7 +296,7 @@ def print_quants_plan(q: QuantsPlan, as_json: bool) -> None:
     print_quants(q.candidates, best, speed)
     if best:
         print(f"best fit: {best.name} ({best.file_bytes / 2**20:,.0f} MiB), headroom "
-              f"{best.headroom_bytes / 2**20:,.0f} MiB ({fitter.BEST_RULE})")
+              f"{best.headroom_bytes / 2**20:,.0f} MiB ({BEST_RULE})")
     elif q.candidates:
         print(q.none_fits)
         raise typer.Exit(1)
@@ -368,12 +382,14 @@ def speed_json(res: Any) -> dict[str, Any] | None:
 
 def print_quants(cands: list, best: Any, speed: Speed) -> None:
     """quants' table: each quant's sizes, and where it fits and rates can be said, its prefill and decode rates."""
+    from fitter.fit.quant_fit import THIS_FILE
+
     rated = bool(speed.rated)
     head = f"{'prefill t/s':>13}{'decode t/s':>12}" if rated else ""
     print(f"  {'quant':<24}{'file MiB':>11}{'device MiB':>12}{head}{'headroom':>11}{'largest -c':>12}  verdict")
     for c in cands:
         verdict = "fits" if c.fits else f"over by {-c.headroom_bytes / 2**20:,.0f} MiB"
-        flag = (" (this file)" if c.source == fitter.THIS_FILE else " (imatrix)" if c.needs_imatrix
+        flag = (" (this file)" if c.source == THIS_FILE else " (imatrix)" if c.needs_imatrix
                 else "" if c.exact else " (size only)")
         mark = "*" if best is not None and c.name == best.name else " "
         rates = ""

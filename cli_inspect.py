@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import fitter
 from cli_output import mib
 
 
 def show_inspect(model: str, as_json: bool) -> None:
     """The description as rows of (what, value), or with as_json the ModelSpec and what the header read."""
-    header, spec = fitter.load_model_spec(fitter.resolve_model(model), allow_unknown=True)
+    from fitter.bundled import resolve_model
+    from fitter.llama.model import load_model_spec
+
+    header, spec = load_model_spec(resolve_model(model), allow_unknown=True)
     if as_json:
         out = spec.model_dump(mode="json")
         out["layer_kinds"] = spec.layer_kind_counts()
@@ -41,6 +43,8 @@ def _file_rows(header: Any, spec: Any) -> list[tuple[str, str]]:
 
 
 def _layer_rows(spec: Any) -> list[tuple[str, str]]:
+    from fitter.llama.hparams import LayerKind
+
     rows: list[tuple[str, str]] = []
     trunk = [layer for layer in spec.layers if not layer.nextn]
     kinds = spec.layer_kind_counts()
@@ -51,13 +55,13 @@ def _layer_rows(spec: Any) -> list[tuple[str, str]]:
         parts.append(f"{kinds['swa']} sliding window ({spec.n_swa} tokens)")
     if kinds.get("recurrent"):
         parts.append(f"{kinds['recurrent']} recurrent")
-    no_kv = sum(1 for layer in trunk if not layer.has_kv and layer.kind != fitter.LayerKind.RECURRENT)
+    no_kv = sum(1 for layer in trunk if not layer.has_kv and layer.kind != LayerKind.RECURRENT)
     if no_kv:
         parts.append(f"{no_kv} reuse another layer's KV")
     rows.append(("layers", f"{spec.n_layer}: " + ", ".join(parts)))
     pattern = "".join({"full": "F", "swa": "S", "recurrent": "R"}[layer.kind.value] for layer in trunk)
     rows.append(("layer pattern", pattern + "  (F full, S sliding window, R recurrent)"))
-    attn = [layer for layer in trunk if layer.kind != fitter.LayerKind.RECURRENT]
+    attn = [layer for layer in trunk if layer.kind != LayerKind.RECURRENT]
     if attn:
         def _span(values: list[int]) -> str:
             lo, hi = min(values), max(values)

@@ -11,8 +11,6 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-import fitter
-
 
 class BackendName(str, Enum):
     """fitter's Backend values (tests/test_bad_invocations.py checks they agree), without importing fitter for --help."""
@@ -325,8 +323,9 @@ def detect_backend() -> str:
 
 def backend_of(name: BackendName | None):
     """--backend, or this machine's own when not given."""
+    from fitter.ggml.backends.base import Backend
 
-    return fitter.Backend(name.value if name else detect_backend())
+    return Backend(name.value if name else detect_backend())
 
 
 def hardware_of(name: str = "auto", host_bandwidth: str | None = None):
@@ -339,23 +338,27 @@ def hardware_of(name: str = "auto", host_bandwidth: str | None = None):
 
 def backend_of_hardware(name: BackendName | None, profile):
     """--backend when given, else the --hardware profile's (issue 46: --hardware sets the backend)."""
-    return fitter.Backend(name.value) if name else profile.backend
+    from fitter.ggml.backends.base import Backend
+
+    return Backend(name.value) if name else profile.backend
 
 
 def threads_of(threads: int | None) -> int:
     """-t N, or llama.cpp's default (the physical cores); 0 or less is one line, as llama.cpp's own -t needs one."""
+    from fitter.llama.flags import ConfigError
     from fitter.speed.hardware import default_threads
 
     if threads is None:
         return default_threads()
     if threads < 1:
-        raise fitter.ConfigError(f"-t {threads}: use 1 or more threads")
+        raise ConfigError(f"-t {threads}: use 1 or more threads")
     return threads
 
 
 def frontend_of(name: FrontendName):
+    from fitter.llama.cparams import Frontend
 
-    return fitter.Frontend(name.value)
+    return Frontend(name.value)
 
 
 # fit's parameters by engine: mlx-lm's own (fit_mlx reads them), and those both engines read; every other one is
@@ -377,6 +380,8 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
              and (p.name not in BOTH_ENGINES and p.name not in MLX_ONLY if mlx else p.name in MLX_ONLY)]
     if not wrong:
         return
+    from fitter.llama.flags import ConfigError
+
     shown = []
     for p in wrong:
         v = ctx.params.get(p.name or "")
@@ -384,13 +389,13 @@ def check_engine_flags(ctx: typer.Context, engine: str) -> None:
         flag = min(opts, key=len)  # -ctk, not --cache-type-k
         shown.append(flag if isinstance(v, bool) else f"{flag} {getattr(v, 'value', v)}")
     if mlx:
-        raise fitter.ConfigError(f"{', '.join(shown)}: llama.cpp's, not mlx-lm's: --engine mlx takes -c, -md, "
-                                 "--spec-draft-n-max and its own --max-kv-size, --kv-bits, --kv-group-size, "
-                                 "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes, "
-                                 "--prompt-cache-size, --session-requests")
-    raise fitter.ConfigError(f"{', '.join(shown)}: mlx-lm's (--engine mlx), not llama.cpp's"
-                             + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
-                                else ""))
+        raise ConfigError(f"{', '.join(shown)}: llama.cpp's, not mlx-lm's: --engine mlx takes -c, -md, "
+                          "--spec-draft-n-max and its own --max-kv-size, --kv-bits, --kv-group-size, "
+                          "--quantized-kv-start, --prefill-step-size, --max-tokens, --prompt-cache-bytes, "
+                          "--prompt-cache-size, --session-requests")
+    raise ConfigError(f"{', '.join(shown)}: mlx-lm's (--engine mlx), not llama.cpp's"
+                      + (" (llama.cpp's K/V types: -ctk, -ctv)" if any(p.name == "kv_bits" for p in wrong)
+                         else ""))
 
 
 # llama-server flags (common/arg.cpp of the pinned build, the server's and the common ones) that change no buffer
@@ -462,21 +467,27 @@ def split_server_flags(args: list[str]) -> tuple[list[str], list[str]]:
         name, eq, _ = a.partition("=") if a.startswith("--") else (a, "", "")
         if name in ("-m", "--model"):  # llama-server's model flag: the command's MODEL argument
             if not eq and i + 1 >= len(args):
-                raise fitter.ConfigError(f"{a} needs a value")
+                from fitter.llama.flags import ConfigError
+
+                raise ConfigError(f"{a} needs a value")
             kept.insert(1, a.partition("=")[2] if eq else args[i + 1])
             i += 1 if eq else 2
             continue
         if name in NOT_MODELLED_FLAGS and not (args[0] == "fit" and name in SESSION_FLAGS):
             value = "" if eq or not NOT_MODELLED_FLAGS[name] or i + 1 >= len(args) else " " + args[i + 1]
-            raise fitter.ConfigError(f"{a}{value}: a llama-server flag that changes memory, which ggfit does not "
-                                     "model; leave it out (ggfit predicts llama.cpp without it)")
+            from fitter.llama.flags import ConfigError
+
+            raise ConfigError(f"{a}{value}: a llama-server flag that changes memory, which ggfit does not "
+                              "model; leave it out (ggfit predicts llama.cpp without it)")
         if name not in NO_MEMORY_FLAGS:
             kept.append(a)
             i += 1
             continue
         takes = NO_MEMORY_FLAGS[name] and not eq
         if takes and i + 1 >= len(args):
-            raise fitter.ConfigError(f"{a} needs a value")
+            from fitter.llama.flags import ConfigError
+
+            raise ConfigError(f"{a} needs a value")
         ignored.append(a + (" " + args[i + 1] if takes else ""))
         i += 2 if takes else 1
     return kept, ignored

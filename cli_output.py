@@ -9,10 +9,9 @@ from typing import Any, Optional
 
 import typer
 
-import fitter
 from cli_fit import mib, print_breakdown  # noqa: F401  (mib: cli_inspect's too)
 from cli_options import MlxOptions, detect_backend
-from fitter import GGFitError
+from fitter.errors import GGFitError
 
 
 def print_log_side(ulog, *, rows: bool = True) -> None:
@@ -72,9 +71,10 @@ def calibration_lines(cal) -> list[str]:
 
 
 def calibrate_list(calibration, model: Optional[str], as_json: bool) -> None:
-
     if model is not None:
-        raise fitter.ConfigError(f"--list takes no MODEL (got {model})")
+        from fitter.llama.flags import ConfigError
+
+        raise ConfigError(f"--list takes no MODEL (got {model})")
     cals, where = calibration.stored(), calibration.store_path()
     if as_json:
         print(json.dumps({"stored": str(where), "calibrations": [dict(c.model_dump(mode="json"), identity=c.identity)
@@ -95,8 +95,11 @@ def calibrate_clear(calibration, model: Optional[str], as_json: bool) -> None:
 
     arch = model
     if model is not None and model not in {c.architecture for c in calibration.stored(warn=False)}:
+        from fitter.bundled import resolve_model
+        from fitter.llama.model import load_model_spec
+
         try:  # a model: its architecture
-            arch = fitter.load_model_spec(fitter.resolve_model(model))[1].architecture
+            arch = load_model_spec(resolve_model(model))[1].architecture
         except GGFitError:
             pass  # an architecture with nothing stored
     gone, where = calibration.clear(arch)
@@ -116,38 +119,43 @@ def fit_mlx(model: str, *, budget: str, margin: str | None, n_ctx: int | None, m
     """`ggfit fit --engine mlx`: the same table and budget for an MLX model; without -c, the largest -c that fits; and
     mlx_lm.server's memory over a session (its prompt cache: the peak after --session-requests, the limit)."""
     from cli_mlx_session import mlx_session, session_json
+    from fitter.fit.budget import available_bytes, parse_budget, parse_margin, parse_size
+    from fitter.mlx import mlx_label
+    from fitter.mlx.cache import MlxCacheSettings
+    from fitter.mlx.config import load_mlx_model
+    from fitter.mlx.memory import MlxRun, largest_context_mlx, predict_mlx
 
     o = options
-    bud = fitter.parse_budget(budget, detect_backend())
-    margin_bytes = fitter.parse_margin(margin)
-    available = fitter.available_bytes(bud, margin_bytes)
+    bud = parse_budget(budget, detect_backend())
+    margin_bytes = parse_margin(margin)
+    available = available_bytes(bud, margin_bytes)
     for flag, v in (("--prefill-step-size", o.prefill_step_size), ("--max-tokens", o.max_tokens)):
         if v < 1:
-            raise fitter.GGFitError(f"{flag} {v}: must be at least 1")
-    m = fitter.load_mlx_model(model)
-    draft = fitter.load_mlx_model(model_draft) if model_draft else None
-    settings = fitter.MlxCacheSettings(max_kv_size=o.max_kv_size, kv_bits=o.kv_bits, kv_group_size=o.kv_group_size,
-                                       quantized_kv_start=o.quantized_kv_start, prefill_step_size=o.prefill_step_size)
+            raise GGFitError(f"{flag} {v}: must be at least 1")
+    m = load_mlx_model(model)
+    draft = load_mlx_model(model_draft) if model_draft else None
+    settings = MlxCacheSettings(max_kv_size=o.max_kv_size, kv_bits=o.kv_bits, kv_group_size=o.kv_group_size,
+                                quantized_kv_start=o.quantized_kv_start, prefill_step_size=o.prefill_step_size)
     pc = None  # mlx_lm.server's utils._parse_size: a bare number is bytes
     if o.prompt_cache_bytes:
         pc = (int(o.prompt_cache_bytes) if o.prompt_cache_bytes.strip().isdigit()
-              else fitter.parse_size(o.prompt_cache_bytes, what="--prompt-cache-bytes"))
-    run = fitter.MlxRun(n_ctx=n_ctx or 256, max_tokens=o.max_tokens, cache=settings, prompt_cache_bytes=pc,
-                        num_draft_tokens=draft_n_max)
+              else parse_size(o.prompt_cache_bytes, what="--prompt-cache-bytes"))
+    run = MlxRun(n_ctx=n_ctx or 256, max_tokens=o.max_tokens, cache=settings, prompt_cache_bytes=pc,
+                 num_draft_tokens=draft_n_max)
     n_max = m.spec.max_position_embeddings or 262144
     if n_ctx is None:
-        best, pred = fitter.largest_context_mlx(m, run, available, n_max, draft)
+        best, pred = largest_context_mlx(m, run, available, n_max, draft)
         if pred is None:
-            pred = fitter.predict_mlx(m, run, draft)
+            pred = predict_mlx(m, run, draft)
     else:
-        best, pred = 0, fitter.predict_mlx(m, run, draft)
+        best, pred = 0, predict_mlx(m, run, draft)
     total = pred.total_device_bytes
     fits = total <= available
     sess = mlx_session(m, pred.run, draft, available, requests=session_requests,
                        prompt_cache_size=o.prompt_cache_size)
     if as_json:
         print(json.dumps({
-            "engine": "mlx", "mlx_lm": fitter.mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
+            "engine": "mlx", "mlx_lm": mlx_label(), "budget_bytes": bud.bytes, "budget_source": bud.source,
             "margin_bytes": margin_bytes, "n_ctx": pred.run.n_ctx, "largest_n_ctx": best if n_ctx is None else None,
             "config": {"max_tokens": o.max_tokens, "max_kv_size": o.max_kv_size, "kv_bits": o.kv_bits,
                        "kv_group_size": o.kv_group_size, "quantized_kv_start": o.quantized_kv_start,
@@ -168,11 +176,12 @@ def _print_mlx(model: str, m: Any, pred: Any, bud: Any, margin_bytes: int, avail
                sess: tuple) -> None:
     """fit_mlx's text: the model, the budget, the largest context, the breakdown, the session and the command."""
     from cli_mlx_session import print_session
+    from fitter.mlx import mlx_label
 
     spec = m.spec
     print(f"model    {model} ({spec.model_type}, "
           + (f"{spec.quant_bits}-bit" if spec.quant_bits else spec.act_dtype) + f", {mib(m.file_bytes)} on disk)")
-    print(f"engine   mlx, {fitter.mlx_label()}")
+    print(f"engine   mlx, {mlx_label()}")
     print(f"budget   {mib(bud.bytes)} ({bud.source}), margin {mib(margin_bytes)} -> {mib(available)} available")
     if best is not None:
         print(f"\nlargest context: -c {best} (prompt + --max-tokens {o.max_tokens}; the model's limit {n_max:,})"

@@ -8,8 +8,6 @@ import os
 import shutil
 from typing import TYPE_CHECKING, Any, Optional
 
-import fitter
-
 if TYPE_CHECKING:
     from fitter.fit.request import FitRequest, QuantsRequest, Speed
     from fitter.ggml.backends.base import Backend
@@ -37,27 +35,36 @@ from cli_session import session_ask
 
 def run_config(**fields):
     """A RunConfig from CLI flags; a value llama.cpp would refuse is one line (a ConfigError), not a traceback."""
-    return fitter.RunConfig(**fields)
+    from fitter.llama.cparams import RunConfig
+
+    return RunConfig(**fields)
 
 
 def llama_build_of(value: str | None, llama_server: str | None = None):
     """--llama-build: the pinned build, a named build, a log's build line, or (auto) what a binary says it is."""
+    from fitter.llama.flags import ConfigError
+    from fitter.llama_builds import PINNED, resolve_build
+
     if value is None:
         if llama_server:
-            raise fitter.ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
-                                     "add --llama-build auto")
-        return fitter.PINNED
+            raise ConfigError("--llama-server PATH here only tells --llama-build auto which binary to ask; "
+                              "add --llama-build auto")
+        return PINNED
     if value == "auto":
+        from fitter.llama_builds.identify import build_of_binary
+
         binary = llama_server or shutil.which("llama-server")
         if binary is None:
-            raise fitter.ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
-                                     "or the build itself (llama-server --version prints it: --llama-build b9430)")
-        return fitter.build_of_binary(binary)
+            raise ConfigError("--llama-build auto: no llama-server on PATH; give --llama-server PATH, "
+                              "or the build itself (llama-server --version prints it: --llama-build b9430)")
+        return build_of_binary(binary)
     if os.path.isfile(value):  # a log of the user's llama.cpp
+        from fitter.llama_builds.identify import build_from_text
+
         with open(value, "rb") as f:
             text = f.read(64 * 2**20).decode("utf-8", "replace")
-        return fitter.build_from_text(text, os.path.basename(value))
-    return fitter.resolve_build(value)
+        return build_from_text(text, os.path.basename(value))
+    return resolve_build(value)
 
 
 def lora_fields(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[tuple[str, float], ...]:
@@ -76,13 +83,14 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
     """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
     budgets (llama.cpp splits by free memory). A GPU the flags name without a budget is an error."""
     from fitter.fit.budget import check_devices
+    from fitter.llama.flags import ConfigError
 
     ts: tuple[float, ...] | None = None
     if tensor_split is not None:
         try:
             ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(",") if x)
         except ValueError:
-            raise fitter.ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
+            raise ConfigError(f"-ts {tensor_split}: use proportions, e.g. 3,1") from None
         check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=ts, ts_text=tensor_split)
     else:
         check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=None)
@@ -97,10 +105,11 @@ def speed_of(s: SpeedOptions, build: LlamaBuild, rpc: str | None = None) -> Spee
     """The speed settings (fitter.fit.request.Speed): --hardware, --host-bandwidth, -t, --speed-prompt,
     --speed-depth, --no-speed, and with --rpc the network's --rpc-bandwidth and --rpc-latency."""
     from fitter.fit.request import Speed
+    from fitter.llama.flags import ConfigError
 
     if rpc is None and (s.rpc_bandwidth is not None or s.rpc_latency is not None):
         given = "--rpc-bandwidth" if s.rpc_bandwidth is not None else "--rpc-latency"
-        raise fitter.ConfigError(f"{given}: the network to the rpc-servers goes with --rpc HOST:PORT,...")
+        raise ConfigError(f"{given}: the network to the rpc-servers goes with --rpc HOST:PORT,...")
 
     return Speed(s.hardware, s.host_bandwidth, s.threads, s.speed_prompt, s.speed_depth, off=s.no_speed, build=build,
                  rpc_bandwidth=s.rpc_bandwidth, rpc_latency=s.rpc_latency)
@@ -126,16 +135,23 @@ def fit_request(model: str, b: BudgetOptions, frontend: FrontendName, c: Context
                 check: bool, llama_bin: Optional[str], session: SessionOptions | None = None) -> FitRequest:
     """`ggfit fit`'s flags as a FitRequest; a value llama.cpp would refuse is one line (ConfigError, BudgetError)."""
     from fitter.fit.request import Budgets, FitRequest
+    from fitter.llama.flags import ConfigError
 
-    fit_params = fitter.fit_params_binary(llama_bin) if llama_bin else None
+    fit_params = None
+    if llama_bin:
+        from fitter.oracle.fit_params import fit_params_binary
+
+        fit_params = fit_params_binary(llama_bin)
     if fit_params is not None and bo.llama_build is None:
-        build = fitter.build_of_binary(fit_params)
+        from fitter.llama_builds.identify import build_of_binary
+
+        build = build_of_binary(fit_params)
     else:
         build = llama_build_of(bo.llama_build, bo.llama_server)
     speed = speed_of(sp, build, s.rpc)
     be, fe = rpc_backend(s.rpc, backend_for(b.backend, speed)), frontend_of(frontend)
     if d.spec_type not in (None, "draft-simple", "draft-mtp"):
-        raise fitter.ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")
+        raise ConfigError(f"--spec-type {d.spec_type}: ggfit models draft-simple and draft-mtp")
     kinds = rpc_backends(s.rpc, b.budget, s.rpc_backend) if s.rpc else ()
     budgets = Budgets.parse(b.budget, b.margin, be, host_budget=s.host_budget, split_mode=s.split_mode,
                             main_gpu=s.main_gpu, devices=rpc_budgets(s.rpc, b.budget, be) if s.rpc else None,

@@ -6,7 +6,6 @@ from typing import Any, Literal, Optional
 
 import typer
 
-import fitter
 from cli_options import (
     AdapterOptions,
     BudgetOptions,
@@ -25,17 +24,22 @@ def optimise_run(models: list[str], study: str, budget: BudgetOptions, *, storag
                  build: BuildOptions, engine: Optional[str], speed_cut: Optional[float], rpc: Optional[str] = None,
                  rpc_kinds: Optional[str] = None) -> None:
     """`ggfit optimise`: check the flags, then the engine study or the Optuna study of one engine."""
+    from fitter.llama.flags import ConfigError
+
     if runner in (RunnerName.openai, RunnerName.mlx):
-        raise fitter.ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
+        raise ConfigError(f"--runner {runner.value}: optimise takes python or server (engines: ggfit compare-engines)")
     if adapters.mmproj and runner == RunnerName.python:  # llama-cpp-python's Llama loads no projector
-        raise fitter.ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
+        raise ConfigError("--mmproj: the python runner loads no multimodal projector; use --runner server")
     if adapters.mmproj:  # a bad file, or one of another width than the model: one line now, not a failed trial
-        fitter.check_mmproj_models(adapters.mmproj, backend_of(budget.backend), [fitter.resolve_model(m) for m in models])
+        from fitter.bundled import resolve_model
+        from fitter.mtmd.memory import check_mmproj_models
+
+        check_mmproj_models(adapters.mmproj, backend_of(budget.backend), [resolve_model(m) for m in models])
     llama_build = llama_build_of(build.llama_build, build.llama_server if build.llama_build == "auto" else None)
     if trials is not None and trials < 1:
-        raise fitter.ConfigError(f"--trials {trials}: use 1 or more")
+        raise ConfigError(f"--trials {trials}: use 1 or more")
     if seed is not None and not 0 <= seed < 2**32:
-        raise fitter.ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
+        raise ConfigError(f"--seed {seed}: use a number from 0 to {2**32 - 1}")
     p = placement
     if _engine_study(engine, models, {
             "--study": study != "prefill", "--draft": bool(drafts), "--storage": bool(storage),
@@ -64,9 +68,10 @@ def _rpc_study(rpc: Optional[str], runner: RunnerName, budget: BudgetOptions,
         return be, {}, None
     from cli_rpc import rpc_backend, rpc_backends, rpc_budgets
     from fitter.fit.request import Budgets
+    from fitter.llama.flags import ConfigError
 
     if runner != RunnerName.server:  # llama-cpp-python's loader registers no RPC device
-        raise fitter.ConfigError(f"--rpc {rpc}: the {runner.value} runner loads no RPC devices; use --runner server")
+        raise ConfigError(f"--rpc {rpc}: the {runner.value} runner loads no RPC devices; use --runner server")
     be = rpc_backend(rpc, be)
     kinds = rpc_backends(rpc, budget.budget, rpc_kinds)
     budgets = Budgets.parse(budget.budget, budget.margin, be, devices=rpc_budgets(rpc, budget.budget, be),
@@ -100,14 +105,16 @@ def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, stor
                trials: Optional[int], runner: Literal["python", "server"], drafts: Optional[list[str]],
                seed: Optional[int], no_compare: bool, llama_server: Optional[str], llama_build: Any, speed_cut: Optional[float],
                backend: Any = None, rpc_budgets: Any = None) -> None:
+    from fitter.bundled import resolve_model
+    from fitter.progress import Progress
     from search.study import NothingFits, run_study  # optuna: only for this command
     from search.study.prior import study_hardware
 
     try:
         # each trial's outcome as a lasting line, the probe in flight on the live line, both on stderr
-        with fitter.Progress("optimise") as live:
+        with Progress("optimise") as live:
             b = rpc_budgets  # --rpc: the first device's budget and margin, and what each device may hold
-            result = run_study([fitter.resolve_model(m) for m in models], study_def,
+            result = run_study([resolve_model(m) for m in models], study_def,
                                budget=b.main if b else budget.budget, margin=b.main.bytes - b.available if b else budget.margin,
                                per_device=b.avail if b and b.per_device else None,
                                backend=(backend or backend_of(budget.backend)).value, storage=storage,
@@ -124,22 +131,24 @@ def _run_study(models: list[str], study_def: Any, budget: BudgetOptions, *, stor
 def _engine_study(engine: str | None, models: list[str], given: dict[str, bool]) -> bool:
     """optimise --engine: False for llama.cpp alone; True for llama,mlx (the engine study) once its two models are
     there and no llama.cpp-only flag (`given`: flag -> set) is."""
+    from fitter.llama.flags import ConfigError
+
     engines = {e.strip() for e in (engine or "llama").split(",")}
     if not engines <= {"llama", "mlx"}:
-        raise fitter.ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
+        raise ConfigError(f"--engine {engine}: use llama, or llama,mlx (engine searched as a parameter)")
     if engines == {"mlx"}:
-        raise fitter.ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
-                                 "MLX_DIR); fit --engine mlx sizes an MLX model alone")
+        raise ConfigError("--engine mlx: optimise searches MLX beside llama.cpp (--engine llama,mlx MODEL.gguf "
+                          "MLX_DIR); fit --engine mlx sizes an MLX model alone")
     if "mlx" not in engines:
         return False
     if len(models) != 2:
-        raise fitter.ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
-                                 f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
+        raise ConfigError(f"--engine {engine}: give a GGUF and the same model's MLX directory "
+                          f"({len(models)} model{'s' if len(models) != 1 else ''} given)")
     unused = [flag for flag, on in given.items() if on]
     if unused:
         verb = "does" if len(unused) == 1 else "do"
-        raise fitter.ConfigError(f"--engine {engine}: {', '.join(unused)} {verb} not apply to the engine study "
-                                 "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
+        raise ConfigError(f"--engine {engine}: {', '.join(unused)} {verb} not apply to the engine study "
+                          "(its trials search -ub for llama.cpp, --prefill-step-size and --kv-bits for MLX)")
     return True
 
 
@@ -147,16 +156,21 @@ def compare_engines_run(gguf: str, mlx_model: str, *, budget: str, margin: str |
                      prompt_tokens: int, gen_tokens: int, llama_server: str | None, seed: int | None,
                      as_json: bool) -> None:
     """compare-engines, and optimise --engine llama,mlx: the engine study; exit 1 when no engine ran."""
-    fitter.require_mlx_lm()
+    from fitter.llama.flags import ConfigError
+    from fitter.mlx import require_mlx_lm
+
+    require_mlx_lm()
     trials = 8 if trials is None else trials
     if trials < 2:
-        raise fitter.ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
+        raise ConfigError(f"--trials {trials}: use 2 or more (each engine's defaults come first)")
+    from fitter.bundled import resolve_model
+    from fitter.fit.budget import available_bytes, parse_budget, parse_margin
     from search.study.engines import compare_engines  # optuna: only for this command
 
     backend = detect_backend()
-    bud = fitter.parse_budget(budget, backend)
-    available = fitter.available_bytes(bud, fitter.parse_margin(margin, backend))
-    r = compare_engines(fitter.resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
+    bud = parse_budget(budget, backend)
+    available = available_bytes(bud, parse_margin(margin, backend))
+    r = compare_engines(resolve_model(gguf), mlx_model, available_bytes=available, n_trials=trials,
                         prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed or 0, llama_server=llama_server)
     print(r.model_dump_json(indent=2) if as_json else r.text())
     raise typer.Exit(0 if r.winner else 1)

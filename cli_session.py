@@ -36,12 +36,12 @@ ModelsMaxOpt = Annotated[Optional[int], typer.Option("--models-max", metavar="N"
 
 
 def _sized(presets, be, margin):
-    import fitter
+    from fitter.fit.budget import parse_margin
     from fitter.session import router as rt
 
     models = [rt.size_model(p, be) for p in presets]
     if margin is not None:
-        share = fitter.parse_margin(margin, be.value)
+        share = parse_margin(margin, be.value)
         models = [m.model_copy(update={"process_bytes": share}) for m in models]
     return models
 
@@ -59,13 +59,14 @@ def router(models_preset: PresetOpt = None, llama_swap: SwapOpt = None, budget: 
     """Which models of a llama-server router preset (or of a llama-swap config) can be resident together: each
     model's load, session ceiling and process share, the largest --models-max whose every group fits, and the
     largest group that fits; for llama-swap, whether each group and the most it keeps resident at once fit."""
-    import fitter
+    from fitter.errors import GGFitError
+    from fitter.fit.budget import parse_budget
     from fitter.session import router as rt
 
     if (models_preset is None) == (llama_swap is None):
-        raise fitter.GGFitError("router takes one of --models-preset FILE or --llama-swap FILE")
+        raise GGFitError("router takes one of --models-preset FILE or --llama-swap FILE")
     be = backend_of(backend)
-    bud = fitter.parse_budget(budget, be.value)
+    bud = parse_budget(budget, be.value)
     if models_preset is None:
         return _swap(llama_swap or "", be, bud, margin, as_json)
     presets = rt.read_preset(models_preset)

@@ -8,8 +8,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-import fitter
 from cli_fit import rate
+from fitter.errors import GGFitError
 
 if TYPE_CHECKING:
     from fitter.fit.request import Speed
@@ -20,20 +20,22 @@ def _models_for(rows: list, model: str | None) -> tuple[dict[int, tuple[str, Any
     its), else the row's model_filename where that file is on this machine."""
     out: dict[int, tuple[str, Any, Any]] = {}
     skipped: list[str] = []
+    from fitter.bundled import resolve_model
+    from fitter.llama.model import load_model_spec
     from fitter.speed.calibration import row_matches
 
     loaded: dict[str, tuple[Any, Any]] = {}
 
     def load(where: str) -> tuple[Any, Any]:
         if where not in loaded:
-            loaded[where] = fitter.load_model_spec(fitter.resolve_model(where))
+            loaded[where] = load_model_spec(resolve_model(where))
         return loaded[where]
 
     given = load(model) if model else None
     for i, row in enumerate(rows):
         if given is not None:
             if row_matches(row, given[1]):
-                out[i] = (os.path.basename(fitter.resolve_model(model or "")), *given)
+                out[i] = (os.path.basename(resolve_model(model or "")), *given)
             else:
                 skipped.append(f"{row.test} of {row.model_type or row.model_filename or 'another model'}: "
                                "not MODEL (another size or parameter count)")
@@ -67,7 +69,7 @@ def _bench_points(rows: list, models: dict[int, tuple[str, Any, Any]], skipped: 
         be = sc.backend_of_row(row, hw.backend)
         try:
             cfg, n_gpus = sc.config_of_row(row, be)
-        except (fitter.GGFitError, ValueError) as e:
+        except (GGFitError, ValueError) as e:
             skipped.append(f"{row.test}: {e}")
             continue
         res = speed.predict(header, spec, cfg, be, n_gpus, bench=row)
@@ -86,18 +88,19 @@ def _bench_points(rows: list, models: dict[int, tuple[str, Any, Any]], skipped: 
 def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: bool, as_json: bool) -> None:
     """`ggfit calibrate --bench FILE [MODEL]`: each row's measured rate against the model's, this machine's scales
     (median predicted / measured per kind), stored for the hardware and the rows' llama.cpp build."""
+    from fitter.llama.flags import ConfigError
     from fitter.speed import calibration as sc
     from fitter.speed.bench_file import read_bench
 
     rows = read_bench(path)
     hw = speed.profile
     if hw is None:
-        raise fitter.ConfigError("calibrate --bench: --no-speed leaves nothing to calibrate")
+        raise ConfigError("calibrate --bench: --no-speed leaves nothing to calibrate")
     models, skipped = _models_for(rows, model)
     points = _bench_points(rows, models, skipped, speed)
     if not points:
-        raise fitter.ConfigError(f"--bench {path}: no row to calibrate from ({len(rows)} read; "
-                                 + ("; ".join(_skip_summary(skipped)) or "none usable") + ")")
+        raise ConfigError(f"--bench {path}: no row to calibrate from ({len(rows)} read; "
+                          + ("; ".join(_skip_summary(skipped)) or "none usable") + ")")
     scale = {k: sc.scale_of([(p.predicted, p.measured) for p, _ in points if p.kind == k]) for k in sc.KINDS}
     for p, (row, header, spec, cfg, be, n_gpus) in points:
         res = speed.predict(header, spec, cfg, be, n_gpus, bench=row, scale=scale)

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-import fitter
-
 if TYPE_CHECKING:
     from fitter.fit.plan import Plan
 
@@ -19,7 +17,9 @@ def _mib(n: int) -> str:
 
 def verdict_line(r: Plan) -> str:
     """The verdict in words: `fit`'s last line, and JSON's verdict.line."""
-    over, p, verdict = fitter.excess(r.pred, r.avail), r.placement, r.verdict
+    from fitter.fit.solver import excess
+
+    over, p, verdict = excess(r.pred, r.avail), r.placement, r.verdict
     if verdict == "fits":
         if r.rec is None:
             return f"fits as given, headroom {_mib(-over)}"
@@ -41,9 +41,11 @@ def verdict_line(r: Plan) -> str:
 def batch_notes(r: Plan) -> list[str]:
     """-b and -ub as llama.cpp runs them (llama_context::llama_context: n_batch = min(n_ctx, -b) for a causal model,
     n_ubatch = min(n_batch, -ub)), and a -b that is ggfit's proposal rather than the user's."""
+    from fitter.llama.cparams import DEFAULT_N_BATCH
+
     cp, b, ub = r.pred.context, r.asked.get("-b"), r.asked.get("-ub")
     n_ctx = r.cfg.n_ctx or (r.rec.n_ctx if r.rec else r.spec.n_ctx_train)
-    dflt = fitter.DEFAULT_N_BATCH
+    dflt = DEFAULT_N_BATCH
     out = []
     if b is not None and b != cp.n_batch:  # builds before #16148 raise it to GGML_KQ_MASK_PAD
         why = f"caps n_batch at n_ctx, {n_ctx}" if cp.n_batch < b else "raises n_batch to 64 (GGML_KQ_MASK_PAD)"
@@ -118,7 +120,9 @@ def print_recommendation(r: Plan) -> None:
           + (f" {' '.join(tp.flags)}" if tp is not None else "")
           + (" with the draft" if rec.draft else "") + f" (target: the training context {spec.n_ctx_train:,})")
     if r.draft is not None and not rec.draft:
-        keep = fitter.recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
+        from fitter.fit.solver import recommend
+
+        keep = recommend([s for s in r.solutions if s.draft], spec.n_ctx_train)
         print("the draft is left out: " + (
             f"with it the largest context is {keep.n_ctx:,}; keep it with -c {keep.n_ctx} -ub {min(keep.n_ubatch, keep.n_batch, keep.n_ctx)} "
             f"-ctk {keep.type_k} -ctv {keep.type_v}" if keep else "with it nothing fits"))
@@ -151,7 +155,9 @@ def print_solutions(solutions) -> None:
 
 
 def print_what_to_change(r: Plan) -> None:
-    over = fitter.excess(r.pred, r.avail)
+    from fitter.fit.solver import excess
+
+    over = excess(r.pred, r.avail)
     if over <= 0:
         print("over the host budget. What fits instead: a placement with less on the CPU, or a larger --host-budget")
         return

@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--merge", help="an earlier sweep's output: its runs and CPU rates join this sweep's (the fastest "
                                     "of all kept)")
     args = ap.parse_args()
-    from fitter import resolve_model
+    from fitter.bundled import resolve_model
     from fitter.speed.cpu_rate import measure_cpu_rate
     from fitter.speed.hardware import _cpu_model, measure_host_bandwidth
 

@@ -91,7 +91,10 @@ class Timer:
 _PREDICT = """
 import sys, time
 sys.path.insert(0, ".")
-from fitter import Backend, Frontend, RunConfig, load_model_spec, predict
+from fitter.fit.memory import predict
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import Frontend, RunConfig
+from fitter.llama.model import load_model_spec
 header, spec = load_model_spec(sys.argv[1])
 ms = []
 for i in range(int(sys.argv[2])):

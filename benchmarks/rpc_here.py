@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fitter import PINNED_COMMIT  # noqa: E402
 from fitter.ggml.backends.rpc.protocol import RPCError, query_server  # noqa: E402
+from fitter.llama_builds import PINNED_COMMIT  # noqa: E402
 from fitter.oracle.llama_log import PRINT_TOLERANCE_BYTES, parse_log  # noqa: E402
 from search.build_server import build_llama_server, server_dir  # noqa: E402
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rpc_here import Procs, free_port, model_path, start_servers  # noqa: E402
 
-from fitter import PINNED_COMMIT  # noqa: E402
+from fitter.llama_builds import PINNED_COMMIT  # noqa: E402
 from search.build_server import server_dir  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "rpc-network-here.json"

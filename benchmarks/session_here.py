@@ -64,7 +64,7 @@ def model_path(key: str) -> str:
 
         name, params = SYNTH[key]
         return str(build(name, **params))
-    from fitter import resolve_model
+    from fitter.bundled import resolve_model
 
     return resolve_model(key)
 
@@ -94,7 +94,7 @@ def _log_facts(lines: list[str]) -> dict:
 
 def run_case(label: str, key: str, n_ctx: int, prompt: int, gen: int, flags: list[str], n_req: int,
              threads: int, env: dict[str, str] | None = None) -> dict:
-    from fitter import load_model_spec
+    from fitter.llama.model import load_model_spec
     from search.server import LlamaServer, find_llama_server, free_port
 
     path = model_path(key)
@@ -140,7 +140,9 @@ def flags_of(args: list[str]):
 
 def predicted(case: dict, at: list[int]):
     """fitter.session's prediction for a recorded case (the model rebuilt: bundled, or tests.synth's cached GGUF)."""
-    from fitter import RunConfig, load_model_spec, predict
+    from fitter.fit.memory import predict
+    from fitter.llama.cparams import RunConfig
+    from fitter.llama.model import load_model_spec
     from fitter.session.server import server_session
 
     header, spec = load_model_spec(model_path(case["model"]))

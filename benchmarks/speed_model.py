@@ -28,8 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fitter import RunConfig, load_model_spec  # noqa: E402
 from fitter.ggml.backends.base import Backend  # noqa: E402
+from fitter.llama.cparams import RunConfig  # noqa: E402
+from fitter.llama.model import load_model_spec  # noqa: E402
 from fitter.speed import factors as factors_mod  # noqa: E402
 from fitter.speed.hardware import HardwareProfile, get_profile  # noqa: E402
 from fitter.speed.model import decode_terms, prefill_terms, seconds  # noqa: E402
@@ -168,7 +169,7 @@ def _model(shape: str, ftype: str) -> tuple[Any, Any]:
     from tests.synth.shapes import SHAPES, build_shape, quant_types
 
     if shape not in SHAPES:  # a bundled model (Gemma 3 270M)
-        from fitter import resolve_model
+        from fitter.bundled import resolve_model
 
         return load_model_spec(resolve_model(shape))
     return load_model_spec(str(build_shape(shape, tensor_types=quant_types(shape, ftype))))

@@ -98,7 +98,7 @@ def main() -> int:
         return 0
     import llama_cpp
 
-    from fitter import PINNED_COMMIT
+    from fitter.llama_builds import PINNED_COMMIT
 
     only = set(sys.argv[1:])
     kept = json.loads(OUT.read_text())["rows"] if only and OUT.exists() else []

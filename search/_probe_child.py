@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from fitter import (
+from fitter.oracle._llama_child import (
     GGML_LOG_DEBUG,
     GGML_LOG_INFO,
     ChildLog,
@@ -52,8 +52,9 @@ from fitter import (
     emit_event,
     lib_type_name,
     load_ggml_base,
+    load_loras,
+    set_loras,
 )
-from fitter.oracle._llama_child import load_loras, set_loras
 from search._probe_llama import (
     _attach_threadpool,
     _Batch,

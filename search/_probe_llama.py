@@ -10,9 +10,7 @@ import signal
 import time
 from typing import Any
 
-from fitter import (
-    emit_event,
-)
+from fitter.oracle._llama_child import emit_event
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5

@@ -28,8 +28,9 @@ import tarfile
 import time
 from pathlib import Path
 
-from fitter import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON, GGFitError
 from fitter.cache import cache_root as fitter_cache_root
+from fitter.errors import GGFitError
+from fitter.llama_builds import PINNED_COMMIT, PINNED_LLAMA_CPP_PYTHON
 
 SDIST = f"llama_cpp_python-{PINNED_LLAMA_CPP_PYTHON}"
 KNOWN_UNPACKED = (Path("/tmp/lcp") / SDIST,)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter import RunConfig
+from fitter.llama.cparams import RunConfig
 
 
 class Candidate(BaseModel):

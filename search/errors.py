@@ -1,6 +1,6 @@
 """search's errors: user errors (one line, exit 2, as fitter's GGFitError)."""
 
-from fitter import GGFitError
+from fitter.errors import GGFitError
 
 
 class ProbeError(GGFitError):

@@ -65,17 +65,12 @@ import os
 import re
 from typing import Any, Literal
 
-from fitter import (
-    SERVER_FLAGS,
-    ConfigError,
-    Progress,
-    RunConfig,
-    check_model_path,
-    parse_size,
-    read_header,
-    resolve_model,
-    sigterm_cleanup,
-)
+from fitter.bundled import resolve_model
+from fitter.fit.budget import parse_size
+from fitter.gguf.reader import read_header
+from fitter.llama.cparams import SERVER_FLAGS, ConfigError, RunConfig
+from fitter.oracle.child_process import check_model_path, sigterm_cleanup
+from fitter.progress import Progress
 from search.errors import ProbeError
 from search.probe_lock import LOCK_WAIT_STAGE, host_probe_lock
 from search.probe_result import DEFAULT_TIMEOUT, ProbeResult, Runner, RunSample, Spread, Status, oom_lines

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fitter import Progress
+from fitter.progress import Progress
 
 # --- one probe at a time per host -------------------------------------------------------------------------
 

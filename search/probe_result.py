@@ -8,7 +8,10 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter import BuildReport, RunConfig, parse_log, short_abort
+from fitter.llama.cparams import RunConfig
+from fitter.oracle.child_process import short_abort
+from fitter.oracle.llama_log import parse_log
+from fitter.oracle.llama_run import BuildReport
 from search.soak import Soak
 from search.workload import Workload
 

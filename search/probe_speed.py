@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fitter import GGFitError, load_model_spec
+from fitter.errors import GGFitError
 from fitter.ggml import backends
 from fitter.ggml.backends.base import Backend
+from fitter.llama.model import load_model_spec
 
 
 def _backend(profile: Any, system_info: str | None) -> Backend:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import optuna
 from pydantic import BaseModel, Field
 
-from fitter import MiB
+from fitter.fit.budget import MiB
 from search.space import StudyError
 from search.study.define import DIRECTIONS, PickDef
 from search.study.results import _fmt, _info, count_trials, model_misses, pick_best, running_text

@@ -14,7 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fitter import Progress, require_mlx_lm
+from fitter.mlx import require_mlx_lm
+from fitter.progress import Progress
 from search.runner_openai import OpenAIProbe, OpenAIProbeResult
 from search.server import Proc, free_port
 

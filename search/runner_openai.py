@@ -18,7 +18,7 @@ does) and with N concurrent clients (each sending `repeats` requests one after t
   included: what a user waiting on the whole answer sees (below the decode rates whenever prefill takes
   time, even at concurrency 1).
 
-With a `progress` (fitter.Progress: stderr) each warm-up, level, request and soak step is reported as it
+With a `progress` (fitter.progress.Progress: stderr) each warm-up, level, request and soak step is reported as it
 happens.
 
 Memory: with the server's pid (`--pid`, or known because ggfit started it), its process group's RSS
@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fitter import Progress
+from fitter.progress import Progress
 from search.errors import ProbeError
 from search.soak import Soak, soak_verdict
 from search.workload import corpus

@@ -10,21 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter import (
-    FLASH_ATTN,
-    GGML_TYPES,
-    REPO_ROOT,
-    SPLIT_MODES,
-    BuildReport,
-    ConfigError,
-    Progress,
-    RunConfig,
-    check_model_path,
-    child_env,
-    child_event,
-    child_events,
-    signal_name,
-)
+from fitter.ggml.types import GGML_TYPES
+from fitter.llama.cparams import ConfigError, RunConfig
+from fitter.oracle.child_process import REPO_ROOT, check_model_path, child_env, child_event, child_events, signal_name
+from fitter.oracle.llama_run import FLASH_ATTN, SPLIT_MODES, BuildReport
+from fitter.progress import Progress
 from search.errors import ProbeError
 from search.probe_result import (
     SPEC_DEFAULT_N_MIN,

@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fitter import BuildReport, Progress, RunConfig, check_model_path, signal_name
+from fitter.llama.cparams import RunConfig
+from fitter.oracle.child_process import check_model_path, signal_name
+from fitter.oracle.llama_run import BuildReport
+from fitter.progress import Progress
 from search import probe_result as pr
 from search.errors import ProbeError
 from search.probe_result import ProbeResult, RunSample, Status
@@ -106,7 +109,7 @@ def _soak(srv: LlamaServer, res: ProbeResult, n: int, extra_args: list[str] | No
           say: Callable[[str], None]) -> tuple[Failure | None, bool]:
     """--soak N after the workload: N more requests and the server's RSS after each (search.soak), with
     fitter.session's prediction for this model and these flags beside it, into res.soak."""
-    from fitter import load_model_spec
+    from fitter.llama.model import load_model_spec
     from search.runner_openai import group_rss
     from search.soak import predict_soak, server_soak
 

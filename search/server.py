@@ -28,7 +28,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fitter import GGFitError, RunConfig, child_preexec, kill_group, signals_held, watchdog_for
+from fitter.errors import GGFitError
+from fitter.llama.cparams import RunConfig
+from fitter.oracle.child_process import child_preexec, kill_group, signals_held, watchdog_for
 
 MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 # A budget is enforced with RLIMIT_AS; glibc would reserve 64 MiB of address space per malloc arena (up to

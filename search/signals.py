@@ -10,8 +10,8 @@ again, one line said), and then the process dies of SIGTERM as it would have (ex
             if isinstance(e, Terminated):
                 die_of_sigterm()
 
-Installed, it also keeps `fitter.sigterm_cleanup` (inside each probe) from ending the process before the command has
-marked its trial: that one only acts where SIGTERM is left to the system."""
+Installed, it also keeps `fitter.oracle.child_process.sigterm_cleanup` (inside each probe) from ending the process
+before the command has marked its trial: that one only acts where SIGTERM is left to the system."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Terminated(KeyboardInterrupt):
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """While the block runs (main thread only), SIGTERM raises `Terminated`; a second SIGTERM during the cleanup ends
-    the process at once (its children die with it: `fitter.child_preexec`)."""
+    the process at once (its children die with it: `fitter.oracle.child_process.child_preexec`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -38,7 +38,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fitter import KV_CACHE_TYPES, ConfigError, GGFitError, RunConfig
+from fitter.errors import GGFitError
+from fitter.llama.cparams import KV_CACHE_TYPES, ConfigError, RunConfig
 from search.candidate import Candidate
 
 CTX_STEP = 256

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.rpc_here import _BUILD, Procs, _wait_ready, free_port, start_servers  # noqa: E402
-from fitter import PINNED_COMMIT  # noqa: E402
 from fitter.fit.memory import Prediction, predict  # noqa: E402
 from fitter.llama.cparams import Backend, Frontend, RunConfig, served_config  # noqa: E402
 from fitter.llama.model import load_model_spec  # noqa: E402
+from fitter.llama_builds import PINNED_COMMIT  # noqa: E402
 from fitter.oracle.llama_log import parse_log  # noqa: E402
 from search.probe_result import oom_lines  # noqa: E402
 
@@ -52,7 +52,7 @@ SMALL = dict(n_layer=8, n_embd=1024, n_head=8, n_head_kv=2, head_dim=128, n_ff=3
 def plan_split(path: str, eps: list[str], budgets_mib: list[int], be: Backend) -> tuple[Any, RunConfig, dict]:
     """fitter.fit.plan for `fit MODEL --rpc EPS --backend cuda --budget R,R,B` (default margin, -c solved): the
     plan and the RunConfig of its proposed split (-ts and -c at the prediction's -ub and K/V types)."""
-    from fitter import parse_budgets
+    from fitter.fit.budget import parse_budgets
     from fitter.fit.plan import plan
     from fitter.fit.request import Budgets, FitRequest
     from fitter.llama_builds import PINNED

@@ -176,7 +176,7 @@ class Plan(Record, frozen=False):
 def server_flags(model: str, cp: ContextParams, cfg: RunConfig, draft_path: str | None, spec: ModelSpec | None = None,
                  be: Backend | None = None, n_gpus: int = 1) -> list[str]:
     """llama-server flags for a resolved context, one item per flag; --no-repack only where the extra CPU buffer
-    types could take a weight (fitter.repack_applies)."""
+    types could take a weight (fitter.fit.memory.repack_applies)."""
     groups = served_config(cp, cfg, draft_path).to_server_args(model)
     if spec is not None and be is not None and not repack_applies(spec, cfg, be, n_gpus):
         groups = [g for g in groups if g != ["--no-repack"]]

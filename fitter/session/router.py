@@ -115,7 +115,7 @@ def read_preset(path: str | Path) -> list[Preset]:
 
 class Resident(Record):
     name: str
-    load_bytes: int  # fitter.predict's total against the budget
+    load_bytes: int  # fitter.fit.memory.predict's total against the budget
     session_bytes: int  # the session ceiling (fitter.session.server)
     process_bytes: int  # the process's own share (the backend's default margin, once per child)
 
@@ -163,8 +163,8 @@ def session_flags(args: list[str]):
 
 
 def size_model(preset: Preset, backend, *, prompt: int | None = None, gen: int = 256) -> Resident:
-    """One preset model's bytes on the budget: its load (fitter.predict, llama-server's defaults), its session
-    ceiling and its process's share (fitter.fit.margin.default_margin: each model is its own llama-server)."""
+    """One preset model's bytes on the budget: its load (fitter.fit.memory.predict, llama-server's defaults), its
+    session ceiling and its process's share (fitter.fit.margin.default_margin: each model is its own llama-server)."""
     from fitter.fit.margin import default_margin
     from fitter.fit.memory import predict
     from fitter.llama.cparams import RunConfig

@@ -285,9 +285,9 @@ def server_session(spec: ModelSpec, cp: ContextParams, prompt: int, gen: int, n_
                    draft: tuple[ModelSpec, ContextParams, bool] | None = None,
                    sizes: dict[tuple[int, bool], int] | None = None) -> ServerSession:
     """The host memory llama-server holds after each of `n_requests` requests of `prompt` tokens generating `gen`,
-    and its ceiling; cp is the context llama-server runs (fitter.predict's `context`). `draft`: the speculative
-    context (its model, context and whether it is an MTP head): server_slot::prompt_save stores its state beside the
-    target's, and create_checkpoint its PARTIAL_ONLY state (update_dft) in each checkpoint."""
+    and its ceiling; cp is the context llama-server runs (fitter.fit.memory.predict's `context`). `draft`: the
+    speculative context (its model, context and whether it is an MTP head): server_slot::prompt_save stores its state
+    beside the target's, and create_checkpoint its PARTIAL_ONLY state (update_dft) in each checkpoint."""
     flags = flags or CacheFlags()
     n_tokens = prompt + max(0, gen - 1)  # the last sampled token is never decoded ("stop processing: n_tokens")
 

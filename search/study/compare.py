@@ -12,7 +12,9 @@ from typing import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import ConfigError, Frontend, MiB, Progress, RunConfig, resolve_context
+from fitter.fit.budget import MiB
+from fitter.llama.cparams import ConfigError, Frontend, RunConfig, resolve_context
+from fitter.progress import Progress
 from search.probe import ProbeResult, Spread
 from search.space import Candidate
 from search.study.define import DIRECTIONS, UNITS, ServedShare, StudyDef

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fitter import ConfigError, RunConfig
+from fitter.llama.cparams import ConfigError, RunConfig
 from search.space import Candidate, SpaceDef, StudyError
 from search.workload import Workload
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fitter import Backend, RunConfig
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import RunConfig
 from fitter.mlx.weights import weight_bytes
 from fitter.speed.hardware import HardwareProfile
 from fitter.speed.predict import coefficients, predict_speed

@@ -5,9 +5,9 @@ Each engine brings its own conditional parameters (TPE samples them with group=T
 - llama: `n_ubatch` (llama-server -ub);
 - mlx: `prefill_step_size` (mlx_lm.server --prefill-step-size) and `kv_bits` (none, 8, 4: --kv-bits with
   --quantized-kv-start 0).
-Every trial is first sized by its engine's memory model (fitter.predict / fitter.predict_mlx) at the
-workload's context; one over the budget minus the margin is pruned with a violated constraint, as
-`ggfit optimise` does, and never started. The others run as a real server (llama-server or
+Every trial is first sized by its engine's memory model (fitter.fit.memory.predict /
+fitter.mlx.memory.predict_mlx) at the workload's context; one over the budget minus the margin is pruned with a
+violated constraint, as `ggfit optimise` does, and never started. The others run as a real server (llama-server or
 mlx_lm.server, started and stopped by ggfit on 127.0.0.1) measured by the same openai runner, so the
 two engines are timed the same way. The report names the best config of each engine, the winner,
 the ratio of their decode rates, and the memory each used (predicted and the server's peak RSS).
@@ -23,19 +23,15 @@ from typing import Any, Callable
 import optuna
 from pydantic import BaseModel
 
-from fitter import (
-    Backend,
-    MlxCacheSettings,
-    MlxRun,
-    RunConfig,
-    load_mlx_model,
-    load_model_spec,
-    predict_mlx,
-)
 from fitter.fit.plan import predict_plan
 from fitter.fit.request import Budgets, FitRequest
-from fitter.llama.cparams import Frontend
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import Frontend, RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.llama_builds import PINNED
+from fitter.mlx.cache import MlxCacheSettings
+from fitter.mlx.config import load_mlx_model
+from fitter.mlx.memory import MlxRun, predict_mlx
 from fitter.speed.hardware import HardwareProfile
 from search.runner_mlx import MlxFlags, mlx_probe, served_probe
 from search.runner_openai import OpenAIProbe

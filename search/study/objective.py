@@ -16,7 +16,12 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import PINNED, Backend, ConfigError, Frontend, LlamaBuild, MiB, Progress, load_model_spec
+from fitter.fit.budget import MiB
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import ConfigError, Frontend
+from fitter.llama.model import load_model_spec
+from fitter.llama_builds import PINNED, LlamaBuild
+from fitter.progress import Progress
 from search.probe import ProbeResult
 from search.space import Candidate, SearchSpace
 from search.study.define import DIRECTIONS, ServedShare, StudyDef

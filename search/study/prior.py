@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fitter import ConfigError
+from fitter.llama.cparams import ConfigError
 from fitter.speed.hardware import HardwareProfile
 from fitter.speed.predict import predict_speed
 from search.space import Candidate, SearchSpace

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
-from fitter import MiB
+from fitter.fit.budget import MiB
 from search.probe import ProbeResult, Spread
 from search.study.define import DIRECTIONS, UNITS, PickDef, StudyDef
 from search.study.storage import _redact, _rerun_numbers, running_elsewhere, worker_text

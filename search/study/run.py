@@ -32,21 +32,13 @@ from typing import Any, Callable, Literal, Sequence
 
 import optuna
 
-from fitter import (
-    PINNED,
-    Backend,
-    Budget,
-    ConfigError,
-    Frontend,
-    LlamaBuild,
-    MiB,
-    Progress,
-    available_bytes,
-    parse_budget,
-    parse_margin,
-    resolve_model,
-)
+from fitter.bundled import resolve_model
+from fitter.fit.budget import Budget, MiB, available_bytes, parse_budget, parse_margin
 from fitter.ggml import backends
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import ConfigError, Frontend
+from fitter.llama_builds import PINNED, LlamaBuild
+from fitter.progress import Progress
 from fitter.speed.hardware import HardwareProfile
 from search.probe import DEFAULT_TIMEOUT, ProbeResult, run_probe
 from search.signals import Terminated

@@ -22,8 +22,8 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState, create_trial
 from sqlalchemy.exc import SQLAlchemyError
 
-from fitter import Backend
 from fitter.ggml import backends
+from fitter.ggml.backends.base import Backend
 from search.signals import Terminated
 from search.space import StudyError
 from search.study.define import SPEED_CUT, StudyDef

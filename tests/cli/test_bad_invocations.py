@@ -312,7 +312,8 @@ def test_choice_options_list_their_values_in_help_and_agree_with_fitter(capfd):
     """--backend, --frontend, -fa, --runner, --kind are typer Enum options: the help shows the choices, a value
     outside them is one line naming the flag, the value and the allowed ones; the CLI's backend and frontend names
     are fitter's own."""
-    from fitter import Backend, Frontend
+    from fitter.ggml.backends.base import Backend
+    from fitter.llama.cparams import Frontend
 
     assert {b.value for b in cli.BackendName} == {b.value for b in Backend}
     assert {f.value for f in cli.FrontendName} == {f.value for f in Frontend}

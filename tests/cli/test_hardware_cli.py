@@ -89,17 +89,18 @@ def test_a_mistyped_profile_is_one_line_exit_2(capfd):
 
 def test_shared_options_resolve(monkeypatch):
     """cli_options' --hardware/--host-bandwidth/-t helpers: a bad rate or thread count is a GGFitError (one line)."""
-    import fitter
     from cli_options import BackendName, backend_of_hardware, hardware_of, threads_of
+    from fitter.errors import GGFitError
+    from fitter.ggml.backends.base import Backend
 
     p = hardware_of("nvidia-h200", "90GB/s")
     assert (p.name, p.host_bandwidth_gbs) == ("nvidia-h200", 90.0)
-    with pytest.raises(fitter.GGFitError, match="^--host-bandwidth 90 fast: use a rate"):
+    with pytest.raises(GGFitError, match="^--host-bandwidth 90 fast: use a rate"):
         hardware_of("nvidia-h200", "90 fast")
-    with pytest.raises(fitter.GGFitError, match="^--hardware h100: no such hardware profile"):
+    with pytest.raises(GGFitError, match="^--hardware h100: no such hardware profile"):
         hardware_of("h100")
-    assert backend_of_hardware(None, p) == fitter.Backend.CUDA
-    assert backend_of_hardware(BackendName.cpu, p) == fitter.Backend.CPU
+    assert backend_of_hardware(None, p) == Backend.CUDA
+    assert backend_of_hardware(BackendName.cpu, p) == Backend.CPU
     assert threads_of(8) == 8 and threads_of(None) >= 1
-    with pytest.raises(fitter.GGFitError, match="^-t 0: use 1 or more threads"):
+    with pytest.raises(GGFitError, match="^-t 0: use 1 or more threads"):
         threads_of(0)

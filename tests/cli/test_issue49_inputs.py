@@ -7,7 +7,11 @@ import json
 import pytest
 
 import cli
-from fitter import Backend, RunConfig, load_model_spec, repack_applies, resolve_model
+from fitter.bundled import resolve_model
+from fitter.fit.memory import repack_applies
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.oracle.llama_run import LlamaParams, measure
 
 M = "gemma3-270m"

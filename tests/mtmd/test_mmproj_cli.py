@@ -7,7 +7,11 @@ import json
 import pytest
 
 import cli
-from fitter import Backend, RunConfig, load_model_spec, predict, resolve_model
+from fitter.bundled import resolve_model
+from fitter.fit.memory import predict
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from tests.synth.mmproj import build_mmproj
 
 M = "gemma3-270m"

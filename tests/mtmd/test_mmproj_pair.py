@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
-from fitter import Backend, RunConfig, load_model_spec, predict, resolve_model
+from fitter.bundled import resolve_model
+from fitter.fit.memory import predict
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.mtmd.hparams import MmprojError
 from tests.synth.mmproj import build_mmproj
 

@@ -10,7 +10,11 @@ import socket
 import subprocess
 import time
 
-from fitter import Backend, RunConfig, load_model_spec, predict, resolve_model
+from fitter.bundled import resolve_model
+from fitter.fit.memory import predict
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from search.server import server_command
 from tests.synth.mmproj import build_mmproj
 

@@ -64,10 +64,13 @@ def test_a_folder_without_llama_fit_params_is_one_line(tmp_path, gemma):
 
 
 def test_predicted_mib_groups_buffers_as_llama_fit_params_does(gemma):
-    import fitter
+    from fitter.fit.memory import predict
+    from fitter.ggml.backends.base import Backend
+    from fitter.llama.cparams import Frontend, RunConfig
+    from fitter.llama.model import load_model_spec
 
-    h, s = fitter.load_model_spec(gemma)
-    p = fitter.predict(h, s, fitter.RunConfig(n_ctx=4096), fitter.Backend.METAL, fitter.Frontend.LIBRARY)
+    h, s = load_model_spec(gemma)
+    p = predict(h, s, RunConfig(n_ctx=4096), Backend.METAL, Frontend.LIBRARY)
     got = predicted_mib(p)
     assert set(got) == {"MTL0", "Host"}  # MTL0_Mapped is MTL0's model; CPU_Mapped / CPU are the host's
     assert got["Host"]["context"] == 0  # the output buffer is in no column

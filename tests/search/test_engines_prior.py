@@ -61,7 +61,7 @@ def test_the_predicted_ratio_is_said_before_any_probe(pair, no_servers):
 
 def test_half_the_bandwidth_predicts_a_slower_mlx_decode(pair):
     """The MLX side is bandwidth-bound: the same bytes per token over half the bandwidth decode slower."""
-    from fitter import load_model_spec
+    from fitter.llama.model import load_model_spec
     from fitter.mlx.config import load_mlx_model
     from search.study import engine_speed
 

@@ -261,7 +261,7 @@ def test_server_probe_reports_its_stages_live(moe, llama_server, tmp_path, monke
 # "Exception ignored" and lost (a study once went on to its end after one). Here an after-fork hook sends the signal.
 _FORK_SIGNAL = """import os, signal, sys
 sys.path.insert(0, {repo!r})
-from fitter import sigterm_cleanup
+from fitter.oracle.child_process import sigterm_cleanup
 from search.server import Proc
 sent = []
 def hook():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fitter import RunConfig
+from fitter.llama.cparams import RunConfig
 from search.errors import ProbeError
 from search.probe import run_probe
 from search.soak import Soak, cache_flags, predict_soak

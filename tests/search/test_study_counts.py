@@ -160,7 +160,8 @@ def test_same_run_fills_in_llama_server_defaults(gemma):
 
 def test_best_config_that_is_the_defaults_is_not_compared_with_itself(gemma):
     """The seed trial (llama.cpp's defaults) won: say so, with its measured spread, and probe nothing more."""
-    from fitter import Backend, Frontend
+    from fitter.ggml.backends.base import Backend
+    from fitter.llama.cparams import Frontend
     from search.study import Predictor, compare_with_defaults
     from search.study.objective import Prober
 

@@ -9,7 +9,10 @@ import json
 import pytest
 
 import cli
-from fitter import RunConfig, load_model_spec, predict, resolve_model
+from fitter.bundled import resolve_model
+from fitter.fit.memory import predict
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.session.server import MIB, CacheFlags, checkpoint_positions, server_session
 
 M = "gemma3-270m"

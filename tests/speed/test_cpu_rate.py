@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fitter import Backend, RunConfig, load_model_spec
+from fitter.ggml.backends.base import Backend
 from fitter.gguf.reader import read_header
+from fitter.llama.cparams import RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.speed import cpu_rate
 from fitter.speed.hardware import get_profile
 from fitter.speed.machine import with_cpu_rate

@@ -26,13 +26,13 @@ def rec(request) -> dict:
 
 @pytest.fixture(scope="module")
 def specs(gemma: str) -> dict:
-    import fitter
+    from fitter.llama.model import load_model_spec
     from tests.synth import build
 
     synth = {"qwen3-6l": ("qwen3", {"n_layer": 6}), "qwen3moe-6l": ("qwen3moe", {"n_layer": 6}),
              "qwen35-8l": ("qwen35", {})}  # benchmarks/rpc_here.py's
-    return {"gemma3-270m": fitter.load_model_spec(gemma)[1],
-            **{k: fitter.load_model_spec(str(build(b, **o)))[1] for k, (b, o) in synth.items()}}
+    return {"gemma3-270m": load_model_spec(gemma)[1],
+            **{k: load_model_spec(str(build(b, **o)))[1] for k, (b, o) in synth.items()}}
 
 
 def _layout(rec: dict, spec, n: int) -> nw.Layout:
@@ -128,13 +128,15 @@ def test_fewer_servers_fewer_hops(specs: dict) -> None:
 def test_servers_by_speed(gemma: str) -> None:
     """fit's ranking of the --rpc server sets (fitter.fit.split_network): each one-server split before the two-server
     one, which pays a second round trip per token; its cost in tok/s shown."""
-    import fitter
     from fitter.fit.memory import predict
     from fitter.fit.request import Speed
     from fitter.fit.split_network import network_choices
+    from fitter.ggml.backends.base import Backend
+    from fitter.llama.cparams import Frontend
+    from fitter.llama.model import load_model_spec
 
-    header, spec = fitter.load_model_spec(gemma)
-    be, fe = fitter.Backend("rpc"), fitter.Frontend("server")
+    header, spec = load_model_spec(gemma)
+    be, fe = Backend("rpc"), Frontend("server")
     cfg = RunConfig(n_ctx=4096, rpc="10.0.0.1:50052,10.0.0.2:50052")
     pred = predict(header, spec, cfg, be, fe)
     speed = Speed("cpu", "20GB/s", 1, rpc_bandwidth="1GbE")

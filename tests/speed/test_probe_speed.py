@@ -9,7 +9,8 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-import fitter
+from fitter.bundled import resolve_model
+from fitter.llama.cparams import RunConfig
 from fitter.speed import hardware as hw
 from search.probe_result import ProbeResult
 from search.probe_speed import predicted_rates
@@ -27,20 +28,20 @@ def _machine(monkeypatch, tmp_path):
 
 
 def test_a_probes_config_is_predicted_on_this_machine():
-    path = fitter.resolve_model("gemma3-270m")
-    p = predicted_rates(path, fitter.RunConfig(n_ctx=1024), 128, threads=2)
+    path = resolve_model("gemma3-270m")
+    p = predicted_rates(path, RunConfig(n_ctx=1024), 128, threads=2)
     assert p is not None and p["hardware"] == "cpu" and p["backend"] == "cpu"
     assert p["prefill_tps"] > 0 and p["decode_tps"] > 0 and p["prompt_tokens"] == 128 and p["depth"] == 128
-    deeper = predicted_rates(path, fitter.RunConfig(n_ctx=8192), 4096, threads=2)
+    deeper = predicted_rates(path, RunConfig(n_ctx=8192), 4096, threads=2)
     assert deeper is not None and deeper["decode_tps"] <= p["decode_tps"]  # decode after a longer prompt
 
 
 def test_a_gpu_machine_running_a_cpu_build_is_predicted_as_the_cpu(monkeypatch):
     h200 = hw.get_profile("nvidia-h200")
     monkeypatch.setattr(hw, "_detect_nvidia", lambda known: h200)
-    path = fitter.resolve_model("gemma3-270m")
-    gpu = predicted_rates(path, fitter.RunConfig(n_ctx=1024), 128, threads=2, system_info="CUDA : ARCHS = 900 |")
-    cpu = predicted_rates(path, fitter.RunConfig(n_ctx=1024), 128, threads=2, system_info="CPU : AVX2 = 1 |")
+    path = resolve_model("gemma3-270m")
+    gpu = predicted_rates(path, RunConfig(n_ctx=1024), 128, threads=2, system_info="CUDA : ARCHS = 900 |")
+    cpu = predicted_rates(path, RunConfig(n_ctx=1024), 128, threads=2, system_info="CPU : AVX2 = 1 |")
     assert gpu is not None and gpu["backend"] == "cuda" and gpu["hardware"] == "nvidia-h200"
     assert cpu is not None and cpu["backend"] == "cpu"
 
@@ -48,11 +49,11 @@ def test_a_gpu_machine_running_a_cpu_build_is_predicted_as_the_cpu(monkeypatch):
 def test_a_model_ggfit_cannot_read_is_no_prediction(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"not a gguf")
-    assert predicted_rates(bad, fitter.RunConfig(n_ctx=1024), 128, threads=2) is None
+    assert predicted_rates(bad, RunConfig(n_ctx=1024), 128, threads=2) is None
 
 
 def test_the_probe_summary_says_the_predicted_rates():
-    res = ProbeResult(status="ok", runner="python", model_path="m.gguf", config=fitter.RunConfig(),
+    res = ProbeResult(status="ok", runner="python", model_path="m.gguf", config=RunConfig(),
                       workload=Workload(), prompt_tokens=128, generated_tokens=16, prefill_tps=600.0, decode_tps=40.0,
                       predicted={"prefill_tps": 500.0, "decode_tps": 45.0, "hardware": "cpu"})
     assert "predicted prefill 500.0 tok/s, decode 45.0 tok/s (cpu)" in res.summary()

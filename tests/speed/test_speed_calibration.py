@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import fitter
 from fitter.ggml.backends.base import Backend
+from fitter.llama_builds import PINNED, resolve_build
 from fitter.speed import calibration as sc
 from fitter.speed.bench_file import read_bench
 
@@ -51,25 +51,25 @@ def test_the_scale_is_the_median_ratio():
 
 
 def test_the_store_keys_by_hardware_and_build_and_a_short_commit_finds_the_pinned_build():
-    key = sc.rows_build_key("0c1e570", 1, fitter.PINNED)  # llama-bench's build line of the pinned build
-    assert key == sc.rows_build_key(None, None, fitter.PINNED)
+    key = sc.rows_build_key("0c1e570", 1, PINNED)  # llama-bench's build line of the pinned build
+    assert key == sc.rows_build_key(None, None, PINNED)
     cal = sc.SpeedCalibration(hardware="nvidia-h200", llama_cpp=key, prefill=1.2, decode=0.9, prefill_rows=3,
                               decode_rows=3, date="2026-12-04", source="h200.csv")
     where = sc.save(cal)
     assert where.is_file() and str(where).startswith(os.environ["GGFIT_CACHE"])
-    got = sc.load("nvidia-h200", fitter.PINNED)
+    got = sc.load("nvidia-h200", PINNED)
     assert got is not None and got.scale == {"prefill": 1.2, "decode": 0.9}
     assert got.label == "calibrated from 6 llama-bench rows (2026-12-04)"
-    assert sc.load("nvidia-rtx-4090", fitter.PINNED) is None
-    assert sc.load("nvidia-h200", fitter.resolve_build("b9430")) is None  # another build
+    assert sc.load("nvidia-rtx-4090", PINNED) is None
+    assert sc.load("nvidia-h200", resolve_build("b9430")) is None  # another build
     short = cal.model_copy(update={"hardware": "cpu", "llama_cpp": "0c1e570"})
     sc.save(short)
-    assert sc.load("cpu", fitter.PINNED) is not None and len(sc.stored()) == 2
+    assert sc.load("cpu", PINNED) is not None and len(sc.stored()) == 2
 
 
 def test_a_damaged_store_is_ignored_with_a_warning(capsys):
     path = sc.store_path()
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert sc.load("cpu", fitter.PINNED) is None
+    assert sc.load("cpu", PINNED) is None
     assert "speed calibrations ignored" in capsys.readouterr().err

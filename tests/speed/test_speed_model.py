@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fitter import Backend, Frontend, RunConfig, load_model_spec
 from fitter.fit.fastest import fastest_placements
 from fitter.fit.solver import solve_placement
+from fitter.ggml.backends.base import Backend
+from fitter.llama.cparams import Frontend, RunConfig
+from fitter.llama.model import load_model_spec
 from fitter.speed.hardware import get_profile
 from fitter.speed.predict import predict_speed
 from tests.synth.shapes import build_shape, quant_types
