@@ -223,7 +223,7 @@ def plan(req: FitRequest) -> Plan:
 
 def predict_plan(req: FitRequest, *, model: tuple[GGUFHeader, ModelSpec] | None = None,
                  draft: Draft | None = None) -> Plan:
-    """The plan of one config as given, nothing solved or placed: a probe's, a study trial's (FitRequest.trial) and
+    """The plan of one config as given, nothing solved or placed: a study trial's (FitRequest.trial), compare-engines' and
     `fit -c`'s first step. `model` and `draft`: the model and its draft already read (a study reads each file
     once); else read here."""
     path = resolve_model(req.model) if model is None else req.model

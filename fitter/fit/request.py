@@ -307,7 +307,7 @@ class FitRequest(Record):
     @classmethod
     def trial(cls, model: str, config: RunConfig, backend: Backend, frontend: Frontend, build: LlamaBuild,
               budgets: Budgets) -> FitRequest:
-        """One config as given, as a probe, a study's trial or compare-engines runs it (fitter.fit.plan.predict_plan):
+        """One config as given, as a study's trial or compare-engines runs it (fitter.fit.plan.predict_plan):
         `model` a resolved path, its draft the config's, `budgets` the study's (Budgets.held)."""
         draft = config.draft_model if config.spec_type == "draft-simple" else None
         return cls(model=model, config=config, backend=backend, frontend=frontend, build=build, budgets=budgets,
