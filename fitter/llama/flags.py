@@ -226,8 +226,11 @@ def _loras(v: Any) -> tuple[tuple[str, float], ...]:
 
 
 def _server_backends(v: Any) -> tuple[str, ...]:
-    # the registry names an rpc-server's device reports (fitter.ggml.backends.rpc.backend.REMOTE_IDS)
-    return tuple(_one_of("CPU", "CUDA", "MTL")(k) for k in v)
+    if not v:
+        return ()
+    from fitter.ggml.backends.rpc.backend import REMOTE_IDS  # the registry names an rpc-server's device reports
+
+    return tuple(_one_of(*REMOTE_IDS)(k) for k in v)
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
