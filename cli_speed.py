@@ -77,10 +77,11 @@ def _bench_points(rows: list, models: dict[int, tuple[str, Any, Any]], skipped: 
             skipped.append(f"{row.test} of {row.model_type or name}: ran on {be.value}, which {hw.name} is not "
                            "(--hardware NAME: the machine that ran it)")
             continue
-        sp = res[0]
-        predicted = sp.prefill_tps if kind == "prefill" else sp.decode_tps
-        point = sc.BenchPoint(test=row.test, kind=kind, model=name, measured=row.avg_ts, predicted=predicted,
-                              settings=sc.settings_of(row))
+        fitted = speed.predict(header, spec, cfg, be, n_gpus, bench=row, scale=sc.UNSCALED)
+        assert fitted is not None
+        rates = [(r.prefill_tps if kind == "prefill" else r.decode_tps) for r in (res[0], fitted[0])]
+        point = sc.BenchPoint(test=row.test, kind=kind, model=name, measured=row.avg_ts, predicted=rates[0],
+                              fitted=rates[1], settings=sc.settings_of(row))
         points.append((point, (row, header, spec, cfg, be, n_gpus)))
     return points
 
@@ -101,7 +102,7 @@ def calibrate_bench(path: str, model: str | None, speed: Speed, *, no_store: boo
     if not points:
         raise ConfigError(f"--bench {path}: no row to calibrate from ({len(rows)} read; "
                           + ("; ".join(_skip_summary(skipped)) or "none usable") + ")")
-    scale = {k: sc.scale_of([(p.predicted, p.measured) for p, _ in points if p.kind == k]) for k in sc.KINDS}
+    scale = {k: sc.scale_of([(p.fitted, p.measured) for p, _ in points if p.kind == k]) for k in sc.KINDS}
     for p, (row, header, spec, cfg, be, n_gpus) in points:
         res = speed.predict(header, spec, cfg, be, n_gpus, bench=row, scale=scale)
         assert res is not None  # it was predicted once already

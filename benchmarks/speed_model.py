@@ -274,10 +274,11 @@ def fit(train: list[Case]) -> dict[str, dict[str, dict[str, float]]]:
 
 def profile_scales(train: list[Case], coef: dict) -> dict[str, dict[str, float]]:
     """Per profile and kind: the median of measured / predicted seconds over its training rows (the published tables
-    calibrate their own hardware as `ggfit calibrate --bench` does a user's), kept where a profile has rows."""
+    calibrate their own hardware as `ggfit calibrate --bench` does a user's), kept where a profile has rows; `fit`
+    applies them (fitter.speed.predict.profile_scale). Not `cpu`: that profile is whatever CPU runs ggfit."""
     ratios: dict[str, dict[str, list[float]]] = {}
     for c in train:
-        if c.fit_excluded:
+        if c.fit_excluded or c.backend == Backend.CPU:
             continue
         co = coef.get(c.backend.value, {}).get(c.kind, {})
         s = seconds(terms_of(c), co)

@@ -5,7 +5,8 @@ The speed model's coefficients (fitter.speed.factors) are times per unit of work
 machine runs a little faster or slower than the fit says; calibration stores, per kind of rate, the median over the
 bench rows of predicted / measured rate (= measured seconds / predicted seconds), and `predict_speed(..., scale=)`
 multiplies the coefficients (time) by it. Decode is scaled from tg rows, prefill from pp rows; a kind without rows
-is left as fitted (scale 1).
+is left as fitted (scale 1). A stored scale replaces the one a profile ships (factors.PROFILE_SCALE, from the
+published tables): both are against the fitted coefficients alone.
 
 The store is `speed-calibration.json` in ggfit's cache directory (fitter.cache.cache_root), written as the memory
 calibration store writes its own (fitter.fit.calibration): a format number, the entries by key, atomically replaced.
@@ -30,6 +31,7 @@ from fitter.record import Record
 FORMAT = 1  # of speed-calibration.json
 STORE = "speed-calibration.json"
 KINDS = ("prefill", "decode")
+UNSCALED = {k: 1.0 for k in KINDS}  # predict_speed's scale= for the fitted coefficients alone (no profile scale)
 
 
 class SpeedCalibrationError(GGFitError):
@@ -162,7 +164,8 @@ class BenchPoint(Record, frozen=False):
     kind: str  # prefill (a pp row) or decode (a tg row)
     model: str  # the model's file name
     measured: float
-    predicted: float = 0.0  # the fitted coefficients'
+    predicted: float = 0.0  # before calibration: the fitted coefficients', with the profile's published scale
+    fitted: float = 0.0  # the fitted coefficients' alone: what the stored scale is taken against
     calibrated: float = 0.0  # with this machine's scale
     settings: str = ""  # -ngl 99 -ub 512 ... as the row ran
 

@@ -189,10 +189,6 @@ PROFILE_SCALE: dict[str, dict[str, float]] = {
     "apple-m5-pro-16": {
         "decode": 0.7181
     },
-    "cpu": {
-        "decode": 0.9999,
-        "prefill": 1.019
-    },
     "nvidia-a100-80gb": {
         "decode": 1.316,
         "prefill": 1.229

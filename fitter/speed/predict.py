@@ -42,15 +42,22 @@ def coefficients(backend: Backend, scale: dict[str, float] | None = None) -> tup
     return dec, pre
 
 
+def profile_scale(hw: HardwareProfile, backend: Backend) -> dict[str, float] | None:
+    """The scales the published llama-bench tables give this profile (factors.PROFILE_SCALE: measured / predicted
+    seconds over its training rows, as `calibrate --bench` gives a user's machine), on the profile's own backend."""
+    return factors.PROFILE_SCALE.get(hw.name) if backend == hw.backend else None
+
+
 def predict_speed(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backend: Backend, hw: HardwareProfile, *,
                   prompt: int = DEFAULT_PROMPT, depth: int = 0, threads: int = 8, n_gpus: int = 1,
                   scale: dict[str, float] | None = None, calibrated: str = "",
                   network: Network | None = None) -> SpeedPrediction:
     """llama-bench's pp<prompt> (at the config's -ub) and tg rates after `depth` tokens, for this placement;
-    `network`: the devices are behind RPC (fitter.speed.network), its terms added in seconds."""
+    `scale`: a calibration's (None: the profile's own from the published tables, `profile_scale`); `network`: the
+    devices are behind RPC (fitter.speed.network), its terms added in seconds."""
     work = work_of(header, spec, config, backend, n_gpus)
     n_ubatch = min(config.n_ubatch or DEFAULT_UBATCH, config.n_batch or DEFAULT_N_BATCH)
-    dec_co, pre_co = coefficients(backend, scale)
+    dec_co, pre_co = coefficients(backend, profile_scale(hw, backend) if scale is None else scale)
     dt = decode_terms(work, hw, backend, depth + DEFAULT_GEN // 2, threads)  # llama-bench tg128 runs d .. d + 128
     pt = prefill_terms(work, hw, backend, prompt, n_ubatch, depth, threads, op_offload=not config.no_op_offload)
     if network is not None:  # seconds already: coefficient 1, never fitted
@@ -70,4 +77,4 @@ def predict_speed(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backen
 
 
 __all__ = ["DEFAULT_GEN", "DEFAULT_PROMPT", "DEFAULT_UBATCH", "Rates", "SpeedPrediction", "coefficients",
-           "predict_speed"]
+           "predict_speed", "profile_scale"]

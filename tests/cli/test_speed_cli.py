@@ -162,7 +162,7 @@ def test_calibrate_bench_stores_a_scale_that_fit_applies(capfd, measured):
     assert d["stored"] and os.path.isfile(d["stored"])
     for row in d["rows"]:  # one row of each kind: the scale makes each exact
         assert row["calibrated"] == pytest.approx(row["measured"], rel=1e-6)
-        assert row["predicted"] / row["measured"] == pytest.approx(cal[row["kind"]], rel=1e-6)
+        assert row["fitted"] / row["measured"] == pytest.approx(cal[row["kind"]], rel=1e-6)
     after = fit_json(capfd, "--hardware", "cpu")["speed"]
     assert after["calibrated"].startswith("calibrated from 2 llama-bench rows (")
     # the scale multiplies every coefficient (time): each rate divides by it

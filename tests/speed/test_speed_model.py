@@ -109,3 +109,24 @@ def test_without_flash_attention_the_scores_go_through_memory(h200):
     far = ubatch_terms(work, h200, Backend.CUDA, 512, 4096 + 256, 16, op_offload=True, flash_attn=False)["kq"]
     assert far / near == pytest.approx((4096 + 257) / 257)
     assert "kq" not in ubatch_terms(work, h200, Backend.CUDA, 512, 256, 16, op_offload=True, flash_attn=True)
+
+
+def test_a_profile_with_published_rows_carries_their_scale(h200):
+    """fit's rates on a named profile are the fitted coefficients' times that profile's scale from the published
+    tables (factors.PROFILE_SCALE), what benchmarks/speed_model.py reports; a calibration's scale replaces it, and
+    another backend on the profile (the CPU of an RPC host) takes none."""
+    from fitter.speed import factors
+    from fitter.speed.calibration import UNSCALED
+
+    header, spec = _model("llama-8b", "Q4_K_M")
+    shipped = factors.PROFILE_SCALE["nvidia-h200"]
+    got = predict_speed(header, spec, RunConfig(), Backend.CUDA, h200)
+    bare = predict_speed(header, spec, RunConfig(), Backend.CUDA, h200, scale=UNSCALED)
+    assert got.decode_tps == pytest.approx(bare.decode_tps / shipped["decode"], rel=1e-9)
+    assert got.prefill_tps == pytest.approx(bare.prefill_tps / shipped["prefill"], rel=1e-9)
+    mine = predict_speed(header, spec, RunConfig(), Backend.CUDA, h200, scale={"decode": 2.0, "prefill": 1.0})
+    assert mine.decode_tps == pytest.approx(bare.decode_tps / 2.0, rel=1e-9)
+    cpu = predict_speed(header, spec, RunConfig(), Backend.CPU, h200, threads=16)
+    assert cpu.decode_tps == predict_speed(header, spec, RunConfig(), Backend.CPU, h200, threads=16,
+                                           scale=UNSCALED).decode_tps
+    assert "cpu" not in factors.PROFILE_SCALE  # the CPU profile is whatever CPU runs ggfit
