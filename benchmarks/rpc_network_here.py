@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps({
         "llama_cpp": {"commit": PINNED_COMMIT, "binaries": str(bindir), "version": subprocess.run(
             [str(bindir / "llama-server"), "--version"], capture_output=True, text=True).stderr.strip().splitlines()},
-        "what": "llama-server -t 1 with 0, 1, 2 CPU rpc-servers (-t 1, GGML_RPC_DEBUG=1) on 127.0.0.1: timings per "
-                "request and each server's commands per ubatch (first request)",
+        "what": f"llama-server -t 1 with 0, 1, 2 rpc-servers ({args.server_args or 'no -d'}, -t 1, GGML_RPC_DEBUG=1) "
+                "on 127.0.0.1: timings per request and each server's commands per ubatch (first request)",
         "prompt": args.prompt, "gen": args.gen, "ctx": args.ctx, "server_args": args.server_args,
         "main_args": args.main_args, "loopback": link, "rows": rows,
         "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
