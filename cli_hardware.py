@@ -67,6 +67,12 @@ def detail(p: hw.HardwareProfile, more: tuple[tuple[str, str], ...] = ()) -> lis
             return ", ".join(f"{c} {v:,.0f}" for c, v in rates.items()) or "-"
         rows.append(("CPU GFLOP/s", f"per thread, prefill {per(p.cpu_prefill_gflops)}; decode "
                                     f"{per(p.cpu_decode_gflops)} ({p.cpu_rate_source})"))
+    from fitter.speed.predict import profile_scale
+
+    scale = profile_scale(p, p.backend)
+    if scale:  # fit's rates on this profile: the fitted coefficients' times this (a stored calibration replaces it)
+        rows.append(("speed scale", ", ".join(f"{k} x{v:g}" for k, v in sorted(scale.items()))
+                     + " (time, measured / predicted over its llama-bench rows in benchmarks/speed_model.py's truth set)"))
     rows += more
     w = max(len(k) for k, _ in rows)
     return [f"{k:<{w}}  {v}" for k, v in rows]
