@@ -97,7 +97,8 @@ class Case:
     @property
     def held_out(self) -> bool:
         if self.family in CPU_HERE or self.family in HELD_OUT_GPUS:
-            return True  # this machine's few rows: held out whole, a check of the CPU terms fitted on the H200 host
+            return True  # held out whole: this machine's CPU rows (the CPU terms were fitted on the H200 host's),
+            # and a GPU the fit never sees
         return int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % 3 == 0
 
     @property

@@ -6,7 +6,7 @@ machine runs a little faster or slower than the fit says; calibration stores, pe
 bench rows of predicted / measured rate (= measured seconds / predicted seconds), and `predict_speed(..., scale=)`
 multiplies the coefficients (time) by it. Decode is scaled from tg rows, prefill from pp rows; a kind without rows
 is left as fitted (scale 1). A stored scale replaces the one a profile ships (factors.PROFILE_SCALE, from the
-published tables): both are against the fitted coefficients alone.
+speed model's truth set): both are against the fitted coefficients alone.
 
 The store is `speed-calibration.json` in ggfit's cache directory (fitter.cache.cache_root), written as the memory
 calibration store writes its own (fitter.fit.calibration): a format number, the entries by key, atomically replaced.
@@ -164,7 +164,7 @@ class BenchPoint(Record, frozen=False):
     kind: str  # prefill (a pp row) or decode (a tg row)
     model: str  # the model's file name
     measured: float
-    predicted: float = 0.0  # before calibration: the fitted coefficients', with the profile's published scale
+    predicted: float = 0.0  # before calibration: the fitted coefficients', with the profile's shipped scale
     fitted: float = 0.0  # the fitted coefficients' alone: what the stored scale is taken against
     calibrated: float = 0.0  # with this machine's scale
     settings: str = ""  # -ngl 99 -ub 512 ... as the row ran

@@ -43,8 +43,8 @@ def coefficients(backend: Backend, scale: dict[str, float] | None = None) -> tup
 
 
 def profile_scale(hw: HardwareProfile, backend: Backend) -> dict[str, float] | None:
-    """The scales the published llama-bench tables give this profile (factors.PROFILE_SCALE: measured / predicted
-    seconds over its training rows, as `calibrate --bench` gives a user's machine), on the profile's own backend."""
+    """The scales the speed model's truth set gives this profile (factors.PROFILE_SCALE: measured / predicted seconds
+    over its llama-bench training rows, as `calibrate --bench` gives a user's machine), on the profile's own backend."""
     return factors.PROFILE_SCALE.get(hw.name) if backend == hw.backend else None
 
 
@@ -53,7 +53,7 @@ def predict_speed(header: GGUFHeader, spec: ModelSpec, config: RunConfig, backen
                   scale: dict[str, float] | None = None, calibrated: str = "",
                   network: Network | None = None) -> SpeedPrediction:
     """llama-bench's pp<prompt> (at the config's -ub) and tg rates after `depth` tokens, for this placement;
-    `scale`: a calibration's (None: the profile's own from the published tables, `profile_scale`); `network`: the
+    `scale`: a calibration's (None: the profile's own from the truth set, `profile_scale`); `network`: the
     devices are behind RPC (fitter.speed.network), its terms added in seconds."""
     work = work_of(header, spec, config, backend, n_gpus)
     n_ubatch = min(config.n_ubatch or DEFAULT_UBATCH, config.n_batch or DEFAULT_N_BATCH)

@@ -1,8 +1,8 @@
 """Issue 47's budget check on the device, replayed: an H100's CUDA0 held down to 6,144 MiB free beside two CPU
 rpc-servers (benchmarks/gpu/rpc.sh budget -> benchmarks/results/rpc-budget-h100.json, llama.cpp 0c1e570).
 
-ggfit's split for budgets of 3,072, 3,072 and 6,144 MiB (`fit --rpc A,B --backend rpc-cuda --budget ...`, the
-default margin) loaded in llama-server and answered a completion; the same -c with layers moved onto CUDA0 until
+ggfit's split for budgets of 3,072, 3,072 and 6,144 MiB (`fit --rpc A,B --backend cuda --budget ...`, the default
+margin) loaded in llama-server and answered a completion; the same -c with layers moved onto CUDA0 until
 ggfit put it 512 MiB over its free memory ended with cudaMalloc out of memory. Here: that ggfit still proposes the
 split that ran, and that every buffer of both loads is what llama-server printed (0.01 MiB).
 """
