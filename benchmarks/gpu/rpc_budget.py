@@ -5,7 +5,8 @@
 2. benchmarks/gpu/hold.py holds CUDA0 so that --cuda-budget-mib stays free (B: what it reached).
 3. ggfit's plan (fitter.fit.plan, as `fit --rpc A,B --backend cuda --budget R,R,B` with the default margin; the CLI
    needs typer, which the device lacks): its proposed -ts and -c (fitter.fit.split). With the defaults (R 3 GiB,
-   B 6 GiB) it proposes -ts 3,3,11 -c 15616 at -ub 2048, CUDA0 predicted at 5,050 of the 5,116 MiB B leaves.
+   B 6 GiB) it proposes -ts 5,4,8 -c 32768 at -ub 512, K/V f16, CUDA0 predicted at 3,732 of the 5,116 MiB B leaves
+   (the 2026-12-06 run, without the CLI's -ts in the budgets' proportions: the same -ts at -ub 256, K/V q8_0).
 4. llama-server loads that split and answers one completion (status ok), every buffer as printed recorded.
 5. The same -c with layers moved onto CUDA0 until ggfit predicts CUDA0 at least --over-mib beyond B: it must end out
    of memory (llama-server's log: cudaMalloc failed / failed to allocate; status oom).
@@ -49,9 +50,12 @@ SMALL = dict(n_layer=8, n_embd=1024, n_head=8, n_head_kv=2, head_dim=128, n_ff=3
              ftype="f16", sparse=True)  # --cpu: ~100 MiB, for the script's logic here
 
 
-def plan_split(path: str, eps: list[str], budgets_mib: list[int], be: Backend) -> tuple[Any, RunConfig, dict]:
+def plan_split(path: str, eps: list[str], budgets_mib: list[int], be: Backend, *,
+               budget_ts: bool = True) -> tuple[Any, RunConfig, dict]:
     """fitter.fit.plan for `fit MODEL --rpc EPS --backend cuda --budget R,R,B` (default margin, -c solved): the
-    plan and the RunConfig of its proposed split (-ts and -c at the prediction's -ub and K/V types)."""
+    plan and the RunConfig of its proposed split (-ts and -c at the prediction's -ub and K/V types). `budget_ts`:
+    the table solved at -ts in the budgets' proportions, as the CLI does (cli_request.placement_fields); the run of
+    2026-12-06 (rpc-budget-h100.json) solved it without a -ts."""
     from fitter.fit.budget import parse_budgets
     from fitter.fit.plan import plan
     from fitter.fit.request import Budgets, FitRequest
@@ -59,8 +63,9 @@ def plan_split(path: str, eps: list[str], budgets_mib: list[int], be: Backend) -
 
     text = ",".join(f"{b}MiB" for b in budgets_mib)
     budgets = Budgets.parse(text, None, be, devices=parse_budgets(text, be.value))
-    req = FitRequest(model=path, config=RunConfig(rpc=",".join(eps)), backend=be, frontend=Frontend.SERVER,
-                     build=PINNED, budgets=budgets, solve_ctx=True)
+    ts = tuple(round(b.bytes / 2**30, 3) for b in budgets.devices) if budget_ts else None
+    req = FitRequest(model=path, config=RunConfig(rpc=",".join(eps), tensor_split=ts), backend=be,
+                     frontend=Frontend.SERVER, build=PINNED, budgets=budgets, solve_ctx=True)
     p = plan(req)
     split = p.rpc_split.json if p.rpc_split else {}
     if not split.get("n_ctx"):

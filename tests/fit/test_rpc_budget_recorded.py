@@ -56,7 +56,9 @@ def test_ggfit_still_proposes_the_split_that_ran(model: tuple) -> None:
     from rpc_budget import plan_split
 
     eps = _config(REC["proposed"]).rpc.split(",")
-    _, cfg, info = plan_split(model[0], eps, REC["plan"]["budgets_mib"], Backend.RPC_CUDA)
+    # the run solved the context table without a -ts; the CLI (and the script now) solve it at -ts in the budgets'
+    # proportions and propose the same -ts at -ub 512 with an f16 cache, not run on the device
+    _, cfg, info = plan_split(model[0], eps, REC["plan"]["budgets_mib"], Backend.RPC_CUDA, budget_ts=False)
     assert info["split"] == REC["plan"]["split"]
     assert cfg.tensor_split == (5.0, 4.0, 8.0) and cfg.n_ctx == 32768 and cfg.n_ubatch == 256
 
