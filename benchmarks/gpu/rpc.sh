@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device machine (one NVIDIA GPU), in one call: issue 47's checks of llama.cpp's RPC backend with CUDA.
-# Builds llama-server, llama-fit-params and ggml-rpc-server of the pinned source with CUDA and GGML_RPC=ON (sm_90,
+# Builds llama-server, llama-fit-params, ggml-rpc-server and llama-bench of the pinned source with CUDA and GGML_RPC=ON (sm_90,
 # a few minutes on 16 cores), then records, with benchmarks/rpc_here.py (GGML_RPC_DEBUG=1 on every rpc-server: the
 # exact size of each buffer allocated on it):
 #   cuda-main   llama-server on CUDA0 plus two and three CPU rpc-servers (rpc-server -d CPU): devices RPC0, RPC1
@@ -17,7 +17,10 @@
 #   budget      issue 47's budget check (benchmarks/gpu/rpc_budget.py): CUDA0 held to 6 GiB free beside two CPU
 #               rpc-servers; ggfit's proposed -ts and -c load and answer, a -ts predicted 512 MiB over CUDA0's budget
 #               ends out of memory -> $OUT/rpc-budget.json (BUDGET_ARGS: more rpc_budget.py flags)
+#   speed:GROUP  benchmarks/gpu/speed.py GROUP with the same build's llama-bench -> $OUT/speed-GROUP.json (one build
+#               for both: `rpc.sh budget speed:h100` fits one 600 s call)
 #   bash benchmarks/gpu/rpc.sh [cuda-main] [cuda-local] [cuda-server] [cuda-server-fa-off] [cuda-network] [budget]
+#                              [speed:GROUP]
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REPO=$(pwd)
@@ -34,7 +37,8 @@ if [ ! -x $B/bin/ggml-rpc-server ]; then
         -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
         -DBUILD_SHARED_LIBS=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=$B/bin > "$OUT/rpc-build.log" 2>&1 && \
-      cmake --build $B --target llama-server llama-fit-params ggml-rpc-server -j "$(nproc)" >> "$OUT/rpc-build.log" 2>&1 )
+      cmake --build $B --target llama-server llama-fit-params ggml-rpc-server llama-bench -j "$(nproc)" \
+        >> "$OUT/rpc-build.log" 2>&1 )
     echo "build exit $?"; tail -2 "$OUT/rpc-build.log"
 fi
 for part in "${@:-cuda-main cuda-server}"; do
@@ -48,6 +52,8 @@ for part in "${@:-cuda-main cuda-server}"; do
         elif [ "$p" = cuda-network ]; then  # the synthetic Qwen3 only (no Gemma 3 on the device)
             python3 benchmarks/rpc_network_here.py --only qwen3-6l --bindir $B/bin --server-args "-d CUDA0" \
                 --rpc-devices-only --main-args "-fa off" --out "$OUT/rpc-network-cuda.json" || true
+        elif [ "${p%%:*}" = speed ]; then  # speed:GROUP, benchmarks/gpu/speed.py with this build's llama-bench
+            python3 benchmarks/gpu/speed.py $B/bin/llama-bench "$OUT" "${p#speed:}" || true
         elif [ "$p" = budget ]; then  # hold.py needs the device's torch
             python3 benchmarks/gpu/rpc_budget.py --bindir $B/bin --out "$OUT/rpc-budget.json" ${BUDGET_ARGS:-} || true
         elif [ "$p" = cuda-server-fa-off ]; then  # -fa off: CUDA's FA kernels refuse the tiny synthetic heads
