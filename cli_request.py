@@ -82,7 +82,7 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
                       budgets: list, backend: str = "cuda") -> dict[str, Any]:
     """RunConfig's placement fields from the CLI flags; several --budget values and no -ts split the layers by the
     budgets (llama.cpp splits by free memory). A GPU the flags name without a budget is an error."""
-    from fitter.fit.budget import check_devices
+    from fitter.fit.budget import budget_split, check_devices
     from fitter.llama.flags import ConfigError
 
     ts: tuple[float, ...] | None = None
@@ -94,8 +94,7 @@ def placement_fields(n_cpu_moe: int, cpu_moe: bool, override_tensor: list[str] |
         check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=ts, ts_text=tensor_split)
     else:
         check_devices(budgets, backend, split_mode=split_mode, main_gpu=main_gpu, tensor_split=None)
-        if len(budgets) > 1:
-            ts = tuple(round(b.bytes / 2**30, 3) for b in budgets)
+        ts = budget_split(budgets)
     return dict(n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor or ()),
                 no_kv_offload=no_kv_offload, no_op_offload=no_op_offload, split_mode=split_mode, main_gpu=main_gpu,
                 tensor_split=ts)

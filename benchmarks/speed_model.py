@@ -111,7 +111,8 @@ class Case:
 HELD_OUT_GPUS = {"h100-sxm": ("speed-h100.json", "nvidia-h100-sxm")}
 
 
-def _h200_cases() -> list[Case]:
+def _gpu_run_cases() -> list[Case]:
+    """Our llama-bench runs on the device: the H200's, and each held-out GPU's where recorded."""
     return _device_cases("speed-h200.json", "nvidia-h200", "h200") + [
         c for fam, (name, hw) in HELD_OUT_GPUS.items() if (RESULTS / name).exists()
         for c in _device_cases(name, hw, fam)]
@@ -197,7 +198,7 @@ def rising_tables(rows: list[Case]) -> set[tuple[str, str, str, str, str]]:
 
 
 def cases() -> list[Case]:
-    every = _h200_cases() + _published_cases() + _cpu_here_cases()
+    every = _gpu_run_cases() + _published_cases() + _cpu_here_cases()
     rising = rising_tables(every)
     for c in every:
         c.rises = (c.hardware, c.shape, c.ftype, c.source, c.kind) in rising

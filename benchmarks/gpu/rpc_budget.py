@@ -54,16 +54,16 @@ def plan_split(path: str, eps: list[str], budgets_mib: list[int], be: Backend, *
                budget_ts: bool = True) -> tuple[Any, RunConfig, dict]:
     """fitter.fit.plan for `fit MODEL --rpc EPS --backend cuda --budget R,R,B` (default margin, -c solved): the
     plan and the RunConfig of its proposed split (-ts and -c at the prediction's -ub and K/V types). `budget_ts`:
-    the table solved at -ts in the budgets' proportions, as the CLI does (cli_request.placement_fields); the run of
+    the table solved at -ts in the budgets' proportions, as the CLI does (fitter.fit.budget.budget_split); the run of
     2026-12-06 (rpc-budget-h100.json) solved it without a -ts."""
-    from fitter.fit.budget import parse_budgets
+    from fitter.fit.budget import budget_split, parse_budgets
     from fitter.fit.plan import plan
     from fitter.fit.request import Budgets, FitRequest
     from fitter.llama_builds import PINNED
 
     text = ",".join(f"{b}MiB" for b in budgets_mib)
     budgets = Budgets.parse(text, None, be, devices=parse_budgets(text, be.value))
-    ts = tuple(round(b.bytes / 2**30, 3) for b in budgets.devices) if budget_ts else None
+    ts = budget_split(list(budgets.devices)) if budget_ts else None
     req = FitRequest(model=path, config=RunConfig(rpc=",".join(eps), tensor_split=ts), backend=be,
                      frontend=Frontend.SERVER, build=PINNED, budgets=budgets, solve_ctx=True)
     p = plan(req)

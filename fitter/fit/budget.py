@@ -97,6 +97,12 @@ def check_devices(budgets: list[Budget], backend: str, *, split_mode: str, main_
         raise BudgetError(f"-ts {ts}: {len(tensor_split)} proportions, one for a GPU without a budget; {named}")
 
 
+def budget_split(budgets: list[Budget]) -> tuple[float, ...] | None:
+    """-ts for several budgets and no -ts given: the budgets' proportions in GiB (llama_model::load_tensors splits by
+    each device's free memory; the budget stands for it). One budget: None (no split)."""
+    return tuple(round(b.bytes / 2**30, 3) for b in budgets) if len(budgets) > 1 else None
+
+
 def parse_host_budget(text: str | None, **probes) -> Budget:
     """--host-budget: what may land in system RAM (weights left on the CPU, mapped or not, KV on the host, host
     compute and output buffers). Default (None or auto): the RAM available now (MemAvailable)."""
